@@ -1,0 +1,59 @@
+# Everything runs in a virtualenv at .venv, made on first use.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint unit e2e bench control-plane install protos fmt clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## control-plane: build or reuse etcd and the Kubernetes control plane; prints their directory last
+control-plane:
+	@bash hack/control-plane/build.sh
+
+## demo: the local demo on a real control plane (see README)
+demo: install
+	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	KUBE_BIN_DIR=$$dir $(PY) -m hack.demo $(DEMO_ARGS)
+
+## test: every test: lint and types, unit tests, end-to-end tests on a real control plane
+test: lint
+	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	KUBE_BIN_DIR=$$dir $(PY) -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+e2e: install
+	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	KUBE_BIN_DIR=$$dir $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+fmt: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## bench: every benchmark under hack/bench/, each printing JSON as its last line
+bench: install
+	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	for b in hack/bench/*.py; do echo "== $$b"; KUBE_BIN_DIR=$$dir $(PY) "$$b"; done
+
+protos: install
+	PYTHON=$(PY) bash hack/gen-protos.sh
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

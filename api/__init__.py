@@ -1,0 +1,1 @@
+"""API definitions: the kubelet gRPC contracts and the suite's custom resources."""

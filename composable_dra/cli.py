@@ -1,0 +1,50 @@
+"""The single `composable-dra` command, one subcommand per component.
+
+Each component module exposes ``add_arguments(parser)`` and ``run(args) -> int``. The
+modules are imported to declare their flags, so they keep heavy imports inside ``run``:
+one component's dependencies never slow another's start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from composable_dra import __version__, logs
+
+# subcommand -> (module, one-line help). Each issue adds its component here.
+COMPONENTS: dict[str, tuple[str, str]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="composable-dra",
+        description="Kubernetes DRA driver suite for GPUs from a disaggregated pool.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    parser.add_argument(
+        "--log-format",
+        default="auto",
+        choices=["auto", "json", "console"],
+        help="auto: readable on a terminal, JSON otherwise",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMPONENTS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.command, args.log_level, args.log_format)
+    code: int = importlib.import_module(args._module).run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The composable operator: attaches and detaches fabric devices for ComposableResources."""

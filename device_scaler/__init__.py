@@ -1,0 +1,1 @@
+"""The Dynamic Device Scaler: turns pool allocations into ComposableResources."""

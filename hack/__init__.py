@@ -1,0 +1,1 @@
+"""Developer tooling: the local control plane, the kubelet emulator, demos, benchmarks."""

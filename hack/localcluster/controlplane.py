@@ -1,0 +1,343 @@
+"""Runs etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local processes.
+
+The flags are the ones fake nodes need (DESIGN.md, Testing): the apiserver advertises
+127.0.0.1 and skips the ServiceAccount and TaintNodesByCondition admission plugins, and
+the node lifecycle controller is off, so Node objects with a Ready condition and no
+kubelet stay schedulable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import textwrap
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hack.localcluster.pki import CertificateAuthority, KeyPair, write_service_account_key
+from hack.localcluster.wait import WaitTimeout, wait_for
+
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The directory holding the control plane binaries: KUBE_BIN_DIR or the build script."""
+    if bin_dir is None:
+        bin_dir = os.environ.get("KUBE_BIN_DIR")
+    if bin_dir is None:
+        script = Path(__file__).resolve().parents[1] / "control-plane" / "build.sh"
+        out = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
+        if out.returncode != 0:
+            raise ControlPlaneError(f"{script} failed (exit {out.returncode}); see its output")
+        bin_dir = out.stdout.strip().splitlines()[-1]
+    path = Path(bin_dir)
+    missing = [b for b in BINARIES if not os.access(path / b, os.X_OK)]
+    if missing:
+        raise ControlPlaneError(f"missing control plane binaries in {path}: {', '.join(missing)}")
+    return path
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class ControlPlane:
+    """A local control plane. Use as a context manager, or call start() and stop()."""
+
+    bin_dir: Path
+    workdir: Path | None = None
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    extra_apiserver_args: list[str] = field(default_factory=list)
+    start_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        self._owns_workdir = self.workdir is None
+        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="composable-dra-cp-"))
+        self._procs: list[_Process] = []
+        self.api_port = 0
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.ca: CertificateAuthority | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "logs"
+
+    def start(self) -> None:
+        atexit.register(self.stop)
+        try:
+            self._start()
+        except BaseException:
+            report = self.logs_tail()
+            self.stop()
+            if report:
+                print(report, flush=True)
+            raise
+
+    def _start(self) -> None:
+        assert self.workdir is not None
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        pki = self.workdir / "pki"
+        ca = self.ca = CertificateAuthority(pki)
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=("127.0.0.1", "10.0.0.1"),
+            server=True,
+        )
+        admin = ca.issue("admin", "admin", organizations=("system:masters",), client=True)
+        write_service_account_key(pki / "sa.key")
+        self.api_port = free_port()
+        self._write_kubeconfig(admin)
+
+        etcd_client, etcd_peer = free_port(), free_port()
+        self._spawn(
+            "etcd",
+            [
+                "--name=local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync=true",  # throwaway data: durability buys nothing here
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http("etcd", f"http://127.0.0.1:{etcd_client}/health", None)
+
+        gates = self._gates_flag()
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={ca.cert_path}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.key'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--authorization-mode=RBAC",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
+                "--allow-privileged=true",
+                "--profiling=false",
+                f"--cert-dir={pki}",
+                *gates,
+                *self.extra_apiserver_args,
+            ],
+        )
+        self._wait_http("kube-apiserver", f"{self.server}/readyz", admin)
+
+        kcm_port, sched_port = free_port(), free_port()
+        common = [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            *gates,
+        ]
+        self._spawn(
+            "kube-controller-manager",
+            [
+                *common,
+                f"--secure-port={kcm_port}",
+                "--controllers=*,-node-lifecycle-controller",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={ca.cert_path}",
+                f"--cert-dir={pki / 'kcm'}",
+            ],
+        )
+        sched_config = self.workdir / "scheduler.yaml"
+        sched_config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                    "leaderElection": {"leaderElect": False},
+                    # Short backoffs: a pod whose claim waits for a device is retried promptly.
+                    "podInitialBackoffSeconds": 1,
+                    "podMaxBackoffSeconds": 2,
+                }
+            )
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                *[a for a in common if not a.startswith(("--kubeconfig", "--leader-elect"))],
+                f"--config={sched_config}",
+                f"--secure-port={sched_port}",
+                f"--cert-dir={pki / 'scheduler'}",
+            ],
+        )
+        self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", None)
+        self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", None)
+
+    def stop(self) -> None:
+        """Stop every process this control plane started, newest first."""
+        for proc in reversed(self._procs):
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in reversed(self._procs):
+            try:
+                proc.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        self._procs.clear()
+        if (
+            self._owns_workdir
+            and self.workdir is not None
+            and os.environ.get("KEEP_CONTROL_PLANE_DIR") is None
+        ):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    # -- health and diagnostics ------------------------------------------------------
+
+    def check_alive(self) -> None:
+        """Raise, with the logs, when a control plane process has exited."""
+        dead = [p for p in self._procs if p.popen.poll() is not None]
+        if dead:
+            names = ", ".join(f"{p.name} (exit {p.popen.returncode})" for p in dead)
+            raise ControlPlaneError(f"control plane process exited: {names}\n{self.logs_tail()}")
+
+    def logs_tail(self, lines: int = 40) -> str:
+        parts = []
+        for proc in self._procs:
+            try:
+                text = proc.log.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            if text:
+                parts.append(f"--- {proc.name} ({proc.log}) ---\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _gates_flag(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        value = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={value}"]
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = self.logs_dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [str(self.bin_dir / name), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, not them
+            )
+        self._procs.append(_Process(name, popen, log))
+
+    def _wait_http(self, name: str, url: str, client: KeyPair | None) -> None:
+        if url.startswith("https"):
+            if client is not None and self.ca is not None:
+                ctx = ssl.create_default_context(cafile=str(self.ca.cert_path))
+                ctx.load_cert_chain(str(client.cert), str(client.key))
+            else:
+                # kube-controller-manager and kube-scheduler serve a self-signed
+                # certificate of their own; only their liveness is checked here.
+                ctx = ssl._create_unverified_context()  # noqa: S323
+        else:
+            ctx = None
+
+        def healthy() -> bool:
+            self.check_alive()
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+
+        try:
+            wait_for(healthy, self.start_timeout, f"{name} to be healthy at {url}", interval=0.2)
+        except WaitTimeout as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ControlPlaneError):
+                raise cause from None
+            raise ControlPlaneError(f"{exc} (last error: {cause})") from None
+
+    def _write_kubeconfig(self, admin: KeyPair) -> None:
+        assert self.ca is not None
+        config: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.ca.cert_path),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(admin.cert), "client-key": str(admin.key)},
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+    def describe(self) -> str:
+        return textwrap.dedent(f"""\
+            server:     {self.server}
+            kubeconfig: {self.kubeconfig}
+            logs:       {self.logs_dir}""")

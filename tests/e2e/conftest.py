@@ -1,0 +1,47 @@
+"""Fixtures for the end-to-end tests: one real control plane for the whole session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import find_binaries
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    # No skip when binaries are missing: find_binaries builds them or fails (CI=true
+    # or not), so an end-to-end test never silently passes without a control plane.
+    bin_dir = find_binaries()
+    workdir = Path(os.environ.get("CONTROL_PLANE_DIR") or tmp_path_factory.mktemp("cp"))
+    with ControlPlane(bin_dir, workdir=workdir) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A namespace of its own for each test, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube)
+    core.create_namespace(body={"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short random suffix for cluster-scoped names."""
+    return uuid.uuid4().hex[:6]
