@@ -22,6 +22,7 @@ else:
 _T = _typing.TypeVar("_T")
 
 class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
+
 class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
@@ -33,29 +34,21 @@ class DRAPluginStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> DRAPluginAsyncStub: ...
-    NodePrepareResources: _grpc.UnaryUnaryMultiCallable[
-        _api_pb2.NodePrepareResourcesRequest, _api_pb2.NodePrepareResourcesResponse
-    ]
+    NodePrepareResources: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodePrepareResourcesRequest, _api_pb2.NodePrepareResourcesResponse]
     """Prepares the devices allocated to the given claims for use by containers on this
     node. Answers with one entry per claim UID; an entry's error fails only that claim.
     """
-    NodeUnprepareResources: _grpc.UnaryUnaryMultiCallable[
-        _api_pb2.NodeUnprepareResourcesRequest, _api_pb2.NodeUnprepareResourcesResponse
-    ]
+    NodeUnprepareResources: _grpc.UnaryUnaryMultiCallable[_api_pb2.NodeUnprepareResourcesRequest, _api_pb2.NodeUnprepareResourcesResponse]
     """Undoes NodePrepareResources once no pod on the node uses the claims any more."""
 
 @_typing.type_check_only
 class DRAPluginAsyncStub(DRAPluginStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
-    NodePrepareResources: _aio.UnaryUnaryMultiCallable[
-        _api_pb2.NodePrepareResourcesRequest, _api_pb2.NodePrepareResourcesResponse
-    ]  # type: ignore[assignment]
+    NodePrepareResources: _aio.UnaryUnaryMultiCallable[_api_pb2.NodePrepareResourcesRequest, _api_pb2.NodePrepareResourcesResponse]  # type: ignore[assignment]
     """Prepares the devices allocated to the given claims for use by containers on this
     node. Answers with one entry per claim UID; an entry's error fails only that claim.
     """
-    NodeUnprepareResources: _aio.UnaryUnaryMultiCallable[
-        _api_pb2.NodeUnprepareResourcesRequest, _api_pb2.NodeUnprepareResourcesResponse
-    ]  # type: ignore[assignment]
+    NodeUnprepareResources: _aio.UnaryUnaryMultiCallable[_api_pb2.NodeUnprepareResourcesRequest, _api_pb2.NodeUnprepareResourcesResponse]  # type: ignore[assignment]
     """Undoes NodePrepareResources once no pod on the node uses the claims any more."""
 
 class DRAPluginServicer(metaclass=_abc_1.ABCMeta):
@@ -64,9 +57,7 @@ class DRAPluginServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _api_pb2.NodePrepareResourcesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[
-        _api_pb2.NodePrepareResourcesResponse, _abc.Awaitable[_api_pb2.NodePrepareResourcesResponse]
-    ]:
+    ) -> _typing.Union[_api_pb2.NodePrepareResourcesResponse, _abc.Awaitable[_api_pb2.NodePrepareResourcesResponse]]:
         """Prepares the devices allocated to the given claims for use by containers on this
         node. Answers with one entry per claim UID; an entry's error fails only that claim.
         """
@@ -76,12 +67,7 @@ class DRAPluginServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _api_pb2.NodeUnprepareResourcesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[
-        _api_pb2.NodeUnprepareResourcesResponse,
-        _abc.Awaitable[_api_pb2.NodeUnprepareResourcesResponse],
-    ]:
+    ) -> _typing.Union[_api_pb2.NodeUnprepareResourcesResponse, _abc.Awaitable[_api_pb2.NodeUnprepareResourcesResponse]]:
         """Undoes NodePrepareResources once no pod on the node uses the claims any more."""
 
-def add_DRAPluginServicer_to_server(
-    servicer: DRAPluginServicer, server: _typing.Union[_grpc.Server, _aio.Server]
-) -> None: ...
+def add_DRAPluginServicer_to_server(servicer: DRAPluginServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
