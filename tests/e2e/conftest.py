@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 
@@ -45,3 +48,17 @@ def namespace(kube: client.ApiClient) -> Iterator[str]:
 def unique() -> str:
     """A short random suffix for cluster-scoped names."""
     return uuid.uuid4().hex[:6]
+
+
+@pytest.fixture(scope="session")
+def kube_json(kube: client.ApiClient) -> Kube:
+    """Plain-dict access to the test control plane."""
+    return Kube(kube)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path: unix socket paths must stay under 108 bytes."""
+    directory = Path(tempfile.mkdtemp(prefix="cdra-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
