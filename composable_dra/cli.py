@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from composable_dra import __version__, logs
 
 # subcommand -> (module, one-line help). Each issue adds its component here.
-COMPONENTS: dict[str, tuple[str, str]] = {}
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "remote-gpu-donor": ("remote_gpu.donor_main", "Lend this node's GPU over the network"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
