@@ -59,6 +59,11 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = {name: structural(sub, defs) for name, sub in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = structural(value, defs)
+            if key == "items" and set(out[key].get("required", [])) >= {"type", "status"}:
+                # Conditions: a map keyed by type, so that each writer (operator, plugin)
+                # can own its own conditions with server-side apply.
+                out["x-kubernetes-list-type"] = "map"
+                out["x-kubernetes-list-map-keys"] = ["type"]
         else:
             out[key] = value
     if "enum" in out and "type" not in out:

@@ -1,0 +1,442 @@
+"""The ComposableResource controller: kopf handlers over the decisions in reconcile.py.
+
+- A daemon per resource attaches it and keeps it Online: each pass re-reads the fabric,
+  asks decide_attach what to do, does it, and records it (status, conditions, Events).
+- The deletion handler (behind the finalizer composable.dra.io/detach) detaches: taint
+  the device NoSchedule with a DeviceTaintRule, re-check claim allocations, then call the
+  fabric. A failed detach leaves the device tainted and attached.
+Blocking calls (the fabric, the API server) run in threads, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec
+from composable_dra import logs, names
+from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_operator import metrics
+from composable_operator.backend import (
+    FabricBackend,
+    FabricError,
+    Inventory,
+    Operation,
+    normalize_uuid,
+)
+from composable_operator.fabrics import FabricConfigError, Fabrics, condition_status, host_for_node
+from composable_operator.reconcile import (
+    AttachObservation,
+    ClaimResult,
+    DetachObservation,
+    decide_attach,
+    decide_detach,
+    referencing_claims,
+)
+
+PLURAL = "composableresources"
+MANAGER = "composable-operator"
+RESOURCE = "resource.k8s.io/v1"
+log = logs.get(__name__)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, ok: bool, reason: str, message: str) -> JSON:
+    return {
+        "type": kind,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message[:1000],
+        "lastTransitionTime": now(),
+    }
+
+
+@dataclass
+class Settings:
+    driver: str = names.DRIVER
+    online_poll: float = 10.0
+    backoff_max: float = 30.0
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    fabrics: Fabrics
+    settings: Settings = field(default_factory=Settings)
+
+    # -- status writes --------------------------------------------------------------
+
+    def set_status(self, name: str, fields: JSON, conditions: list[JSON] | None = None) -> None:
+        status_path = path(API_VERSION, PLURAL, name, subresource="status")
+        if fields:
+            self.kube.merge_patch(status_path, {"status": fields})
+        if conditions:
+            # Server-side apply, so that the node's plugin keeps its own DeviceVisible.
+            self.kube.apply(
+                status_path,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ComposableResource",
+                    "metadata": {"name": name},
+                    "status": {"conditions": conditions},
+                },
+                MANAGER,
+            )
+
+    # -- observations -----------------------------------------------------------------
+
+    def node(self, name: str) -> JSON | None:
+        return self.kube.get_or_none(path("v1", "nodes", name))
+
+    def claim_results(self) -> list[ClaimResult]:
+        claims = self.kube.get(path(RESOURCE, "resourceclaims"))["items"]
+        out = []
+        for c in claims:
+            key = f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+            allocation = c.get("status", {}).get("allocation") or {}
+            for r in allocation.get("devices", {}).get("results", []):
+                out.append(
+                    ClaimResult(key, r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+                )
+        return out
+
+    def device_refs(self, spec: ComposableResourceSpec, inv: Inventory) -> set[tuple[str, str]]:
+        """The (pool, device) names under which the device can be allocated."""
+        refs = set()
+        device = inv.devices.get(spec.device_id)
+        if device is not None:
+            refs.add((names.pool_name(spec.fabric, device.zone), spec.device_id))
+            slices = self.kube.get(
+                path(RESOURCE, "resourceslices"),
+                fieldSelector=f"spec.nodeName={spec.target_node},spec.driver={self.settings.driver}",
+            )["items"]
+            wanted = normalize_uuid(device.uuid)
+            for s in slices:
+                for d in s["spec"].get("devices", []):
+                    uuid = d.get("attributes", {}).get("uuid", {}).get("string", "")
+                    if uuid and normalize_uuid(uuid) == wanted:
+                        refs.add((s["spec"]["pool"]["name"], d["name"]))
+        return refs
+
+    def taint_rule_name(self, name: str) -> str:
+        return f"detach-{name}"[:253]
+
+    def taint(self, name: str, refs: set[tuple[str, str]]) -> None:
+        for i, (pool, device) in enumerate(sorted(refs)):
+            body = {
+                "apiVersion": RESOURCE,
+                "kind": "DeviceTaintRule",
+                "metadata": {
+                    "name": f"{self.taint_rule_name(name)}-{i}",
+                    "labels": {names.LABEL_FABRIC: "detach", f"{names.PREFIX}/resource": name},
+                },
+                "spec": {
+                    "deviceSelector": {
+                        "driver": self.settings.driver,
+                        "pool": pool,
+                        "device": device,
+                    },
+                    "taint": {"key": names.TAINT_KEY, "value": name, "effect": "NoSchedule"},
+                },
+            }
+            try:
+                self.kube.create(path(RESOURCE, "devicetaintrules"), body)
+            except Conflict:
+                pass
+
+    def taint_rules(self, name: str) -> list[JSON]:
+        items: list[JSON] = self.kube.get(
+            path(RESOURCE, "devicetaintrules"), labelSelector=f"{names.PREFIX}/resource={name}"
+        )["items"]
+        return items
+
+    def untaint(self, name: str) -> None:
+        for rule in self.taint_rules(name):
+            self.kube.delete(path(RESOURCE, "devicetaintrules", rule["metadata"]["name"]))
+
+
+async def follow(backend: FabricBackend, op: Operation | None, timeout: float) -> None:
+    """Wait for an asynchronous fabric operation; raise FabricError if it failed."""
+    if op is None:
+        return
+    deadline = time.monotonic() + timeout
+    delay = op.retry_after
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(max(delay, 0.05), 5))
+        status = await asyncio.to_thread(backend.operation_status, op)
+        if status.state == "done":
+            return
+        if status.state == "failed":
+            from composable_operator.backend import OperationFailedError
+
+            raise OperationFailedError(status.message or "the fabric reported failure")
+        delay = status.retry_after
+    from composable_operator.backend import TransientError
+
+    raise TransientError("the fabric operation did not finish in time")
+
+
+def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
+    """Add the ComposableResource handlers to a kopf registry."""
+
+    @kopf.daemon(
+        GROUP,
+        VERSION,
+        PLURAL,
+        registry=registry,
+        cancellation_timeout=10,
+        when=lambda meta, **_: not meta.get("deletionTimestamp"),
+    )
+    async def attach(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        rlog = log.bind(resource=name)
+        started = time.monotonic()
+        backoff = 1.0
+        created = body.meta.get("creationTimestamp")
+        while not stopped:
+            if body.meta.get("deletionTimestamp"):
+                return
+            spec = ComposableResourceSpec.model_validate(dict(body.spec))
+            status = dict(body.status)
+            phase = status.get("phase")
+            if phase in ("Failed", "Detached", "Detaching"):
+                await stopped.wait(ctl.settings.online_poll)
+                continue
+            try:
+                fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
+                inv = await asyncio.to_thread(backend.inventory)
+                node = await asyncio.to_thread(ctl.node, spec.target_node)
+                host = host_for_node(node, fabric.node_mapping, inv) if node else None
+                device = inv.devices.get(spec.device_id)
+                visible = (
+                    condition_status(status, names.DEVICE_VISIBLE) == "True"
+                    and device is not None
+                    and normalize_uuid(status.get("deviceUUID") or "")
+                    == normalize_uuid(device.uuid)
+                )
+                action = decide_attach(
+                    AttachObservation(
+                        phase=phase,
+                        device=device,
+                        host=host,
+                        visible=visible,
+                        elapsed=time.monotonic() - started,
+                        timeout=float(fabric.operation_timeout_seconds),
+                    )
+                )
+                if action.kind == "attach":
+                    assert action.host is not None
+                    if phase != "Attaching":
+                        await asyncio.to_thread(
+                            ctl.set_status,
+                            name,
+                            {"phase": "Attaching", "error": None},
+                            [condition(names.ATTACHED, False, "Attaching", action.message)],
+                        )
+                        kopf.info(
+                            dict(body),
+                            reason="Attaching",
+                            message=f"attaching {spec.device_id} to {spec.target_node} (host {action.host})",
+                        )
+                    metrics.FABRIC_CALLS.labels(spec.fabric, "attach").inc()
+                    rlog.info(
+                        "attaching", device=spec.device_id, node=spec.target_node, host=action.host
+                    )
+                    op = await asyncio.to_thread(backend.attach, spec.device_id, action.host)
+                    await follow(backend, op, float(fabric.operation_timeout_seconds))
+                    backoff = 1.0
+                    continue  # re-read the fabric: it decides what happened
+                if action.kind == "await_visible":
+                    if status.get("deviceUUID") != action.device_uuid or phase != "Attaching":
+                        await asyncio.to_thread(
+                            ctl.set_status,
+                            name,
+                            {
+                                "phase": "Attaching",
+                                "deviceUUID": action.device_uuid,
+                                "fabricHost": action.host,
+                                "error": None,
+                            },
+                            [condition(names.ATTACHED, True, "Attached", action.message)],
+                        )
+                        kopf.info(
+                            dict(body),
+                            reason="Attached",
+                            message=f"{spec.device_id} attached; device {action.device_uuid}, waiting for the node",
+                        )
+                elif action.kind == "online":
+                    if phase != "Online":
+                        await asyncio.to_thread(
+                            ctl.set_status,
+                            name,
+                            {
+                                "phase": "Online",
+                                "deviceUUID": action.device_uuid,
+                                "fabricHost": action.host,
+                                "error": None,
+                                "attachedAt": now(),
+                            },
+                            [
+                                condition(
+                                    names.ATTACHED, True, "Attached", "attached to the node's host"
+                                ),
+                                condition(names.READY, True, "Online", action.message),
+                            ],
+                        )
+                        kopf.info(
+                            dict(body),
+                            reason="Online",
+                            message=f"{spec.device_id} is online on {spec.target_node}",
+                        )
+                        if created:
+                            t0 = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+                            metrics.ATTACH_SECONDS.labels(spec.fabric).observe(
+                                (datetime.datetime.now(datetime.UTC) - t0).total_seconds()
+                            )
+                        rlog.info("online", device=spec.device_id, node=spec.target_node)
+                    started = time.monotonic()  # a later re-attach gets a fresh timeout
+                    await stopped.wait(ctl.settings.online_poll)
+                    continue
+                elif action.kind == "fail":
+                    await asyncio.to_thread(
+                        ctl.set_status,
+                        name,
+                        {"phase": "Failed", "error": action.message},
+                        [condition(names.READY, False, action.reason, action.message)],
+                    )
+                    kopf.warn(dict(body), reason=action.reason, message=action.message)
+                    rlog.warning("failed", reason=action.reason, error=action.message)
+                    continue
+                else:  # wait
+                    await asyncio.to_thread(
+                        ctl.set_status,
+                        name,
+                        {},
+                        [condition(names.ATTACHED, False, action.reason, action.message)],
+                    )
+                await stopped.wait(action.delay)
+            except FabricError as exc:
+                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
+                delay = exc.retry_after if exc.retry_after is not None else backoff
+                backoff = min(ctl.settings.backoff_max, backoff * 2)
+                rlog.warning("fabric error", error=str(exc), type=exc.kind, retry_in=delay)
+                await asyncio.to_thread(
+                    ctl.set_status,
+                    name,
+                    {"error": str(exc)},
+                    [
+                        condition(
+                            names.ATTACHED,
+                            False,
+                            f"Fabric{exc.kind.title().replace('_', '')}",
+                            str(exc),
+                        )
+                    ],
+                )
+                await stopped.wait(delay)
+            except FabricConfigError as exc:
+                await asyncio.to_thread(
+                    ctl.set_status,
+                    name,
+                    {"error": str(exc)},
+                    [condition(names.ATTACHED, False, "FabricConfig", str(exc))],
+                )
+                await stopped.wait(backoff)
+                backoff = min(ctl.settings.backoff_max, backoff * 2)
+            except NotFound:
+                return  # the resource is gone
+            except Exception:
+                metrics.RECONCILE_ERRORS.labels("composableresource").inc()
+                rlog.exception("attach pass failed")
+                await stopped.wait(backoff)
+                backoff = min(ctl.settings.backoff_max, backoff * 2)
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    async def detach(name: str, body: kopf.Body, retry: int, **_: Any) -> None:
+        spec = ComposableResourceSpec.model_validate(dict(body.spec))
+        rlog = log.bind(resource=name, device=spec.device_id, node=spec.target_node)
+        t0 = time.monotonic()
+        try:
+            fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
+        except FabricConfigError as exc:
+            raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
+        while True:
+            try:
+                inv = await asyncio.to_thread(backend.inventory)
+                node = await asyncio.to_thread(ctl.node, spec.target_node)
+                host = host_for_node(node, fabric.node_mapping, inv) if node else None
+                device = inv.devices.get(spec.device_id)
+                if host is None and device is not None and device.state == "attached":
+                    host = (
+                        device.host if dict(body.status).get("fabricHost") == device.host else None
+                    )
+                refs = await asyncio.to_thread(ctl.device_refs, spec, inv)
+                rules = await asyncio.to_thread(ctl.taint_rules, name)
+                claims = referencing_claims(
+                    await asyncio.to_thread(ctl.claim_results), ctl.settings.driver, refs
+                )
+                action = decide_detach(
+                    DetachObservation(
+                        device=device,
+                        host=host,
+                        tainted=len(rules) >= len(refs) > 0 or (bool(rules) and not refs),
+                        referencing_claims=claims,
+                        force=spec.force_detach,
+                    )
+                )
+            except FabricError as exc:
+                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
+                raise kopf.TemporaryError(
+                    str(exc), delay=exc.retry_after or min(30, 2**retry)
+                ) from exc
+            if action.kind == "done":
+                await asyncio.to_thread(ctl.untaint, name)
+                metrics.DETACH_SECONDS.labels(spec.fabric).observe(time.monotonic() - t0)
+                kopf.info(
+                    dict(body), reason="Detached", message=f"{spec.device_id} is back in the pool"
+                )
+                rlog.info("detached")
+                return
+            if action.kind == "taint":
+                await asyncio.to_thread(
+                    ctl.set_status,
+                    name,
+                    {"phase": "Detaching"},
+                    [condition(names.READY, False, "Detaching", action.message)],
+                )
+                kopf.info(dict(body), reason="Detaching", message=action.message)
+                await asyncio.to_thread(ctl.taint, name, refs)
+                continue  # re-check allocations with the taint in place
+            if action.kind in ("blocked", "wait"):
+                await asyncio.to_thread(
+                    ctl.set_status,
+                    name,
+                    {"phase": "Detaching", "error": action.message},
+                    [condition(names.READY, False, action.reason, action.message)],
+                )
+                raise kopf.TemporaryError(action.message, delay=action.delay)
+            assert host is not None
+            metrics.FABRIC_CALLS.labels(spec.fabric, "detach").inc()
+            rlog.info("detaching", host=host)
+            try:
+                op = await asyncio.to_thread(backend.detach, spec.device_id, host)
+                await follow(backend, op, float(fabric.operation_timeout_seconds))
+            except FabricError as exc:
+                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
+                # The device stays tainted and attached; the next try re-reads the fabric.
+                await asyncio.to_thread(
+                    ctl.set_status,
+                    name,
+                    {"phase": "Detaching", "error": str(exc)},
+                    [condition(names.READY, False, "DetachFailed", str(exc))],
+                )
+                raise kopf.TemporaryError(
+                    str(exc), delay=exc.retry_after or min(30, 2**retry)
+                ) from exc

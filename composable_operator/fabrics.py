@@ -1,0 +1,124 @@
+"""Fabric objects to backends: credentials, TLS material, node-to-host mapping."""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
+from composable_dra.kube import JSON, Kube, NotFound, path
+from composable_operator.backend import FabricBackend, Inventory
+from composable_operator.redfish_backend import RedfishCompositionBackend
+
+
+class FabricConfigError(Exception):
+    """The Fabric object or its Secrets are not usable; an operator must fix them."""
+
+
+def _secret_value(secret: JSON, key: str) -> str:
+    data = secret.get("data", {})
+    if key not in data:
+        name = f"{secret['metadata']['namespace']}/{secret['metadata']['name']}"
+        raise FabricConfigError(f"Secret {name} has no key {key!r}")
+    return base64.b64decode(data[key]).decode()
+
+
+def host_for_node(node: JSON, mapping: NodeMapping, inventory: Inventory) -> str | None:
+    """The fabric host id a node runs on, or None when the node is not on this fabric."""
+    if mapping.by == "systemUUID":
+        system_uuid = node.get("status", {}).get("nodeInfo", {}).get("systemUUID", "")
+        host = inventory.host_by_uuid(system_uuid) if system_uuid else None
+        return host.id if host else None
+    if mapping.by == "providerID":
+        provider_id = node.get("spec", {}).get("providerID", "")
+        for host_id in inventory.hosts:
+            if provider_id and provider_id.rstrip("/").endswith(f"/{host_id}"):
+                return host_id
+        return None
+    value = node.get("metadata", {}).get("annotations", {}).get(mapping.annotation or "")
+    return value if value in inventory.hosts else None
+
+
+BackendFactory = Callable[[FabricSpec, str, str, str | None], FabricBackend]
+
+
+def _redfish(spec: FabricSpec, user: str, password: str, ca_file: str | None) -> FabricBackend:
+    return RedfishCompositionBackend(
+        spec.endpoint,
+        user,
+        password,
+        ca_file=ca_file,
+        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+    )
+
+
+FACTORIES: dict[str, BackendFactory] = {"redfish-composition": _redfish}
+
+
+class Fabrics:
+    """Backends per Fabric, rebuilt when the Fabric or its Secrets change."""
+
+    def __init__(self, kube: Kube, factories: dict[str, BackendFactory] | None = None) -> None:
+        self.kube = kube
+        self.factories = factories or FACTORIES
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[str, ...], FabricSpec, FabricBackend]] = {}
+        self._ca_dir = Path(tempfile.mkdtemp(prefix="composable-fabric-ca-"))
+
+    def get(self, name: str) -> tuple[FabricSpec, FabricBackend]:
+        """The Fabric's spec and a backend for it (blocking: call from a thread)."""
+        fabric = self.kube.get_or_none(path(API_VERSION, "fabrics", name))
+        if fabric is None:
+            raise FabricConfigError(f"Fabric {name} not found")
+        spec = FabricSpec.model_validate(fabric["spec"])
+        creds = self._secret(spec.credentials_secret.namespace, spec.credentials_secret.name)
+        ca = self._secret(spec.ca_secret.namespace, spec.ca_secret.name) if spec.ca_secret else None
+        version = (
+            fabric["metadata"]["resourceVersion"],
+            creds["metadata"]["resourceVersion"],
+            ca["metadata"]["resourceVersion"] if ca else "",
+        )
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached and cached[0] == version:
+                return cached[1], cached[2]
+        factory = self.factories.get(spec.backend)
+        if factory is None:
+            raise FabricConfigError(f"backend {spec.backend!r} is not supported by this operator")
+        ca_file = None
+        if ca is not None:
+            ca_path = self._ca_dir / f"{name}.crt"
+            ca_path.write_text(_secret_value(ca, "ca.crt"))
+            ca_file = str(ca_path)
+        backend = factory(
+            spec, _secret_value(creds, "username"), _secret_value(creds, "password"), ca_file
+        )
+        with self._lock:
+            old = self._cache.get(name)
+            self._cache[name] = (version, spec, backend)
+        if old:
+            old[2].close()
+        return spec, backend
+
+    def _secret(self, namespace: str, name: str) -> JSON:
+        try:
+            return self.kube.get(path("v1", "secrets", name, namespace=namespace))
+        except NotFound:
+            raise FabricConfigError(f"Secret {namespace}/{name} not found") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for _, _, backend in self._cache.values():
+                backend.close()
+            self._cache.clear()
+
+
+def condition_status(status: dict[str, Any], kind: str) -> str | None:
+    for c in status.get("conditions", []) or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None

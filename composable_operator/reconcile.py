@@ -1,0 +1,148 @@
+"""Decisions of the ComposableResource controller, as pure functions.
+
+Observed state goes in (the resource, the fabric as just read, the node's view), one
+action comes out. The adapter in controller.py carries the action out and records it.
+Because the fabric is re-read before every decision, a retry after a lost response, a
+restart or a duplicate event finds the device already attached (or detached) and does
+not act twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from composable_operator.backend import Device
+
+ActionKind = Literal[
+    "attach",  # call the fabric
+    "await_visible",  # attached; wait for the node's plugin to see the device
+    "online",  # attached and visible
+    "wait",  # nothing to do yet; look again later
+    "fail",
+]
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    reason: str = ""
+    message: str = ""
+    device_uuid: str | None = None
+    host: str | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class AttachObservation:
+    phase: str | None
+    device: Device | None  # None: the fabric does not know the device
+    host: str | None  # the fabric host of the target node; None: node not mapped
+    visible: bool  # DeviceVisible=True on the resource
+    elapsed: float  # seconds since the attach began
+    timeout: float
+
+
+def decide_attach(o: AttachObservation) -> Action:
+    late = o.elapsed > o.timeout
+    if o.host is None:
+        if late:
+            return Action("fail", "NodeNotOnFabric", "the target node matches no fabric host")
+        return Action(
+            "wait", "NodeNotOnFabric", "the target node matches no fabric host yet", delay=2
+        )
+    if o.device is None:
+        return Action("fail", "DeviceNotFound", "the fabric does not know this device")
+    d = o.device
+    if d.state == "attached" and d.host == o.host:
+        if o.visible:
+            return Action(
+                "online",
+                "DeviceVisible",
+                "attached and visible on the node",
+                device_uuid=d.uuid,
+                host=o.host,
+            )
+        if late:
+            return Action(
+                "fail",
+                "DeviceNotVisible",
+                "attached, but the node's plugin did not see the device in time",
+                device_uuid=d.uuid,
+                host=o.host,
+            )
+        return Action(
+            "await_visible",
+            "AwaitingNode",
+            "attached; waiting for the node to see it",
+            device_uuid=d.uuid,
+            host=o.host,
+            delay=0.5,
+        )
+    if late:
+        return Action("fail", "AttachTimeout", f"device still {d.state} after the timeout")
+    if d.state == "attached":
+        return Action("wait", "DeviceInUse", f"device is attached to host {d.host}", delay=5)
+    if d.state == "busy":
+        return Action("wait", "FabricBusy", "the fabric is changing this device", delay=1)
+    return Action("attach", "Attaching", f"attaching to host {o.host}", host=o.host)
+
+
+DetachKind = Literal["done", "taint", "blocked", "detach", "wait", "fail"]
+
+
+@dataclass(frozen=True)
+class DetachObservation:
+    device: Device | None
+    host: str | None  # the target node's fabric host, if known
+    tainted: bool
+    referencing_claims: tuple[str, ...]  # namespace/name of claims whose allocation uses it
+    force: bool
+
+
+@dataclass(frozen=True)
+class DetachAction:
+    kind: DetachKind
+    reason: str = ""
+    message: str = ""
+    delay: float = 0.0
+
+
+def decide_detach(o: DetachObservation) -> DetachAction:
+    d = o.device
+    if d is None or d.state == "free" or (d.state == "attached" and d.host != o.host):
+        return DetachAction("done", "Detached", "the device is not attached to the node")
+    if d.state == "busy":
+        return DetachAction("wait", "FabricBusy", "the fabric is changing this device", delay=1)
+    # Attached to our node: taint first, then re-check allocations, then call the fabric.
+    if not o.tainted:
+        return DetachAction("taint", "Tainting", "tainting the device NoSchedule before detach")
+    if o.referencing_claims and not o.force:
+        return DetachAction(
+            "blocked",
+            "InUseByClaim",
+            f"still allocated to {', '.join(o.referencing_claims)}; detach waits",
+            delay=5,
+        )
+    return DetachAction("detach", "Detaching", "detaching from the node's host")
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """One entry of a claim's status.allocation.devices.results."""
+
+    claim: str  # namespace/name
+    driver: str
+    pool: str
+    device: str
+
+
+def referencing_claims(
+    results: list[ClaimResult], driver: str, device_refs: set[tuple[str, str]]
+) -> tuple[str, ...]:
+    """Claims whose allocation names one of the (pool, device) pairs of our driver."""
+    return tuple(
+        sorted(
+            {r.claim for r in results if r.driver == driver and (r.pool, r.device) in device_refs}
+        )
+    )
