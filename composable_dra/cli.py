@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from composable_dra import __version__, logs
 
 # subcommand -> (module, one-line help). Each issue adds its component here.
-COMPONENTS: dict[str, tuple[str, str]] = {}
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "fabric-emulator": (
+        "fabric_emulator.main",
+        "Run the mocked fabric: a stateful Redfish composition service.",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
