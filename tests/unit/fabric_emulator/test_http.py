@@ -256,3 +256,11 @@ def test_custom_topology(tmp_path: Path) -> None:
         assert system["UUID"] == "11111111-2222-3333-4444-555555555555"
         assert c.attach("h1", "b1").status_code == 200
         assert "s3cret" not in emu.log_tail(1000)
+
+
+def test_cli_logs_the_bound_url(emu: EmulatorProcess) -> None:
+    port = emu.url.rsplit(":", 1)[1]
+    assert port != "0"
+    lines = [json.loads(line) for line in emu.log_tail(1000).splitlines() if line.startswith("{")]
+    listening = [x for x in lines if x.get("event") == "fabric emulator listening"]
+    assert listening and listening[0]["url"] == emu.url
