@@ -158,6 +158,8 @@ def parse(data: Any) -> Topology:
             bid = _ident(braw, bwhere)
             if bid in blocks or bid in hosts:
                 raise TopologyError(f"{bwhere}: duplicate id {bid!r}")
+            if bid.startswith("system-"):
+                raise TopologyError(f"{bwhere}: ids starting 'system-' are reserved")
             memory = braw.get("memory_mib", 81920)
             if not isinstance(memory, int) or isinstance(memory, bool) or memory <= 0:
                 raise TopologyError(f"{bwhere}: memory_mib must be a positive integer")

@@ -62,6 +62,13 @@ def test_topology_file_round_trip(tmp_path) -> None:
             "not a UUID",
         ),
         ({"hosts": [{"id": "bad/id"}]}, "must match"),
+        (
+            {
+                "hosts": [{"id": "a"}],
+                "zones": [{"id": "z", "blocks": [{"id": "system-a", "model": "M"}]}],
+            },
+            "reserved",
+        ),
     ],
 )
 def test_topology_errors(data: object, fragment: str) -> None:
