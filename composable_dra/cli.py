@@ -17,6 +17,10 @@ from composable_dra import __version__, logs
 # subcommand -> (module, one-line help). Each issue adds its component here.
 COMPONENTS: dict[str, tuple[str, str]] = {
     "remote-gpu-donor": ("remote_gpu.donor_main", "Lend this node's GPU over the network"),
+    "fabric-emulator": (
+        "fabric_emulator.main",
+        "Run the mocked fabric: a stateful Redfish composition service.",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ Blocking calls (the fabric, the API server) run in threads, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from composable_operator.backend import (
     FabricError,
     Inventory,
     Operation,
+    OperationFailedError,
+    TransientError,
     normalize_uuid,
 )
 from composable_operator.fabrics import FabricConfigError, Fabrics, condition_status, host_for_node
@@ -147,10 +150,8 @@ class Controller:
                     "taint": {"key": names.TAINT_KEY, "value": name, "effect": "NoSchedule"},
                 },
             }
-            try:
+            with contextlib.suppress(Conflict):  # already tainted by an earlier pass
                 self.kube.create(path(RESOURCE, "devicetaintrules"), body)
-            except Conflict:
-                pass
 
     def taint_rules(self, name: str) -> list[JSON]:
         items: list[JSON] = self.kube.get(
@@ -163,11 +164,11 @@ class Controller:
             self.kube.delete(path(RESOURCE, "devicetaintrules", rule["metadata"]["name"]))
 
 
-async def follow(backend: FabricBackend, op: Operation | None, timeout: float) -> None:
+async def follow(backend: FabricBackend, op: Operation | None, limit: float) -> None:
     """Wait for an asynchronous fabric operation; raise FabricError if it failed."""
     if op is None:
         return
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit
     delay = op.retry_after
     while time.monotonic() < deadline:
         await asyncio.sleep(min(max(delay, 0.05), 5))
@@ -175,12 +176,8 @@ async def follow(backend: FabricBackend, op: Operation | None, timeout: float) -
         if status.state == "done":
             return
         if status.state == "failed":
-            from composable_operator.backend import OperationFailedError
-
             raise OperationFailedError(status.message or "the fabric reported failure")
         delay = status.retry_after
-    from composable_operator.backend import TransientError
-
     raise TransientError("the fabric operation did not finish in time")
 
 
@@ -241,9 +238,9 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                             [condition(names.ATTACHED, False, "Attaching", action.message)],
                         )
                         kopf.info(
-                            dict(body),
+                            body,
                             reason="Attaching",
-                            message=f"attaching {spec.device_id} to {spec.target_node} (host {action.host})",
+                            message=f"attaching {spec.device_id} via host {action.host}",
                         )
                     metrics.FABRIC_CALLS.labels(spec.fabric, "attach").inc()
                     rlog.info(
@@ -267,9 +264,9 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                             [condition(names.ATTACHED, True, "Attached", action.message)],
                         )
                         kopf.info(
-                            dict(body),
+                            body,
                             reason="Attached",
-                            message=f"{spec.device_id} attached; device {action.device_uuid}, waiting for the node",
+                            message=f"attached as {action.device_uuid}; awaiting the node",
                         )
                 elif action.kind == "online":
                     if phase != "Online":
@@ -291,7 +288,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                             ],
                         )
                         kopf.info(
-                            dict(body),
+                            body,
                             reason="Online",
                             message=f"{spec.device_id} is online on {spec.target_node}",
                         )
@@ -311,7 +308,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                         {"phase": "Failed", "error": action.message},
                         [condition(names.READY, False, action.reason, action.message)],
                     )
-                    kopf.warn(dict(body), reason=action.reason, message=action.message)
+                    kopf.warn(body, reason=action.reason, message=action.message)
                     rlog.warning("failed", reason=action.reason, error=action.message)
                     continue
                 else:  # wait
@@ -399,9 +396,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             if action.kind == "done":
                 await asyncio.to_thread(ctl.untaint, name)
                 metrics.DETACH_SECONDS.labels(spec.fabric).observe(time.monotonic() - t0)
-                kopf.info(
-                    dict(body), reason="Detached", message=f"{spec.device_id} is back in the pool"
-                )
+                kopf.info(body, reason="Detached", message=f"{spec.device_id} is back in the pool")
                 rlog.info("detached")
                 return
             if action.kind == "taint":
@@ -411,7 +406,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     {"phase": "Detaching"},
                     [condition(names.READY, False, "Detaching", action.message)],
                 )
-                kopf.info(dict(body), reason="Detaching", message=action.message)
+                kopf.info(body, reason="Detaching", message=action.message)
                 await asyncio.to_thread(ctl.taint, name, refs)
                 continue  # re-check allocations with the taint in place
             if action.kind in ("blocked", "wait"):

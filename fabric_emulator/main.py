@@ -1,0 +1,88 @@
+"""``composable-dra fabric-emulator``: a stateful Redfish composition service to test against.
+
+Serves the Redfish tree under ``/redfish/v1`` and an admin API under ``/admin`` (see
+README.md, "Fabric emulator"). Logs the base URL once listening and, with
+``--ready-file``, writes it there (atomically) so other processes can wait on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    parser.add_argument("--topology", help="topology file (YAML or JSON); default: built-in")
+    parser.add_argument("--user", default="admin", help="the account's user name")
+    parser.add_argument(
+        "--password-file",
+        help="file holding the account's password (default password: admin)",
+    )
+    parser.add_argument(
+        "--async-polls",
+        type=int,
+        default=0,
+        help="0: composition changes answer at once; N: 202 and a task that completes "
+        "after N polls",
+    )
+    parser.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds on 202")
+    parser.add_argument("--faults", help="JSON or YAML file with a list of fault rules")
+    parser.add_argument("--state-file", help="keep the composition in this file across restarts")
+    parser.add_argument("--ready-file", help="write the base URL here once listening")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+
+    import yaml
+
+    from composable_dra import logs
+    from fabric_emulator import faults, persistence, server, topology
+
+    log = logs.get(__name__)
+    try:
+        topo = topology.load(args.topology) if args.topology else topology.default()
+    except (OSError, topology.TopologyError) as exc:
+        log.error("bad topology", error=str(exc))
+        return 2
+    password = server.DEFAULT_PASSWORD
+    if args.password_file:
+        password = Path(args.password_file).read_text(encoding="utf-8").strip()
+    rules = faults.Faults()
+    if args.faults:
+        try:
+            rules.replace(yaml.safe_load(Path(args.faults).read_text(encoding="utf-8")) or [])
+        except (OSError, yaml.YAMLError, faults.FaultError) as exc:
+            log.error("bad fault rules", error=str(exc))
+            return 2
+    config = server.Config(
+        user=args.user,
+        password=password,
+        async_polls=args.async_polls,
+        retry_after=args.retry_after,
+        state_file=Path(args.state_file) if args.state_file else None,
+    )
+    emulator = server.Emulator(topo, config, rules)
+
+    async def serve() -> None:
+        runner, url = await server.start(emulator, args.host, args.port)
+        log.info(
+            "fabric emulator listening",
+            url=url,
+            hosts=len(topo.hosts),
+            zones=len(topo.zones),
+            blocks=len(topo.blocks),
+        )
+        if args.ready_file:
+            persistence.save_text(args.ready_file, url + "\n")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0

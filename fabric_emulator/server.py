@@ -1,0 +1,577 @@
+"""The HTTP service: Redfish under ``/redfish``, the admin API under ``/admin``.
+
+Request path for ``/redfish``: fault rules (latency, injected errors, dropped connections)
+-> authentication -> the handler -> ``drop_after`` faults. Composition changes run under
+one asyncio lock, so of two concurrent attaches of one block exactly one wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from composable_dra import logs
+from fabric_emulator import faults as faults_mod
+from fabric_emulator import messages, persistence, resources, state, tasks
+from fabric_emulator.auth import SESSIONS, Auth, is_public
+from fabric_emulator.resources import ROOT, View
+from fabric_emulator.state import Composition, RedfishError
+from fabric_emulator.topology import Topology
+
+log = logs.get(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+JSON_TYPE = "application/json"
+DEFAULT_USER = "admin"
+DEFAULT_PASSWORD = "admin"  # noqa: S105 - the documented default of a test emulator
+
+
+@dataclass
+class Config:
+    user: str = DEFAULT_USER
+    password: str = DEFAULT_PASSWORD
+    async_polls: int = 0  # 0: changes are synchronous; N: a task runs for N polls
+    retry_after: int = 1  # Retry-After (s) on 202 and task monitors
+    state_file: Path | None = None
+
+
+def etag_of(payload: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return f'W/"{digest[:20]}"'
+
+
+def _json(
+    status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None
+) -> web.Response:
+    if body is None:
+        return web.Response(status=status, headers=headers)
+    return web.Response(
+        status=status,
+        text=json.dumps(body, indent=1),
+        content_type=JSON_TYPE,
+        charset="utf-8",
+        headers=headers,
+    )
+
+
+def error_response(err: RedfishError) -> web.Response:
+    return _json(err.status, err.body(), err.headers)
+
+
+def _drop(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+ADD_ACTION = "ComputerSystem.AddResourceBlock"
+REMOVE_ACTION = "ComputerSystem.RemoveResourceBlock"
+_ACTION_PARAMS = frozenset({"ResourceBlock", "ResourceBlockETag", "ComputerSystemETag"})
+
+
+class Emulator:
+    def __init__(
+        self, topology: Topology, config: Config, faults: faults_mod.Faults | None = None
+    ) -> None:
+        self.topology = topology
+        self.config = config
+        self._initial = (config.async_polls, config.retry_after)
+        self.faults = faults or faults_mod.Faults()
+        self.auth = Auth(config.user, config.password)
+        self.tasks = tasks.TaskStore()
+        self.lock = asyncio.Lock()
+        self.comp = Composition()
+        if config.state_file is not None:
+            saved = persistence.load(config.state_file)
+            if saved is not None:
+                self.comp = Composition.from_json(saved, topology)
+                log.info(
+                    "composition loaded",
+                    path=str(config.state_file),
+                    attached=len(self.comp.attached),
+                )
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def view(self) -> View:
+        return View(
+            topology=self.topology,
+            comp=self.comp,
+            sessions=dict(self.auth.sessions),
+            tasks={t.id: tasks.render(t) for t in self.tasks.tasks.values()},
+            user=self.auth.user,
+        )
+
+    async def save(self) -> None:
+        if self.config.state_file is not None:
+            await asyncio.to_thread(persistence.save, self.config.state_file, self.comp.to_json())
+
+    def dump(self) -> dict[str, Any]:
+        """The composition in plain terms, for ``GET /admin/state``."""
+        return {
+            "blocks": {
+                b.id: {
+                    "zone": b.zone,
+                    "model": b.model,
+                    "uuid": b.uuid,
+                    "memory_mib": b.memory_mib,
+                    "state": self.comp.state_of(b.id),
+                    "system": self.comp.attached.get(b.id) or self.comp.composing.get(b.id),
+                }
+                for b in self.topology.blocks.values()
+            },
+            "systems": {
+                h.id: {
+                    "uuid": h.uuid,
+                    "zones": self.topology.zones_of_host(h.id),
+                    "blocks": self.comp.blocks_of(h.id),
+                }
+                for h in self.topology.hosts.values()
+            },
+            "tasks": {t.id: t.state for t in self.tasks.tasks.values()},
+        }
+
+    # ---- application -----------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware])
+        app.router.add_route("*", "/redfish", self._redfish)
+        app.router.add_route("*", "/redfish/{tail:.*}", self._redfish)
+        app.router.add_get("/admin/faults", self._admin_faults_get)
+        app.router.add_post("/admin/faults", self._admin_faults_post)
+        app.router.add_put("/admin/faults", self._admin_faults_put)
+        app.router.add_delete("/admin/faults", self._admin_faults_clear)
+        app.router.add_delete("/admin/faults/{id}", self._admin_faults_delete)
+        app.router.add_get("/admin/config", self._admin_config_get)
+        app.router.add_route("PATCH", "/admin/config", self._admin_config_patch)
+        app.router.add_put("/admin/config", self._admin_config_patch)
+        app.router.add_get("/admin/state", self._admin_state)
+        app.router.add_post("/admin/reset", self._admin_reset)
+        app.router.add_get("/admin/healthz", self._admin_healthz)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/redfish"):
+            return await handler(request)
+        decision = self.faults.decide(request.method, request.path, faults_mod.REQUEST_KINDS)
+        if decision.latency:
+            log.info("fault: latency", path=request.path, seconds=decision.latency)
+            await asyncio.sleep(decision.latency)
+        rule = decision.rule
+        response: web.StreamResponse
+        if rule is not None and rule.kind != "drop_after":
+            log.info(
+                "fault injected",
+                kind=rule.kind,
+                rule=rule.id,
+                method=request.method,
+                path=request.path,
+            )
+        if rule is not None and rule.kind == "drop_before":
+            _drop(request)
+            return web.Response(status=500)
+        if rule is not None and rule.kind == "status503":
+            err = RedfishError(
+                503,
+                messages.base("ServiceTemporarilyUnavailable", rule.retry_after),
+                headers={"Retry-After": str(rule.retry_after)},
+            )
+            response = error_response(err)
+        elif rule is not None and rule.kind == "status500":
+            response = error_response(RedfishError(500, messages.base("InternalError")))
+        elif rule is not None and rule.kind == "conflict409":
+            response = error_response(RedfishError(409, messages.base("ResourceInUse")))
+        else:
+            response = await self._authenticated(request, handler)
+        if rule is not None and rule.kind == "drop_after":
+            log.info(
+                "fault injected",
+                kind=rule.kind,
+                rule=rule.id,
+                method=request.method,
+                path=request.path,
+                status=response.status,
+            )
+            _drop(request)
+        response.headers["OData-Version"] = "4.0"
+        response.headers.setdefault("Cache-Control", "no-cache")
+        return response
+
+    async def _authenticated(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_public(request.method, request.path):
+            who = self.auth.authenticate(request.headers)
+            if who is None:
+                err = RedfishError(
+                    401,
+                    messages.base("NoValidSession"),
+                    headers={"WWW-Authenticate": 'Basic realm="fabric-emulator"'},
+                )
+                return error_response(err)
+            request["session"] = who
+        try:
+            return await handler(request)
+        except RedfishError as err:
+            return error_response(err)
+        except Exception:
+            log.exception("internal error", method=request.method, path=request.path)
+            return error_response(RedfishError(500, messages.base("InternalError")))
+
+    # ---- Redfish dispatch --------------------------------------------------------------------
+
+    async def _redfish(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        method = request.method
+        if path in ("/redfish", "/redfish/"):
+            if method not in ("GET", "HEAD"):
+                raise self._not_allowed("GET, HEAD")
+            return _json(200, {"v1": "/redfish/v1/"})
+        norm = path if path == f"{ROOT}/" else path.rstrip("/")
+        if norm == ROOT:
+            norm = f"{ROOT}/"
+        if method in ("GET", "HEAD"):
+            return await self._get(request, norm)
+        if method == "POST":
+            if norm == SESSIONS:
+                return await self._login(request)
+            for action in (ADD_ACTION, REMOVE_ACTION):
+                suffix = f"/Actions/{action}"
+                if norm.endswith(suffix) and norm.startswith(f"{ROOT}/Systems/"):
+                    host = norm[len(f"{ROOT}/Systems/") : -len(suffix)]
+                    if host in self.topology.hosts:
+                        return await self._action(request, host, action)
+        if method == "PATCH" and norm.startswith(f"{ROOT}/Systems/"):
+            host = norm[len(f"{ROOT}/Systems/") :]
+            if host in self.topology.hosts:
+                return await self._patch_system(request, host)
+        if method == "DELETE" and norm.startswith(f"{SESSIONS}/"):
+            return await self._logout(norm[len(SESSIONS) + 1 :])
+        if self._exists(norm):
+            raise self._not_allowed(self._allow(norm))
+        raise self._missing(norm)
+
+    def _exists(self, norm: str) -> bool:
+        if norm in (f"{ROOT}/$metadata", f"{ROOT}/odata"):
+            return True
+        return resources.render(self.view(), norm) is not None
+
+    def _allow(self, norm: str) -> str:
+        if norm == SESSIONS:
+            return "GET, HEAD, POST"
+        if norm.startswith(f"{SESSIONS}/"):
+            return "GET, HEAD, DELETE"
+        if norm.startswith(f"{ROOT}/Systems/") and norm.count("/") == 4:
+            return "GET, HEAD, PATCH"
+        return "GET, HEAD"
+
+    def _not_allowed(self, allow: str) -> RedfishError:
+        return RedfishError(405, messages.base("OperationNotAllowed"), headers={"Allow": allow})
+
+    def _missing(self, norm: str) -> RedfishError:
+        return RedfishError(404, messages.base("ResourceMissingAtURI", norm))
+
+    async def _get(self, request: web.Request, norm: str) -> web.StreamResponse:
+        if norm == f"{ROOT}/$metadata":
+            return web.Response(
+                text=resources.metadata_xml(), content_type="application/xml", charset="utf-8"
+            )
+        if norm == f"{ROOT}/odata":
+            return _json(200, resources.odata_document())
+        if norm.startswith(f"{tasks.MONITORS}/"):
+            return await self._monitor(norm[len(tasks.MONITORS) + 1 :])
+        if norm.startswith(f"{tasks.TASKS}/"):
+            task = self.tasks.tasks.get(norm[len(tasks.TASKS) + 1 :])
+            if task is not None:
+                async with self.lock:
+                    await self.tasks.poll(task)
+        payload = resources.render(self.view(), norm)
+        if payload is None:
+            raise self._missing(norm)
+        etag = etag_of(payload)
+        headers = {"ETag": etag, "Allow": self._allow(norm)}
+        if norm.startswith(f"{tasks.TASKS}/") and payload.get("TaskState") == "Running":
+            headers["Retry-After"] = str(self.config.retry_after)
+        return _json(200, payload, headers)
+
+    async def _monitor(self, task_id: str) -> web.StreamResponse:
+        task = self.tasks.tasks.get(task_id)
+        if task is None or task.monitor_done:
+            raise self._missing(f"{tasks.MONITORS}/{task_id}")
+        async with self.lock:
+            await self.tasks.poll(task)
+        if not task.done:
+            return _json(
+                202,
+                tasks.render(task),
+                {"Location": task.monitor_uri, "Retry-After": str(self.config.retry_after)},
+            )
+        task.monitor_done = True
+        assert task.result is not None
+        status, body = task.result
+        return _json(status, body, {"Link": f'<{task.uri}>; rel="describedby"'})
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RedfishError(400, messages.base("MalformedJSON")) from exc
+        if not isinstance(body, dict):
+            raise RedfishError(400, messages.base("MalformedJSON"))
+        return body
+
+    async def _login(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        for key in ("UserName", "Password"):
+            if key not in body:
+                raise RedfishError(400, messages.base("PropertyMissing", key))
+        result = self.auth.login(body["UserName"], body["Password"])
+        if result is None:
+            log.info("login refused")
+            raise RedfishError(401, messages.base("NoValidSession"))
+        token, info = result
+        log.info("session created", session=info.id)
+        payload = resources.session(info)
+        return _json(201, payload, {"X-Auth-Token": token, "Location": payload["@odata.id"]})
+
+    async def _logout(self, session_id: str) -> web.StreamResponse:
+        if not self.auth.logout(session_id):
+            raise self._missing(f"{SESSIONS}/{session_id}")
+        log.info("session deleted", session=session_id)
+        return web.Response(status=204)
+
+    # ---- composition changes -------------------------------------------------------------
+
+    def _etag(self, path: str) -> str | None:
+        payload = resources.render(self.view(), path)
+        return None if payload is None else etag_of(payload)
+
+    async def _action(self, request: web.Request, host: str, action: str) -> web.StreamResponse:
+        body = await self._body(request)
+        for key in body:
+            if key not in _ACTION_PARAMS:
+                raise RedfishError(400, messages.base("ActionParameterUnknown", action, key))
+        if "ResourceBlock" not in body:
+            raise RedfishError(
+                400, messages.base("ActionParameterMissing", action, "ResourceBlock")
+            )
+        ref = body["ResourceBlock"]
+        uri = ref.get("@odata.id") if isinstance(ref, dict) else None
+        if not isinstance(uri, str):
+            raise RedfishError(
+                400,
+                messages.base(
+                    "ActionParameterValueTypeError", json.dumps(ref), "ResourceBlock", action
+                ),
+            )
+        block = state.block_id_from_uri(uri)
+        if block is None:
+            raise RedfishError(400, messages.composition("ResourceBlockNotFound", uri))
+        system_uri = f"{ROOT}/Systems/{host}"
+        if_match = request.headers.get("If-Match")
+        if if_match and if_match != "*" and if_match != self._etag(system_uri):
+            raise RedfishError(412, messages.base("PreconditionFailed"))
+        for param, target in (
+            ("ComputerSystemETag", system_uri),
+            ("ResourceBlockETag", f"{resources.BLOCKS}/{block}"),
+        ):
+            if param in body and body[param] != self._etag(target):
+                raise RedfishError(428, messages.base("PreconditionFailed"))
+        add, remove = ([block], []) if action == ADD_ACTION else ([], [block])
+
+        def result() -> tuple[int, dict[str, Any]]:
+            return 200, {"@Message.ExtendedInfo": [messages.base("Success")]}
+
+        return await self._change(request, host, add, remove, result, body)
+
+    async def _patch_system(self, request: web.Request, host: str) -> web.StreamResponse:
+        body = await self._body(request)
+        if not body:
+            raise RedfishError(400, messages.base("NoOperation"))
+        for key in body:
+            if key != "Links":
+                raise RedfishError(400, messages.base("PropertyNotWritable", key))
+        links = body["Links"]
+        if not isinstance(links, dict):
+            raise RedfishError(
+                400, messages.base("PropertyValueTypeError", json.dumps(links), "Links")
+            )
+        for key in links:
+            if key != "ResourceBlocks":
+                raise RedfishError(400, messages.base("PropertyNotWritable", f"Links/{key}"))
+        refs = links.get("ResourceBlocks")
+        if not isinstance(refs, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("@odata.id"), str) for r in refs
+        ):
+            raise RedfishError(
+                400,
+                messages.base("PropertyValueTypeError", json.dumps(refs), "Links/ResourceBlocks"),
+            )
+        system_uri = f"{ROOT}/Systems/{host}"
+        if_match = request.headers.get("If-Match")
+        async with self.lock:
+            if if_match and if_match != "*" and if_match != self._etag(system_uri):
+                raise RedfishError(412, messages.base("PreconditionFailed"))
+            add, remove = state.diff_links(
+                self.topology, self.comp, host, [r["@odata.id"] for r in refs]
+            )
+
+        def result() -> tuple[int, dict[str, Any]]:
+            payload = resources.render(self.view(), system_uri)
+            assert payload is not None
+            return 200, payload
+
+        return await self._change(request, host, add, remove, result, body)
+
+    async def _change(
+        self,
+        request: web.Request,
+        host: str,
+        add: list[str],
+        remove: list[str],
+        result: Callable[[], tuple[int, dict[str, Any]]],
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        failing = self.faults.decide(request.method, request.path, faults_mod.TASK_KINDS).rule
+        async with self.lock:
+            state.check_change(self.topology, self.comp, host, add, remove)
+            if self.config.async_polls <= 0 and failing is None:
+                state.apply_change(self.comp, host, add, remove)
+                await self.save()
+                log.info("composition changed", system=host, added=add, removed=remove)
+                status, payload = result()
+                headers = {}
+                if request.method == "PATCH":
+                    headers["ETag"] = etag_of(payload)
+                return _json(status, payload, headers)
+            state.reserve(self.comp, host, add, remove)
+
+            async def complete() -> tuple[int, dict[str, Any]]:
+                state.apply_change(self.comp, host, add, remove)
+                await self.save()
+                log.info("composition changed (task)", system=host, added=add, removed=remove)
+                return result()
+
+            def abort() -> None:
+                state.release(self.comp, add, remove)
+                log.info("composition task failed", system=host, added=add, removed=remove)
+
+            task = self.tasks.create(
+                request.method,
+                request.path,
+                body,
+                polls=max(self.config.async_polls, 1),
+                complete=complete,
+                abort=abort,
+                failure=[messages.base("OperationFailed")] if failing is not None else None,
+            )
+        if failing is not None:
+            log.info("fault injected", kind="task_failure", rule=failing.id, task=task.id)
+        log.info("composition task started", task=task.id, system=host, added=add, removed=remove)
+        return _json(
+            202,
+            tasks.render(task),
+            {"Location": task.monitor_uri, "Retry-After": str(self.config.retry_after)},
+        )
+
+    # ---- admin ---------------------------------------------------------------------------
+
+    async def _admin_json(self, request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": f"malformed JSON: {exc}"}), content_type=JSON_TYPE
+            ) from exc
+
+    def _admin_error(self, text: str, status: int = 400) -> web.Response:
+        return web.json_response({"error": text}, status=status)
+
+    async def _admin_faults_get(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"rules": self.faults.to_json()})
+
+    async def _admin_faults_post(self, request: web.Request) -> web.StreamResponse:
+        raw = await self._admin_json(request)
+        try:
+            rule = self.faults.add(raw)
+        except faults_mod.FaultError as exc:
+            return self._admin_error(str(exc))
+        log.info("fault rule added", rule=rule.to_json())
+        return web.json_response(rule.to_json(), status=201)
+
+    async def _admin_faults_put(self, request: web.Request) -> web.StreamResponse:
+        raw = await self._admin_json(request)
+        rules = raw.get("rules") if isinstance(raw, dict) else raw
+        try:
+            self.faults.replace(rules)
+        except faults_mod.FaultError as exc:
+            return self._admin_error(str(exc))
+        log.info("fault rules replaced", count=len(self.faults.rules))
+        return web.json_response({"rules": self.faults.to_json()})
+
+    async def _admin_faults_clear(self, request: web.Request) -> web.StreamResponse:
+        self.faults.clear()
+        return web.Response(status=204)
+
+    async def _admin_faults_delete(self, request: web.Request) -> web.StreamResponse:
+        if not self.faults.remove(request.match_info["id"]):
+            return self._admin_error("no such rule", 404)
+        return web.Response(status=204)
+
+    def _config_json(self) -> dict[str, Any]:
+        return {"async_polls": self.config.async_polls, "retry_after": self.config.retry_after}
+
+    async def _admin_config_get(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self._config_json())
+
+    async def _admin_config_patch(self, request: web.Request) -> web.StreamResponse:
+        raw = await self._admin_json(request)
+        if not isinstance(raw, dict):
+            return self._admin_error("expected a JSON object")
+        for key, value in raw.items():
+            if key not in ("async_polls", "retry_after"):
+                return self._admin_error(f"unknown setting {key!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return self._admin_error(f"{key} must be a non-negative integer")
+        self.config.async_polls = raw.get("async_polls", self.config.async_polls)
+        self.config.retry_after = raw.get("retry_after", self.config.retry_after)
+        log.info("config changed", **self._config_json())
+        return web.json_response(self._config_json())
+
+    async def _admin_state(self, request: web.Request) -> web.StreamResponse:
+        async with self.lock:
+            return web.json_response(self.dump())
+
+    async def _admin_reset(self, request: web.Request) -> web.StreamResponse:
+        async with self.lock:
+            self.tasks.clear()
+            self.comp = Composition()
+            self.faults.clear()
+            self.config.async_polls, self.config.retry_after = self._initial
+            await self.save()
+        log.info("reset")
+        return web.json_response(self.dump())
+
+    async def _admin_healthz(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"ok": True})
+
+
+async def start(emulator: Emulator, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Start serving; return the runner (``await runner.cleanup()`` to stop) and base URL."""
+    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    bound_host, bound_port = bound[0], bound[1]
+    if ":" in bound_host:
+        bound_host = f"[{bound_host}]"
+    return runner, f"http://{bound_host}:{bound_port}"
