@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from composable_dra import __version__, logs
 
 # subcommand -> (module, one-line help). Each issue adds its component here.
-COMPONENTS: dict[str, tuple[str, str]] = {}
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "plugin": ("dra_driver.plugin_main", "the DRA kubelet plugin of one node (DaemonSet)"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
