@@ -226,13 +226,15 @@ class ControlPlane:
         self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", None)
 
     def stop(self) -> None:
-        """Stop every process this control plane started, newest first."""
+        """Stop every process this control plane started, newest first.
+
+        One at a time: the apiserver shuts down promptly only while etcd still answers.
+        """
         for proc in reversed(self._procs):
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
-        for proc in reversed(self._procs):
             try:
-                proc.popen.wait(timeout=15)
+                proc.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()

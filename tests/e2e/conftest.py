@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 
+from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 
 pytestmark = pytest.mark.e2e
+_CONTROL_PLANE = pytest.StashKey[ControlPlane]()
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def control_plane(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
     # No skip when binaries are missing: find_binaries builds them or fails (CI=true
     # or not), so an end-to-end test never silently passes without a control plane.
     bin_dir = find_binaries()
     workdir = Path(os.environ.get("CONTROL_PLANE_DIR") or tmp_path_factory.mktemp("cp"))
     with ControlPlane(bin_dir, workdir=workdir) as cp:
+        request.session.stash[_CONTROL_PLANE] = cp
         yield cp
+        del request.session.stash[_CONTROL_PLANE]
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +53,29 @@ def namespace(kube: client.ApiClient) -> Iterator[str]:
 def unique() -> str:
     """A short random suffix for cluster-scoped names."""
     return uuid.uuid4().hex[:6]
+
+
+@pytest.fixture(scope="session")
+def kube_json(kube: client.ApiClient) -> Kube:
+    """Plain-dict access to the test control plane."""
+    return Kube(kube)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path: unix socket paths must stay under 108 bytes."""
+    directory = Path(tempfile.mkdtemp(prefix="cdra-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the control plane's recent logs to a failed end-to-end test's report."""
+    report = yield
+    cp = item.session.stash.get(_CONTROL_PLANE, None)
+    if report.failed and cp is not None:
+        report.sections.append(("control plane logs", cp.logs_tail(30)))
+    return report

@@ -1,0 +1,197 @@
+"""A small JSON client for the Kubernetes API, on top of the official client's transport.
+
+The official client's typed models drop fields they do not know (DESIGN.md, Rules for the
+Kubernetes API), so every component reads and writes plain dicts through this module:
+GET, LIST, WATCH, create, merge patch, server-side apply and delete, with typed errors.
+Authentication, TLS and kubeconfig handling stay with the official client.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client, config
+
+JSON = dict[str, Any]
+
+
+class KubeError(Exception):
+    """An error status from the API server."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """409: a create of an existing object, or a stale resourceVersion."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion a watch started from is too old; relist."""
+
+
+_ERRORS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
+
+
+def path(
+    api_version: str,
+    plural: str,
+    name: str | None = None,
+    *,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """The URL path of a collection or object: path("resource.k8s.io/v1", "resourceclaims", ...)."""
+    prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [prefix]
+    if namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural)
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+class Kube:
+    """Plain-dict access to the API server."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None) -> Kube:
+        """From a kubeconfig file, else the in-cluster service account."""
+        if kubeconfig:
+            return cls(config.new_client_from_config(config_file=kubeconfig))
+        config.load_incluster_config()
+        return cls(client.ApiClient())
+
+    # -- requests --------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        url_path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = 30,
+    ) -> Any:
+        q = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self.api.configuration.host + url_path
+        if q:
+            url += "?" + urllib.parse.urlencode(
+                {k: str(v).lower() if isinstance(v, bool) else v for k, v in q.items()}
+            )
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        if self.api.default_headers:
+            headers = {**self.api.default_headers, **headers}
+        # Let the official client add the credentials of its configuration.
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], url_path, method, None)
+        # The transport serialises the body as JSON for every content type we send.
+        return self.api.rest_client.request(
+            method, url, headers=headers, body=body, _request_timeout=timeout
+        )
+
+    def request(self, method: str, url_path: str, **kwargs: Any) -> JSON:
+        resp = self._send(method, url_path, **kwargs)
+        raw = resp.read()
+        status = resp.status
+        payload: JSON = json.loads(raw) if raw else {}
+        if not 200 <= status < 300:
+            err = _ERRORS.get(status, KubeError)
+            raise err(status, str(payload.get("reason", "")), str(payload.get("message", raw)))
+        return payload
+
+    def get(self, url_path: str, **query: Any) -> JSON:
+        """An object, or a list of them (with query parameters such as labelSelector)."""
+        return self.request("GET", url_path, query=query)
+
+    def get_or_none(self, url_path: str) -> JSON | None:
+        try:
+            return self.get(url_path)
+        except NotFound:
+            return None
+
+    def create(self, url_path: str, body: JSON) -> JSON:
+        return self.request("POST", url_path, body=body)
+
+    def merge_patch(self, url_path: str, body: JSON) -> JSON:
+        return self.request(
+            "PATCH", url_path, body=body, content_type="application/merge-patch+json"
+        )
+
+    def json_patch(self, url_path: str, ops: list[JSON]) -> JSON:
+        return self.request("PATCH", url_path, body=ops, content_type="application/json-patch+json")
+
+    def apply(self, url_path: str, body: JSON, field_manager: str, force: bool = True) -> JSON:
+        """Server-side apply: we own exactly the fields we send."""
+        return self.request(
+            "PATCH",
+            url_path,
+            body=body,
+            query={"fieldManager": field_manager, "force": force},
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, url_path: str, body: JSON | None = None, **query: Any) -> JSON | None:
+        """Delete; an object already gone is not an error (returns None)."""
+        try:
+            return self.request("DELETE", url_path, body=body, query=query)
+        except NotFound:
+            return None
+
+    def watch(
+        self, url_path: str, resource_version: str, timeout_seconds: int = 60, **query: Any
+    ) -> Iterator[JSON]:
+        """Stream watch events (dicts with type and object), bookmarks included.
+
+        Raises Gone when the resourceVersion is too old: the caller relists.
+        """
+        resp = self._send(
+            "GET",
+            url_path,
+            query={
+                **query,
+                "watch": True,
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": True,
+                "timeoutSeconds": timeout_seconds,
+            },
+            timeout=(10, timeout_seconds + 10),
+        )
+        raw = resp.response
+        try:
+            if resp.status != 200:
+                payload = json.loads(raw.read() or b"{}")
+                err = _ERRORS.get(resp.status, KubeError)
+                raise err(resp.status, payload.get("reason", ""), payload.get("message", ""))
+            buffer = b""
+            for chunk in raw.stream(64 * 1024, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event: JSON = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object", {})
+                        code = int(status.get("code", 500))
+                        err = _ERRORS.get(code, KubeError)
+                        raise err(code, status.get("reason", ""), status.get("message", ""))
+                    yield event
+        finally:
+            raw.release_conn()
