@@ -1,31 +1,23 @@
-"""The plugin's thin adapter to the API server for claims: raw JSON, never typed models."""
+"""The plugin's thin adapter to the API server for claims: plain dicts, never typed models."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from composable_dra.kube import Kube, NotFound, path
 from dra_driver.prepare import ClaimNotFound
 
 
 class ClaimReader:
     """GET a ResourceClaim as a plain dict (fields the client does not know survive)."""
 
-    def __init__(self, api: Any) -> None:
-        from kubernetes import client
-
-        self._resource = client.ResourceV1Api(api)
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
 
     def __call__(self, namespace: str, name: str) -> dict[str, Any]:
-        from kubernetes.client import ApiException
-
         try:
-            resp = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False
+            return self._kube.get(
+                path("resource.k8s.io/v1", "resourceclaims", name, namespace=namespace)
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ClaimNotFound(f"claim {namespace}/{name} not found") from None
-            raise
-        claim: dict[str, Any] = json.loads(resp.data)
-        return claim
+        except NotFound:
+            raise ClaimNotFound(f"claim {namespace}/{name} not found") from None

@@ -119,11 +119,8 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from kubernetes import client, config
-
     from composable_dra import logs, metrics
+    from composable_dra.kube import Kube, path
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
     from dra_driver.device_source import SourceWatcher
@@ -133,25 +130,19 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.slices import SlicePublisher
 
     log = logs.get(__name__, node=args.node_name)
-    if args.kubeconfig:
-        api = config.new_client_from_config(config_file=args.kubeconfig)
-    else:
-        config.load_incluster_config()
-        api = client.ApiClient()
-
-    resp = client.CoreV1Api(api).read_node(args.node_name, _preload_content=False)
-    node: dict[str, Any] = json.loads(resp.data)
+    kube = Kube.from_config(args.kubeconfig)
+    node = kube.get(path("v1", "nodes", args.node_name))
 
     durable = not args.no_fsync
     checkpoint = Checkpoint(
         args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
     )
-    publisher = SlicePublisher(api, args.node_name, node["metadata"]["uid"], args.driver_name)
+    publisher = SlicePublisher(kube, args.node_name, node["metadata"]["uid"], args.driver_name)
     watcher = SourceWatcher(_make_source(args, node), publisher.set_devices)
     preparer = Preparer(
         args.driver_name,
         args.node_name,
-        ClaimReader(api),
+        ClaimReader(kube),
         lambda: watcher.devices,
         checkpoint,
         CdiWriter(args.cdi_dir, durable=durable),

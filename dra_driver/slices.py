@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composable_dra import logs
+from composable_dra.kube import Gone, Kube, path
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 from dra_driver.quantity import format_bytes, parse_bytes
 
+RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 FIELD_MANAGER = "composable-dra-plugin"
 MANAGED_LABEL = "composable.dra.io/managed-by"
@@ -191,16 +193,13 @@ class SlicePublisher:
 
     def __init__(
         self,
-        api: Any,
+        kube: Kube,
         node_name: str,
         node_uid: str,
         driver: str,
         resync_seconds: float = 300.0,
     ) -> None:
-        from kubernetes import client
-
-        self._api = api
-        self._resource = client.ResourceV1Api(api)
+        self._kube = kube
         self.node_name, self.node_uid, self.driver = node_name, node_uid, driver
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
         self._resync = resync_seconds
@@ -209,7 +208,6 @@ class SlicePublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watch: Any = None
         self._log = logs.get(__name__, node=node_name)
         self.synced = threading.Event()
 
@@ -226,18 +224,14 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._watch is not None:
-            self._watch.stop()
-        for t in self._threads:
-            t.join(timeout=5)
+        # The watch thread ends at its next event or timeout; it is a daemon thread.
+        if self._threads:
+            self._threads[0].join(timeout=5)
 
     # -- reconcile ---------------------------------------------------------------------
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
-        resp = self._resource.list_resource_slice(
-            field_selector=self._selector, _preload_content=False
-        )
-        body = json.loads(resp.data)
+        body = self._kube.get(path(RESOURCE_API, "resourceslices"), fieldSelector=self._selector)
         return list(body.get("items") or []), str(body["metadata"].get("resourceVersion", ""))
 
     def reconcile(self) -> SlicePlan | None:
@@ -250,16 +244,11 @@ class SlicePublisher:
             self.node_name, self.node_uid, self.driver, devices, observed, self._generation
         )
         for obj in plan.apply:
-            self._resource.patch_resource_slice(
-                obj["metadata"]["name"],
-                obj,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-                _preload_content=False,
+            self._kube.apply(
+                path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
             )
         for name in plan.delete:
-            self._delete(name)
+            self._kube.delete(path(RESOURCE_API, "resourceslices", name))
         self._generation = plan.generation
         metrics.DEVICES_PUBLISHED.set(len(devices))
         if not plan.empty:
@@ -272,15 +261,6 @@ class SlicePublisher:
             )
         return plan
 
-    def _delete(self, name: str) -> None:
-        from kubernetes.client import ApiException
-
-        try:
-            self._resource.delete_resource_slice(name, _preload_content=False)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
     def _reconcile_loop(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
@@ -289,8 +269,9 @@ class SlicePublisher:
             if self._stop.is_set():
                 return
             try:
-                if self.reconcile() is not None:
+                if self.reconcile() is not None and not self.synced.is_set():
                     self.synced.set()
+                    self._log.info("slices in sync", generation=self._generation)
                 backoff = 0.2
             except Exception as exc:
                 metrics.RECONCILE_ERRORS.inc()
@@ -302,33 +283,26 @@ class SlicePublisher:
     # -- watch -------------------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client import ApiException
-
+        """List, then watch from the list's resourceVersion; relist on 410 or an ended watch."""
         while not self._stop.is_set():
             try:
                 _, rv = self._list()
-                self._watch = watch.Watch()
-                for event in self._watch.stream(
-                    self._resource.list_resource_slice,
-                    field_selector=self._selector,
-                    resource_version=rv,
-                    allow_watch_bookmarks=True,
+                for event in self._kube.watch(
+                    path(RESOURCE_API, "resourceslices"),
+                    rv,
                     timeout_seconds=300,
-                    deserialize=False,
+                    fieldSelector=self._selector,
                 ):
                     if self._stop.is_set():
                         return
                     if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
                         self._wake.set()
-            except ApiException as exc:
-                if exc.status != 410:
-                    self._log.warning("slice watch failed", error=str(exc))
-                    self._stop.wait(1.0)
+            except Gone:
+                pass
             except Exception as exc:
                 if self._stop.is_set():
                     return
                 self._log.warning("slice watch failed", error=str(exc))
                 self._stop.wait(1.0)
-            # A relist after an expired or ended watch: wake the reconciler once too.
+            # After a relist the reconciler looks again too: events may have been missed.
             self._wake.set()
