@@ -88,7 +88,10 @@ def make_node(
 
     yield make
     for n in nodes:
+        # SIGTERM: a clean exit that takes both sockets with it.
         assert n.plugin.stop() == 0, n.plugin.log_tail()
+        assert list(n.kubelet.plugins_registry_dir.glob("*.sock")) == []
+        assert list(n.kubelet.plugins_dir.glob("*/dra.sock")) == []
         n.kubelet.stop()
         delete_node(kube_json.api, n.name)
 

@@ -323,3 +323,25 @@ def test_prepare_and_unprepare_are_serialized(tmp_path: Path) -> None:
     assert errors == []
     assert env.checkpoint.claims == {}
     assert list(env.cdi_dir.iterdir()) == []
+
+
+def test_metrics_observe_prepare_and_unprepare(env: Env) -> None:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ok_before = value("composable_dra_plugin_prepare_seconds_count", {"result": "ok"})
+    err_before = value("composable_dra_plugin_prepare_seconds_count", {"result": "error"})
+    un_before = value("composable_dra_plugin_unprepare_seconds_count", {"result": "ok"})
+    ref = env.api.add(claim())
+    bad = env.api.add(claim(name="bad", allocated=False))
+    env.preparer.prepare([ref, bad])
+    assert value("composable_dra_plugin_prepared_claims", {}) == 1
+    env.preparer.unprepare([ref])
+    assert value("composable_dra_plugin_prepare_seconds_count", {"result": "ok"}) == ok_before + 1
+    assert (
+        value("composable_dra_plugin_prepare_seconds_count", {"result": "error"}) == err_before + 1
+    )
+    assert value("composable_dra_plugin_unprepare_seconds_count", {"result": "ok"}) == un_before + 1
+    assert value("composable_dra_plugin_prepared_claims", {}) == 0
