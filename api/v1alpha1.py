@@ -1,0 +1,269 @@
+"""The suite's custom resources, group composable.dra.io, version v1alpha1.
+
+Defined once here with pydantic; `python -m api.crdgen` turns them into the CRD
+manifests in deploy/crds/. CEL rules (``x-kubernetes-validations``) live next to the
+fields they guard, so the API server refuses bad specs before any controller sees them.
+Controllers parse objects with these models to read them, and write status through
+merge patches of plain dicts (never whole objects).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "composable.dra.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def _immutable(field: str) -> dict[str, Any]:
+    return _rules(("self == oldSelf", f"{field} is immutable"))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class SecretRef(_Model):
+    """A Secret in a namespace (the custom resources are cluster-scoped)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    namespace: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+
+
+class NodeMapping(_Model):
+    """How a Kubernetes node is matched to the fabric's host (ComputerSystem)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.by) || self.by != 'annotation' || has(self.annotation)",
+                "annotation is required when by is 'annotation'",
+            ),
+        )
+    )
+
+    by: Literal["systemUUID", "providerID", "annotation"] = Field(
+        default="systemUUID",
+        description="systemUUID: node.status.nodeInfo.systemUUID equals the host's UUID; "
+        "providerID: the node's spec.providerID ends with the host's Id; annotation: "
+        "the node's annotation (named below) holds the host's Id.",
+    )
+    annotation: str | None = Field(default=None, min_length=1, max_length=317)
+
+
+class FabricSpec(_Model):
+    backend: Literal["redfish-composition", "redfish-zones"] = Field(
+        description="The fabric manager's API: standard Redfish composition "
+        "(ResourceBlocks composed into expandable systems) or Redfish resource zones."
+    )
+    endpoint: str = Field(
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+        max_length=2048,
+        description="Base URL of the fabric manager, e.g. https://fabric.example:8443",
+    )
+    credentials_secret: SecretRef = Field(
+        description="Secret with keys 'username' and 'password' for the fabric manager."
+    )
+    ca_secret: SecretRef | None = Field(
+        default=None,
+        description="Secret with key 'ca.crt' that verifies the fabric manager's "
+        "certificate. Without it the system trust store is used.",
+    )
+    insecure_skip_tls_verify: bool = Field(
+        alias="insecureSkipTLSVerify",
+        default=False,
+        description="Do not verify the fabric manager's certificate. For labs only.",
+    )
+    node_mapping: NodeMapping = Field(default_factory=NodeMapping)
+    poll_interval_seconds: int = Field(default=30, ge=5, le=3600)
+    operation_timeout_seconds: int = Field(
+        default=300, ge=10, le=3600, description="Give up on an attach or detach after this."
+    )
+    orphan_policy: Literal["Detach", "Adopt", "Ignore"] = Field(
+        default="Detach",
+        description="What to do with a device the fabric shows attached to one of our "
+        "nodes with no ComposableResource for longer than orphanGracePeriodSeconds.",
+    )
+    orphan_grace_period_seconds: int = Field(default=300, ge=0, le=86400)
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(default="", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}
+    )
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class ModelCount(_Model):
+    model: str
+    zone: str | None = None
+    count: int = Field(ge=0)
+
+
+class FabricStatus(_Model):
+    reachable: bool | None = None
+    free_devices: list[ModelCount] = Field(default_factory=list)
+    last_sync_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ClaimRef(_Model):
+    namespace: str = Field(min_length=1, max_length=63)
+    name: str = Field(min_length=1, max_length=253)
+    uid: str = Field(min_length=1, max_length=64)
+
+
+Phase = Literal["Attaching", "Online", "Detaching", "Detached", "Failed"]
+
+
+class ComposableResourceSpec(_Model):
+    fabric: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of the Fabric",
+        json_schema_extra=_immutable("fabric"),
+    )
+    device_id: str = Field(
+        alias="deviceID",
+        min_length=1,
+        max_length=253,
+        description="The fabric's id of the device (Redfish ResourceBlock Id).",
+        json_schema_extra=_immutable("deviceID"),
+    )
+    model: str | None = Field(default=None, max_length=256)
+    target_node: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="The node the device is attached to.",
+        json_schema_extra=_immutable("targetNode"),
+    )
+    claim_ref: ClaimRef | None = Field(
+        default=None, description="The ResourceClaim the device was attached for, if any."
+    )
+    force_detach: bool = Field(
+        default=False,
+        description="Detach even while a claim allocation references the device.",
+    )
+
+
+class ComposableResourceStatus(_Model):
+    phase: Phase | None = None
+    device_uuid: str | None = Field(
+        default=None, alias="deviceUUID", description="The device's UUID as its node sees it"
+    )
+    fabric_host: str | None = Field(default=None, description="The fabric's id of the node's host")
+    error: str | None = None
+    attached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    detached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    last_used_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ComposabilityRequestSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!has(self.minSize) || self.size >= self.minSize", "size must be at least minSize"),
+            ("!has(self.maxSize) || self.size <= self.maxSize", "size must be at most maxSize"),
+            (
+                "!has(self.minSize) || !has(self.maxSize) || self.minSize <= self.maxSize",
+                "minSize must not exceed maxSize",
+            ),
+        )
+    )
+
+    fabric: str = Field(min_length=1, max_length=253)
+    model: str = Field(min_length=1, max_length=256, description="Device model to attach")
+    target_node: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="Node to attach to; empty: any node the fabric reaches.",
+    )
+    size: int = Field(ge=0, le=1024, description="Desired number of devices")
+    min_size: int | None = Field(default=None, ge=0, le=1024)
+    max_size: int | None = Field(default=None, ge=0, le=1024)
+
+
+class ComposabilityRequestStatus(_Model):
+    resources: list[str] = Field(default_factory=list)
+    online: int = 0
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class KindInfo(BaseModel):
+    kind: str
+    plural: str
+    singular: str
+    short_names: list[str]
+    spec: type[_Model]
+    status: type[_Model]
+    printer_columns: list[dict[str, str]]
+
+
+KINDS = [
+    KindInfo(
+        kind="Fabric",
+        plural="fabrics",
+        singular="fabric",
+        short_names=["fab"],
+        spec=FabricSpec,
+        status=FabricStatus,
+        printer_columns=[
+            {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
+            {"name": "Endpoint", "type": "string", "jsonPath": ".spec.endpoint"},
+            {"name": "Reachable", "type": "boolean", "jsonPath": ".status.reachable"},
+            {"name": "Last Sync", "type": "date", "jsonPath": ".status.lastSyncTime"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    ),
+    KindInfo(
+        kind="ComposableResource",
+        plural="composableresources",
+        singular="composableresource",
+        short_names=["cres"],
+        spec=ComposableResourceSpec,
+        status=ComposableResourceStatus,
+        printer_columns=[
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Node", "type": "string", "jsonPath": ".spec.targetNode"},
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+            {"name": "Device", "type": "string", "jsonPath": ".spec.deviceID"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    ),
+    KindInfo(
+        kind="ComposabilityRequest",
+        plural="composabilityrequests",
+        singular="composabilityrequest",
+        short_names=["creq"],
+        spec=ComposabilityRequestSpec,
+        status=ComposabilityRequestStatus,
+        printer_columns=[
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+            {"name": "Node", "type": "string", "jsonPath": ".spec.targetNode"},
+            {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+            {"name": "Online", "type": "integer", "jsonPath": ".status.online"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    ),
+]

@@ -1,0 +1,63 @@
+"""Leader election on a coordination.k8s.io Lease, with the official client's elector."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+from kubernetes.leaderelection import electionconfig, leaderelection
+from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from composable_dra import logs
+
+log = logs.get(__name__)
+
+
+def default_identity() -> str:
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def acquire(
+    lease: str,
+    namespace: str,
+    lost: threading.Event,
+    identity: str | None = None,
+    lease_duration: int = 15,
+    renew_deadline: int = 10,
+    retry_period: int = 2,
+) -> None:
+    """Block until this process leads; set ``lost`` if it stops leading later.
+
+    The kubernetes client must be configured globally (config.load_*) before calling.
+    A process that lost its lease must stop its work: the caller watches ``lost``.
+    """
+    leading = threading.Event()
+    me = identity or default_identity()
+
+    def started() -> None:
+        log.info("became leader", lease=f"{namespace}/{lease}", identity=me)
+        leading.set()
+        lost.wait()
+
+    def stopped() -> None:
+        log.warning("stopped leading", lease=f"{namespace}/{lease}", identity=me)
+        lost.set()
+
+    config = electionconfig.Config(
+        LeaseLock(lease, namespace, me),
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+        onstarted_leading=started,
+        onstopped_leading=stopped,
+    )
+    thread = threading.Thread(
+        target=leaderelection.LeaderElection(config).run, name="leader-election", daemon=True
+    )
+    thread.start()
+    log.info("waiting for leadership", lease=f"{namespace}/{lease}", identity=me)
+    while not leading.wait(1.0):
+        if lost.is_set():
+            return

@@ -1,0 +1,30 @@
+"""Names shared by the components (DESIGN.md, Names). Defaults; all are configurable."""
+
+from __future__ import annotations
+
+DRIVER = "gpu.composable.dra.io"
+DEVICE_CLASS = "composable-gpu"
+PREFIX = "composable.dra.io"
+
+# Binding conditions on pool devices (KEP-5007).
+FABRIC_DEVICE_READY = "FabricDeviceReady"
+FABRIC_DEVICE_FAILED = "FabricDeviceFailed"
+FABRIC_DEVICE_RESCHEDULE = "FabricDeviceReschedule"
+
+# Conditions on ComposableResource.
+DEVICE_VISIBLE = "DeviceVisible"  # written by the node's kubelet plugin
+ATTACHED = "Attached"  # written by the operator
+READY = "Ready"  # written by the operator: Online
+
+# Labels and annotations.
+LABEL_NODE = f"{PREFIX}/node"
+LABEL_FABRIC = f"{PREFIX}/fabric"
+LABEL_CLAIM_UID = f"{PREFIX}/claim-uid"
+LABEL_REQUEST = f"{PREFIX}/request"
+FINALIZER = f"{PREFIX}/detach"
+TAINT_KEY = f"{PREFIX}/detaching"
+
+
+def pool_name(fabric: str, zone: str) -> str:
+    """The ResourceSlice pool of a fabric zone's free devices: '<fabric>/<zone>'."""
+    return f"{fabric}/{zone.lower()}"

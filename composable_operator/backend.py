@@ -1,0 +1,148 @@
+"""The fabric backend seam: what the operator and the pool publisher need of a fabric.
+
+A backend is synchronous (fabric client libraries are); callers run it in a thread.
+Every call reads the fabric afresh: nothing here caches state that could go stale
+between a read and the change it decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+DeviceState = Literal["free", "attached", "busy"]
+
+
+class FabricError(Exception):
+    """Base of the typed fabric errors; ``kind`` labels the fabric_errors metric."""
+
+    kind = "failed"
+    retryable = False
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotFoundError(FabricError):
+    kind = "not_found"
+
+
+class InUseError(FabricError):
+    """The device is attached elsewhere, or is being changed by someone else."""
+
+    kind = "in_use"
+
+
+class InsufficientError(FabricError):
+    """The fabric has no capacity for the request."""
+
+    kind = "insufficient"
+
+
+class BusyError(FabricError):
+    """The fabric manager asks to come back later (503, Retry-After)."""
+
+    kind = "busy"
+    retryable = True
+
+
+class AuthError(FabricError):
+    kind = "auth"
+
+
+class TransientError(FabricError):
+    """Network trouble or a server error: the outcome of a change is unknown."""
+
+    kind = "transient"
+    retryable = True
+
+
+class OperationFailedError(FabricError):
+    """The fabric ran the operation and reports that it failed."""
+
+    kind = "failed"
+    retryable = True
+
+
+@dataclass(frozen=True)
+class Host:
+    """A fabric host (Redfish ComputerSystem) that a node runs on."""
+
+    id: str
+    uuid: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Device:
+    """A fabric device (a GPU resource block)."""
+
+    id: str
+    model: str
+    zone: str
+    uuid: str  # the GPU's UUID as the host sees it once attached
+    state: DeviceState
+    host: str | None = None  # the host it is attached to
+    memory_mib: int = 0
+    manufacturer: str = ""
+
+
+@dataclass(frozen=True)
+class Zone:
+    """Devices and the hosts they can be attached to."""
+
+    id: str
+    hosts: frozenset[str]
+    devices: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: dict[str, Host]
+    devices: dict[str, Device]
+    zones: dict[str, Zone]
+
+    def host_by_uuid(self, uuid: str) -> Host | None:
+        wanted = normalize_uuid(uuid)
+        return next((h for h in self.hosts.values() if normalize_uuid(h.uuid) == wanted), None)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A change the fabric accepted and runs asynchronously (a Redfish task monitor)."""
+
+    monitor: str
+    task: str | None = None
+    retry_after: float = 1.0
+
+
+@dataclass(frozen=True)
+class OperationStatus:
+    state: Literal["running", "done", "failed"]
+    message: str = ""
+    retry_after: float = 1.0
+
+
+def normalize_uuid(value: str) -> str:
+    """Compare GPU UUIDs across sources: NVML says 'GPU-<uuid>', Redfish the bare UUID."""
+    value = value.strip().lower()
+    return value[4:] if value.startswith("gpu-") else value
+
+
+class FabricBackend(Protocol):
+    def inventory(self) -> Inventory:
+        """Hosts, devices (with their state) and zones, read from the fabric now."""
+        ...
+
+    def attach(self, device_id: str, host_id: str) -> Operation | None:
+        """Start attaching; None when the fabric finished it synchronously."""
+        ...
+
+    def detach(self, device_id: str, host_id: str) -> Operation | None:
+        """Start detaching; None when the fabric finished it synchronously."""
+        ...
+
+    def operation_status(self, op: Operation) -> OperationStatus: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,320 @@
+"""The `redfish-composition` backend: standard Redfish composition with the DMTF client.
+
+Devices are GPU ResourceBlocks; hosts are expandable ComputerSystems; attach and detach
+are the ComputerSystem.AddResourceBlock / RemoveResourceBlock actions. Zones say which
+hosts a block can reach: a zone lists GPU blocks and the ComputerSystem-type blocks of
+the hosts it serves.
+
+Choices that differ from the library's defaults, on purpose:
+- TLS is verified: the DMTF client skips verification unless given a CA file, so we
+  always pass one (the Fabric's CA, else the certifi bundle) unless told not to.
+- No library-level retries of changes: a POST retried blindly after a lost response
+  could attach twice. The operator retries at reconcile level, after re-reading state.
+- A 401 on a request (expired session) logs in again and repeats that request once;
+  the request was refused, so repeating it cannot apply a change twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import threading
+import time
+from typing import Any
+
+import certifi
+import redfish
+from redfish.rest.v1 import RetriesExhaustedError
+
+from composable_operator.backend import (
+    AuthError,
+    BusyError,
+    Device,
+    DeviceState,
+    FabricError,
+    Host,
+    InsufficientError,
+    InUseError,
+    Inventory,
+    NotFoundError,
+    Operation,
+    OperationFailedError,
+    OperationStatus,
+    TransientError,
+    Zone,
+)
+
+ROOT = "/redfish/v1"
+_STATE: dict[str, DeviceState] = {"Unused": "free", "Composed": "attached"}
+# MessageId suffix -> error type, for 4xx answers whose status code alone is ambiguous.
+_MESSAGE_ERRORS: dict[str, type[FabricError]] = {
+    "ResourceBlockInUse": InUseError,
+    "ResourceInUse": InUseError,
+    "ResourceNotFound": NotFoundError,
+    "ResourceBlockNotFound": NotFoundError,
+    "InsufficientResources": InsufficientError,
+    "ResourceExhaustion": InsufficientError,
+    "NoValidAllocation": InsufficientError,
+    "ServiceTemporarilyUnavailable": BusyError,
+}
+
+
+def retry_after_seconds(value: str | None, default: float = 1.0) -> float:
+    """Retry-After as delta-seconds or an HTTP date."""
+    if not value:
+        return default
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _messages(body: Any) -> list[dict[str, Any]]:
+    if not isinstance(body, dict):
+        return []
+    err = body.get("error", {})
+    infos = err.get("@Message.ExtendedInfo") if isinstance(err, dict) else None
+    infos = infos or body.get("@Message.ExtendedInfo") or body.get("Messages") or []
+    return [m for m in infos if isinstance(m, dict)]
+
+
+def _describe(body: Any, fallback: str) -> str:
+    texts = [m.get("Message") or m.get("MessageId", "") for m in _messages(body)]
+    if not texts and isinstance(body, dict):
+        err = body.get("error", {})
+        if isinstance(err, dict) and err.get("message"):
+            texts = [str(err["message"])]
+    return "; ".join(t for t in texts if t) or fallback
+
+
+def error_for(status: int, body: Any, headers: dict[str, str], what: str) -> FabricError:
+    """The typed error for a failed Redfish response."""
+    message = f"{what}: HTTP {status}: {_describe(body, 'no details')}"
+    retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
+    for info in _messages(body):
+        suffix = str(info.get("MessageId", "")).rsplit(".", 1)[-1]
+        if suffix in _MESSAGE_ERRORS:
+            return _MESSAGE_ERRORS[suffix](message, retry_after=retry_after)
+    if status in (401, 403):
+        return AuthError(message)
+    if status == 404:
+        return NotFoundError(message)
+    if status == 409:
+        return InUseError(message)
+    if status in (429, 503):
+        return BusyError(message, retry_after=retry_after)
+    if status >= 500:
+        return TransientError(message)
+    return OperationFailedError(message)
+
+
+def _id(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+class RedfishCompositionBackend:
+    def __init__(
+        self,
+        endpoint: str,
+        username: str,
+        password: str,
+        *,
+        ca_file: str | None = None,
+        insecure_skip_tls_verify: bool = False,
+        timeout: float = 15.0,
+    ) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        cafile = None if insecure_skip_tls_verify else (ca_file or certifi.where())
+        self._client = redfish.redfish_client(
+            base_url=self.endpoint,
+            username=username,
+            password=password,
+            cafile=cafile,
+            timeout=timeout,
+            max_retry=0,
+            check_connectivity=False,
+        )
+        self._lock = threading.Lock()  # the DMTF client's session is not thread-safe
+        self._logged_in = False
+        self._gpu_facts: dict[str, dict[str, Any]] = {}  # block id -> its GPU Processor
+        self._action_targets: dict[tuple[str, str], str] = {}
+
+    # -- transport -----------------------------------------------------------------------
+
+    def _call(self, method: str, uri: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if not self._logged_in:
+                        self._client.login(auth="session")
+                        self._logged_in = True
+                    resp = self._request(method, uri, body)
+                except RetriesExhaustedError as exc:
+                    cause = exc.__cause__ or exc
+                    raise TransientError(
+                        f"{method} {uri}: {type(cause).__name__}: {cause}"
+                    ) from exc
+                except redfish.rest.v1.InvalidCredentialsError as exc:
+                    self._logged_in = False
+                    raise AuthError(f"login to {self.endpoint} refused") from exc
+                except redfish.rest.v1.ServerDownOrUnreachableError as exc:
+                    self._logged_in = False
+                    raise TransientError(f"{self.endpoint} unreachable: {exc}") from exc
+                if resp.status == 401 and attempt == 1:
+                    self._logged_in = False  # the session expired: log in again, once
+                    continue
+                headers = {k.lower(): v for k, v in resp.getheaders()}
+                try:
+                    payload = resp.dict
+                except Exception:
+                    payload = None
+                return resp.status, payload, headers
+        raise AuthError(f"{method} {uri}: still unauthorized after logging in again")
+
+    def _request(self, method: str, uri: str, body: Any) -> Any:
+        if method == "GET":
+            return self._client.get(uri)
+        if method == "POST":
+            return self._client.post(uri, body=body)
+        if method == "DELETE":
+            return self._client.delete(uri)
+        raise ValueError(method)
+
+    def _get(self, uri: str) -> dict[str, Any]:
+        status, body, headers = self._call("GET", uri)
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET {uri}")
+        return body
+
+    def _members(self, uri: str) -> list[str]:
+        return [m["@odata.id"] for m in self._get(uri).get("Members", [])]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        hosts: dict[str, Host] = {}
+        for uri in self._members(f"{ROOT}/Systems"):
+            system = self._get(uri)
+            hosts[system["Id"]] = Host(
+                system["Id"], str(system.get("UUID", "")), system.get("Name", "")
+            )
+        devices: dict[str, Device] = {}
+        system_block_host: dict[str, str] = {}
+        for uri in self._members(f"{ROOT}/CompositionService/ResourceBlocks"):
+            block = self._get(uri)
+            types = block.get("ResourceBlockType", [])
+            links = block.get("Links", {})
+            systems = [_id(s["@odata.id"]) for s in links.get("ComputerSystems", [])]
+            if "ComputerSystem" in types:
+                if systems:
+                    system_block_host[block["Id"]] = systems[0]
+                continue
+            gpu = self._gpu_of(block)
+            if gpu is None:
+                continue
+            comp = block.get("CompositionStatus", {})
+            state = _STATE.get(comp.get("CompositionState", ""), "busy")
+            zone_ids = [_id(z["@odata.id"]) for z in links.get("Zones", [])]
+            memory = sum(int(m.get("CapacityMiB", 0)) for m in gpu.get("ProcessorMemory", []))
+            devices[block["Id"]] = Device(
+                id=block["Id"],
+                model=str(gpu.get("Model", "")),
+                zone=zone_ids[0] if zone_ids else "",
+                uuid=str(gpu.get("UUID", "")),
+                state=state,
+                host=systems[0] if systems and state != "free" else None,
+                memory_mib=memory,
+                manufacturer=str(gpu.get("Manufacturer", "")),
+            )
+        zones: dict[str, Zone] = {}
+        for uri in self._members(f"{ROOT}/CompositionService/ResourceZones"):
+            zone = self._get(uri)
+            members = [_id(b["@odata.id"]) for b in zone.get("Links", {}).get("ResourceBlocks", [])]
+            zones[zone["Id"]] = Zone(
+                id=zone["Id"],
+                hosts=frozenset(system_block_host[b] for b in members if b in system_block_host),
+                devices=frozenset(b for b in members if b in devices),
+            )
+        return Inventory(hosts=hosts, devices=devices, zones=zones)
+
+    def _gpu_of(self, block: dict[str, Any]) -> dict[str, Any] | None:
+        """The block's GPU Processor; its model, UUID and memory never change, so kept."""
+        if block["Id"] not in self._gpu_facts:
+            for ref in block.get("Processors", []):
+                proc = self._get(ref["@odata.id"])
+                if proc.get("ProcessorType") == "GPU":
+                    self._gpu_facts[block["Id"]] = proc
+                    break
+            else:
+                return None
+        return self._gpu_facts[block["Id"]]
+
+    # -- changes -------------------------------------------------------------------------
+
+    def _action(self, host_id: str, action: str) -> str:
+        key = (host_id, action)
+        if key not in self._action_targets:
+            system = self._get(f"{ROOT}/Systems/{host_id}")
+            target = system.get("Actions", {}).get(f"#ComputerSystem.{action}", {}).get("target")
+            if not target:
+                raise OperationFailedError(f"system {host_id} has no {action} action")
+            self._action_targets[key] = target
+        return self._action_targets[key]
+
+    def _change(self, action: str, device_id: str, host_id: str) -> Operation | None:
+        target = self._action(host_id, action)
+        body = {
+            "ResourceBlock": {"@odata.id": f"{ROOT}/CompositionService/ResourceBlocks/{device_id}"}
+        }
+        status, payload, headers = self._call("POST", target, body)
+        if status in (200, 204):
+            return None
+        if status == 202:
+            monitor = headers.get("location", "")
+            task = payload.get("@odata.id") if isinstance(payload, dict) else None
+            if not monitor and not task:
+                raise OperationFailedError(f"{action} answered 202 without a task monitor")
+            return Operation(
+                monitor=monitor or str(task),
+                task=task,
+                retry_after=retry_after_seconds(headers.get("retry-after")),
+            )
+        raise error_for(status, payload, headers, f"{action} {device_id} on {host_id}")
+
+    def attach(self, device_id: str, host_id: str) -> Operation | None:
+        return self._change("AddResourceBlock", device_id, host_id)
+
+    def detach(self, device_id: str, host_id: str) -> Operation | None:
+        return self._change("RemoveResourceBlock", device_id, host_id)
+
+    def operation_status(self, op: Operation) -> OperationStatus:
+        status, payload, headers = self._call("GET", op.monitor)
+        if status == 202:
+            return OperationStatus(
+                "running", retry_after=retry_after_seconds(headers.get("retry-after"))
+            )
+        if status in (200, 204) and not (isinstance(payload, dict) and "TaskState" in payload):
+            return OperationStatus("done")
+        if status == 404 or (isinstance(payload, dict) and "TaskState" in payload):
+            # The monitor is gone once the task ended: the Task resource tells how.
+            task = payload if status != 404 else (self._get(op.task) if op.task else None)
+            if task is None:
+                raise NotFoundError(f"task monitor {op.monitor} is gone and no task is known")
+            state = task.get("TaskState", "")
+            if state == "Completed" and task.get("TaskStatus", "OK") in ("OK", "Warning"):
+                return OperationStatus("done")
+            if state in ("Completed", "Exception", "Killed", "Cancelled"):
+                return OperationStatus("failed", _describe(task, f"task {state}"))
+            return OperationStatus("running", retry_after=op.retry_after)
+        raise error_for(status, payload, headers, f"GET {op.monitor}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._logged_in:
+                with contextlib.suppress(Exception):  # logging out is best effort
+                    self._client.logout()
+                self._logged_in = False

@@ -1,0 +1,364 @@
+"""Benchmark of the remote GPU data plane. The last line printed is JSON.
+
+1. Throughput of ``echo`` at 64 KiB, 1 MiB and 8 MiB over TCP and shared memory, with the
+   raw-socket (same in-flight depth) and memcpy ceilings measured in the same run.
+2. Round-trip p50/p99 of small frames.
+3. The feature-extraction experiment: a 66 ms stage, 0.92 MB frames, N = 1..8 workers
+   (one lease each): unshaped, then inside a private network namespace whose loopback is
+   shaped by ``tc tbf``, where admission control predicts the knee from the measured
+   bandwidth and the knee is then measured.
+All figures are medians of repeated runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from remote_gpu import tokens  # noqa: E402
+from remote_gpu.admission import measure_bandwidth  # noqa: E402
+from remote_gpu.client import RemoteGPU  # noqa: E402
+from remote_gpu.errors import AdmissionRefused  # noqa: E402
+
+SECRET = b"benchmark-secret-0123456789abcdef"
+SIZES = {"64kib": 64 << 10, "1mib": 1 << 20, "8mib": 8 << 20}
+CREDITS = 4
+FRAME_BYTES = 920_000
+STAGE_S = 0.066
+REPS = 3
+_lease = iter(range(1, 1 << 30))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DonorProcess:
+    def __init__(self, *extra: str) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        secret = Path(self.dir.name) / "secret"
+        secret.write_bytes(SECRET)
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "composable_dra.cli",
+            "--log-level",
+            "warning",
+            "remote-gpu-donor",
+            "--name",
+            "bench",
+            "--secret-file",
+            str(secret),
+            "--listen",
+            self.endpoint,
+            "--memory-quota",
+            str(72 << 20),
+            "--credits",
+            str(CREDITS),
+            "--allow",
+            "echo=remote_gpu.builtins:echo",
+            "--allow",
+            "fe=remote_gpu.builtins:feature_extract",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("donor did not start") from None
+                time.sleep(0.05)
+
+    def client(self, **kw: object) -> RemoteGPU:
+        tok = tokens.issue(SECRET, next(_lease), "bench", 600)
+        return RemoteGPU(self.endpoint, tok, **kw)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.dir.cleanup()
+
+
+def pipelined(submit, n: int, depth: int) -> float:
+    """Seconds to complete n requests keeping ``depth`` in flight."""
+    start = time.perf_counter()
+    window: list[Future[tuple[np.ndarray, ...]]] = []
+    for _ in range(n):
+        if len(window) >= depth:
+            window.pop(0).result()
+        window.append(submit())
+    for f in window:
+        f.result()
+    return time.perf_counter() - start
+
+
+def count_for(size: int) -> int:
+    return max(8, min(400, int(0.25e9 / size)))
+
+
+def gpu_throughput(donor: DonorProcess, transport: str, size: int) -> float:
+    a = np.ones(size, dtype=np.uint8)
+    with donor.client(transport=transport, credits=CREDITS) as gpu:
+        gpu.invoke("echo", a)
+        n = count_for(size)
+        runs = [
+            n * size / pipelined(lambda: gpu.submit("echo", a), n, CREDITS) for _ in range(REPS)
+        ]
+    return statistics.median(runs)
+
+
+def _raw_echo_server(listener: socket.socket, size: int) -> None:
+    conn, _ = listener.accept()
+    buf = memoryview(bytearray(size))
+    with conn:
+        while True:
+            got = 0
+            while got < size:
+                n = conn.recv_into(buf[got:])
+                if n == 0:
+                    return
+                got += n
+            conn.sendall(buf)
+
+
+def raw_throughput(size: int) -> float:
+    """Echo over a plain TCP socket with the same in-flight depth: the socket ceiling."""
+    import multiprocessing as mp
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    server = mp.get_context("fork").Process(target=_raw_echo_server, args=(listener, size))
+    server.start()
+    c = socket.create_connection(listener.getsockname())
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    data = bytes(size)
+    back = memoryview(bytearray(size))
+    n = count_for(size)
+    sem = threading.Semaphore(CREDITS)
+
+    def sender(total: int) -> None:
+        for _ in range(total):
+            sem.acquire()
+            c.sendall(data)
+
+    runs = []
+    for _ in range(REPS):
+        start = time.perf_counter()
+        t = threading.Thread(target=sender, args=(n,))
+        t.start()
+        for _ in range(n):
+            got = 0
+            while got < size:
+                got += c.recv_into(back[got:])
+            sem.release()
+        t.join()
+        runs.append(n * size / (time.perf_counter() - start))
+    c.close()
+    server.join(10)
+    listener.close()
+    return statistics.median(runs)
+
+
+def memcpy_throughput(size: int) -> float:
+    a = np.ones(size, dtype=np.uint8)
+    b = np.empty_like(a)
+    n = count_for(size) * 4
+    runs = []
+    for _ in range(REPS):
+        start = time.perf_counter()
+        for _ in range(n):
+            np.copyto(b, a)
+        runs.append(n * size / (time.perf_counter() - start))
+    return statistics.median(runs)
+
+
+def round_trips(donor: DonorProcess, transport: str, n: int = 2000) -> dict[str, float]:
+    a = np.arange(16, dtype=np.float32)
+    with donor.client(transport=transport) as gpu:
+        for _ in range(50):
+            gpu.invoke("echo", a)
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            gpu.invoke("echo", a)
+            samples.append(time.perf_counter() - t0)
+    q = np.percentile(samples, [50, 99])
+    return {"p50_us": round(float(q[0]) * 1e6, 1), "p99_us": round(float(q[1]) * 1e6, 1)}
+
+
+def fps(donor: DonorProcess, workers: int, seconds: float = 1.5) -> float:
+    frame = np.ones(FRAME_BYTES, dtype=np.uint8)
+    gpus = [donor.client(transport="tcp", credits=2) for _ in range(workers)]
+    done = [0] * workers
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        window: list[Future[tuple[np.ndarray, ...]]] = []
+        while not stop.is_set():
+            if len(window) >= 2:
+                window.pop(0).result()
+                done[i] += 1
+            window.append(gpus[i].submit("fe", frame))
+        for f in window:
+            f.result()
+
+    for g in gpus:
+        g.invoke("fe", frame)
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # warm up the pipelines before counting
+    base = sum(done)
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    frames = sum(done) - base
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    for g in gpus:
+        g.close()
+    return frames / elapsed
+
+
+def fps_sweep(donor: DonorProcess, max_workers: int = 8) -> dict[int, float]:
+    return {n: round(fps(donor, n), 2) for n in range(1, max_workers + 1)}
+
+
+def knee(curve: dict[int, float]) -> int:
+    """The most workers for which throughput still scales (>= 90% of linear)."""
+    single = curve[1]
+    best = 1
+    for n, f in curve.items():
+        if f >= 0.9 * n * single:
+            best = n
+    return best
+
+
+def shaped_part(rate_mbit: int) -> dict[str, object]:
+    """Runs inside a private network namespace: shape lo, predict and measure the knee."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "tbf",
+            "rate",
+            f"{rate_mbit}mbit",
+            "burst",
+            "256kb",
+            "latency",
+            "100ms",
+        ],
+        check=True,
+    )
+    bandwidth = measure_bandwidth("127.0.0.1", seconds=1.5)
+    demand = FRAME_BYTES / STAGE_S
+    limited = DonorProcess("--link-bandwidth", str(bandwidth), "--headroom", "1.0")
+    admitted: list[RemoteGPU] = []
+    try:
+        while len(admitted) < 32:
+            admitted.append(
+                limited.client(transport="tcp", frame_bytes=FRAME_BYTES, target_rate=1 / STAGE_S)
+            )
+    except AdmissionRefused:
+        pass
+    for g in admitted:
+        g.close()
+    limited.stop()
+    donor = DonorProcess()
+    try:
+        curve = fps_sweep(donor)
+    finally:
+        donor.stop()
+    return {
+        "tbf_rate_mbit": rate_mbit,
+        "measured_bandwidth_MBps": round(bandwidth / 1e6, 2),
+        "demand_per_worker_MBps": round(demand / 1e6, 2),
+        "fps_knee_predicted": len(admitted),
+        "fps_knee_workers": knee(curve),
+        "fps_shaped": curve,
+    }
+
+
+def main() -> None:
+    from composable_dra import logs
+
+    logs.configure("bench", "warning", "json")
+    if len(sys.argv) > 2 and sys.argv[1] == "--shaped":
+        print(json.dumps(shaped_part(int(sys.argv[2]))))
+        return
+    out: dict[str, object] = {}
+    donor = DonorProcess()
+    try:
+        for label, size in SIZES.items():
+            tcp = gpu_throughput(donor, "tcp", size)
+            raw = raw_throughput(size)
+            shm = gpu_throughput(donor, "shm", size)
+            mem = memcpy_throughput(size)
+            out[f"tcp_GBps_{label}"] = round(tcp / 1e9, 3)
+            out[f"raw_socket_GBps_{label}"] = round(raw / 1e9, 3)
+            out[f"shm_GBps_{label}"] = round(shm / 1e9, 3)
+            out[f"memcpy_GBps_{label}"] = round(mem / 1e9, 3)
+            out[f"tcp_vs_raw_{label}"] = round(tcp / raw, 3)
+            out[f"shm_vs_tcp_{label}"] = round(shm / tcp, 3)
+            out[f"shm_vs_memcpy_{label}"] = round(shm / mem, 3)
+        out["rtt_small_tcp"] = round_trips(donor, "tcp")
+        out["rtt_small_shm"] = round_trips(donor, "shm")
+        curve = fps_sweep(donor)
+        out["fps_unshaped"] = curve
+        out["fps_4_workers"] = curve[4]
+    finally:
+        donor.stop()
+    rate = int(os.environ.get("REMOTE_GPU_BENCH_TBF_MBIT", "360"))
+    shaped = subprocess.run(
+        ["unshare", "-rn", sys.executable, __file__, "--shaped", str(rate)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if shaped.returncode == 0:
+        out.update(json.loads(shaped.stdout.strip().splitlines()[-1]))
+    else:
+        out["shaped_error"] = shaped.stderr.strip().splitlines()[-1:]
+    knee_p, knee_m = out.get("fps_knee_predicted"), out.get("fps_knee_workers")
+    out["targets"] = {
+        "tcp_vs_raw_1mib>=0.8": out["tcp_vs_raw_1mib"] >= 0.8,  # type: ignore[operator]
+        "shm_vs_tcp_1mib>=5": out["shm_vs_tcp_1mib"] >= 5,  # type: ignore[operator]
+        "fps_4_workers>=55": out["fps_4_workers"] >= 55,  # type: ignore[operator]
+        "knee_within_one": isinstance(knee_p, int)
+        and isinstance(knee_m, int)
+        and abs(knee_p - knee_m) <= 1,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

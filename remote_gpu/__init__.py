@@ -1,0 +1,6 @@
+"""Software-defined fallback: lend a donor node's GPU over the network as functional offload.
+
+A pod names a function from the donor's allow-list and sends arrays; a worker process per
+lease runs it and sends arrays back. See ``protocol`` for the wire format, ``donor`` for
+the server, ``client`` for :class:`RemoteGPU`.
+"""

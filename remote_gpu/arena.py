@@ -1,0 +1,92 @@
+"""A lease's memory: one shared-memory file cut into equal slots, one per credit.
+
+The arena is the lease's memory quota. Payloads arriving over TCP are received straight
+into a slot, the worker computes on views of it, and results leave from it; with the
+shared-memory transport the client writes its arrays there itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from remote_gpu.protocol import DType, numpy_dtype
+
+SHM_DIR = Path("/dev/shm")  # noqa: S108 - files are created O_EXCL, mode 0600, random names
+ALIGN = 64
+PAGE = 4096
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+class Arena:
+    def __init__(self, path: Path, size: int, slots: int, owner: bool) -> None:
+        self.path = path
+        self.size = size
+        self.slots = slots
+        self.slot_size = size // slots
+        self.owner = owner
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buf = np.frombuffer(self._mmap, dtype=np.uint8)
+
+    @classmethod
+    def create(cls, quota_bytes: int, slots: int) -> Arena:
+        slot_size = max(PAGE, quota_bytes // slots // PAGE * PAGE)
+        size = slot_size * slots
+        path = SHM_DIR / f"remote-gpu-{secrets.token_hex(8)}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return cls(path, size, slots, owner=True)
+
+    @classmethod
+    def attach(cls, path: str, size: int, slots: int) -> Arena:
+        return cls(Path(path), size, slots, owner=False)
+
+    def slot_base(self, slot: int) -> int:
+        return slot * self.slot_size
+
+    def slot_of(self, offset: int) -> int | None:
+        """The slot whose base is ``offset``, or None if it is not a slot base."""
+        if offset % self.slot_size or not 0 <= offset < self.size:
+            return None
+        return offset // self.slot_size
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return memoryview(self._mmap)[offset : offset + length]
+
+    def array(self, offset: int, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+        dt = numpy_dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        return self.buf[offset : offset + count * dt.itemsize].view(dt).reshape(shape)
+
+    def contains(self, array: np.ndarray, start: int, end: int) -> int | None:
+        """Offset of ``array`` if it is a contiguous view inside [start, end), else None."""
+        if not array.flags.c_contiguous:
+            return None
+        base = self.buf.ctypes.data
+        lo = array.__array_interface__["data"][0]
+        hi = lo + array.nbytes
+        if base + start <= lo and hi <= base + end:
+            return int(lo - base)
+        return None
+
+    def close(self) -> None:
+        del self.buf
+        with contextlib.suppress(BufferError):  # a view is alive; the mapping goes at exit
+            self._mmap.close()
+        if self.owner:
+            self.path.unlink(missing_ok=True)

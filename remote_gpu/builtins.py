@@ -1,0 +1,37 @@
+"""Functions an admin may put on a donor's allow-list; also used by tests and benchmarks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def echo(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Return the arguments unchanged (in place: no copy on the donor)."""
+    return arrays
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.add(a, b)
+    return out
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.matmul(a, b)
+    return out
+
+
+def fail(*_arrays: np.ndarray) -> np.ndarray:
+    raise ValueError("this function always fails")
+
+
+def feature_extract(frame: np.ndarray) -> np.ndarray:
+    """Emulate a 66 ms feature-extraction stage: 66 ms of device time, a small result."""
+    time.sleep(0.066)
+    return np.asarray(frame.reshape(-1)[:256], dtype=np.float32)
+
+
+def big(n: np.ndarray) -> np.ndarray:
+    """Return a fresh array of ``n[0]`` bytes (to test the memory quota on results)."""
+    return np.zeros(int(n.reshape(-1)[0]), dtype=np.uint8)

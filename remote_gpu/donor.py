@@ -1,0 +1,505 @@
+"""The donor server: asyncio front end, one worker process per lease.
+
+A connection opens with HELLO (token, versions, wanted transport, declared load); the
+donor checks the token, admission and the lease's uniqueness, creates the lease's arena
+and worker, and answers HELLO with the negotiated version, credits and transport. Then
+INVOKE messages flow, at most ``credits`` in flight, each answered by RESULT or ERROR.
+Malformed frames get an ERROR and the connection is closed; other leases carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import secrets
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from composable_dra import logs
+from remote_gpu import metrics
+from remote_gpu.admission import AdmissionController
+from remote_gpu.arena import Arena, align
+from remote_gpu.errors import (
+    AuthError,
+    Code,
+    FrameError,
+    RemoteGPUError,
+)
+from remote_gpu.protocol import (
+    HELLO_KEY,
+    MAX_META,
+    SUPPORTED_VERSIONS,
+    VERSION,
+    DType,
+    Flags,
+    Header,
+    Op,
+    session_key,
+    unpack,
+)
+from remote_gpu.quotas import TokenBucket
+from remote_gpu.tokens import Token, verify
+from remote_gpu.transports import Frame, ServerTransport, choose, host_id
+from remote_gpu.transports.tcp import TcpServerTransport
+from remote_gpu.worker import ArraySpec
+
+log = logs.get(__name__)
+
+_MP = multiprocessing.get_context("forkserver")
+_MP.set_forkserver_preload(["numpy", "remote_gpu.worker", "remote_gpu.builtins"])
+
+
+@dataclass
+class DonorConfig:
+    name: str
+    secret: bytes = field(repr=False)
+    allow: dict[str, str]
+    memory_quota: int = 64 << 20
+    max_credits: int = 4
+    rate_limit: float = 0.0
+    rate_burst: float = 16.0
+    link_bandwidth: float | None = None
+    headroom: float = 1.0
+    transports: tuple[str, ...] = ("shm", "tcp")
+    worker_start_timeout: float = 30.0
+
+
+class _Fatal(Exception):
+    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.seq = seq
+
+
+class Lease:
+    def __init__(self, lease: int, arena: Arena, credits: int, bucket: TokenBucket) -> None:
+        self.id = lease
+        self.arena = arena
+        self.credits = credits
+        self.bucket = bucket
+        self.busy: set[int] = set()
+        self.pending: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
+        self.proc: BaseProcess | None = None
+        self.pipe: Connection | None = None
+        self.shm = False
+        self.transport = "tcp"
+
+    def free_slot(self) -> int | None:
+        for slot in range(self.arena.slots):
+            if slot not in self.busy:
+                return slot
+        return None
+
+
+class Donor:
+    def __init__(self, config: DonorConfig) -> None:
+        self.config = config
+        self.admission = AdmissionController(config.link_bandwidth, config.headroom)
+        self.leases: dict[int, Lease] = {}
+        self._server_tasks: set[asyncio.Task[None]] = set()
+        self._listeners: list[socket.socket] = []
+        self._accept_tasks: list[asyncio.Task[None]] = []
+        self._host = host_id()
+
+    # ---- listening
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._listeners.append(sock)
+        self._accept_tasks.append(asyncio.create_task(self._accept(sock)))
+        bound = sock.getsockname()
+        log.info("donor listening", donor=self.config.name, address=f"{bound[0]}:{bound[1]}")
+        return bound[0], bound[1]
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            self.serve(TcpServerTransport(conn))
+
+    def serve(self, transport: ServerTransport) -> asyncio.Task[None]:
+        """Serve one connection (from any transport's listener) in its own task."""
+        task = asyncio.create_task(self._connection(transport))
+        self._server_tasks.add(task)
+        task.add_done_callback(self._server_tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        for t in self._accept_tasks:
+            t.cancel()
+        for s in self._listeners:
+            s.close()
+        for t in list(self._server_tasks):
+            t.cancel()
+        await asyncio.gather(*self._accept_tasks, *self._server_tasks, return_exceptions=True)
+
+    # ---- one connection
+
+    async def _connection(self, tr: ServerTransport) -> None:
+        lease: Lease | None = None
+        key = HELLO_KEY
+        send_lock = asyncio.Lock()
+        try:
+            lease, key, shm = await self._hello(tr)
+            await self._serve_lease(tr, lease, key, shm, send_lock)
+        except _Fatal as exc:
+            metrics.ERRORS.labels("donor", exc.code.value).inc()
+            log.warning(
+                "refusing connection", peer=tr.peer, code=exc.code.value, reason=exc.message
+            )
+            with contextlib.suppress(Exception):
+                async with send_lock:
+                    await tr.send_frames(
+                        [_error(lease.id if lease else 0, exc.seq, exc.code, exc.message, key)]
+                    )
+        except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("connection failed", peer=tr.peer)
+        finally:
+            tr.close()
+            if lease is not None:
+                await self._end_lease(lease)
+
+    async def _read_meta(self, tr: ServerTransport, header: Header) -> bytes:
+        buf = bytearray(header.length)
+        await tr.recv_payload_into(memoryview(buf))
+        return bytes(buf)
+
+    async def _hello(self, tr: ServerTransport) -> tuple[Lease, bytes, bool]:
+        try:
+            header = unpack(await tr.recv_header(), HELLO_KEY, MAX_META)
+        except FrameError as exc:
+            raise _Fatal(Code.BAD_FRAME, str(exc)) from None
+        if header.op != Op.HELLO or header.parts:
+            raise _Fatal(Code.BAD_FRAME, "the first frame must be a HELLO")
+        try:
+            hello = json.loads(await self._read_meta(tr, header))
+            versions = [int(v) for v in hello.get("versions", [header.version])]
+            token = Token.from_json(hello.get("token"))
+            client_nonce = bytes.fromhex(str(hello["nonce"]))
+            wanted = str(hello.get("transport", "auto"))
+            credits = int(hello.get("credits", self.config.max_credits))
+            frame_bytes = int(hello.get("frame_bytes", 0))
+            target_rate = float(hello.get("target_rate", 0.0))
+        except AuthError as exc:
+            raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise _Fatal(Code.BAD_FRAME, f"malformed HELLO: {type(exc).__name__}") from None
+        common = SUPPORTED_VERSIONS.intersection(versions)
+        if not common:
+            raise _Fatal(
+                Code.UNSUPPORTED_VERSION,
+                f"client speaks {sorted(versions)}, donor {sorted(SUPPORTED_VERSIONS)}",
+            )
+        try:
+            verify(self.config.secret, token, self.config.name)
+        except AuthError as exc:
+            raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
+        if header.lease != token.lease:
+            raise _Fatal(Code.AUTH_FAILED, "frame lease does not match the token")
+        if token.lease in self.leases:
+            raise _Fatal(Code.LEASE_BUSY, f"lease {token.lease} already has a connection")
+        offers = [t for t in self.config.transports if t in ("shm", tr.name)]
+        try:
+            wanted = choose(wanted, offers, hello.get("host") == self._host)
+        except ValueError:
+            wanted = tr.name
+        demand = AdmissionController.demand(frame_bytes, target_rate)
+        if not self.admission.try_admit(token.lease, demand):
+            metrics.ADMISSION_REFUSALS.inc()
+            raise _Fatal(
+                Code.ADMISSION_REFUSED,
+                f"link would saturate: {self.admission.load + demand:.0f} B/s wanted, "
+                f"{self.admission.capacity:.0f} B/s available",
+            )
+        credits = max(1, min(credits, self.config.max_credits))
+        arena = Arena.create(self.config.memory_quota, credits)
+        lease = Lease(
+            token.lease, arena, credits, TokenBucket(self.config.rate_limit, self.config.rate_burst)
+        )
+        lease.shm, lease.transport = wanted == "shm", wanted
+        self.leases[token.lease] = lease
+        try:
+            await self._start_worker(lease)
+        except BaseException:
+            await self._end_lease(lease)
+            raise
+        server_nonce = secrets.token_bytes(16)
+        reply: dict[str, Any] = {
+            "version": max(common),
+            "donor": self.config.name,
+            "credits": credits,
+            "transport": wanted,
+            "nonce": server_nonce.hex(),
+            "slot_size": arena.slot_size,
+            "functions": sorted(self.config.allow),
+        }
+        if wanted == "shm":
+            reply.update(arena=str(arena.path), arena_size=arena.size)
+        meta = json.dumps(reply).encode()
+        head = Header(Op.HELLO, token.lease, header.seq, version=max(common), length=len(meta))
+        await tr.send_frames([(head.pack(HELLO_KEY), meta)])
+        metrics.LEASES.inc()
+        metrics.LEASES_TOTAL.labels(wanted).inc()
+        log.info("lease opened", lease=token.lease, peer=tr.peer, transport=wanted, credits=credits)
+        return lease, session_key(token.mac_bytes, client_nonce, server_nonce), wanted == "shm"
+
+    async def _start_worker(self, lease: Lease) -> None:
+        parent, child = _MP.Pipe()
+        proc = _MP.Process(
+            target=_worker_entry,
+            args=(
+                child,
+                str(lease.arena.path),
+                lease.arena.size,
+                lease.arena.slots,
+                dict(self.config.allow),
+            ),
+            daemon=True,
+        )
+        await asyncio.get_running_loop().run_in_executor(None, proc.start)
+        child.close()
+        lease.proc, lease.pipe = proc, parent
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            try:
+                while parent.poll():
+                    msg = parent.recv()
+                    if msg[0] == "ready":
+                        if not ready.done():
+                            ready.set_result(None)
+                        continue
+                    fut = lease.pending.pop(msg[1], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+            except (EOFError, OSError):
+                loop.remove_reader(parent.fileno())
+                exc = RemoteGPUError("worker exited", Code.WORKER_DIED)
+                if not ready.done():
+                    ready.set_exception(exc)
+                for f in lease.pending.values():
+                    if not f.done():
+                        f.set_result(("err", 0, Code.WORKER_DIED.value, "worker exited"))
+                lease.pending.clear()
+
+        loop.add_reader(parent.fileno(), on_readable)
+        try:
+            await asyncio.wait_for(ready, self.config.worker_start_timeout)
+        except (TimeoutError, RemoteGPUError) as exc:
+            raise _Fatal(Code.INTERNAL, f"worker did not start: {exc}") from None
+
+    async def _end_lease(self, lease: Lease) -> None:
+        if self.leases.get(lease.id) is lease:
+            del self.leases[lease.id]
+            metrics.LEASES.dec()
+        self.admission.release(lease.id)
+        if lease.pipe is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(lease.pipe.fileno())
+            with contextlib.suppress(Exception):
+                lease.pipe.send(None)
+            lease.pipe.close()
+        if lease.proc is not None:
+            proc = lease.proc
+            await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
+        for f in lease.pending.values():
+            f.cancel()
+        lease.arena.close()
+        log.info("lease closed", lease=lease.id)
+
+    async def _serve_lease(
+        self, tr: ServerTransport, lease: Lease, key: bytes, shm: bool, send_lock: asyncio.Lock
+    ) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        limit = lease.arena.slot_size
+        try:
+            while True:
+                try:
+                    header = unpack(await tr.recv_header(), key, max(limit, MAX_META))
+                except FrameError as exc:
+                    raise _Fatal(Code.BAD_FRAME, str(exc)) from None
+                if header.lease != lease.id:
+                    raise _Fatal(Code.BAD_FRAME, "frame for another lease", header.seq)
+                if header.part != 0:
+                    raise _Fatal(Code.BAD_FRAME, "array frame outside a message", header.seq)
+                if header.op == Op.CLOSE:
+                    return
+                if header.op == Op.HEARTBEAT:
+                    await self._read_meta(tr, header)
+                    reply = Header(Op.HEARTBEAT, lease.id, header.seq)
+                    async with send_lock:
+                        await tr.send_frames([(reply.pack(key), None)])
+                    continue
+                if header.op != Op.INVOKE:
+                    raise _Fatal(Code.BAD_FRAME, f"unexpected {header.op.name}", header.seq)
+                job = await self._receive_invoke(tr, lease, key, header, shm)
+                if job is None:
+                    continue
+                task = asyncio.create_task(self._run(tr, lease, key, header.seq, job, send_lock))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _receive_invoke(
+        self, tr: ServerTransport, lease: Lease, key: bytes, head: Header, shm: bool
+    ) -> tuple[int, str, list[ArraySpec]] | None:
+        seq = head.seq
+        name = (await self._read_meta(tr, head)).decode("utf-8", "replace")
+        if len(lease.busy) >= lease.credits:
+            raise _Fatal(Code.FLOW_CONTROL, f"more than {lease.credits} requests in flight", seq)
+        arena = lease.arena
+        if shm:
+            slot = arena.slot_of(head.offset)
+            if slot is None or slot in lease.busy:
+                raise _Fatal(Code.BAD_FRAME, "INVOKE names no free slot", seq)
+        else:
+            free = lease.free_slot()
+            assert free is not None  # busy < credits == slots
+            slot = free
+        base = arena.slot_base(slot)
+        end = base + arena.slot_size
+        lease.busy.add(slot)
+        cursor = base
+        specs: list[ArraySpec] = []
+        for part in range(1, head.parts + 1):
+            try:
+                h = unpack(await tr.recv_header(), key, arena.slot_size)
+            except FrameError as exc:
+                raise _Fatal(Code.BAD_FRAME, str(exc), seq) from None
+            if (h.op, h.seq, h.part, h.parts, h.lease) != (
+                Op.INVOKE,
+                seq,
+                part,
+                head.parts,
+                lease.id,
+            ):
+                raise _Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
+            if h.flags & Flags.SHM:
+                if not shm:
+                    raise _Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
+                if not (base <= h.offset and h.offset + h.length <= end):
+                    raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
+                offset = h.offset
+            else:
+                offset = cursor
+                if offset + h.length > end:
+                    raise _Fatal(
+                        Code.MEMORY_QUOTA,
+                        f"arguments exceed the lease's {arena.slot_size}-byte slot",
+                        seq,
+                    )
+                await tr.recv_payload_into(arena.view(offset, h.length))
+                metrics.BYTES.labels("donor", "in", lease.transport).inc(h.length)
+                cursor = align(offset + h.length)
+            specs.append((int(h.dtype), h.shape, offset, h.length))
+        if shm:
+            metrics.BYTES.labels("donor", "in", "shm").inc(sum(s[3] for s in specs))
+        refusal: tuple[Code, str] | None = None
+        if name not in self.config.allow:
+            refusal = (Code.NOT_ALLOWED, f"{name!r} is not on this donor's allow-list")
+        elif not lease.bucket.take():
+            refusal = (Code.RATE_LIMITED, f"lease exceeds {self.config.rate_limit}/s")
+        if refusal is not None:
+            lease.busy.discard(slot)
+            metrics.ERRORS.labels("donor", refusal[0].value).inc()
+            await tr.send_frames([_error(lease.id, seq, refusal[0], refusal[1], key)])
+            return None
+        return slot, name, specs
+
+    async def _run(
+        self,
+        tr: ServerTransport,
+        lease: Lease,
+        key: bytes,
+        seq: int,
+        job: tuple[int, str, list[ArraySpec]],
+        send_lock: asyncio.Lock,
+    ) -> None:
+        slot, name, specs = job
+        fut: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        lease.pending[seq] = fut
+        assert lease.pipe is not None
+        try:
+            lease.pipe.send((seq, slot, name, specs))
+            msg = await fut
+            frames: list[Frame]
+            if msg[0] == "ok":
+                _, _, results, seconds = msg
+                metrics.LATENCY.labels("donor").observe(seconds)
+                metrics.INVOCATIONS.labels("donor").inc()
+                frames = self._result_frames(lease, key, seq, results)
+            else:
+                _, _, code, message = msg
+                metrics.ERRORS.labels("donor", code).inc()
+                frames = [_error(lease.id, seq, Code(code), message, key)]
+            async with send_lock:
+                await tr.send_frames(frames)
+        finally:
+            lease.pending.pop(seq, None)
+            lease.busy.discard(slot)
+
+    def _result_frames(
+        self, lease: Lease, key: bytes, seq: int, results: Sequence[ArraySpec]
+    ) -> list[Frame]:
+        head = Header(Op.RESULT, lease.id, seq, parts=len(results))
+        frames: list[Frame] = [(head.pack(key), None)]
+        for i, (dtype, shape, offset, length) in enumerate(results, start=1):
+            h = Header(
+                Op.RESULT,
+                lease.id,
+                seq,
+                flags=Flags.SHM if lease.shm else Flags.NONE,
+                dtype=DType(dtype),
+                part=i,
+                parts=len(results),
+                shape=tuple(shape),
+                offset=offset,
+                length=length,
+            )
+            frames.append((h.pack(key), None if lease.shm else lease.arena.view(offset, length)))
+        metrics.BYTES.labels("donor", "out", lease.transport).inc(sum(r[3] for r in results))
+        return frames
+
+
+def _error(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
+    meta = json.dumps({"code": code.value, "message": message}).encode()
+    return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
+
+
+def _worker_entry(
+    conn: Connection, arena_path: str, size: int, slots: int, allow: dict[str, str]
+) -> None:
+    from remote_gpu import worker
+
+    worker.main(conn, arena_path, size, slots, allow)
+
+
+def _stop_process(proc: BaseProcess) -> None:
+    proc.join(2.0)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(2.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+__all__ = ["VERSION", "Donor", "DonorConfig"]

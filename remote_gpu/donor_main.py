@@ -1,0 +1,87 @@
+"""``composable-dra remote-gpu-donor``: serve this node's GPU to leases on other nodes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", required=True, help="donor name the lease tokens must carry")
+    parser.add_argument("--secret-file", type=Path, required=True, help="HMAC key for tokens")
+    parser.add_argument("--listen", default="0.0.0.0:7470", help="host:port for TCP")
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help="a function clients may call (repeatable); NAME defaults to the import path",
+    )
+    parser.add_argument("--memory-quota", type=int, default=256 << 20, help="bytes per lease")
+    parser.add_argument("--credits", type=int, default=4, help="max requests in flight")
+    parser.add_argument("--rate-limit", type=float, default=0.0, help="invocations/s per lease")
+    parser.add_argument("--rate-burst", type=float, default=16.0)
+    parser.add_argument("--link-bandwidth", type=float, help="link bytes/s for admission")
+    parser.add_argument(
+        "--measure-link",
+        metavar="ADDR",
+        help="measure the bandwidth to a sink on ADDR at start, for admission control",
+    )
+    parser.add_argument("--headroom", type=float, default=0.9, help="usable share of the link")
+    parser.add_argument("--transports", default="shm,tcp", help="offered transports")
+    parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+
+
+def parse_allow(items: list[str]) -> dict[str, str]:
+    allow: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        allow[name if sep else item] = path if sep else item
+    return allow
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from prometheus_client import start_http_server
+
+    from composable_dra import logs
+    from remote_gpu.admission import measure_bandwidth
+    from remote_gpu.donor import Donor, DonorConfig
+    from remote_gpu.tokens import read_secret
+
+    log = logs.get(__name__)
+    bandwidth = args.link_bandwidth
+    if args.measure_link:
+        bandwidth = measure_bandwidth(args.measure_link)
+        log.info("measured link", bandwidth_bps=round(bandwidth))
+    config = DonorConfig(
+        name=args.name,
+        secret=read_secret(args.secret_file),
+        allow=parse_allow(args.allow),
+        memory_quota=args.memory_quota,
+        max_credits=args.credits,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        link_bandwidth=bandwidth,
+        headroom=args.headroom,
+        transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    host, _, port = args.listen.rpartition(":")
+
+    async def main() -> None:
+        donor = Donor(config)
+        await donor.start(host.strip("[]"), int(port))
+        if args.ucx_port:
+            from remote_gpu.transports.ucx import listen
+
+            await listen(donor, args.ucx_port)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0

@@ -1,0 +1,103 @@
+"""Typed errors: the codes an ERROR frame carries and the exceptions the client raises."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Code(StrEnum):
+    BAD_FRAME = "bad_frame"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    AUTH_FAILED = "auth_failed"
+    LEASE_BUSY = "lease_busy"
+    NOT_ALLOWED = "not_allowed"
+    MEMORY_QUOTA = "memory_quota"
+    RATE_LIMITED = "rate_limited"
+    FLOW_CONTROL = "flow_control"
+    ADMISSION_REFUSED = "admission_refused"
+    FUNCTION_FAILED = "function_failed"
+    WORKER_DIED = "worker_died"
+    INTERNAL = "internal"
+
+
+class RemoteGPUError(Exception):
+    """Base of every error the remote GPU service reports."""
+
+    code: Code = Code.INTERNAL
+
+    def __init__(self, message: str, code: Code | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+
+
+class FrameError(RemoteGPUError):
+    code = Code.BAD_FRAME
+
+
+class VersionError(RemoteGPUError):
+    code = Code.UNSUPPORTED_VERSION
+
+
+class AuthError(RemoteGPUError):
+    code = Code.AUTH_FAILED
+
+
+class LeaseBusy(RemoteGPUError):
+    code = Code.LEASE_BUSY
+
+
+class NotAllowed(RemoteGPUError):
+    code = Code.NOT_ALLOWED
+
+
+class MemoryQuotaExceeded(RemoteGPUError):
+    code = Code.MEMORY_QUOTA
+
+
+class RateLimited(RemoteGPUError):
+    code = Code.RATE_LIMITED
+
+
+class FlowControlError(RemoteGPUError):
+    code = Code.FLOW_CONTROL
+
+
+class AdmissionRefused(RemoteGPUError):
+    code = Code.ADMISSION_REFUSED
+
+
+class FunctionFailed(RemoteGPUError):
+    code = Code.FUNCTION_FAILED
+
+
+class WorkerDied(RemoteGPUError):
+    code = Code.WORKER_DIED
+
+
+_BY_CODE: dict[Code, type[RemoteGPUError]] = {
+    cls.code: cls
+    for cls in (
+        FrameError,
+        VersionError,
+        AuthError,
+        LeaseBusy,
+        NotAllowed,
+        MemoryQuotaExceeded,
+        RateLimited,
+        FlowControlError,
+        AdmissionRefused,
+        FunctionFailed,
+        WorkerDied,
+    )
+}
+
+
+def from_code(code: str, message: str) -> RemoteGPUError:
+    """The exception for an ERROR frame's code; unknown codes become the base class."""
+    try:
+        known = Code(code)
+    except ValueError:
+        return RemoteGPUError(f"{code}: {message}")
+    return _BY_CODE.get(known, RemoteGPUError)(message, known)

@@ -1,0 +1,18 @@
+"""Prometheus metrics for both sides, labelled ``side`` (donor or client)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+BYTES = Counter("remote_gpu_bytes_total", "Payload bytes moved", ["side", "direction", "transport"])
+INVOCATIONS = Counter("remote_gpu_invocations_total", "Invocations completed", ["side"])
+ERRORS = Counter("remote_gpu_errors_total", "Errors by type", ["side", "code"])
+LATENCY = Histogram(
+    "remote_gpu_invoke_seconds",
+    "Invocation latency (client: round trip; donor: worker time)",
+    ["side"],
+    buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+)
+LEASES = Gauge("remote_gpu_leases_held", "Leases held by the donor")
+LEASES_TOTAL = Counter("remote_gpu_leases_opened", "Leases opened", ["transport"])
+ADMISSION_REFUSALS = Counter("remote_gpu_admission_refusals_total", "Leases refused by admission")

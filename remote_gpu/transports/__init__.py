@@ -1,0 +1,109 @@
+"""Transports behind one interface, chosen per connection.
+
+A transport moves frames: ``send_frames`` takes (header, inline payload or None) pairs,
+``recv_header`` returns the next fixed-size header, ``recv_payload_into`` fills a buffer
+with the inline payload that follows it. TCP and UCX are stream transports; shared
+memory rides on either as a control channel and moves array payloads through the lease's
+arena instead of inline (the SHM flag). ``choose`` picks one for a connection.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+from remote_gpu.protocol import HEADER_SIZE
+
+Buffer = bytes | bytearray | memoryview
+Frame = tuple[bytes, Buffer | None]
+
+TRANSPORTS = ("shm", "ucx", "tcp")
+
+
+class ClientTransport(ABC):
+    """Blocking transport used by the client library."""
+
+    name: str = ""
+
+    @abstractmethod
+    def send_frames(self, frames: Sequence[Frame]) -> None: ...
+
+    @abstractmethod
+    def recv_into(self, view: memoryview) -> None: ...
+
+    def recv_header(self) -> bytearray:
+        buf = bytearray(HEADER_SIZE)
+        self.recv_into(memoryview(buf))
+        return buf
+
+    def recv_payload_into(self, view: memoryview) -> None:
+        self.recv_into(view)
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ServerTransport(ABC):
+    """Asyncio transport used by the donor."""
+
+    name: str = ""
+    peer: str = ""
+
+    @abstractmethod
+    async def send_frames(self, frames: Sequence[Frame]) -> None: ...
+
+    @abstractmethod
+    async def recv_into(self, view: memoryview) -> None: ...
+
+    async def recv_header(self) -> bytearray:
+        buf = bytearray(HEADER_SIZE)
+        await self.recv_into(memoryview(buf))
+        return buf
+
+    async def recv_payload_into(self, view: memoryview) -> None:
+        await self.recv_into(view)
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def host_id() -> str:
+    """Identifies this host's shared-memory domain: boot id plus the /dev/shm inode."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown"
+    try:
+        st = os.stat("/dev/shm")  # noqa: S108 - identifies the shm mount, writes nothing
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = "none"
+    return f"{boot}/{shm}"
+
+
+def ucx_available() -> bool:
+    from remote_gpu.transports import ucx
+
+    ok: bool = ucx.available()
+    return ok
+
+
+def choose(requested: str, donor_offers: Sequence[str], same_host: bool) -> str:
+    """The transport for a connection: ``requested`` if given, else the best one offered.
+
+    Preference: shared memory on the same host, then UCX, then TCP.
+    """
+    if requested != "auto":
+        if requested not in donor_offers:
+            raise ValueError(f"transport {requested!r} is not offered by the donor")
+        if requested == "shm" and not same_host:
+            raise ValueError("shared memory needs the client on the donor's host")
+        return requested
+    for name in TRANSPORTS:
+        if name == "shm" and not same_host:
+            continue
+        if name in donor_offers:
+            return name
+    return "tcp"

@@ -1,0 +1,127 @@
+"""Plain TCP: scatter-gather ``sendmsg`` out, ``recv_into`` in; no intermediate copies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Sequence
+
+from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
+
+_IOV_MAX = 512
+
+
+def _flatten(frames: Sequence[Frame]) -> list[memoryview]:
+    bufs: list[memoryview] = []
+    for header, payload in frames:
+        bufs.append(memoryview(header))
+        if payload is not None and len(payload):
+            bufs.append(memoryview(payload).cast("B"))
+    return bufs
+
+
+def _advance(bufs: list[memoryview], sent: int) -> list[memoryview]:
+    while sent:
+        n = len(bufs[0])
+        if sent >= n:
+            sent -= n
+            bufs.pop(0)
+        else:
+            bufs[0] = bufs[0][sent:]
+            sent = 0
+    return bufs
+
+
+def tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+
+
+class TcpClientTransport(ClientTransport):
+    name = "tcp"
+
+    def __init__(self, host: str, port: int, timeout: float | None = 30.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        tune(self.sock)
+        self.sock.settimeout(None)
+
+    def send_frames(self, frames: Sequence[Frame]) -> None:
+        bufs = _flatten(frames)
+        while bufs:
+            sent = self.sock.sendmsg(bufs[:_IOV_MAX])
+            bufs = _advance(bufs, sent)
+
+    def recv_into(self, view: memoryview) -> None:
+        got, want = 0, len(view)
+        while got < want:
+            n = self.sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("donor closed the connection")
+            got += n
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class TcpServerTransport(ServerTransport):
+    name = "tcp"
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        tune(sock)
+        try:
+            host, port = sock.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            self.peer = "?"
+        self._loop = asyncio.get_running_loop()
+
+    async def _writable(self) -> None:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        fd = self.sock.fileno()
+
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self._loop.add_writer(fd, wake)
+        try:
+            await fut
+        finally:
+            self._loop.remove_writer(fd)
+
+    async def send_frames(self, frames: Sequence[Frame]) -> None:
+        bufs = _flatten(frames)
+        while bufs:
+            try:
+                sent = self.sock.sendmsg(bufs[:_IOV_MAX])
+            except BlockingIOError:
+                await self._writable()
+                continue
+            bufs = _advance(bufs, sent)
+
+    async def recv_into(self, view: memoryview) -> None:
+        got, want = 0, len(view)
+        while got < want:
+            try:
+                n = self.sock.recv_into(view[got:])
+            except BlockingIOError:
+                n = await self._loop.sock_recv_into(self.sock, view[got:])
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            got += n
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def payload(buf: Buffer) -> memoryview:
+    return memoryview(buf).cast("B")

@@ -1,0 +1,118 @@
+"""The CRDs refuse bad specs at the real API server (schema and CEL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.v1alpha1 import API_VERSION
+from composable_dra.kube import Kube, KubeError, path
+from hack.localcluster.crds import install_crds
+
+
+@pytest.fixture(scope="module")
+def crds(kube_json: Kube) -> Kube:
+    install_crds(kube_json)
+    return kube_json
+
+
+def resource(name: str, **spec: Any) -> dict[str, Any]:
+    body = {"fabric": "lab", "deviceID": "gpu-blk-1", "targetNode": "node-a", **spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ComposableResource",
+        "metadata": {"name": name},
+        "spec": {k: v for k, v in body.items() if v is not None},
+    }
+
+
+def refused(kube: Kube, plural: str, body: dict[str, Any]) -> str:
+    with pytest.raises(KubeError) as exc:
+        kube.create(path(API_VERSION, plural), body)
+    assert exc.value.status == 422, exc.value
+    return exc.value.message
+
+
+def test_valid_resource_gets_defaults(crds: Kube, unique: str) -> None:
+    created = crds.create(path(API_VERSION, "composableresources"), resource(f"ok-{unique}"))
+    assert created["spec"]["forceDetach"] is False
+    crds.delete(path(API_VERSION, "composableresources", f"ok-{unique}"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [
+        ({"targetNode": None}, "targetNode"),
+        ({"targetNode": "Not_A_Node"}, "targetNode"),
+        ({"deviceID": ""}, "deviceID"),
+        ({"forceDetach": "yes"}, "forceDetach"),
+    ],
+)
+def test_bad_resource_specs_are_refused(
+    crds: Kube, unique: str, spec: dict[str, Any], complaint: str
+) -> None:
+    assert complaint in refused(crds, "composableresources", resource(f"bad-{unique}", **spec))
+
+
+def test_target_node_and_device_are_immutable(crds: Kube, unique: str) -> None:
+    name = f"imm-{unique}"
+    crds.create(path(API_VERSION, "composableresources"), resource(name))
+    try:
+        for field in ("targetNode", "deviceID"):
+            with pytest.raises(KubeError) as exc:
+                crds.merge_patch(
+                    path(API_VERSION, "composableresources", name), {"spec": {field: "other"}}
+                )
+            assert exc.value.status == 422
+            assert f"{field} is immutable" in exc.value.message
+    finally:
+        crds.delete(path(API_VERSION, "composableresources", name))
+
+
+def fabric(name: str, **spec: Any) -> dict[str, Any]:
+    body = {
+        "backend": "redfish-composition",
+        "endpoint": "https://fm.example:8443",
+        "credentialsSecret": {"name": "fm", "namespace": "ops"},
+        **spec,
+    }
+    return {"apiVersion": API_VERSION, "kind": "Fabric", "metadata": {"name": name}, "spec": body}
+
+
+def test_fabric_defaults_and_refusals(crds: Kube, unique: str) -> None:
+    created = crds.create(path(API_VERSION, "fabrics"), fabric(f"f-{unique}"))
+    assert created["spec"]["nodeMapping"] == {"by": "systemUUID"}
+    assert created["spec"]["insecureSkipTLSVerify"] is False
+    assert created["spec"]["pollIntervalSeconds"] == 30
+    crds.delete(path(API_VERSION, "fabrics", f"f-{unique}"))
+
+    assert "annotation is required" in refused(
+        crds, "fabrics", fabric(f"g-{unique}", nodeMapping={"by": "annotation"})
+    )
+    assert "endpoint" in refused(crds, "fabrics", fabric(f"h-{unique}", endpoint="fm:8443"))
+    assert "backend" in refused(crds, "fabrics", fabric(f"i-{unique}", backend="vendor-x"))
+    assert "pollIntervalSeconds" in refused(
+        crds, "fabrics", fabric(f"j-{unique}", pollIntervalSeconds=1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("sizes", "complaint"),
+    [
+        ({"size": 5, "maxSize": 4}, "size must be at most maxSize"),
+        ({"size": 1, "minSize": 2}, "size must be at least minSize"),
+        ({"size": 3, "minSize": 4, "maxSize": 2}, "minSize must not exceed maxSize"),
+        ({"size": -1}, "size"),
+    ],
+)
+def test_bad_request_sizes_are_refused(
+    crds: Kube, unique: str, sizes: dict[str, int], complaint: str
+) -> None:
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "ComposabilityRequest",
+        "metadata": {"name": f"r-{unique}"},
+        "spec": {"fabric": "lab", "model": "H100", **sizes},
+    }
+    assert complaint in refused(crds, "composabilityrequests", body)
