@@ -1,0 +1,107 @@
+"""Opaque device configuration addressed to our driver (``opaque.parameters``).
+
+Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``::
+
+    opaque:
+      driver: gpu.composable.dra.io
+      parameters:
+        apiVersion: gpu.composable.dra.io/v1alpha1
+        kind: GpuConfig
+        sharing: Shared          # Exclusive (default) | Shared
+        env: {MY_VAR: value}     # extra environment for the containers
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+API_VERSION = "gpu.composable.dra.io/v1alpha1"
+KIND = "GpuConfig"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_PREFIXES = ("COMPOSABLE_GPU_", "NVIDIA_VISIBLE_DEVICES")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class GpuConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    apiVersion: Literal["gpu.composable.dra.io/v1alpha1"] = "gpu.composable.dra.io/v1alpha1"
+    kind: Literal["GpuConfig"] = "GpuConfig"
+    sharing: Literal["Exclusive", "Shared"] = "Exclusive"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if name.startswith(_RESERVED_PREFIXES):
+                raise ValueError(f"{name!r} is set by the driver and cannot be overridden")
+        return value
+
+
+def parse_parameters(parameters: Any) -> GpuConfig:
+    """Validate one ``opaque.parameters`` object; ConfigError with a readable message."""
+    if not isinstance(parameters, dict):
+        raise ConfigError("opaque parameters must be an object")
+    api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
+    if api_version != API_VERSION or kind != KIND:
+        raise ConfigError(
+            f"unsupported config {api_version}/{kind}: this driver accepts {API_VERSION} {KIND}"
+        )
+    try:
+        return GpuConfig.model_validate(parameters)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid {KIND}: {problems}") from None
+
+
+class RequestConfigs:
+    """The configs of one claim for our driver, in precedence order (class, then claim)."""
+
+    def __init__(self, entries: Sequence[tuple[tuple[str, ...], GpuConfig]]) -> None:
+        self._entries = list(entries)
+
+    def for_request(self, request: str) -> GpuConfig:
+        """Merge every config that applies to ``request``; later entries win per field."""
+        merged: dict[str, Any] = {}
+        env: dict[str, str] = {}
+        for requests, cfg in self._entries:
+            if requests and not any(request == r or request.startswith(r + "/") for r in requests):
+                continue
+            merged.update(cfg.model_dump(exclude_unset=True, exclude={"env"}))
+            env.update(cfg.env)
+        return GpuConfig.model_validate(
+            {**merged, "apiVersion": API_VERSION, "kind": KIND, "env": env}
+        )
+
+
+def claim_configs(allocation_configs: Sequence[dict[str, Any]], driver: str) -> RequestConfigs:
+    """Our driver's configs from ``status.allocation.devices.config``; others are ignored.
+
+    Configs from the class come before configs from the claim, so the claim wins.
+    """
+    ordered = sorted(
+        enumerate(allocation_configs),
+        key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0]),
+    )
+    entries = []
+    for _, cfg in ordered:
+        opaque = cfg.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        entries.append(
+            (tuple(cfg.get("requests") or ()), parse_parameters(opaque.get("parameters")))
+        )
+    return RequestConfigs(entries)

@@ -1,0 +1,203 @@
+"""The plugin's gRPC endpoints: kubelet registration, DRA v1 and v1beta1, and health.
+
+Two unix sockets, as the kubelet expects: ``<plugins_registry_dir>/<driver>-reg.sock``
+(Registration) and ``<plugins_dir>/<driver>/dra.sock`` (DRAPlugin v1 and v1beta1, plus
+grpc.health.v1 for the liveness probe). Stale socket files are replaced on start and both
+are removed on stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from api.dra.v1 import api_pb2 as v1
+from api.dra.v1 import api_pb2_grpc as v1_grpc
+from api.dra.v1beta1 import api_pb2 as v1beta1
+from api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from api.pluginregistration.v1 import api_pb2 as reg
+from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from composable_dra import logs
+from dra_driver.prepare import ClaimRef, Preparer
+
+SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+PLUGIN_TYPE = "DRAPlugin"
+
+
+def registration_socket(plugins_registry_dir: Path, driver: str) -> Path:
+    return plugins_registry_dir / f"{driver}-reg.sock"
+
+
+def service_socket(plugins_dir: Path, driver: str) -> Path:
+    return plugins_dir / driver / "dra.sock"
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: Path) -> None:
+        self.driver, self.endpoint = driver, endpoint
+        self.registered: bool | None = None
+        self._log = logs.get(__name__)
+
+    def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver,
+            endpoint=str(self.endpoint),
+            supported_versions=SUPPORTED_VERSIONS,
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Any
+    ) -> reg.RegistrationStatusResponse:
+        self.registered = request.plugin_registered
+        if request.plugin_registered:
+            self._log.info("registered with the kubelet", driver=self.driver)
+        else:
+            self._log.error(
+                "kubelet refused the registration", driver=self.driver, error=request.error
+            )
+        return reg.RegistrationStatusResponse()
+
+
+def _refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+
+class DRAServicerV1(v1_grpc.DRAPluginServicer):
+    def __init__(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+
+    def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: Any
+    ) -> v1.NodePrepareResourcesResponse:
+        resp = v1.NodePrepareResourcesResponse()
+        for uid, result in self._preparer.prepare(_refs(request.claims)).items():
+            entry = resp.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for dev in result.devices:
+                out = entry.devices.add(
+                    request_names=dev.request_names,
+                    pool_name=dev.pool_name,
+                    device_name=dev.device_name,
+                    cdi_device_ids=dev.cdi_device_ids,
+                )
+                if dev.share_id:
+                    out.share_id = dev.share_id
+        return resp
+
+    def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: Any
+    ) -> v1.NodeUnprepareResourcesResponse:
+        resp = v1.NodeUnprepareResourcesResponse()
+        for uid, error in self._preparer.unprepare(_refs(request.claims)).items():
+            resp.claims[uid].error = error
+        return resp
+
+
+class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
+    """The same service in the older message package (no share_id)."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+
+    def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: Any
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        resp = v1beta1.NodePrepareResourcesResponse()
+        for uid, result in self._preparer.prepare(_refs(request.claims)).items():
+            entry = resp.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for dev in result.devices:
+                entry.devices.add(
+                    request_names=dev.request_names,
+                    pool_name=dev.pool_name,
+                    device_name=dev.device_name,
+                    cdi_device_ids=dev.cdi_device_ids,
+                )
+        return resp
+
+    def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        resp = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in self._preparer.unprepare(_refs(request.claims)).items():
+            resp.claims[uid].error = error
+        return resp
+
+
+def _bind_unix(server: grpc.Server, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A socket file left by a killed plugin would make the bind fail: replace it.
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    if server.add_insecure_port(f"unix://{path}") == 0:
+        raise OSError(f"cannot listen on {path}")
+
+
+class PluginServer:
+    """Both gRPC servers of the plugin; start() binds, stop() unbinds and removes sockets."""
+
+    def __init__(
+        self,
+        preparer: Preparer,
+        driver: str,
+        plugins_registry_dir: Path,
+        plugins_dir: Path,
+        health_port: int = 0,
+        workers: int = 8,
+    ) -> None:
+        self.registration_path = registration_socket(plugins_registry_dir, driver)
+        self.service_path = service_socket(plugins_dir, driver)
+        self.registration = RegistrationServicer(driver, self.service_path)
+        self.health = health.HealthServicer()
+        self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+        v1_grpc.add_DRAPluginServicer_to_server(DRAServicerV1(preparer), self._service)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicerV1beta1(preparer), self._service)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._service)
+        self._registrar = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, self._registrar)
+        # The liveness probe may use TCP; that server carries health only, never DRA.
+        self._health_server: grpc.Server | None = None
+        self._health_port = health_port
+        self.bound_health_port = 0
+        self._log = logs.get(__name__)
+
+    def start(self) -> None:
+        _bind_unix(self._service, self.service_path)
+        self._service.start()
+        if self._health_port:
+            self._health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.bound_health_port = self._health_server.add_insecure_port(
+                f"0.0.0.0:{self._health_port}"
+            )
+            self._health_server.start()
+        for name in ("", "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        # Register last: the kubelet connects to the service as soon as it sees us.
+        _bind_unix(self._registrar, self.registration_path)
+        self._registrar.start()
+        self._log.info(
+            "serving",
+            registration=str(self.registration_path),
+            service=str(self.service_path),
+        )
+
+    def stop(self, grace: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self._registrar.stop(grace).wait()
+        self._service.stop(grace).wait()
+        if self._health_server is not None:
+            self._health_server.stop(grace).wait()
+        for path in (self.registration_path, self.service_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

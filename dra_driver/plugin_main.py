@@ -1,0 +1,183 @@
+"""``composable-dra plugin``: the kubelet plugin of one node, wired together.
+
+device source -> SourceWatcher -> SlicePublisher (the node's ResourceSlices)
+                               -> Preparer <- PluginServer (registration, DRA v1/v1beta1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+DRIVER = "gpu.composable.dra.io"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--node-name",
+        default=_env("NODE_NAME"),
+        required=_env("NODE_NAME") is None,
+        help="this node (env NODE_NAME)",
+    )
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="in-cluster when unset")
+    p.add_argument("--driver-name", default=_env("DRIVER_NAME", DRIVER))
+    p.add_argument(
+        "--plugins-registry-dir",
+        type=Path,
+        default=Path(_env("PLUGINS_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry") or ""),
+    )
+    p.add_argument(
+        "--plugins-dir",
+        type=Path,
+        default=Path(_env("PLUGINS_DIR", "/var/lib/kubelet/plugins") or ""),
+    )
+    p.add_argument("--cdi-dir", type=Path, default=Path(_env("CDI_DIR", "/var/run/cdi") or ""))
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(_env("STATE_DIR", "/var/lib/composable-dra/plugin") or ""),
+        help="where the checkpoint lives",
+    )
+    p.add_argument(
+        "--boot-id-file",
+        type=Path,
+        default=Path("/proc/sys/kernel/random/boot_id"),
+        help="a new boot id invalidates the checkpoint",
+    )
+    p.add_argument(
+        "--device-source",
+        choices=["static", "redfish", "nvml"],
+        default=_env("DEVICE_SOURCE", "nvml"),
+    )
+    p.add_argument("--static-file", type=Path, default=_env("STATIC_FILE"))
+    p.add_argument("--redfish-endpoint", default=_env("REDFISH_ENDPOINT"))
+    p.add_argument(
+        "--redfish-credentials-file",
+        type=Path,
+        default=_env("REDFISH_CREDENTIALS_FILE"),
+        help="YAML with username and password (else env REDFISH_USERNAME/REDFISH_PASSWORD)",
+    )
+    p.add_argument("--redfish-ca-file", type=Path, default=_env("REDFISH_CA_FILE"))
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="seconds between device source reads (default: per source)",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=int(_env("METRICS_PORT", "0") or 0), help="0: off"
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=int(_env("HEALTH_PORT", "0") or 0),
+        help="gRPC health on TCP as well (0: only on the service socket)",
+    )
+    p.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="skip fsync of CDI specs and the checkpoint (tests and benchmarks only)",
+    )
+
+
+def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
+    kw: dict[str, Any] = {}
+    if args.poll_interval is not None:
+        kw["poll_interval"] = args.poll_interval
+    if args.device_source == "static":
+        if args.static_file is None:
+            raise SystemExit("--static-file is required with --device-source static")
+        from dra_driver.sources.static import StaticSource
+
+        return StaticSource(args.static_file, **kw)
+    if args.device_source == "redfish":
+        if not args.redfish_endpoint:
+            raise SystemExit("--redfish-endpoint is required with --device-source redfish")
+        from dra_driver.sources.redfish import RedfishSource, load_credentials
+
+        system_uuid = ((node.get("status") or {}).get("nodeInfo") or {}).get("systemUUID")
+        if not system_uuid:
+            raise SystemExit(f"node {args.node_name} reports no systemUUID")
+        return RedfishSource(
+            args.redfish_endpoint,
+            system_uuid,
+            credentials=load_credentials(args.redfish_credentials_file),
+            ca_file=args.redfish_ca_file,
+            **kw,
+        )
+    from dra_driver.sources.nvml import NvmlSource
+
+    return NvmlSource(**kw)
+
+
+def run(args: argparse.Namespace) -> int:
+    from composable_dra import logs, metrics
+    from composable_dra.kube import Kube, path
+    from dra_driver.cdi import CdiWriter
+    from dra_driver.checkpoint import Checkpoint, read_boot_id
+    from dra_driver.device_source import SourceWatcher
+    from dra_driver.grpc_server import PluginServer
+    from dra_driver.kube import ClaimReader
+    from dra_driver.prepare import Preparer
+    from dra_driver.slices import SlicePublisher
+
+    log = logs.get(__name__, node=args.node_name)
+    kube = Kube.from_config(args.kubeconfig)
+    node = kube.get(path("v1", "nodes", args.node_name))
+
+    durable = not args.no_fsync
+    checkpoint = Checkpoint(
+        args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
+    )
+    publisher = SlicePublisher(kube, args.node_name, node["metadata"]["uid"], args.driver_name)
+    watcher = SourceWatcher(_make_source(args, node), publisher.set_devices)
+    preparer = Preparer(
+        args.driver_name,
+        args.node_name,
+        ClaimReader(kube),
+        lambda: watcher.devices,
+        checkpoint,
+        CdiWriter(args.cdi_dir, durable=durable),
+    )
+    server = PluginServer(
+        preparer,
+        args.driver_name,
+        args.plugins_registry_dir,
+        args.plugins_dir,
+        health_port=args.health_port,
+    )
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    metrics.serve(args.metrics_port)
+    watcher.start()
+    publisher.start()
+    server.start()
+    log.info(
+        "plugin started",
+        driver=args.driver_name,
+        source=args.device_source,
+        prepared_claims=len(checkpoint.claims),
+    )
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        watcher.stop()
+        publisher.stop()
+    return 0

@@ -1,0 +1,289 @@
+"""Prepare and unprepare: the decisions (pure functions of the claim) and their effects.
+
+``plan_claim`` turns one ResourceClaim (a plain dict, as the API server returned it) into
+the devices to prepare, or a :class:`ClaimError` naming what is wrong with that claim.
+:class:`Preparer` adds the effects (checkpoint, CDI spec) under one lock, so concurrent
+prepare and unprepare calls never interleave.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from composable_dra import logs
+from dra_driver import cdi, metrics
+from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from dra_driver.config import ConfigError, GpuConfig, claim_configs
+from dra_driver.device_source import DeviceInfo
+
+
+class ClaimError(Exception):
+    """What is wrong with one claim; reported in that claim's response entry only."""
+
+
+class ClaimNotFound(ClaimError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    request: str
+    pool_name: str
+    device_name: str
+    device: DeviceInfo
+    config: GpuConfig
+    shareable: bool
+    share_id: str | None = None
+
+
+@dataclass
+class PrepareResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+def _shareable(result: dict[str, Any], config: GpuConfig) -> bool:
+    return (
+        bool(result.get("adminAccess")) or config.sharing == "Shared" or bool(result.get("shareID"))
+    )
+
+
+def _device_status_uuid(claim: dict[str, Any], driver: str, pool: str, device: str) -> str | None:
+    """The UUID a pool device resolved to, as the scaler recorded it in the claim status."""
+    for st in (claim.get("status") or {}).get("devices") or []:
+        if (st.get("driver"), st.get("pool"), st.get("device")) == (driver, pool, device):
+            data = st.get("data") or {}
+            uuid = data.get("uuid") if isinstance(data, dict) else None
+            return str(uuid) if uuid else None
+    return None
+
+
+def plan_claim(
+    claim: dict[str, Any],
+    ref: ClaimRef,
+    driver: str,
+    node_name: str,
+    devices: Sequence[DeviceInfo],
+    in_use: dict[str, list[tuple[str, bool]]],
+) -> list[PlannedDevice]:
+    """The devices of ``claim`` this plugin prepares, checked against what is in use.
+
+    ``in_use`` maps a local device name to the (claim UID, shareable) pairs holding it.
+    Results of other drivers are skipped; a claim with none of ours prepares nothing.
+    """
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        raise ClaimError(
+            f"claim {ref.namespace}/{ref.name} has UID {meta.get('uid')}, kubelet asked for"
+            f" {ref.uid}: the claim was replaced"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
+    alloc_devices = allocation.get("devices") or {}
+    try:
+        configs = claim_configs(alloc_devices.get("config") or [], driver)
+    except ConfigError as exc:
+        raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
+
+    by_name = {d.name: d for d in devices}
+    by_uuid = {d.uuid: d for d in devices}
+    planned: list[PlannedDevice] = []
+    for result in alloc_devices.get("results") or []:
+        if result.get("driver") != driver:
+            continue
+        pool, name, request = (
+            result.get("pool", ""),
+            result.get("device", ""),
+            result.get("request", ""),
+        )
+        if pool == node_name:
+            dev = by_name.get(name)
+            if dev is None:
+                raise ClaimError(f"device {name} is not present on node {node_name}")
+        else:
+            uuid = _device_status_uuid(claim, driver, pool, name)
+            if uuid is None:
+                raise ClaimError(f"pool device {pool}/{name} has no UUID in the claim status yet")
+            dev = by_uuid.get(uuid)
+            if dev is None:
+                raise ClaimError(f"pool device {pool}/{name} (UUID {uuid}) is not visible here")
+        config = configs.for_request(request)
+        shareable = _shareable(result, config)
+        holders = [(uid, ok) for uid, ok in in_use.get(dev.name, []) if uid != ref.uid]
+        if holders and not (shareable and all(ok for _, ok in holders)):
+            raise ClaimError(
+                f"device {dev.name} is already prepared for claim {holders[0][0]} and the"
+                " allocations do not allow sharing"
+            )
+        planned.append(
+            PlannedDevice(
+                request=request,
+                pool_name=pool,
+                device_name=name,
+                device=dev,
+                config=config,
+                shareable=shareable,
+                share_id=result.get("shareID"),
+            )
+        )
+    return planned
+
+
+def in_use_map(records: Sequence[ClaimRecord]) -> dict[str, list[tuple[str, bool]]]:
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for rec in records:
+        for dev in rec.devices:
+            out.setdefault(dev.local_name, []).append((rec.uid, dev.shareable))
+    return out
+
+
+def build_record(ref: ClaimRef, planned: Sequence[PlannedDevice]) -> ClaimRecord:
+    """The checkpoint record (state ``preparing``) and CDI spec for a planned claim."""
+    cdi_devices = [
+        cdi.CdiDevice(
+            device_name=p.device.name,
+            uuid=p.device.uuid,
+            env=dict(p.config.env),
+            device_nodes=p.device.device_nodes,
+        )
+        for p in planned
+    ]
+    devices = [
+        PreparedDevice(
+            request_names=[p.request],
+            pool_name=p.pool_name,
+            device_name=p.device_name,
+            local_name=p.device.name,
+            uuid=p.device.uuid,
+            cdi_device_ids=[cdi.cdi_device_id(ref.uid, p.device.name)],
+            shareable=p.shareable,
+            share_id=p.share_id,
+        )
+        for p in planned
+    ]
+    return ClaimRecord(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state="preparing",
+        devices=devices,
+        cdi_spec=cdi.build_spec(ref.uid, cdi_devices) if cdi_devices else {},
+    )
+
+
+ClaimGetter = Callable[[str, str], dict[str, Any]]
+
+
+class Preparer:
+    """Prepare and unprepare with their effects, one call at a time."""
+
+    def __init__(
+        self,
+        driver: str,
+        node_name: str,
+        get_claim: ClaimGetter,
+        devices: Callable[[], Sequence[DeviceInfo]],
+        checkpoint: Checkpoint,
+        cdi_writer: cdi.CdiWriter,
+    ) -> None:
+        self.driver, self.node_name = driver, node_name
+        self._get_claim = get_claim
+        self._devices = devices
+        self._checkpoint = checkpoint
+        self._cdi = cdi_writer
+        self._lock = threading.Lock()
+        self._log = logs.get(__name__, node=node_name)
+        metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        out: dict[str, PrepareResult] = {}
+        with self._lock:
+            for ref in refs:
+                start = time.perf_counter()
+                try:
+                    out[ref.uid] = PrepareResult(devices=self._prepare_one(ref))
+                    outcome = "ok"
+                except ClaimError as exc:
+                    out[ref.uid] = PrepareResult(error=str(exc))
+                    outcome = "error"
+                except Exception as exc:  # an API or disk failure: still one entry per claim
+                    self._log.exception("prepare failed", claim=ref.uid)
+                    out[ref.uid] = PrepareResult(error=f"prepare failed: {exc}")
+                    outcome = "error"
+                metrics.PREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - start)
+                if outcome == "error":
+                    self._log.warning(
+                        "claim not prepared",
+                        claim=f"{ref.namespace}/{ref.name}",
+                        uid=ref.uid,
+                        error=out[ref.uid].error,
+                    )
+            metrics.PREPARED_CLAIMS.set(len(self._checkpoint.claims))
+        return out
+
+    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        existing = self._checkpoint.get(ref.uid)
+        if existing is not None and existing.state == "prepared":
+            if (existing.namespace, existing.name) != (ref.namespace, ref.name):
+                raise ClaimError(
+                    f"claim UID {ref.uid} was prepared as {existing.namespace}/{existing.name}"
+                )
+            # Idempotent: same answer, and the spec restored if someone removed it.
+            if existing.cdi_spec and self._cdi.read(ref.uid) != existing.cdi_spec:
+                self._cdi.write(ref.uid, existing.cdi_spec)
+            return existing.devices
+
+        claim = self._get_claim(ref.namespace, ref.name)
+        others = [r for uid, r in self._checkpoint.claims.items() if uid != ref.uid]
+        planned = plan_claim(
+            claim, ref, self.driver, self.node_name, self._devices(), in_use_map(others)
+        )
+        record = build_record(ref, planned)
+        # Phase one: the devices are reserved before anything is written for them.
+        self._checkpoint.put(record)
+        if record.cdi_spec:
+            self._cdi.write(ref.uid, record.cdi_spec)
+        # Phase two: prepared, the answer every later call repeats.
+        self._checkpoint.put(record.model_copy(update={"state": "prepared"}))
+        self._log.info(
+            "claim prepared",
+            claim=f"{ref.namespace}/{ref.name}",
+            uid=ref.uid,
+            device=[d.local_name for d in record.devices],
+        )
+        return record.devices
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error ("" for success). Unknown claims succeed."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for ref in refs:
+                start = time.perf_counter()
+                try:
+                    removed_spec = self._cdi.remove(ref.uid)
+                    removed_entry = self._checkpoint.remove(ref.uid)
+                    out[ref.uid] = ""
+                    if removed_spec or removed_entry:
+                        self._log.info(
+                            "claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid
+                        )
+                    outcome = "ok"
+                except Exception as exc:
+                    self._log.exception("unprepare failed", claim=ref.uid)
+                    out[ref.uid] = f"unprepare failed: {exc}"
+                    outcome = "error"
+                metrics.UNPREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - start)
+            metrics.PREPARED_CLAIMS.set(len(self._checkpoint.claims))
+        return out

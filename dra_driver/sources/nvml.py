@@ -1,0 +1,67 @@
+"""The nvml source: the NVIDIA GPUs the driver on this host sees (nvidia-ml-py)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from dra_driver.device_source import DeviceInfo, device_name_for
+
+# Device nodes every container using an NVIDIA GPU needs, besides its own /dev/nvidiaN.
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None, poll_interval: float = 5.0) -> None:
+        """``nvml`` is the pynvml module; tests hand in a fake one."""
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self._nvml = nvml
+        self.poll_interval = poll_interval
+        self._lock = threading.Lock()
+        self._initialised = False
+
+    def list_devices(self) -> list[DeviceInfo]:
+        nv = self._nvml
+        with self._lock:
+            if not self._initialised:
+                nv.nvmlInit()
+                self._initialised = True
+            devices = []
+            for index in range(nv.nvmlDeviceGetCount()):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                product = _text(nv.nvmlDeviceGetName(handle))
+                minor = int(nv.nvmlDeviceGetMinorNumber(handle))
+                memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+                try:
+                    bus_id: str | None = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+                except nv.NVMLError:
+                    bus_id = None
+                devices.append(
+                    DeviceInfo(
+                        name=device_name_for(uuid),
+                        uuid=uuid,
+                        product_name=product,
+                        model=product.removeprefix("NVIDIA ").split()[0] if product else "",
+                        attachment="local",
+                        pci_bus_id=bus_id.lower() if bus_id else None,
+                        memory_bytes=memory,
+                        device_nodes=(f"/dev/nvidia{minor}", *CONTROL_NODES),
+                    )
+                )
+            return devices
+
+    def close(self) -> None:
+        with self._lock:
+            if self._initialised:
+                self._nvml.nvmlShutdown()
+                self._initialised = False
