@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import config
 
 from composable_dra import names
@@ -499,3 +500,33 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(
     with pytest.raises(KubeError) as rbac:
         other.create(slices, foreign)
     assert rbac.value.status == 403 and "may write only" not in rbac.value.message
+
+
+# -- examples ---------------------------------------------------------------------------------
+
+EXAMPLES = ["prefer-local-fallback-pool", "pool-only", "two-gpus", "shared-claim"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_passes_server_side_dry_run(example: str, kube_json: Kube, namespace: str) -> None:
+    """Each example is valid for the API server (CEL selectors compile, firstAvailable and
+    counts are accepted). The pods running on them are the attach flow's end-to-end tests."""
+    docs = [
+        d
+        for d in yaml.safe_load_all(
+            (chart.ROOT / "deploy" / "examples" / f"{example}.yaml").read_text()
+        )
+        if d
+    ]
+    kinds = [d["kind"] for d in docs]
+    assert "Pod" in kinds
+    resources = Resources(kube_json)
+    for doc in docs:
+        assert "namespace" not in doc["metadata"], "examples go into the user's namespace"
+        out = resources.apply(doc, namespace, dry_run=True)
+        assert out["metadata"]["namespace"] == namespace
+        if doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+            spec = out["spec"] if doc["kind"] == "ResourceClaim" else out["spec"]["spec"]
+            for request in spec["devices"]["requests"]:
+                for sub in request.get("firstAvailable") or [request.get("exactly")]:
+                    assert sub["deviceClassName"] == names.DEVICE_CLASS
