@@ -22,7 +22,9 @@ Metric = tuple[str, str, tuple[str, ...]]
 
 def _strings(node: ast.expr | None) -> tuple[str, ...]:
     if isinstance(node, ast.List | ast.Tuple):
-        return tuple(e.value for e in node.elts if isinstance(e, ast.Constant))
+        return tuple(
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        )
     return ()
 
 
