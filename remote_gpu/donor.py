@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -47,7 +49,7 @@ from remote_gpu.quotas import TokenBucket
 from remote_gpu.tokens import Token, verify
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import ArraySpec
+from remote_gpu.worker import ArraySpec, Session, Stats
 
 log = logs.get(__name__)
 
@@ -68,6 +70,9 @@ class DonorConfig:
     headroom: float = 1.0
     transports: tuple[str, ...] = ("shm", "tcp")
     worker_start_timeout: float = 30.0
+    # Hand authenticated TCP connections to the lease's worker (see ``worker``); when
+    # False, or for channels that cannot be handed over (UCX), the donor relays requests.
+    direct: bool = True
 
 
 class _Fatal(Exception):
@@ -90,6 +95,7 @@ class Lease:
         self.pipe: Connection | None = None
         self.shm = False
         self.transport = "tcp"
+        self.closed: asyncio.Future[None] | None = None
 
     def free_slot(self) -> int | None:
         for slot in range(self.arena.slots):
@@ -152,7 +158,10 @@ class Donor:
         send_lock = asyncio.Lock()
         try:
             lease, key, shm = await self._hello(tr)
-            await self._serve_lease(tr, lease, key, shm, send_lock)
+            if self.config.direct and isinstance(tr, TcpServerTransport):
+                await self._hand_over(tr, lease, key, shm)
+            else:
+                await self._serve_lease(tr, lease, key, shm, send_lock)
         except _Fatal as exc:
             metrics.ERRORS.labels("donor", exc.code.value).inc()
             log.warning(
@@ -285,9 +294,7 @@ class Donor:
                         if not ready.done():
                             ready.set_result(None)
                         continue
-                    fut = lease.pending.pop(msg[1], None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
+                    self._on_worker_message(lease, msg)
             except (EOFError, OSError):
                 loop.remove_reader(parent.fileno())
                 exc = RemoteGPUError("worker exited", Code.WORKER_DIED)
@@ -297,12 +304,46 @@ class Donor:
                     if not f.done():
                         f.set_result(("err", 0, Code.WORKER_DIED.value, "worker exited"))
                 lease.pending.clear()
+                if lease.closed is not None and not lease.closed.done():
+                    lease.closed.set_result(None)
 
         loop.add_reader(parent.fileno(), on_readable)
         try:
             await asyncio.wait_for(ready, self.config.worker_start_timeout)
         except (TimeoutError, RemoteGPUError) as exc:
             raise _Fatal(Code.INTERNAL, f"worker did not start: {exc}") from None
+
+    def _on_worker_message(self, lease: Lease, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "stats":
+            _export(lease, msg[1])
+        elif msg[0] == "closed":
+            if lease.closed is not None and not lease.closed.done():
+                lease.closed.set_result(None)
+        else:
+            fut = lease.pending.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    async def _hand_over(self, tr: TcpServerTransport, lease: Lease, key: bytes, shm: bool) -> None:
+        """Give the authenticated connection to the lease's worker; wait until it ends."""
+        assert lease.pipe is not None and lease.proc is not None and lease.proc.pid
+        lease.closed = asyncio.get_running_loop().create_future()
+        session = Session(
+            lease=lease.id,
+            key=key,
+            credits=lease.credits,
+            shm=shm,
+            transport=lease.transport,
+            rate_limit=self.config.rate_limit,
+            rate_burst=self.config.rate_burst,
+        )
+        lease.pipe.send(("serve", session))
+        fd = tr.detach()
+        try:
+            reduction.send_handle(lease.pipe, fd, lease.proc.pid)
+        finally:
+            os.close(fd)  # the worker holds its own descriptor now
+        await lease.closed
 
     async def _end_lease(self, lease: Lease) -> None:
         if self.leases.get(lease.id) is lease:
@@ -314,10 +355,16 @@ class Donor:
                 asyncio.get_running_loop().remove_reader(lease.pipe.fileno())
             with contextlib.suppress(Exception):
                 lease.pipe.send(None)
-            lease.pipe.close()
         if lease.proc is not None:
             proc = lease.proc
             await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
+        if lease.pipe is not None:
+            with contextlib.suppress(EOFError, OSError):
+                while lease.pipe.poll():  # the worker's last counters
+                    msg = lease.pipe.recv()
+                    if msg[0] == "stats":
+                        _export(lease, msg[1])
+            lease.pipe.close()
         for f in lease.pending.values():
             f.cancel()
         lease.arena.close()
@@ -477,6 +524,17 @@ class Donor:
             frames.append((h.pack(key), None if lease.shm else lease.arena.view(offset, length)))
         metrics.BYTES.labels("donor", "out", lease.transport).inc(sum(r[3] for r in results))
         return frames
+
+
+def _export(lease: Lease, stats: Stats) -> None:
+    """Export a worker's counters (direct connections) as the donor's metrics."""
+    metrics.INVOCATIONS.labels("donor").inc(stats.invocations)
+    metrics.BYTES.labels("donor", "in", lease.transport).inc(stats.bytes_in)
+    metrics.BYTES.labels("donor", "out", lease.transport).inc(stats.bytes_out)
+    for code, n in stats.errors.items():
+        metrics.ERRORS.labels("donor", code).inc(n)
+    for seconds in stats.seconds:
+        metrics.LATENCY.labels("donor").observe(seconds)
 
 
 def _error(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:

@@ -33,6 +33,24 @@ def _advance(bufs: list[memoryview], sent: int) -> list[memoryview]:
     return bufs
 
 
+def send_all(sock: socket.socket, frames: Sequence[Frame]) -> None:
+    """Send frames on a blocking socket with scatter-gather ``sendmsg``: no joined copy."""
+    bufs = _flatten(frames)
+    while bufs:
+        sent = sock.sendmsg(bufs[:_IOV_MAX])
+        bufs = _advance(bufs, sent)
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from a blocking socket (``recv_into``, no intermediate buffer)."""
+    got, want = 0, len(view)
+    while got < want:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        got += n
+
+
 def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -49,18 +67,10 @@ class TcpClientTransport(ClientTransport):
         self.sock.settimeout(None)
 
     def send_frames(self, frames: Sequence[Frame]) -> None:
-        bufs = _flatten(frames)
-        while bufs:
-            sent = self.sock.sendmsg(bufs[:_IOV_MAX])
-            bufs = _advance(bufs, sent)
+        send_all(self.sock, frames)
 
     def recv_into(self, view: memoryview) -> None:
-        got, want = 0, len(view)
-        while got < want:
-            n = self.sock.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("donor closed the connection")
-            got += n
+        recv_exact(self.sock, view)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -121,6 +131,10 @@ class TcpServerTransport(ServerTransport):
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+    def detach(self) -> int:
+        """Give up the socket without shutting the connection down (it was handed over)."""
+        return self.sock.detach()
 
 
 def payload(buf: Buffer) -> memoryview:
