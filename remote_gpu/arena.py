@@ -8,6 +8,7 @@ shared-memory transport the client writes its arrays there itself.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import secrets
@@ -70,7 +71,7 @@ class Arena:
 
     def array(self, offset: int, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
         dt = numpy_dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         return self.buf[offset : offset + count * dt.itemsize].view(dt).reshape(shape)
 
     def contains(self, array: np.ndarray, start: int, end: int) -> int | None:

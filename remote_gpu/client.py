@@ -6,6 +6,18 @@ optionally ``REMOTE_GPU_LEASE`` (checked against the token) and ``REMOTE_GPU_TRA
 (``auto``, ``shm``, ``tcp`` or ``ucx``). ``invoke(name, *arrays)`` runs an allow-listed
 function on the donor and returns its result arrays; ``submit`` does the same without
 waiting, up to the credits the donor granted.
+
+Replies are read by the calling threads themselves, not by a background thread: whoever
+waits (``Future.result``/``exception``/``done`` on a returned future, ``invoke``,
+``submit`` waiting for a credit, ``heartbeat``, ``drain``) takes the connection's read
+lock, reads one reply, completes whichever future it belongs to, and lets go. This saves
+two thread hand-offs per call; the cost is that a future completes only while some thread
+waits on this client: ``concurrent.futures.wait`` and done-callbacks alone do not drive
+it (call ``drain()``).
+
+With shared memory, results are copies by default. ``views=True`` returns them as views
+of the lease's arena instead (no copy): the request's slot stays pinned until every view
+of it is gone, so a caller may hold at most ``credits`` results at a time.
 """
 
 from __future__ import annotations
@@ -14,11 +26,11 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -38,6 +50,7 @@ from remote_gpu.protocol import (
     Header,
     Op,
     dtype_code,
+    numpy_dtype,
     session_key,
     unpack,
 )
@@ -67,6 +80,31 @@ def _bytes_of(a: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
+class _Call(Future[tuple[np.ndarray, ...]]):
+    """A pending invocation whose waiting drives the client's connection."""
+
+    def __init__(self, client: RemoteGPU) -> None:
+        super().__init__()
+        self._client = client
+
+    def result(self, timeout: float | None = None) -> tuple[np.ndarray, ...]:
+        self._client._progress(super().done, timeout)
+        return super().result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._client._progress(super().done, timeout)
+        return super().exception(0)
+
+    def done(self) -> bool:
+        if not super().done():
+            self._client._progress(super().done, 0.0, quiet=True)
+        return super().done()
+
+
+class _Pin(np.ndarray):
+    """Bytes of one arena slot; result views keep it alive, and the slot with it."""
+
+
 class RemoteGPU:
     def __init__(
         self,
@@ -79,13 +117,17 @@ class RemoteGPU:
         target_rate: float = 0.0,
         versions: tuple[int, ...] = (VERSION,),
         timeout: float = 30.0,
+        views: bool = False,
     ) -> None:
         self.lease = token.lease
         self.timeout = timeout
+        self.views = views
         self._tr = _connect(endpoint, timeout)
         self._seq = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._pending: dict[int, tuple[Future[Result], float, int | None]] = {}
+        self._read_lock = threading.Lock()
+        self._slot_freed = threading.Condition(threading.RLock())
+        self._pending: dict[int, tuple[Future[Result], float, int]] = {}
         self._closed = False
         self._failure: BaseException | None = None
         self.arena: Arena | None = None
@@ -94,14 +136,12 @@ class RemoteGPU:
         except BaseException:
             self._tr.close()
             raise
-        self._credits = threading.BoundedSemaphore(self.credits)
-        self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(self.credits):
-            self._slots.put(i)
-        self._receiver = threading.Thread(
-            target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
-        )
-        self._receiver.start()
+        # One token per credit; with shared memory it is also the slot the request uses.
+        self._free: list[int] = list(range(self.credits))
+        self._m_out = metrics.BYTES.labels("client", "out", self.transport)
+        self._m_in = metrics.BYTES.labels("client", "in", self.transport)
+        self._m_latency = metrics.LATENCY.labels("client")
+        self._m_calls = metrics.INVOCATIONS.labels("client")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RemoteGPU:
@@ -191,10 +231,8 @@ class RemoteGPU:
             raise MemoryQuotaExceeded(
                 f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
             )
-        if not self._credits.acquire(timeout=self.timeout):
-            raise TimeoutError("no credit came back from the donor in time")
-        slot = self._slots.get() if self.arena is not None else None
-        fut: Future[Result] = Future()
+        slot = self._take_slot()
+        fut = _Call(self)
         try:
             with self._send_lock:
                 seq = next(self._seq) & 0xFFFFFFFF
@@ -205,11 +243,37 @@ class RemoteGPU:
             self._release(slot)
             self._fail(exc)
             raise
-        metrics.BYTES.labels("client", "out", self.transport).inc(sum(a.nbytes for a in arrs))
+        self._m_out.inc(sum(a.nbytes for a in arrs))
         return fut
 
     def invoke(self, name: str, *arrays: np.ndarray) -> Result:
         return self.submit(name, *arrays).result(self.timeout)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every submitted call has completed."""
+        self._progress(lambda: not self._pending, self.timeout if timeout is None else timeout)
+
+    def _take_slot(self) -> int:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._free.pop()
+            except IndexError:
+                pass
+            if self._failure is not None:
+                raise self._failure
+            if self._pending:
+                self._progress(lambda: bool(self._free), deadline - time.monotonic())
+                continue
+            # Nothing in flight: every slot is pinned by result views the caller holds.
+            with self._slot_freed:
+                if not self._free and not self._pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._slot_freed.wait(left):
+                        raise TimeoutError(
+                            f"all {self.credits} slots are held by result views; "
+                            "drop some results (or use views=False)"
+                        )
 
     def _invoke_frames(
         self, seq: int, slot: int | None, name: str, arrs: list[np.ndarray]
@@ -254,69 +318,115 @@ class RemoteGPU:
 
     def heartbeat(self) -> float:
         """Round trip of a HEARTBEAT, in seconds."""
-        fut: Future[Result] = Future()
+        fut = _Call(self)
         start = time.perf_counter()
         with self._send_lock:
             seq = next(self._seq) & 0xFFFFFFFF
-            self._pending[seq] = (fut, start, None)
+            self._pending[seq] = (fut, start, -1)
             self._tr.send_frames([(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)])
         fut.result(self.timeout)
         return time.perf_counter() - start
 
     # ---- replies
 
-    def _release(self, slot: int | None) -> None:
-        if slot is not None:
-            self._slots.put(slot)
+    def _release(self, slot: int) -> None:
+        if slot >= 0:
+            self._free.append(slot)
 
-    def _receive_loop(self) -> None:
+    def _unpin(self, slot: int) -> None:
+        with self._slot_freed:
+            self._free.append(slot)
+            self._slot_freed.notify()
+
+    def _progress(
+        self, until: Callable[[], bool], timeout: float | None, quiet: bool = False
+    ) -> None:
+        """Read replies until ``until()`` holds; TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not until():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._failure is not None:
+                return  # every pending future has its exception already
+            ready = False
+            if self._read_lock.acquire(timeout=-1 if left is None else left):
+                try:
+                    if until() or self._failure is not None:
+                        return
+                    ready = self._tr.wait_readable(left)
+                    if ready:
+                        self._read_reply()
+                except (RemoteGPUError, OSError, ValueError) as exc:
+                    self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+                finally:
+                    self._read_lock.release()
+            if not ready:
+                if quiet:
+                    return
+                raise TimeoutError("no reply from the donor in time")
+
+    def _read_reply(self) -> None:
+        head = unpack(self._tr.recv_header(), self._key, MAX_META)
+        meta = self._recv_meta(head) if head.length else b""
+        entry = self._pending.pop(head.seq, None)
+        if entry is None:
+            for _ in range(head.parts):
+                self._recv_array(head, -1, None)
+            if head.op == Op.ERROR:
+                body = json.loads(meta)
+                raise from_code(body.get("code", ""), body.get("message", ""))
+            return
+        fut, start, slot = entry
+        # With views, the pin returns the slot once the caller has dropped every result.
+        pin = (
+            self._pin(slot)
+            if self.views and self.arena is not None and head.parts and slot >= 0
+            else None
+        )
         try:
-            while True:
-                head = unpack(self._tr.recv_header(), self._key, MAX_META)
-                meta = self._recv_meta(head)
-                arrays = [self._recv_array(head) for _ in range(head.parts)]
-                entry = self._pending.pop(head.seq, None)
-                if entry is None:
-                    if head.op == Op.ERROR:
-                        body = json.loads(meta)
-                        raise from_code(body.get("code", ""), body.get("message", ""))
-                    continue
-                fut, start, slot = entry
-                if head.op == Op.HEARTBEAT:
-                    fut.set_result(())
-                    continue
-                self._release(slot)
-                self._credits.release()
-                if head.op == Op.RESULT:
-                    metrics.LATENCY.labels("client").observe(time.perf_counter() - start)
-                    metrics.INVOCATIONS.labels("client").inc()
-                    metrics.BYTES.labels("client", "in", self.transport).inc(
-                        sum(a.nbytes for a in arrays)
-                    )
-                    fut.set_result(tuple(arrays))
-                elif head.op == Op.ERROR:
-                    body = json.loads(meta)
-                    err = from_code(body.get("code", ""), body.get("message", ""))
-                    metrics.ERRORS.labels("client", err.code.value).inc()
-                    fut.set_exception(err)
-                else:
-                    raise FrameError(f"unexpected {head.op.name} from the donor")
-        except BaseException as exc:
-            if not self._closed:
-                self._fail(exc)
-            else:
-                self._fail(RemoteGPUError("client closed"))
+            arrays = tuple(self._recv_array(head, slot, pin) for _ in range(head.parts))
+        except BaseException:
+            self._pending[head.seq] = entry  # failed below: _fail completes it
+            raise
+        if head.op == Op.HEARTBEAT:
+            fut.set_result(())
+            return
+        if pin is None:
+            self._release(slot)
+        del pin
+        if head.op == Op.RESULT:
+            self._m_latency.observe(time.perf_counter() - start)
+            self._m_calls.inc()
+            self._m_in.inc(sum(a.nbytes for a in arrays))
+            fut.set_result(arrays)
+        elif head.op == Op.ERROR:
+            body = json.loads(meta)
+            err = from_code(body.get("code", ""), body.get("message", ""))
+            metrics.ERRORS.labels("client", err.code.value).inc()
+            fut.set_exception(err)
+        else:
+            raise FrameError(f"unexpected {head.op.name} from the donor")
 
-    def _recv_array(self, head: Header) -> np.ndarray:
+    def _pin(self, slot: int) -> _Pin:
+        assert self.arena is not None
+        base = self.arena.slot_base(slot)
+        pin = self.arena.buf[base : base + self.arena.slot_size].view(_Pin)
+        weakref.finalize(pin, self._unpin, slot)
+        return pin
+
+    def _recv_array(self, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
         h = unpack(self._tr.recv_header(), self._key, 1 << 40)
         if h.seq != head.seq or h.part == 0 or h.op != head.op:
             raise FrameError("array frame out of sequence")
         if h.flags & Flags.SHM:
-            if self.arena is None or h.offset + h.length > self.arena.size:
-                raise FrameError("SHM result outside the arena")
-            return self.arena.array(h.offset, h.dtype, h.shape).copy()
-        from remote_gpu.protocol import numpy_dtype
-
+            if self.arena is None or slot < 0:
+                raise FrameError("SHM result without a slot")
+            base = self.arena.slot_base(slot)
+            if not (base <= h.offset and h.offset + h.length <= base + self.arena.slot_size):
+                raise FrameError("SHM result outside the request's slot")
+            if pin is None:
+                return self.arena.array(h.offset, h.dtype, h.shape).copy()
+            raw = pin[h.offset - base : h.offset - base + h.length]
+            return np.asarray(raw.view(numpy_dtype(h.dtype)).reshape(h.shape))
         out = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
         if h.length:
             self._tr.recv_payload_into(_bytes_of(out))
@@ -341,7 +451,7 @@ class RemoteGPU:
         with contextlib.suppress(Exception), self._send_lock:
             self._tr.send_frames([(Header(Op.CLOSE, self.lease, 0).pack(self._key), None)])
         self._tr.close()
-        self._receiver.join(self.timeout)
+        self._fail(RemoteGPUError("client closed"))
         if self.arena is not None:
             self.arena.close()
 

@@ -60,7 +60,7 @@ from remote_gpu.protocol import (
 )
 from remote_gpu.quotas import TokenBucket
 from remote_gpu.transports import Frame
-from remote_gpu.transports.tcp import recv_exact, send_all
+from remote_gpu.transports.tcp import Reader, send_all
 
 ArraySpec = tuple[int, tuple[int, ...], int, int]
 
@@ -188,22 +188,18 @@ class DirectServer:
         self.s = session
         self.bucket = TokenBucket(session.rate_limit, session.rate_burst)
         self.stats = Stats()
-        self._head = bytearray(HEADER_SIZE)
+        self.reader = Reader(sock)
         self._limit = max(arena.slot_size, MAX_META)
 
     def _header(self, limit: int) -> Header:
-        recv_exact(self.sock, memoryview(self._head))
+        raw = self.reader.read(HEADER_SIZE)
         try:
-            return unpack(self._head, self.s.key, limit)
+            return unpack(raw, self.s.key, limit)
         except FrameError as exc:
             raise _Fatal(Code.BAD_FRAME, str(exc)) from None
 
     def _meta(self, header: Header) -> bytes:
-        if not header.length:
-            return b""
-        buf = bytearray(header.length)
-        recv_exact(self.sock, memoryview(buf))
-        return bytes(buf)
+        return self.reader.read(header.length) if header.length else b""
 
     def step(self) -> bool:
         """Read and answer one message; False once the client has said CLOSE."""
@@ -265,7 +261,7 @@ class DirectServer:
                         f"arguments exceed the lease's {arena.slot_size}-byte slot",
                         seq,
                     )
-                recv_exact(self.sock, arena.view(offset, h.length))
+                self.reader.read_into(arena.view(offset, h.length))
                 cursor = align(offset + h.length)
             specs.append((int(h.dtype), h.shape, offset, h.length))
         self.stats.bytes_in += sum(s[3] for s in specs)
@@ -341,7 +337,10 @@ def _serve_direct(
     last = time.monotonic()
     try:
         while True:
-            events = poller.poll(int(STATS_INTERVAL * 1000))
+            if server.reader.buffered():
+                events = [(sock_fd, select.POLLIN)]  # the next request is here already
+            else:
+                events = poller.poll(int(STATS_INTERVAL * 1000))
             if any(fd != sock_fd for fd, _ in events):
                 try:
                     msg = conn.recv()

@@ -33,13 +33,19 @@ class ClientTransport(ABC):
     @abstractmethod
     def recv_into(self, view: memoryview) -> None: ...
 
-    def recv_header(self) -> bytearray:
+    def recv_header(self) -> bytes | bytearray:
         buf = bytearray(HEADER_SIZE)
         self.recv_into(memoryview(buf))
         return buf
 
     def recv_payload_into(self, view: memoryview) -> None:
         self.recv_into(view)
+
+    def wait_readable(self, timeout: float | None) -> bool:
+        """Whether a frame can be read now or within ``timeout`` seconds (None: wait).
+
+        Transports that cannot tell say True: the read that follows then blocks."""
+        return True
 
     @abstractmethod
     def close(self) -> None: ...

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 from collections.abc import Sequence
 
+from remote_gpu.protocol import HEADER_SIZE
 from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
 
 _IOV_MAX = 512
@@ -51,6 +53,54 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
+class Reader:
+    """Buffered reads from a blocking socket: small frames (headers, metadata, doorbells)
+    come out of one ``recv_into`` of whatever is available; large payloads go straight
+    from the socket into their destination."""
+
+    def __init__(self, sock: socket.socket, size: int = 64 << 10) -> None:
+        self.sock = sock
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def read_into(self, dst: memoryview) -> None:
+        want = len(dst)
+        have = self._end - self._start
+        if have >= want:
+            dst[:] = self._view[self._start : self._start + want]
+            self._start += want
+            return
+        if have:
+            dst[:have] = self._view[self._start : self._end]
+        self._start = self._end = 0
+        if want - have >= len(self._buf) // 2:
+            recv_exact(self.sock, dst[have:])
+            return
+        got = have
+        while got < want:
+            n = self.sock.recv_into(self._view[self._end :])
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            self._end += n
+            take = min(want - got, self._end - self._start)
+            dst[got : got + take] = self._view[self._start : self._start + take]
+            self._start += take
+            got += take
+
+    def read(self, n: int) -> bytes:
+        if self._end - self._start >= n:
+            out = bytes(self._view[self._start : self._start + n])
+            self._start += n
+            return out
+        buf = bytearray(n)
+        self.read_into(memoryview(buf))
+        return bytes(buf)
+
+
 def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -65,12 +115,24 @@ class TcpClientTransport(ClientTransport):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         tune(self.sock)
         self.sock.settimeout(None)
+        self._reader = Reader(self.sock)
+        self._poll = select.poll()
+        self._poll.register(self.sock.fileno(), select.POLLIN)
 
     def send_frames(self, frames: Sequence[Frame]) -> None:
         send_all(self.sock, frames)
 
     def recv_into(self, view: memoryview) -> None:
-        recv_exact(self.sock, view)
+        self._reader.read_into(view)
+
+    def recv_header(self) -> bytes:
+        return self._reader.read(HEADER_SIZE)
+
+    def wait_readable(self, timeout: float | None) -> bool:
+        if self._reader.buffered():
+            return True
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        return bool(self._poll.poll(ms))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
