@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from remote_gpu import metrics
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import FrameError, RemoteGPUError, from_code
 from remote_gpu.protocol import (
+    HEADER_SIZE,
     HELLO_KEY,
     MAX_META,
     VERSION,
@@ -54,6 +55,7 @@ from remote_gpu.protocol import (
     session_key,
     unpack,
 )
+from remote_gpu.ring import Ring
 from remote_gpu.tokens import Token, read
 from remote_gpu.transports import ClientTransport, Frame, host_id
 
@@ -101,6 +103,32 @@ class _Call(Future[tuple[np.ndarray, ...]]):
         return super().done()
 
 
+class _Source(Protocol):
+    def recv_header(self) -> bytes | bytearray: ...
+
+    def recv_payload_into(self, view: memoryview) -> None: ...
+
+
+class _Entry:
+    """A response taken from the ring, read like a stream of frames."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def recv_header(self) -> bytes:
+        return self._take(HEADER_SIZE)
+
+    def recv_payload_into(self, view: memoryview) -> None:
+        view[:] = self._take(len(view))
+
+    def _take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise FrameError("truncated ring entry")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+
 class _Pin(np.ndarray):
     """Bytes of one arena slot; result views keep it alive, and the slot with it."""
 
@@ -131,6 +159,7 @@ class RemoteGPU:
         self._closed = False
         self._failure: BaseException | None = None
         self.arena: Arena | None = None
+        self._ring: Ring | None = None
         try:
             self._hello(token, transport, credits, frame_bytes, target_rate, versions)
         except BaseException:
@@ -180,6 +209,7 @@ class RemoteGPU:
                 "credits": credits,
                 "frame_bytes": frame_bytes,
                 "target_rate": target_rate,
+                "ring": True,
             }
         ).encode()
         head = Header(Op.HELLO, token.lease, 0, version=max(versions), length=len(meta))
@@ -199,7 +229,11 @@ class RemoteGPU:
         if transport != "auto" and self.transport != transport:
             raise RemoteGPUError(f"donor cannot use transport {transport!r} for this client")
         if self.transport == "shm":
-            self.arena = Arena.attach(body["arena"], int(body["arena_size"]), self.credits)
+            self.arena = Arena.attach(
+                body["arena"], int(body["arena_size"]), self.credits, self.slot_size
+            )
+            if "ring" in body:
+                self._ring = Ring(self.arena, int(body["ring"]["entries"]), "client")
         self._key = session_key(token.mac_bytes, nonce, bytes.fromhex(body["nonce"]))
         log.info(
             "lease connected",
@@ -209,9 +243,9 @@ class RemoteGPU:
             credits=self.credits,
         )
 
-    def _recv_meta(self, header: Header) -> bytes:
+    def _recv_meta(self, header: Header, src: _Source | None = None) -> bytes:
         buf = bytearray(header.length)
-        self._tr.recv_payload_into(memoryview(buf))
+        (src or self._tr).recv_payload_into(memoryview(buf))
         return bytes(buf)
 
     # ---- calls
@@ -237,7 +271,15 @@ class RemoteGPU:
             with self._send_lock:
                 seq = next(self._seq) & 0xFFFFFFFF
                 self._pending[seq] = (fut, time.perf_counter(), slot)
-                self._tr.send_frames(self._invoke_frames(seq, slot, name, arrs))
+                frames = self._invoke_frames(seq, slot, name, arrs)
+                if self._ring is not None:
+                    self._ring.post([bytes(b) for f in frames for b in f if b is not None])
+                else:
+                    self._tr.send_frames(frames)
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            self._release(slot)
+            raise self._send_failed(exc) from exc
         except BaseException as exc:
             self._pending.pop(seq, None)
             self._release(slot)
@@ -323,9 +365,21 @@ class RemoteGPU:
         with self._send_lock:
             seq = next(self._seq) & 0xFFFFFFFF
             self._pending[seq] = (fut, start, -1)
-            self._tr.send_frames([(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)])
+            try:
+                self._tr.send_frames(
+                    [(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)]
+                )
+            except OSError as exc:
+                raise self._send_failed(exc) from exc
         fut.result(self.timeout)
         return time.perf_counter() - start
+
+    def _send_failed(self, exc: OSError) -> BaseException:
+        """The donor closed the connection: read why (its ERROR is usually waiting)."""
+        self._progress(lambda: False, 0.0, quiet=True)  # reads what is there, then returns
+        self._fail(exc)
+        assert self._failure is not None
+        return self._failure
 
     # ---- replies
 
@@ -352,11 +406,10 @@ class RemoteGPU:
                 try:
                     if until() or self._failure is not None:
                         return
-                    ready = self._tr.wait_readable(left)
-                    if ready:
-                        self._read_reply()
+                    ready = self._read_some(left)
                 except (RemoteGPUError, OSError, ValueError) as exc:
                     self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+                    return
                 finally:
                     self._read_lock.release()
             if not ready:
@@ -364,13 +417,35 @@ class RemoteGPU:
                     return
                 raise TimeoutError("no reply from the donor in time")
 
-    def _read_reply(self) -> None:
-        head = unpack(self._tr.recv_header(), self._key, MAX_META)
-        meta = self._recv_meta(head) if head.length else b""
+    def _read_some(self, timeout: float | None) -> bool:
+        """Read one reply, waiting up to ``timeout``; False if none came."""
+        ring = self._ring
+        if ring is None:
+            if not self._tr.wait_readable(timeout):
+                return False
+            self._read_reply(self._tr)
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if ring.ready():
+                self._read_reply(_Entry(ring.take()))
+                return True
+            if self._tr.wait_readable(0):  # the control channel: heartbeats, refusals
+                self._read_reply(self._tr)
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            control = self._tr.fileno()
+            ring.wait(left, *([] if control is None else [control]))
+
+    def _read_reply(self, src: _Source) -> None:
+        head = unpack(src.recv_header(), self._key, MAX_META)
+        meta = self._recv_meta(head, src) if head.length else b""
         entry = self._pending.pop(head.seq, None)
         if entry is None:
             for _ in range(head.parts):
-                self._recv_array(head, -1, None)
+                self._recv_array(src, head, -1, None)
             if head.op == Op.ERROR:
                 body = json.loads(meta)
                 raise from_code(body.get("code", ""), body.get("message", ""))
@@ -383,7 +458,7 @@ class RemoteGPU:
             else None
         )
         try:
-            arrays = tuple(self._recv_array(head, slot, pin) for _ in range(head.parts))
+            arrays = tuple(self._recv_array(src, head, slot, pin) for _ in range(head.parts))
         except BaseException:
             self._pending[head.seq] = entry  # failed below: _fail completes it
             raise
@@ -413,8 +488,8 @@ class RemoteGPU:
         weakref.finalize(pin, self._unpin, slot)
         return pin
 
-    def _recv_array(self, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
-        h = unpack(self._tr.recv_header(), self._key, 1 << 40)
+    def _recv_array(self, src: _Source, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
+        h = unpack(src.recv_header(), self._key, 1 << 40)
         if h.seq != head.seq or h.part == 0 or h.op != head.op:
             raise FrameError("array frame out of sequence")
         if h.flags & Flags.SHM:
@@ -429,7 +504,7 @@ class RemoteGPU:
             return np.asarray(raw.view(numpy_dtype(h.dtype)).reshape(h.shape))
         out = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
         if h.length:
-            self._tr.recv_payload_into(_bytes_of(out))
+            src.recv_payload_into(_bytes_of(out))
         return out
 
     def _fail(self, exc: BaseException) -> None:
@@ -452,6 +527,8 @@ class RemoteGPU:
             self._tr.send_frames([(Header(Op.CLOSE, self.lease, 0).pack(self._key), None)])
         self._tr.close()
         self._fail(RemoteGPUError("client closed"))
+        if self._ring is not None:
+            self._ring.close()
         if self.arena is not None:
             self.arena.close()
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from remote_gpu.protocol import (
     unpack,
 )
 from remote_gpu.quotas import TokenBucket
+from remote_gpu.ring import Ring
 from remote_gpu.transports import Frame
 from remote_gpu.transports.tcp import Reader, send_all
 
@@ -78,6 +79,8 @@ class Session:
     transport: str
     rate_limit: float = 0.0
     rate_burst: float = 16.0
+    ring: bool = False
+    spin: float = 0.0
 
 
 @dataclass
@@ -168,27 +171,52 @@ class _Fatal(Exception):
 
 
 def error_frame(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
-    meta = json.dumps({"code": code.value, "message": message}).encode()
+    meta = json.dumps({"code": code.value, "message": message[:2000]}).encode()
     return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
 
 
+class _Source(Protocol):
+    def read(self, n: int) -> bytes: ...
+
+    def read_into(self, dst: memoryview) -> None: ...
+
+
+class _Entry:
+    """One ring entry read as a stream of frames; it cannot carry inline payloads."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise _Fatal(Code.BAD_FRAME, "truncated ring entry")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+    def read_into(self, dst: memoryview) -> None:
+        raise _Fatal(Code.BAD_FRAME, "inline payload in a ring entry")
+
+
 class DirectServer:
-    """Serves one handed-over connection: the client talks to this worker directly."""
+    """Serves one lease's requests in this worker: from a handed-over connection
+    (``reader`` over its socket, ``send`` writing to it) or from the lease's rings."""
 
     def __init__(
         self,
-        sock: socket.socket,
+        reader: _Source,
+        send: Callable[[Sequence[Frame]], None],
         arena: Arena,
         functions: dict[str, Callable[..., Any]],
         session: Session,
     ) -> None:
-        self.sock = sock
+        self.reader = reader
+        self.send = send
         self.arena = arena
         self.functions = functions
         self.s = session
         self.bucket = TokenBucket(session.rate_limit, session.rate_burst)
         self.stats = Stats()
-        self.reader = Reader(sock)
         self._limit = max(arena.slot_size, MAX_META)
 
     def _header(self, limit: int) -> Header:
@@ -208,13 +236,13 @@ class DirectServer:
             raise _Fatal(Code.BAD_FRAME, "frame for another lease", header.seq)
         if header.part != 0:
             raise _Fatal(Code.BAD_FRAME, "array frame outside a message", header.seq)
+        if self.s.ring and header.op != Op.INVOKE:
+            raise _Fatal(Code.BAD_FRAME, f"{header.op.name} in the request ring", header.seq)
         if header.op == Op.CLOSE:
             return False
         if header.op == Op.HEARTBEAT:
             self._meta(header)
-            send_all(
-                self.sock, [(Header(Op.HEARTBEAT, self.s.lease, header.seq).pack(self.s.key), None)]
-            )
+            self.send([(Header(Op.HEARTBEAT, self.s.lease, header.seq).pack(self.s.key), None)])
             return True
         if header.op != Op.INVOKE:
             raise _Fatal(Code.BAD_FRAME, f"unexpected {header.op.name}", header.seq)
@@ -265,6 +293,9 @@ class DirectServer:
                 cursor = align(offset + h.length)
             specs.append((int(h.dtype), h.shape, offset, h.length))
         self.stats.bytes_in += sum(s[3] for s in specs)
+        if name not in self.functions:
+            self._refuse(seq, Code.NOT_ALLOWED, f"{name!r} is not on this donor's allow-list")
+            return
         if not self.bucket.take():
             self._refuse(seq, Code.RATE_LIMITED, f"lease exceeds {self.s.rate_limit}/s")
             return
@@ -276,11 +307,11 @@ class DirectServer:
         results, seconds = outcome
         self.stats.invocations += 1
         self.stats.seconds.append(seconds)
-        send_all(self.sock, self._result_frames(seq, results))
+        self.send(self._result_frames(seq, results))
 
     def _refuse(self, seq: int, code: Code, message: str) -> None:
         self.stats.error(code)
-        send_all(self.sock, [error_frame(self.s.lease, seq, code, message, self.s.key)])
+        self.send([error_frame(self.s.lease, seq, code, message, self.s.key)])
 
     def _result_frames(self, seq: int, results: Sequence[ArraySpec]) -> list[Frame]:
         key, lease, shm = self.s.key, self.s.lease, self.s.shm
@@ -305,15 +336,14 @@ class DirectServer:
     def fail(self, exc: _Fatal) -> None:
         """Answer a fatal defect with ERROR (best effort); the connection then ends."""
         self.stats.error(exc.code)
-        with contextlib.suppress(OSError):
-            send_all(
-                self.sock, [error_frame(self.s.lease, exc.seq, exc.code, exc.message, self.s.key)]
-            )
+        with contextlib.suppress(OSError, FrameError):
+            self.send([error_frame(self.s.lease, exc.seq, exc.code, exc.message, self.s.key)])
 
 
 def _report(conn: Connection, stats: Stats) -> Stats:
     if stats:
-        conn.send(("stats", stats))
+        with contextlib.suppress(OSError):  # the donor has gone: nobody to tell
+            conn.send(("stats", stats))
         return Stats()
     return stats
 
@@ -328,7 +358,8 @@ def _serve_direct(
     fd = reduction.recv_handle(conn)
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
-    server = DirectServer(sock, arena, functions, session)
+    reader = Reader(sock)
+    server = DirectServer(reader, lambda frames: send_all(sock, frames), arena, functions, session)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(conn.fileno(), select.POLLIN)
@@ -337,7 +368,7 @@ def _serve_direct(
     last = time.monotonic()
     try:
         while True:
-            if server.reader.buffered():
+            if reader.buffered():
                 events = [(sock_fd, select.POLLIN)]  # the next request is here already
             else:
                 events = poller.poll(int(STATS_INTERVAL * 1000))
@@ -368,8 +399,70 @@ def _serve_direct(
     return stop
 
 
-def main(conn: Connection, arena_path: str, size: int, slots: int, allow: dict[str, str]) -> None:
-    arena = Arena.attach(arena_path, size, slots)
+def _serve_ring(
+    conn: Connection,
+    arena: Arena,
+    functions: dict[str, Callable[..., Any]],
+    session: Session,
+) -> None:
+    """Serve the lease's request ring until the donor says stop (None on the pipe).
+
+    A defect in the ring is reported to the donor as ``("fatal", code, message, seq)``
+    (it answers on the control channel and ends the lease); the worker then serves no
+    more requests."""
+    ring = Ring(arena, session.credits, "worker")
+
+    def send(frames: Sequence[Frame]) -> None:
+        chunks: list[bytes] = []
+        for header, payload in frames:
+            chunks.append(bytes(header))
+            if payload is not None and len(payload):
+                chunks.append(bytes(payload))
+        ring.post(chunks)
+
+    server = DirectServer(_Entry(b""), send, arena, functions, session)
+    pipe = conn.fileno()
+    serving = True
+    last = time.monotonic()
+    try:
+        while True:
+            if serving and ring.ready():
+                try:
+                    entry = _Entry(ring.take())
+                    server.reader = entry
+                    server.step()
+                    if entry.pos != len(entry.data):
+                        raise _Fatal(Code.BAD_FRAME, "trailing bytes in a ring entry")
+                except (_Fatal, FrameError) as exc:
+                    fatal = exc if isinstance(exc, _Fatal) else _Fatal(Code.BAD_FRAME, str(exc))
+                    server.stats.error(fatal.code)
+                    conn.send(("fatal", fatal.code.value, fatal.message, fatal.seq))
+                    serving = False
+            elif not serving or ring.wait(STATS_INTERVAL, pipe, spin=session.spin):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    return
+            now = time.monotonic()
+            if now - last >= STATS_INTERVAL:
+                server.stats = _report(conn, server.stats)
+                last = now
+    finally:
+        _report(conn, server.stats)
+        ring.close()
+
+
+def main(
+    conn: Connection,
+    arena_path: str,
+    size: int,
+    slots: int,
+    slot_size: int,
+    allow: dict[str, str],
+) -> None:
+    arena = Arena.attach(arena_path, size, slots, slot_size)
     functions: dict[str, Callable[..., Any]] = {}
     for name, path in allow.items():
         functions[name] = resolve(path)
@@ -380,6 +473,9 @@ def main(conn: Connection, arena_path: str, size: int, slots: int, allow: dict[s
         except (EOFError, OSError):
             break
         if msg is None:
+            break
+        if msg[0] == "ring":
+            _serve_ring(conn, arena, functions, msg[1])
             break
         if msg[0] == "serve":
             stopped = _serve_direct(conn, arena, functions, msg[1])

@@ -47,6 +47,10 @@ class ClientTransport(ABC):
         Transports that cannot tell say True: the read that follows then blocks."""
         return True
 
+    def fileno(self) -> int | None:
+        """A descriptor that polls readable when a frame arrives, if there is one."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -128,6 +128,9 @@ class TcpClientTransport(ClientTransport):
     def recv_header(self) -> bytes:
         return self._reader.read(HEADER_SIZE)
 
+    def fileno(self) -> int | None:
+        return self.sock.fileno()
+
     def wait_readable(self, timeout: float | None) -> bool:
         if self._reader.buffered():
             return True
