@@ -83,22 +83,26 @@ def _bytes_of(a: np.ndarray) -> memoryview:
 
 
 class _Call(Future[tuple[np.ndarray, ...]]):
-    """A pending invocation whose waiting drives the client's connection."""
+    """A pending invocation; on the ring, waiting for it drives the client's connection."""
 
     def __init__(self, client: RemoteGPU) -> None:
         super().__init__()
         self._client = client
 
     def result(self, timeout: float | None = None) -> tuple[np.ndarray, ...]:
+        if self._client._receiver is not None:
+            return super().result(timeout)
         self._client._progress(super().done, timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._client._receiver is not None:
+            return super().exception(timeout)
         self._client._progress(super().done, timeout)
         return super().exception(0)
 
     def done(self) -> bool:
-        if not super().done():
+        if not super().done() and self._client._receiver is None:
             self._client._progress(super().done, 0.0, quiet=True)
         return super().done()
 
@@ -146,6 +150,7 @@ class RemoteGPU:
         versions: tuple[int, ...] = (VERSION,),
         timeout: float = 30.0,
         views: bool = False,
+        receiver: bool | None = None,
     ) -> None:
         self.lease = token.lease
         self.timeout = timeout
@@ -160,6 +165,8 @@ class RemoteGPU:
         self._failure: BaseException | None = None
         self.arena: Arena | None = None
         self._ring: Ring | None = None
+        self._changed = threading.Condition()
+        self._receiver: threading.Thread | None = None
         try:
             self._hello(token, transport, credits, frame_bytes, target_rate, versions)
         except BaseException:
@@ -171,6 +178,13 @@ class RemoteGPU:
         self._m_in = metrics.BYTES.labels("client", "in", self.transport)
         self._m_latency = metrics.LATENCY.labels("client")
         self._m_calls = metrics.INVOCATIONS.labels("client")
+        # Stream transports get a receiver thread: large payloads then go both ways at
+        # once (the socket calls let go of the GIL). The ring is read by the callers.
+        if self._ring is None if receiver is None else receiver:
+            self._receiver = threading.Thread(
+                target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
+            )
+            self._receiver.start()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RemoteGPU:
@@ -275,7 +289,7 @@ class RemoteGPU:
                 if self._ring is not None:
                     self._ring.post([bytes(b) for f in frames for b in f if b is not None])
                 else:
-                    self._tr.send_frames(frames)
+                    self._tr.send_frames(frames, self._drain)
         except OSError as exc:
             self._pending.pop(seq, None)
             self._release(slot)
@@ -367,12 +381,30 @@ class RemoteGPU:
             self._pending[seq] = (fut, start, -1)
             try:
                 self._tr.send_frames(
-                    [(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)]
+                    [(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)],
+                    self._drain,
                 )
             except OSError as exc:
                 raise self._send_failed(exc) from exc
         fut.result(self.timeout)
         return time.perf_counter() - start
+
+    @property
+    def _drain(self) -> Callable[[], bool] | None:
+        return None if self._receiver is not None else self._drain_one
+
+    def _drain_one(self) -> bool:
+        """Read one reply now if no other thread is reading (called while sending)."""
+        if not self._read_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._failure is None:
+                self._read_some(0.0)
+        except (RemoteGPUError, OSError, ValueError) as exc:
+            self._fail(exc)
+        finally:
+            self._read_lock.release()
+        return True
 
     def _send_failed(self, exc: OSError) -> BaseException:
         """The donor closed the connection: read why (its ERROR is usually waiting)."""
@@ -396,6 +428,12 @@ class RemoteGPU:
         self, until: Callable[[], bool], timeout: float | None, quiet: bool = False
     ) -> None:
         """Read replies until ``until()`` holds; TimeoutError after ``timeout`` seconds."""
+        if self._receiver is not None:
+            with self._changed:
+                held = self._changed.wait_for(lambda: until() or self._failure is not None, timeout)
+            if not held and not quiet:
+                raise TimeoutError("no reply from the donor in time")
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not until():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -518,6 +556,18 @@ class RemoteGPU:
             if not fut.done():
                 fut.set_exception(self._failure)
         self._pending.clear()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _receive_loop(self) -> None:
+        while self._failure is None:
+            try:
+                self._read_some(None)
+            except BaseException as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+                return
+            with self._changed:
+                self._changed.notify_all()
 
     def close(self) -> None:
         if self._closed:
@@ -526,6 +576,8 @@ class RemoteGPU:
         with contextlib.suppress(Exception), self._send_lock:
             self._tr.send_frames([(Header(Op.CLOSE, self.lease, 0).pack(self._key), None)])
         self._tr.close()
+        if self._receiver is not None:
+            self._receiver.join(self.timeout)
         self._fail(RemoteGPUError("client closed"))
         if self._ring is not None:
             self._ring.close()

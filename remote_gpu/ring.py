@@ -68,9 +68,8 @@ class Ring:
         base = arena.ctl_offset
         self.entries = entries
         self._counters = arena.buf[base : base + 128].view(np.uint64)
-        first = arena.buf[base + PAGE : base + PAGE + entries * ENTRY]
-        second = arena.buf[base + PAGE + entries * ENTRY : base + ctl_size(entries)]
-        requests, responses = first.reshape(entries, ENTRY), second.reshape(entries, ENTRY)
+        requests = arena.view(base + PAGE, entries * ENTRY)
+        responses = arena.view(base + PAGE + entries * ENTRY, entries * ENTRY)
         req_fifo, rsp_fifo = arena.doorbells()
         if side == "client":
             self._out, self._in = requests, responses
@@ -94,15 +93,12 @@ class Ring:
 
     def post(self, chunks: list[bytes]) -> None:
         """Write one message into the next entry, publish it and ring the doorbell."""
-        size = sum(len(c) for c in chunks)
+        data = b"".join(chunks)
+        size = len(data)
         if size + 4 > ENTRY:
             raise FrameError(f"a {size}-byte message does not fit a {ENTRY}-byte ring entry")
-        entry = self._out[self.posted % self.entries]
-        entry[:4] = np.frombuffer(size.to_bytes(4, "little"), dtype=np.uint8)
-        at = 4
-        for c in chunks:
-            entry[at : at + len(c)] = np.frombuffer(c, dtype=np.uint8)
-            at += len(c)
+        at = self.posted % self.entries * ENTRY
+        self._out[at : at + 4 + size] = size.to_bytes(4, "little") + data
         self.posted += 1
         self._counters[self._out_i] = self.posted
         with contextlib.suppress(BlockingIOError):
@@ -115,13 +111,12 @@ class Ring:
 
     def take(self) -> bytes:
         """The next message (call only when ``ready()``)."""
-        entry = self._in[self.taken % self.entries]
-        size = int.from_bytes(entry[:4].tobytes(), "little")
+        at = self.taken % self.entries * ENTRY
+        size = int.from_bytes(self._in[at : at + 4], "little")
         if size > ENTRY - 4:
             raise FrameError(f"ring entry claims {size} bytes")
         self.taken += 1
-        data: bytes = entry[4 : 4 + size].tobytes()
-        return data
+        return bytes(self._in[at + 4 : at + 4 + size])
 
     def wait(self, timeout: float | None, *others: int, spin: float = 0.0) -> list[int]:
         """Sleep until a message is ready or one of ``others`` is readable.
@@ -154,6 +149,8 @@ class Ring:
                 pass
 
     def close(self) -> None:
+        for view in (self._out, self._in):
+            view.release()  # the arena's mapping can go once no view is left
         for fd in (self._out_fd, self._in_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

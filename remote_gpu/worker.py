@@ -368,7 +368,11 @@ def _serve_direct(
     last = time.monotonic()
     try:
         while True:
-            if reader.buffered():
+            try:
+                at_hand = reader.fill_nowait()
+            except OSError:  # the peer went away
+                break
+            if at_hand:
                 events = [(sock_fd, select.POLLIN)]  # the next request is here already
             else:
                 events = poller.poll(int(STATS_INTERVAL * 1000))

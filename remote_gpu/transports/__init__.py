@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from remote_gpu.protocol import HEADER_SIZE
@@ -28,7 +28,9 @@ class ClientTransport(ABC):
     name: str = ""
 
     @abstractmethod
-    def send_frames(self, frames: Sequence[Frame]) -> None: ...
+    def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
+        """Send frames. A transport that can block on a full link calls ``drain`` (if
+        given) meanwhile; it reads a reply and says whether it could."""
 
     @abstractmethod
     def recv_into(self, view: memoryview) -> None: ...

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import select
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from remote_gpu.protocol import HEADER_SIZE
 from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
@@ -67,6 +67,20 @@ class Reader:
     def buffered(self) -> int:
         return self._end - self._start
 
+    def fill_nowait(self) -> bool:
+        """Whether bytes are at hand: buffered, or read now without waiting."""
+        if self._end > self._start:
+            return True
+        self._start = self._end = 0
+        try:
+            n = self.sock.recv_into(self._view, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        self._end = n
+        return True
+
     def read_into(self, dst: memoryview) -> None:
         want = len(dst)
         have = self._end - self._start
@@ -118,9 +132,29 @@ class TcpClientTransport(ClientTransport):
         self._reader = Reader(self.sock)
         self._poll = select.poll()
         self._poll.register(self.sock.fileno(), select.POLLIN)
+        self._poll_out = select.poll()
+        self._poll_out.register(self.sock.fileno(), select.POLLOUT)
+        self._poll_both = select.poll()
+        self._poll_both.register(self.sock.fileno(), select.POLLIN | select.POLLOUT)
 
-    def send_frames(self, frames: Sequence[Frame]) -> None:
-        send_all(self.sock, frames)
+    def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
+        """Send; while the socket is full, let ``drain`` read replies (if it can), so that
+        a peer blocked sending us replies cannot block us in turn."""
+        bufs = _flatten(frames)
+        while bufs:
+            try:
+                sent = self.sock.sendmsg(bufs[:_IOV_MAX], [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if drain is None:
+                    self._poll_out.poll()
+                    continue
+                events = self._poll_both.poll()
+                if any(ev & select.POLLOUT for _, ev in events):
+                    continue
+                if not drain():
+                    self._poll_out.poll()
+                continue
+            bufs = _advance(bufs, sent)
 
     def recv_into(self, view: memoryview) -> None:
         self._reader.read_into(view)
@@ -132,7 +166,7 @@ class TcpClientTransport(ClientTransport):
         return self.sock.fileno()
 
     def wait_readable(self, timeout: float | None) -> bool:
-        if self._reader.buffered():
+        if self._reader.fill_nowait():
             return True
         ms = None if timeout is None else max(0, int(timeout * 1000))
         return bool(self._poll.poll(ms))
