@@ -76,11 +76,14 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         donor = Donor(config)
         await donor.start(host.strip("[]"), int(port))
+        listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
 
-            await listen(donor, args.ucx_port)
+            # Held for the donor's lifetime: a dropped listener stops accepting.
+            listener = await listen(donor, args.ucx_port)
         await asyncio.Event().wait()
+        del listener
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
