@@ -203,3 +203,19 @@ def test_close_cleans_up(donor: Running, transport: str) -> None:
     wait_for(lambda: not any(Path(f).exists() for f in files), 10, "the arena to be removed")
     with pytest.raises(RemoteGPUError):
         gpu.invoke("echo", np.arange(1))
+
+
+def test_a_client_reading_its_own_replies_does_not_deadlock_on_large_payloads() -> None:
+    """Without a receiver thread, a client blocked sending must read the replies that
+    block the worker (which serves requests in order) from sending."""
+    config = DonorConfig(name="wide", secret=SECRET, allow=ALLOW, memory_quota=160 << 20)
+    running, thread = start_donor(config)
+    try:
+        with RemoteGPU(running.endpoint, running.token(), transport="tcp", receiver=False) as gpu:
+            assert gpu._receiver is None and gpu.slot_size >= 24 << 20
+            payload = np.arange(3 << 20, dtype=np.int64)  # 24 MiB, 4 in flight each way
+            futures = [gpu.submit("echo", payload + i) for i in range(8)]
+            for i, f in enumerate(futures):
+                assert f.result(30)[0][-1] == payload[-1] + i
+    finally:
+        stop_donor(running, thread)
