@@ -285,6 +285,7 @@ class RemoteGPU:
             with self._send_lock:
                 seq = next(self._seq) & 0xFFFFFFFF
                 self._pending[seq] = (fut, time.perf_counter(), slot)
+                self._check_failure(seq)
                 frames = self._invoke_frames(seq, slot, name, arrs)
                 if self._ring is not None:
                     self._ring.post([bytes(b) for f in frames for b in f if b is not None])
@@ -379,6 +380,7 @@ class RemoteGPU:
         with self._send_lock:
             seq = next(self._seq) & 0xFFFFFFFF
             self._pending[seq] = (fut, start, -1)
+            self._check_failure(seq)
             try:
                 self._tr.send_frames(
                     [(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)],
@@ -406,9 +408,18 @@ class RemoteGPU:
             self._read_lock.release()
         return True
 
+    def _check_failure(self, seq: int) -> None:
+        """After registering ``seq``: if the connection has failed meanwhile, give up."""
+        if self._failure is not None:
+            self._pending.pop(seq, None)
+            raise self._failure
+
     def _send_failed(self, exc: OSError) -> BaseException:
         """The donor closed the connection: read why (its ERROR is usually waiting)."""
-        self._progress(lambda: False, 0.0, quiet=True)  # reads what is there, then returns
+        if self._receiver is not None:
+            self._receiver.join(min(self.timeout, 5.0))  # it reads up to the end
+        else:
+            self._progress(lambda: False, 0.0, quiet=True)  # reads what is there
         self._fail(exc)
         assert self._failure is not None
         return self._failure
@@ -552,10 +563,13 @@ class RemoteGPU:
                 if isinstance(exc, RemoteGPUError)
                 else RemoteGPUError(f"connection lost: {exc!r}")
             )
-        for fut, _, _ in list(self._pending.values()):
+        while True:
+            try:
+                _, (fut, _, _) = self._pending.popitem()
+            except KeyError:
+                break
             if not fut.done():
                 fut.set_exception(self._failure)
-        self._pending.clear()
         with self._changed:
             self._changed.notify_all()
 
