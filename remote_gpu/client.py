@@ -13,7 +13,9 @@ waits (``Future.result``/``exception``/``done`` on a returned future, ``invoke``
 lock, reads one reply, completes whichever future it belongs to, and lets go. This saves
 two thread hand-offs per call; the cost is that a future completes only while some thread
 waits on this client: ``concurrent.futures.wait`` and done-callbacks alone do not drive
-it (call ``drain()``).
+it (call ``drain()``). On a stream transport (TCP, UCX), the first payload of ``LARGE``
+bytes or more starts a receiver thread that reads from then on, so that large transfers
+go both ways at once; ``receiver=True``/``False`` fixes the choice.
 
 With shared memory, results are copies by default. ``views=True`` returns them as views
 of the lease's arena instead (no copy): the request's slot stays pinned until every view
@@ -27,6 +29,7 @@ import itertools
 import json
 import os
 import secrets
+import select
 import threading
 import time
 import weakref
@@ -62,6 +65,8 @@ from remote_gpu.transports import ClientTransport, Frame, host_id
 log = logs.get(__name__)
 
 Result = tuple[np.ndarray, ...]
+
+LARGE = 4 << 20
 
 
 def _connect(endpoint: str, timeout: float) -> ClientTransport:
@@ -178,13 +183,13 @@ class RemoteGPU:
         self._m_in = metrics.BYTES.labels("client", "in", self.transport)
         self._m_latency = metrics.LATENCY.labels("client")
         self._m_calls = metrics.INVOCATIONS.labels("client")
-        # Stream transports get a receiver thread: large payloads then go both ways at
-        # once (the socket calls let go of the GIL). The ring is read by the callers.
-        if self._ring is None if receiver is None else receiver:
-            self._receiver = threading.Thread(
-                target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
-            )
-            self._receiver.start()
+        # Callers read their own replies: no thread hand-off per call. On a stream
+        # transport, the first payload of LARGE bytes or more starts a receiver thread
+        # instead: a single thread alternates between sending and receiving, while
+        # large transfers should go both ways at once (socket calls let go of the GIL).
+        self._auto_receiver = receiver is None and self._ring is None
+        if receiver:
+            self._start_receiver()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RemoteGPU:
@@ -273,6 +278,8 @@ class RemoteGPU:
         for a in arrs:
             dtype_code(a.dtype)
         need = sum(align(a.nbytes) for a in arrs)
+        if need >= LARGE and self._auto_receiver and self._receiver is None:
+            self._start_receiver()
         if need > self.slot_size:
             from remote_gpu.errors import MemoryQuotaExceeded
 
@@ -450,6 +457,9 @@ class RemoteGPU:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._failure is not None:
                 return  # every pending future has its exception already
+            if self._receiver is not None:  # started meanwhile: it reads now
+                self._progress(until, left, quiet)
+                return
             ready = False
             if self._read_lock.acquire(timeout=-1 if left is None else left):
                 try:
@@ -573,10 +583,29 @@ class RemoteGPU:
         with self._changed:
             self._changed.notify_all()
 
+    def _start_receiver(self) -> None:
+        with self._changed:
+            if self._receiver is None:
+                self._receiver = threading.Thread(
+                    target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
+                )
+                self._receiver.start()
+
     def _receive_loop(self) -> None:
+        fd = self._tr.fileno()
+        poller = select.poll()
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
         while self._failure is None:
             try:
-                self._read_some(None)
+                # Under the read lock, like any caller that was reading when it started.
+                with self._read_lock:
+                    got = fd is None or self._tr.wait_readable(0)
+                    if got:
+                        self._read_reply(self._tr)
+                if not got:
+                    poller.poll(100)  # bounded: a caller may have buffered a reply meanwhile
+                    continue
             except BaseException as exc:
                 self._fail(exc if not self._closed else RemoteGPUError("client closed"))
                 return

@@ -205,17 +205,24 @@ def test_close_cleans_up(donor: Running, transport: str) -> None:
         gpu.invoke("echo", np.arange(1))
 
 
-def test_a_client_reading_its_own_replies_does_not_deadlock_on_large_payloads() -> None:
+@pytest.mark.parametrize("receiver", [False, None])
+def test_large_payloads_in_flight_both_ways_do_not_deadlock(receiver: bool | None) -> None:
     """Without a receiver thread, a client blocked sending must read the replies that
-    block the worker (which serves requests in order) from sending."""
+    block the worker (which serves requests in order) from sending; by default, the first
+    large payload starts a receiver thread."""
     config = DonorConfig(name="wide", secret=SECRET, allow=ALLOW, memory_quota=160 << 20)
     running, thread = start_donor(config)
     try:
-        with RemoteGPU(running.endpoint, running.token(), transport="tcp", receiver=False) as gpu:
+        with RemoteGPU(
+            running.endpoint, running.token(), transport="tcp", receiver=receiver
+        ) as gpu:
             assert gpu._receiver is None and gpu.slot_size >= 24 << 20
+            assert gpu.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
             payload = np.arange(3 << 20, dtype=np.int64)  # 24 MiB, 4 in flight each way
             futures = [gpu.submit("echo", payload + i) for i in range(8)]
             for i, f in enumerate(futures):
                 assert f.result(30)[0][-1] == payload[-1] + i
+            assert (gpu._receiver is not None) == (receiver is None)
+            assert gpu.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
     finally:
         stop_donor(running, thread)
