@@ -401,19 +401,22 @@ class Donor:
                 asyncio.get_running_loop().remove_reader(lease.pipe.fileno())
             with contextlib.suppress(Exception):
                 lease.pipe.send(None)
-        if lease.proc is not None:
-            proc = lease.proc
-            await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
-        if lease.pipe is not None:
-            with contextlib.suppress(EOFError, OSError):
-                while lease.pipe.poll():  # the worker's last counters
-                    msg = lease.pipe.recv()
-                    if msg[0] == "stats":
-                        _export(lease, msg[1])
-            lease.pipe.close()
-        for f in lease.pending.values():
-            f.cancel()
-        lease.arena.close()
+        try:
+            if lease.proc is not None:
+                proc = lease.proc
+                await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
+            if lease.pipe is not None:
+                with contextlib.suppress(EOFError, OSError):
+                    while lease.pipe.poll():  # the worker's last counters
+                        msg = lease.pipe.recv()
+                        if msg[0] == "stats":
+                            _export(lease, msg[1])
+        finally:  # also when the donor shuts down meanwhile: leave nothing in /dev/shm
+            if lease.pipe is not None:
+                lease.pipe.close()
+            for f in lease.pending.values():
+                f.cancel()
+            lease.arena.close()
         log.info("lease closed", lease=lease.id)
 
     async def _serve_lease(

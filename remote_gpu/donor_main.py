@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 from pathlib import Path
 
 
@@ -82,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
 
             # Held for the donor's lifetime: a dropped listener stops accepting.
             listener = await listen(donor, args.ucx_port)
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        # End every lease: workers stopped, arenas and doorbells removed from /dev/shm.
+        await donor.close()
         del listener
 
     with contextlib.suppress(KeyboardInterrupt):

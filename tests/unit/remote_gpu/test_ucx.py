@@ -77,6 +77,7 @@ def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
     finally:
         proc.terminate()
         proc.wait(10)
+    assert proc.returncode == 0, "SIGTERM should shut the donor down cleanly"
 
 
 def _token(lease: int) -> tokens.Token:
