@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--headroom", type=float, default=0.9, help="usable share of the link")
     parser.add_argument("--transports", default="shm,tcp", help="offered transports")
+    parser.add_argument(
+        "--ring-spin-us",
+        type=float,
+        default=250.0,
+        help="how long a shared-memory lease's worker watches its ring before sleeping",
+    )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
 
@@ -69,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         link_bandwidth=bandwidth,
         headroom=args.headroom,
         transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
+        ring_spin=args.ring_spin_us * 1e-6,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port)
