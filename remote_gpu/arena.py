@@ -2,12 +2,15 @@
 
 The arena is the lease's memory quota. Payloads arriving over TCP are received straight
 into a slot, the worker computes on views of it, and results leave from it; with the
-shared-memory transport the client writes its arrays there itself.
+shared-memory transport the client writes its arrays there itself. A shared-memory lease
+may also carry a control block after the slots (see ``ring``) and two FIFOs beside the
+file, its doorbells.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import secrets
@@ -27,11 +30,15 @@ def align(n: int, to: int = ALIGN) -> int:
 
 
 class Arena:
-    def __init__(self, path: Path, size: int, slots: int, owner: bool) -> None:
+    def __init__(self, path: Path, size: int, slots: int, slot_size: int, owner: bool) -> None:
+        if slots < 1 or slot_size < 1 or slots * slot_size > size:
+            raise ValueError(f"{slots} slots of {slot_size} bytes do not fit {size} bytes")
         self.path = path
         self.size = size
         self.slots = slots
-        self.slot_size = size // slots
+        self.slot_size = slot_size
+        self.data_size = slots * slot_size
+        self.ctl_offset = self.data_size  # the control block, if any, follows the slots
         self.owner = owner
         fd = os.open(path, os.O_RDWR)
         try:
@@ -41,27 +48,39 @@ class Arena:
         self.buf = np.frombuffer(self._mmap, dtype=np.uint8)
 
     @classmethod
-    def create(cls, quota_bytes: int, slots: int) -> Arena:
+    def create(cls, quota_bytes: int, slots: int, ctl_size: int = 0) -> Arena:
+        """A new arena; with ``ctl_size``, a control block of that size after the slots
+        and the two doorbell FIFOs (``doorbells()``)."""
         slot_size = max(PAGE, quota_bytes // slots // PAGE * PAGE)
-        size = slot_size * slots
+        size = slot_size * slots + align(ctl_size, PAGE)
         path = SHM_DIR / f"remote-gpu-{secrets.token_hex(8)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
-        return cls(path, size, slots, owner=True)
+        arena = cls(path, size, slots, slot_size, owner=True)
+        if ctl_size:
+            for fifo in arena.doorbells():
+                os.mkfifo(fifo, 0o600)
+        return arena
 
     @classmethod
-    def attach(cls, path: str, size: int, slots: int) -> Arena:
-        return cls(Path(path), size, slots, owner=False)
+    def attach(cls, path: str, size: int, slots: int, slot_size: int) -> Arena:
+        return cls(Path(path), size, slots, slot_size, owner=False)
+
+    def doorbells(self) -> tuple[Path, Path]:
+        """The FIFOs that wake the worker (requests) and the client (responses)."""
+        return self.path.with_name(self.path.name + ".req"), self.path.with_name(
+            self.path.name + ".rsp"
+        )
 
     def slot_base(self, slot: int) -> int:
         return slot * self.slot_size
 
     def slot_of(self, offset: int) -> int | None:
         """The slot whose base is ``offset``, or None if it is not a slot base."""
-        if offset % self.slot_size or not 0 <= offset < self.size:
+        if offset % self.slot_size or not 0 <= offset < self.data_size:
             return None
         return offset // self.slot_size
 
@@ -70,7 +89,7 @@ class Arena:
 
     def array(self, offset: int, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
         dt = numpy_dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         return self.buf[offset : offset + count * dt.itemsize].view(dt).reshape(shape)
 
     def contains(self, array: np.ndarray, start: int, end: int) -> int | None:
@@ -90,3 +109,5 @@ class Arena:
             self._mmap.close()
         if self.owner:
             self.path.unlink(missing_ok=True)
+            for fifo in self.doorbells():
+                fifo.unlink(missing_ok=True)

@@ -6,6 +6,20 @@ optionally ``REMOTE_GPU_LEASE`` (checked against the token) and ``REMOTE_GPU_TRA
 (``auto``, ``shm``, ``tcp`` or ``ucx``). ``invoke(name, *arrays)`` runs an allow-listed
 function on the donor and returns its result arrays; ``submit`` does the same without
 waiting, up to the credits the donor granted.
+
+Replies are read by the calling threads themselves, not by a background thread: whoever
+waits (``Future.result``/``exception``/``done`` on a returned future, ``invoke``,
+``submit`` waiting for a credit, ``heartbeat``, ``drain``) takes the connection's read
+lock, reads one reply, completes whichever future it belongs to, and lets go. This saves
+two thread hand-offs per call; the cost is that a future completes only while some thread
+waits on this client: ``concurrent.futures.wait`` and done-callbacks alone do not drive
+it (call ``drain()``). On a stream transport (TCP, UCX), the first payload of ``LARGE``
+bytes or more starts a receiver thread that reads from then on, so that large transfers
+go both ways at once; ``receiver=True``/``False`` fixes the choice.
+
+With shared memory, results are copies by default. ``views=True`` returns them as views
+of the lease's arena instead (no copy): the request's slot stays pinned until every view
+of it is gone, so a caller may hold at most ``credits`` results at a time.
 """
 
 from __future__ import annotations
@@ -14,14 +28,15 @@ import contextlib
 import itertools
 import json
 import os
-import queue
 import secrets
+import select
 import threading
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +45,7 @@ from remote_gpu import metrics
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import FrameError, RemoteGPUError, from_code
 from remote_gpu.protocol import (
+    HEADER_SIZE,
     HELLO_KEY,
     MAX_META,
     VERSION,
@@ -38,15 +54,19 @@ from remote_gpu.protocol import (
     Header,
     Op,
     dtype_code,
+    numpy_dtype,
     session_key,
     unpack,
 )
+from remote_gpu.ring import Ring
 from remote_gpu.tokens import Token, read
 from remote_gpu.transports import ClientTransport, Frame, host_id
 
 log = logs.get(__name__)
 
 Result = tuple[np.ndarray, ...]
+
+LARGE = 4 << 20
 
 
 def _connect(endpoint: str, timeout: float) -> ClientTransport:
@@ -67,6 +87,61 @@ def _bytes_of(a: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
+class _Call(Future[tuple[np.ndarray, ...]]):
+    """A pending invocation; on the ring, waiting for it drives the client's connection."""
+
+    def __init__(self, client: RemoteGPU) -> None:
+        super().__init__()
+        self._client = client
+
+    def result(self, timeout: float | None = None) -> tuple[np.ndarray, ...]:
+        if self._client._receiver is not None:
+            return super().result(timeout)
+        self._client._progress(super().done, timeout)
+        return super().result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._client._receiver is not None:
+            return super().exception(timeout)
+        self._client._progress(super().done, timeout)
+        return super().exception(0)
+
+    def done(self) -> bool:
+        if not super().done() and self._client._receiver is None:
+            self._client._progress(super().done, 0.0, quiet=True)
+        return super().done()
+
+
+class _Source(Protocol):
+    def recv_header(self) -> bytes | bytearray: ...
+
+    def recv_payload_into(self, view: memoryview) -> None: ...
+
+
+class _Entry:
+    """A response taken from the ring, read like a stream of frames."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def recv_header(self) -> bytes:
+        return self._take(HEADER_SIZE)
+
+    def recv_payload_into(self, view: memoryview) -> None:
+        view[:] = self._take(len(view))
+
+    def _take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise FrameError("truncated ring entry")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+
+class _Pin(np.ndarray):
+    """Bytes of one arena slot; result views keep it alive, and the slot with it."""
+
+
 class RemoteGPU:
     def __init__(
         self,
@@ -79,29 +154,42 @@ class RemoteGPU:
         target_rate: float = 0.0,
         versions: tuple[int, ...] = (VERSION,),
         timeout: float = 30.0,
+        views: bool = False,
+        receiver: bool | None = None,
     ) -> None:
         self.lease = token.lease
         self.timeout = timeout
+        self.views = views
         self._tr = _connect(endpoint, timeout)
         self._seq = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._pending: dict[int, tuple[Future[Result], float, int | None]] = {}
+        self._read_lock = threading.Lock()
+        self._slot_freed = threading.Condition(threading.RLock())
+        self._pending: dict[int, tuple[Future[Result], float, int]] = {}
         self._closed = False
         self._failure: BaseException | None = None
         self.arena: Arena | None = None
+        self._ring: Ring | None = None
+        self._changed = threading.Condition()
+        self._receiver: threading.Thread | None = None
         try:
             self._hello(token, transport, credits, frame_bytes, target_rate, versions)
         except BaseException:
             self._tr.close()
             raise
-        self._credits = threading.BoundedSemaphore(self.credits)
-        self._slots: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(self.credits):
-            self._slots.put(i)
-        self._receiver = threading.Thread(
-            target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
-        )
-        self._receiver.start()
+        # One token per credit; with shared memory it is also the slot the request uses.
+        self._free: list[int] = list(range(self.credits))
+        self._m_out = metrics.BYTES.labels("client", "out", self.transport)
+        self._m_in = metrics.BYTES.labels("client", "in", self.transport)
+        self._m_latency = metrics.LATENCY.labels("client")
+        self._m_calls = metrics.INVOCATIONS.labels("client")
+        # Callers read their own replies: no thread hand-off per call. On a stream
+        # transport, the first payload of LARGE bytes or more starts a receiver thread
+        # instead: a single thread alternates between sending and receiving, while
+        # large transfers should go both ways at once (socket calls let go of the GIL).
+        self._auto_receiver = receiver is None and self._ring is None
+        if receiver:
+            self._start_receiver()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RemoteGPU:
@@ -140,6 +228,7 @@ class RemoteGPU:
                 "credits": credits,
                 "frame_bytes": frame_bytes,
                 "target_rate": target_rate,
+                "ring": True,
             }
         ).encode()
         head = Header(Op.HELLO, token.lease, 0, version=max(versions), length=len(meta))
@@ -159,7 +248,11 @@ class RemoteGPU:
         if transport != "auto" and self.transport != transport:
             raise RemoteGPUError(f"donor cannot use transport {transport!r} for this client")
         if self.transport == "shm":
-            self.arena = Arena.attach(body["arena"], int(body["arena_size"]), self.credits)
+            self.arena = Arena.attach(
+                body["arena"], int(body["arena_size"]), self.credits, self.slot_size
+            )
+            if "ring" in body:
+                self._ring = Ring(self.arena, int(body["ring"]["entries"]), "client")
         self._key = session_key(token.mac_bytes, nonce, bytes.fromhex(body["nonce"]))
         log.info(
             "lease connected",
@@ -169,9 +262,9 @@ class RemoteGPU:
             credits=self.credits,
         )
 
-    def _recv_meta(self, header: Header) -> bytes:
+    def _recv_meta(self, header: Header, src: _Source | None = None) -> bytes:
         buf = bytearray(header.length)
-        self._tr.recv_payload_into(memoryview(buf))
+        (src or self._tr).recv_payload_into(memoryview(buf))
         return bytes(buf)
 
     # ---- calls
@@ -185,31 +278,66 @@ class RemoteGPU:
         for a in arrs:
             dtype_code(a.dtype)
         need = sum(align(a.nbytes) for a in arrs)
+        if need >= LARGE and self._auto_receiver and self._receiver is None:
+            self._start_receiver()
         if need > self.slot_size:
             from remote_gpu.errors import MemoryQuotaExceeded
 
             raise MemoryQuotaExceeded(
                 f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
             )
-        if not self._credits.acquire(timeout=self.timeout):
-            raise TimeoutError("no credit came back from the donor in time")
-        slot = self._slots.get() if self.arena is not None else None
-        fut: Future[Result] = Future()
+        slot = self._take_slot()
+        fut = _Call(self)
         try:
             with self._send_lock:
                 seq = next(self._seq) & 0xFFFFFFFF
                 self._pending[seq] = (fut, time.perf_counter(), slot)
-                self._tr.send_frames(self._invoke_frames(seq, slot, name, arrs))
+                self._check_failure(seq)
+                frames = self._invoke_frames(seq, slot, name, arrs)
+                if self._ring is not None:
+                    self._ring.post([bytes(b) for f in frames for b in f if b is not None])
+                else:
+                    self._tr.send_frames(frames, self._drain)
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            self._release(slot)
+            raise self._send_failed(exc) from exc
         except BaseException as exc:
             self._pending.pop(seq, None)
             self._release(slot)
             self._fail(exc)
             raise
-        metrics.BYTES.labels("client", "out", self.transport).inc(sum(a.nbytes for a in arrs))
+        self._m_out.inc(sum(a.nbytes for a in arrs))
         return fut
 
     def invoke(self, name: str, *arrays: np.ndarray) -> Result:
         return self.submit(name, *arrays).result(self.timeout)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every submitted call has completed."""
+        self._progress(lambda: not self._pending, self.timeout if timeout is None else timeout)
+
+    def _take_slot(self) -> int:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._free.pop()
+            except IndexError:
+                pass
+            if self._failure is not None:
+                raise self._failure
+            if self._pending:
+                self._progress(lambda: bool(self._free), deadline - time.monotonic())
+                continue
+            # Nothing in flight: every slot is pinned by result views the caller holds.
+            with self._slot_freed:
+                if not self._free and not self._pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._slot_freed.wait(left):
+                        raise TimeoutError(
+                            f"all {self.credits} slots are held by result views; "
+                            "drop some results (or use views=False)"
+                        )
 
     def _invoke_frames(
         self, seq: int, slot: int | None, name: str, arrs: list[np.ndarray]
@@ -254,72 +382,188 @@ class RemoteGPU:
 
     def heartbeat(self) -> float:
         """Round trip of a HEARTBEAT, in seconds."""
-        fut: Future[Result] = Future()
+        fut = _Call(self)
         start = time.perf_counter()
         with self._send_lock:
             seq = next(self._seq) & 0xFFFFFFFF
-            self._pending[seq] = (fut, start, None)
-            self._tr.send_frames([(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)])
+            self._pending[seq] = (fut, start, -1)
+            self._check_failure(seq)
+            try:
+                self._tr.send_frames(
+                    [(Header(Op.HEARTBEAT, self.lease, seq).pack(self._key), None)],
+                    self._drain,
+                )
+            except OSError as exc:
+                raise self._send_failed(exc) from exc
         fut.result(self.timeout)
         return time.perf_counter() - start
 
+    @property
+    def _drain(self) -> Callable[[], bool] | None:
+        return None if self._receiver is not None else self._drain_one
+
+    def _drain_one(self) -> bool:
+        """Read one reply now if no other thread is reading (called while sending)."""
+        if not self._read_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._failure is None:
+                self._read_some(0.0)
+        except (RemoteGPUError, OSError, ValueError) as exc:
+            self._fail(exc)
+        finally:
+            self._read_lock.release()
+        return True
+
+    def _check_failure(self, seq: int) -> None:
+        """After registering ``seq``: if the connection has failed meanwhile, give up."""
+        if self._failure is not None:
+            self._pending.pop(seq, None)
+            raise self._failure
+
+    def _send_failed(self, exc: OSError) -> BaseException:
+        """The donor closed the connection: read why (its ERROR is usually waiting)."""
+        if self._receiver is not None:
+            self._receiver.join(min(self.timeout, 5.0))  # it reads up to the end
+        else:
+            self._progress(lambda: False, 0.0, quiet=True)  # reads what is there
+        self._fail(exc)
+        assert self._failure is not None
+        return self._failure
+
     # ---- replies
 
-    def _release(self, slot: int | None) -> None:
-        if slot is not None:
-            self._slots.put(slot)
+    def _release(self, slot: int) -> None:
+        if slot >= 0:
+            self._free.append(slot)
 
-    def _receive_loop(self) -> None:
+    def _unpin(self, slot: int) -> None:
+        with self._slot_freed:
+            self._free.append(slot)
+            self._slot_freed.notify()
+
+    def _progress(
+        self, until: Callable[[], bool], timeout: float | None, quiet: bool = False
+    ) -> None:
+        """Read replies until ``until()`` holds; TimeoutError after ``timeout`` seconds."""
+        if self._receiver is not None:
+            with self._changed:
+                held = self._changed.wait_for(lambda: until() or self._failure is not None, timeout)
+            if not held and not quiet:
+                raise TimeoutError("no reply from the donor in time")
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not until():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._failure is not None:
+                return  # every pending future has its exception already
+            if self._receiver is not None:  # started meanwhile: it reads now
+                self._progress(until, left, quiet)
+                return
+            ready = False
+            if self._read_lock.acquire(timeout=-1 if left is None else left):
+                try:
+                    if until() or self._failure is not None:
+                        return
+                    ready = self._read_some(left)
+                except (RemoteGPUError, OSError, ValueError) as exc:
+                    self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+                    return
+                finally:
+                    self._read_lock.release()
+            if not ready:
+                if quiet:
+                    return
+                raise TimeoutError("no reply from the donor in time")
+
+    def _read_some(self, timeout: float | None) -> bool:
+        """Read one reply, waiting up to ``timeout``; False if none came."""
+        ring = self._ring
+        if ring is None:
+            if not self._tr.wait_readable(timeout):
+                return False
+            self._read_reply(self._tr)
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if ring.ready():
+                self._read_reply(_Entry(ring.take()))
+                return True
+            if self._tr.wait_readable(0):  # the control channel: heartbeats, refusals
+                self._read_reply(self._tr)
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            control = self._tr.fileno()
+            ring.wait(left, *([] if control is None else [control]))
+
+    def _read_reply(self, src: _Source) -> None:
+        head = unpack(src.recv_header(), self._key, MAX_META)
+        meta = self._recv_meta(head, src) if head.length else b""
+        entry = self._pending.pop(head.seq, None)
+        if entry is None:
+            for _ in range(head.parts):
+                self._recv_array(src, head, -1, None)
+            if head.op == Op.ERROR:
+                body = json.loads(meta)
+                raise from_code(body.get("code", ""), body.get("message", ""))
+            return
+        fut, start, slot = entry
+        # With views, the pin returns the slot once the caller has dropped every result.
+        pin = (
+            self._pin(slot)
+            if self.views and self.arena is not None and head.parts and slot >= 0
+            else None
+        )
         try:
-            while True:
-                head = unpack(self._tr.recv_header(), self._key, MAX_META)
-                meta = self._recv_meta(head)
-                arrays = [self._recv_array(head) for _ in range(head.parts)]
-                entry = self._pending.pop(head.seq, None)
-                if entry is None:
-                    if head.op == Op.ERROR:
-                        body = json.loads(meta)
-                        raise from_code(body.get("code", ""), body.get("message", ""))
-                    continue
-                fut, start, slot = entry
-                if head.op == Op.HEARTBEAT:
-                    fut.set_result(())
-                    continue
-                self._release(slot)
-                self._credits.release()
-                if head.op == Op.RESULT:
-                    metrics.LATENCY.labels("client").observe(time.perf_counter() - start)
-                    metrics.INVOCATIONS.labels("client").inc()
-                    metrics.BYTES.labels("client", "in", self.transport).inc(
-                        sum(a.nbytes for a in arrays)
-                    )
-                    fut.set_result(tuple(arrays))
-                elif head.op == Op.ERROR:
-                    body = json.loads(meta)
-                    err = from_code(body.get("code", ""), body.get("message", ""))
-                    metrics.ERRORS.labels("client", err.code.value).inc()
-                    fut.set_exception(err)
-                else:
-                    raise FrameError(f"unexpected {head.op.name} from the donor")
-        except BaseException as exc:
-            if not self._closed:
-                self._fail(exc)
-            else:
-                self._fail(RemoteGPUError("client closed"))
+            arrays = tuple(self._recv_array(src, head, slot, pin) for _ in range(head.parts))
+        except BaseException:
+            self._pending[head.seq] = entry  # failed below: _fail completes it
+            raise
+        if head.op == Op.HEARTBEAT:
+            fut.set_result(())
+            return
+        if pin is None:
+            self._release(slot)
+        del pin
+        if head.op == Op.RESULT:
+            self._m_latency.observe(time.perf_counter() - start)
+            self._m_calls.inc()
+            self._m_in.inc(sum(a.nbytes for a in arrays))
+            fut.set_result(arrays)
+        elif head.op == Op.ERROR:
+            body = json.loads(meta)
+            err = from_code(body.get("code", ""), body.get("message", ""))
+            metrics.ERRORS.labels("client", err.code.value).inc()
+            fut.set_exception(err)
+        else:
+            raise FrameError(f"unexpected {head.op.name} from the donor")
 
-    def _recv_array(self, head: Header) -> np.ndarray:
-        h = unpack(self._tr.recv_header(), self._key, 1 << 40)
+    def _pin(self, slot: int) -> _Pin:
+        assert self.arena is not None
+        base = self.arena.slot_base(slot)
+        pin = self.arena.buf[base : base + self.arena.slot_size].view(_Pin)
+        weakref.finalize(pin, self._unpin, slot)
+        return pin
+
+    def _recv_array(self, src: _Source, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
+        h = unpack(src.recv_header(), self._key, 1 << 40)
         if h.seq != head.seq or h.part == 0 or h.op != head.op:
             raise FrameError("array frame out of sequence")
         if h.flags & Flags.SHM:
-            if self.arena is None or h.offset + h.length > self.arena.size:
-                raise FrameError("SHM result outside the arena")
-            return self.arena.array(h.offset, h.dtype, h.shape).copy()
-        from remote_gpu.protocol import numpy_dtype
-
+            if self.arena is None or slot < 0:
+                raise FrameError("SHM result without a slot")
+            base = self.arena.slot_base(slot)
+            if not (base <= h.offset and h.offset + h.length <= base + self.arena.slot_size):
+                raise FrameError("SHM result outside the request's slot")
+            if pin is None:
+                return self.arena.array(h.offset, h.dtype, h.shape).copy()
+            raw = pin[h.offset - base : h.offset - base + h.length]
+            return np.asarray(raw.view(numpy_dtype(h.dtype)).reshape(h.shape))
         out = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
         if h.length:
-            self._tr.recv_payload_into(_bytes_of(out))
+            src.recv_payload_into(_bytes_of(out))
         return out
 
     def _fail(self, exc: BaseException) -> None:
@@ -329,10 +573,44 @@ class RemoteGPU:
                 if isinstance(exc, RemoteGPUError)
                 else RemoteGPUError(f"connection lost: {exc!r}")
             )
-        for fut, _, _ in list(self._pending.values()):
+        while True:
+            try:
+                _, (fut, _, _) = self._pending.popitem()
+            except KeyError:
+                break
             if not fut.done():
                 fut.set_exception(self._failure)
-        self._pending.clear()
+        with self._changed:
+            self._changed.notify_all()
+
+    def _start_receiver(self) -> None:
+        with self._changed:
+            if self._receiver is None:
+                self._receiver = threading.Thread(
+                    target=self._receive_loop, daemon=True, name=f"remote-gpu-{self.lease}"
+                )
+                self._receiver.start()
+
+    def _receive_loop(self) -> None:
+        fd = self._tr.fileno()
+        poller = select.poll()
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+        while self._failure is None:
+            try:
+                # Under the read lock, like any caller that was reading when it started.
+                with self._read_lock:
+                    got = fd is None or self._tr.wait_readable(0)
+                    if got:
+                        self._read_reply(self._tr)
+                if not got:
+                    poller.poll(100)  # bounded: a caller may have buffered a reply meanwhile
+                    continue
+            except BaseException as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+                return
+            with self._changed:
+                self._changed.notify_all()
 
     def close(self) -> None:
         if self._closed:
@@ -341,7 +619,11 @@ class RemoteGPU:
         with contextlib.suppress(Exception), self._send_lock:
             self._tr.send_frames([(Header(Op.CLOSE, self.lease, 0).pack(self._key), None)])
         self._tr.close()
-        self._receiver.join(self.timeout)
+        if self._receiver is not None:
+            self._receiver.join(self.timeout)
+        self._fail(RemoteGPUError("client closed"))
+        if self._ring is not None:
+            self._ring.close()
         if self.arena is not None:
             self.arena.close()
 

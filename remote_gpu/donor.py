@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -44,10 +46,11 @@ from remote_gpu.protocol import (
     unpack,
 )
 from remote_gpu.quotas import TokenBucket
+from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import Token, verify
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import ArraySpec
+from remote_gpu.worker import ArraySpec, Session, Stats
 
 log = logs.get(__name__)
 
@@ -68,6 +71,12 @@ class DonorConfig:
     headroom: float = 1.0
     transports: tuple[str, ...] = ("shm", "tcp")
     worker_start_timeout: float = 30.0
+    # Hand authenticated TCP connections to the lease's worker (see ``worker``); when
+    # False, or for channels that cannot be handed over (UCX), the donor relays requests.
+    direct: bool = True
+    # Shared-memory rings: how long (seconds) a worker keeps watching its request ring
+    # after a request before it sleeps; trades a core's time for wake-ups under load.
+    ring_spin: float = 250e-6
 
 
 class _Fatal(Exception):
@@ -90,6 +99,10 @@ class Lease:
         self.pipe: Connection | None = None
         self.shm = False
         self.transport = "tcp"
+        # Set when the worker stops serving a direct connection or the rings: None, or
+        # the (code, message, seq) of the defect that made it stop.
+        self.closed: asyncio.Future[tuple[str, str, int] | None] | None = None
+        self.ring = False
 
     def free_slot(self) -> int | None:
         for slot in range(self.arena.slots):
@@ -152,7 +165,12 @@ class Donor:
         send_lock = asyncio.Lock()
         try:
             lease, key, shm = await self._hello(tr)
-            await self._serve_lease(tr, lease, key, shm, send_lock)
+            if lease.ring:
+                await self._serve_ring_lease(tr, lease, key, send_lock)
+            elif self.config.direct and isinstance(tr, TcpServerTransport):
+                await self._hand_over(tr, lease, key, shm)
+            else:
+                await self._serve_lease(tr, lease, key, shm, send_lock)
         except _Fatal as exc:
             metrics.ERRORS.labels("donor", exc.code.value).inc()
             log.warning(
@@ -227,11 +245,16 @@ class Donor:
                 f"{self.admission.capacity:.0f} B/s available",
             )
         credits = max(1, min(credits, self.config.max_credits))
-        arena = Arena.create(self.config.memory_quota, credits)
+        use_ring = (
+            wanted == "shm" and self.config.direct and hello.get("ring") is True and supported()
+        )
+        arena = Arena.create(
+            self.config.memory_quota, credits, ctl_size(credits) if use_ring else 0
+        )
         lease = Lease(
             token.lease, arena, credits, TokenBucket(self.config.rate_limit, self.config.rate_burst)
         )
-        lease.shm, lease.transport = wanted == "shm", wanted
+        lease.shm, lease.transport, lease.ring = wanted == "shm", wanted, use_ring
         self.leases[token.lease] = lease
         try:
             await self._start_worker(lease)
@@ -250,6 +273,8 @@ class Donor:
         }
         if wanted == "shm":
             reply.update(arena=str(arena.path), arena_size=arena.size)
+        if use_ring:
+            reply.update(ring={"entries": credits})
         meta = json.dumps(reply).encode()
         head = Header(Op.HELLO, token.lease, header.seq, version=max(common), length=len(meta))
         await tr.send_frames([(head.pack(HELLO_KEY), meta)])
@@ -267,6 +292,7 @@ class Donor:
                 str(lease.arena.path),
                 lease.arena.size,
                 lease.arena.slots,
+                lease.arena.slot_size,
                 dict(self.config.allow),
             ),
             daemon=True,
@@ -285,9 +311,7 @@ class Donor:
                         if not ready.done():
                             ready.set_result(None)
                         continue
-                    fut = lease.pending.pop(msg[1], None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
+                    self._on_worker_message(lease, msg)
             except (EOFError, OSError):
                 loop.remove_reader(parent.fileno())
                 exc = RemoteGPUError("worker exited", Code.WORKER_DIED)
@@ -297,12 +321,75 @@ class Donor:
                     if not f.done():
                         f.set_result(("err", 0, Code.WORKER_DIED.value, "worker exited"))
                 lease.pending.clear()
+                if lease.closed is not None and not lease.closed.done():
+                    lease.closed.set_result((Code.WORKER_DIED.value, "worker exited", 0))
 
         loop.add_reader(parent.fileno(), on_readable)
         try:
             await asyncio.wait_for(ready, self.config.worker_start_timeout)
         except (TimeoutError, RemoteGPUError) as exc:
             raise _Fatal(Code.INTERNAL, f"worker did not start: {exc}") from None
+
+    def _on_worker_message(self, lease: Lease, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "stats":
+            _export(lease, msg[1])
+        elif msg[0] in ("closed", "fatal"):
+            if lease.closed is not None and not lease.closed.done():
+                lease.closed.set_result(None if msg[0] == "closed" else tuple(msg[1:4]))
+        else:
+            fut = lease.pending.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    async def _hand_over(self, tr: TcpServerTransport, lease: Lease, key: bytes, shm: bool) -> None:
+        """Give the authenticated connection to the lease's worker; wait until it ends."""
+        assert lease.pipe is not None and lease.proc is not None and lease.proc.pid
+        lease.closed = asyncio.get_running_loop().create_future()
+        lease.pipe.send(("serve", self._session(lease, key)))
+        fd = tr.detach()
+        try:
+            reduction.send_handle(lease.pipe, fd, lease.proc.pid)
+        finally:
+            os.close(fd)  # the worker holds its own descriptor now
+        await lease.closed
+
+    async def _serve_ring_lease(
+        self, tr: ServerTransport, lease: Lease, key: bytes, send_lock: asyncio.Lock
+    ) -> None:
+        """Requests go through the lease's rings to its worker; this serves the control
+        channel (HEARTBEAT, CLOSE) and reports the worker's refusals on it."""
+        assert lease.pipe is not None
+        lease.closed = asyncio.get_running_loop().create_future()
+        lease.pipe.send(("ring", self._session(lease, key)))
+        control = asyncio.ensure_future(self._serve_lease(tr, lease, key, True, send_lock))
+        try:
+            waiters: set[asyncio.Future[Any]] = {control, lease.closed}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not control.done():
+                control.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await control
+        if control.done() and not control.cancelled():
+            control.result()  # CLOSE, or a defect on the control channel
+            return
+        fatal = lease.closed.result()
+        if fatal is not None:
+            code, message, seq = fatal
+            raise _Fatal(Code(code), message, seq)
+
+    def _session(self, lease: Lease, key: bytes) -> Session:
+        return Session(
+            lease=lease.id,
+            key=key,
+            credits=lease.credits,
+            shm=lease.shm,
+            transport=lease.transport,
+            rate_limit=self.config.rate_limit,
+            rate_burst=self.config.rate_burst,
+            ring=lease.ring,
+            spin=self.config.ring_spin,
+        )
 
     async def _end_lease(self, lease: Lease) -> None:
         if self.leases.get(lease.id) is lease:
@@ -314,13 +401,22 @@ class Donor:
                 asyncio.get_running_loop().remove_reader(lease.pipe.fileno())
             with contextlib.suppress(Exception):
                 lease.pipe.send(None)
-            lease.pipe.close()
-        if lease.proc is not None:
-            proc = lease.proc
-            await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
-        for f in lease.pending.values():
-            f.cancel()
-        lease.arena.close()
+        try:
+            if lease.proc is not None:
+                proc = lease.proc
+                await asyncio.get_running_loop().run_in_executor(None, _stop_process, proc)
+            if lease.pipe is not None:
+                with contextlib.suppress(EOFError, OSError):
+                    while lease.pipe.poll():  # the worker's last counters
+                        msg = lease.pipe.recv()
+                        if msg[0] == "stats":
+                            _export(lease, msg[1])
+        finally:  # also when the donor shuts down meanwhile: leave nothing in /dev/shm
+            if lease.pipe is not None:
+                lease.pipe.close()
+            for f in lease.pending.values():
+                f.cancel()
+            lease.arena.close()
         log.info("lease closed", lease=lease.id)
 
     async def _serve_lease(
@@ -348,6 +444,8 @@ class Donor:
                     continue
                 if header.op != Op.INVOKE:
                     raise _Fatal(Code.BAD_FRAME, f"unexpected {header.op.name}", header.seq)
+                if lease.ring:
+                    raise _Fatal(Code.BAD_FRAME, "this lease's requests go through its ring")
                 job = await self._receive_invoke(tr, lease, key, header, shm)
                 if job is None:
                     continue
@@ -479,17 +577,28 @@ class Donor:
         return frames
 
 
+def _export(lease: Lease, stats: Stats) -> None:
+    """Export a worker's counters (direct connections) as the donor's metrics."""
+    metrics.INVOCATIONS.labels("donor").inc(stats.invocations)
+    metrics.BYTES.labels("donor", "in", lease.transport).inc(stats.bytes_in)
+    metrics.BYTES.labels("donor", "out", lease.transport).inc(stats.bytes_out)
+    for code, n in stats.errors.items():
+        metrics.ERRORS.labels("donor", code).inc(n)
+    for seconds in stats.seconds:
+        metrics.LATENCY.labels("donor").observe(seconds)
+
+
 def _error(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
     meta = json.dumps({"code": code.value, "message": message}).encode()
     return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
 
 
 def _worker_entry(
-    conn: Connection, arena_path: str, size: int, slots: int, allow: dict[str, str]
+    conn: Connection, arena_path: str, size: int, slots: int, slot_size: int, allow: dict[str, str]
 ) -> None:
     from remote_gpu import worker
 
-    worker.main(conn, arena_path, size, slots, allow)
+    worker.main(conn, arena_path, size, slots, slot_size, allow)
 
 
 def _stop_process(proc: BaseProcess) -> None:

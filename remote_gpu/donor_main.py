@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 from pathlib import Path
 
 
@@ -30,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--headroom", type=float, default=0.9, help="usable share of the link")
     parser.add_argument("--transports", default="shm,tcp", help="offered transports")
+    parser.add_argument(
+        "--ring-spin-us",
+        type=float,
+        default=250.0,
+        help="how long a shared-memory lease's worker watches its ring before sleeping",
+    )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
 
@@ -68,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         link_bandwidth=bandwidth,
         headroom=args.headroom,
         transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
+        ring_spin=args.ring_spin_us * 1e-6,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port)
@@ -76,11 +84,20 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         donor = Donor(config)
         await donor.start(host.strip("[]"), int(port))
+        listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
 
-            await listen(donor, args.ucx_port)
-        await asyncio.Event().wait()
+            # Held for the donor's lifetime: a dropped listener stops accepting.
+            listener = await listen(donor, args.ucx_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        # End every lease: workers stopped, arenas and doorbells removed from /dev/shm.
+        await donor.close()
+        del listener
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

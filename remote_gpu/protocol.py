@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import struct
-from dataclasses import dataclass
 from enum import IntEnum, IntFlag
+from typing import NamedTuple
 
 import numpy as np
 
@@ -103,6 +104,11 @@ _NUMPY: dict[DType, np.dtype[np.generic]] = {
     DType.COMPLEX128: np.dtype("<c16"),
 }
 _CODES: dict[np.dtype[np.generic], DType] = {v: k for k, v in _NUMPY.items()}
+_ITEMSIZE: dict[int, int] = {int(k): v.itemsize for k, v in _NUMPY.items()}
+# Plain lookups instead of enum construction: the parser runs once per frame.
+_OPS: dict[int, Op] = {int(o): o for o in Op}
+_DTYPES: dict[int, DType] = {int(d): d for d in DType}
+_FLAGS: dict[int, Flags] = {0: Flags.NONE, 1: Flags.SHM}
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> DType:
@@ -116,8 +122,7 @@ def numpy_dtype(code: DType) -> np.dtype[np.generic]:
     return _NUMPY[code]
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     op: Op
     lease: int
     seq: int
@@ -154,7 +159,7 @@ class Header:
     @property
     def nbytes_expected(self) -> int:
         """Payload size implied by dtype and shape (array frames only)."""
-        return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
 
 def mac(key: bytes, body: bytes) -> bytes:
@@ -173,6 +178,8 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
         raise FrameError(f"header is {len(data)} bytes, want {HEADER_SIZE}")
     raw = bytes(data)
     body, tag = raw[:-MAC_SIZE], raw[-MAC_SIZE:]
+    if not hmac.compare_digest(tag, mac(key, body)):
+        raise FrameError("bad MAC" if raw[:4] == MAGIC else "bad magic")
     (
         magic,
         version,
@@ -193,15 +200,14 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
     ) = _STRUCT.unpack(body)
     if magic != MAGIC:
         raise FrameError("bad magic")
-    if not hmac.compare_digest(tag, mac(key, body)):
-        raise FrameError("bad MAC")
-    try:
-        op_ = Op(op)
-        dtype_ = DType(dtype)
-        flags_ = Flags(flags)
-    except ValueError as exc:
-        raise FrameError(str(exc)) from None
-    if flags & ~int(Flags.SHM):
+    op_ = _OPS.get(op)
+    dtype_ = _DTYPES.get(dtype)
+    flags_ = _FLAGS.get(flags)
+    if op_ is None:
+        raise FrameError(f"unknown op {op}")
+    if dtype_ is None:
+        raise FrameError(f"unknown dtype {dtype}")
+    if flags_ is None:
         raise FrameError(f"unknown flags {flags:#x}")
     if ndim > MAX_NDIM:
         raise FrameError(f"ndim {ndim} > {MAX_NDIM}")

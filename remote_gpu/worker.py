@@ -1,28 +1,103 @@
 """The worker process of one lease: runs allow-listed functions on views of the arena.
 
-Protocol with the donor over a pipe (pickled tuples):
+Two ways requests reach it.
+
+Direct (the fast path, TCP control channels): once the donor has authenticated the
+client (HELLO: token, admission, the lease's uniqueness), it hands the connection's socket
+to the worker over the pipe (``SCM_RIGHTS``), with the session: lease id, session key,
+credits, quotas and whether payloads travel inline (TCP) or through the arena (shared
+memory). From then on the client and the worker talk directly, in the same framed
+protocol: every frame's MAC is checked with the session key, INVOKE head frames name the
+slot (shared memory) and every array must lie inside its request's slot, the allow-list
+and the rate quota are enforced here. For shared memory the connection is just the
+doorbell: a request is a head frame and one small header per array, whose payload the
+client wrote into the slot; the reply is the same, pointing into the slot. The worker
+serves requests in order, so at most one slot is busy on its side; the client's credits
+bound how many it has outstanding. On CLOSE, on a malformed frame (answered with ERROR)
+or when the peer goes away, the worker tells the donor ``("closed",)``; the donor then
+ends the lease (arena, admission, process). The donor can end it at any time by sending
+None on the pipe.
+
+Through the donor (other control channels, e.g. UCX, whose endpoint cannot be handed to
+another process), over the pipe (pickled tuples):
   donor -> worker: ``(seq, slot, name, [(dtype, shape, offset, length), ...])`` or None to stop
   worker -> donor: ``("ok", seq, [(dtype, shape, offset, length), ...], seconds)``
                    ``("err", seq, code, message)``; first of all ``("ready",)``
-Results that are already views of the request's slot are returned in place; others are
-copied into the slot after the inputs, and must fit (the lease's memory quota).
+
+Either way the worker reports its counters to the donor now and then as
+``("stats", Stats)`` (the donor exports them). Results that are already views of the
+request's slot are returned in place; others are copied into the slot after the inputs,
+and must fit (the lease's memory quota).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
+import select
+import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from remote_gpu.arena import Arena, align
-from remote_gpu.errors import Code
-from remote_gpu.protocol import dtype_code
+from remote_gpu.errors import Code, FrameError
+from remote_gpu.protocol import (
+    HEADER_SIZE,
+    MAX_META,
+    DType,
+    Flags,
+    Header,
+    Op,
+    dtype_code,
+    unpack,
+)
+from remote_gpu.quotas import TokenBucket
+from remote_gpu.ring import Ring
+from remote_gpu.transports import Frame
+from remote_gpu.transports.tcp import Reader, send_all
 
 ArraySpec = tuple[int, tuple[int, ...], int, int]
+
+STATS_INTERVAL = 0.25
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the donor tells the worker when it hands over an authenticated connection."""
+
+    lease: int
+    key: bytes = field(repr=False)
+    credits: int
+    shm: bool
+    transport: str
+    rate_limit: float = 0.0
+    rate_burst: float = 16.0
+    ring: bool = False
+    spin: float = 0.0
+
+
+@dataclass
+class Stats:
+    """Counters since the last report."""
+
+    invocations: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.invocations or self.bytes_in or self.bytes_out or self.errors)
+
+    def error(self, code: Code) -> None:
+        self.errors[code.value] = self.errors.get(code.value, 0) + 1
 
 
 def resolve(path: str) -> Callable[..., Any]:
@@ -67,8 +142,331 @@ def _run_one(
     return replies
 
 
-def main(conn: Connection, arena_path: str, size: int, slots: int, allow: dict[str, str]) -> None:
-    arena = Arena.attach(arena_path, size, slots)
+def _call(
+    arena: Arena,
+    functions: dict[str, Callable[..., Any]],
+    name: str,
+    slot: int,
+    specs: Sequence[ArraySpec],
+) -> tuple[list[ArraySpec], float] | tuple[Code, str]:
+    fn = functions.get(name)
+    if fn is None:
+        return Code.NOT_ALLOWED, f"{name!r} is not allowed"
+    start = time.perf_counter()
+    try:
+        replies = _run_one(arena, fn, slot, specs)
+    except MemoryError as exc:
+        return Code.MEMORY_QUOTA, str(exc)
+    except Exception as exc:
+        return Code.FUNCTION_FAILED, f"{type(exc).__name__}: {exc}"
+    return replies, time.perf_counter() - start
+
+
+class _Fatal(Exception):
+    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.seq = seq
+
+
+def error_frame(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
+    meta = json.dumps({"code": code.value, "message": message[:2000]}).encode()
+    return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
+
+
+class _Source(Protocol):
+    def read(self, n: int) -> bytes: ...
+
+    def read_into(self, dst: memoryview) -> None: ...
+
+
+class _Entry:
+    """One ring entry read as a stream of frames; it cannot carry inline payloads."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise _Fatal(Code.BAD_FRAME, "truncated ring entry")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+    def read_into(self, dst: memoryview) -> None:
+        raise _Fatal(Code.BAD_FRAME, "inline payload in a ring entry")
+
+
+class DirectServer:
+    """Serves one lease's requests in this worker: from a handed-over connection
+    (``reader`` over its socket, ``send`` writing to it) or from the lease's rings."""
+
+    def __init__(
+        self,
+        reader: _Source,
+        send: Callable[[Sequence[Frame]], None],
+        arena: Arena,
+        functions: dict[str, Callable[..., Any]],
+        session: Session,
+    ) -> None:
+        self.reader = reader
+        self.send = send
+        self.arena = arena
+        self.functions = functions
+        self.s = session
+        self.bucket = TokenBucket(session.rate_limit, session.rate_burst)
+        self.stats = Stats()
+        self._limit = max(arena.slot_size, MAX_META)
+
+    def _header(self, limit: int) -> Header:
+        raw = self.reader.read(HEADER_SIZE)
+        try:
+            return unpack(raw, self.s.key, limit)
+        except FrameError as exc:
+            raise _Fatal(Code.BAD_FRAME, str(exc)) from None
+
+    def _meta(self, header: Header) -> bytes:
+        return self.reader.read(header.length) if header.length else b""
+
+    def step(self) -> bool:
+        """Read and answer one message; False once the client has said CLOSE."""
+        header = self._header(self._limit)
+        if header.lease != self.s.lease:
+            raise _Fatal(Code.BAD_FRAME, "frame for another lease", header.seq)
+        if header.part != 0:
+            raise _Fatal(Code.BAD_FRAME, "array frame outside a message", header.seq)
+        if self.s.ring and header.op != Op.INVOKE:
+            raise _Fatal(Code.BAD_FRAME, f"{header.op.name} in the request ring", header.seq)
+        if header.op == Op.CLOSE:
+            return False
+        if header.op == Op.HEARTBEAT:
+            self._meta(header)
+            self.send([(Header(Op.HEARTBEAT, self.s.lease, header.seq).pack(self.s.key), None)])
+            return True
+        if header.op != Op.INVOKE:
+            raise _Fatal(Code.BAD_FRAME, f"unexpected {header.op.name}", header.seq)
+        self._invoke(header)
+        return True
+
+    def _invoke(self, head: Header) -> None:
+        seq, arena, shm = head.seq, self.arena, self.s.shm
+        name = self._meta(head).decode("utf-8", "replace")
+        if shm:
+            found = arena.slot_of(head.offset)
+            if found is None:
+                raise _Fatal(Code.BAD_FRAME, "INVOKE names no slot of this lease", seq)
+            slot = found
+        else:
+            slot = 0  # requests are served in order: one slot at a time is busy
+        base = arena.slot_base(slot)
+        end = base + arena.slot_size
+        cursor = base
+        specs: list[ArraySpec] = []
+        for part in range(1, head.parts + 1):
+            h = self._header(arena.slot_size)
+            if (h.op, h.seq, h.part, h.parts, h.lease) != (
+                Op.INVOKE,
+                seq,
+                part,
+                head.parts,
+                self.s.lease,
+            ):
+                raise _Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
+            if h.flags & Flags.SHM:
+                if not shm:
+                    raise _Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
+                if not (base <= h.offset and h.offset + h.length <= end):
+                    raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
+                offset = h.offset
+            else:
+                if shm:
+                    raise _Fatal(Code.BAD_FRAME, "inline payload on a shared-memory lease", seq)
+                offset = cursor
+                if offset + h.length > end:
+                    raise _Fatal(
+                        Code.MEMORY_QUOTA,
+                        f"arguments exceed the lease's {arena.slot_size}-byte slot",
+                        seq,
+                    )
+                self.reader.read_into(arena.view(offset, h.length))
+                cursor = align(offset + h.length)
+            specs.append((int(h.dtype), h.shape, offset, h.length))
+        self.stats.bytes_in += sum(s[3] for s in specs)
+        if name not in self.functions:
+            self._refuse(seq, Code.NOT_ALLOWED, f"{name!r} is not on this donor's allow-list")
+            return
+        if not self.bucket.take():
+            self._refuse(seq, Code.RATE_LIMITED, f"lease exceeds {self.s.rate_limit}/s")
+            return
+        outcome = _call(arena, self.functions, name, slot, specs)
+        if isinstance(outcome[0], Code):
+            code, message = outcome
+            self._refuse(seq, code, str(message))
+            return
+        results, seconds = outcome
+        self.stats.invocations += 1
+        self.stats.seconds.append(seconds)
+        self.send(self._result_frames(seq, results))
+
+    def _refuse(self, seq: int, code: Code, message: str) -> None:
+        self.stats.error(code)
+        self.send([error_frame(self.s.lease, seq, code, message, self.s.key)])
+
+    def _result_frames(self, seq: int, results: Sequence[ArraySpec]) -> list[Frame]:
+        key, lease, shm = self.s.key, self.s.lease, self.s.shm
+        frames: list[Frame] = [(Header(Op.RESULT, lease, seq, parts=len(results)).pack(key), None)]
+        for i, (dtype, shape, offset, length) in enumerate(results, start=1):
+            h = Header(
+                Op.RESULT,
+                lease,
+                seq,
+                flags=Flags.SHM if shm else Flags.NONE,
+                dtype=DType(dtype),
+                part=i,
+                parts=len(results),
+                shape=tuple(shape),
+                offset=offset,
+                length=length,
+            )
+            frames.append((h.pack(key), None if shm else self.arena.view(offset, length)))
+        self.stats.bytes_out += sum(r[3] for r in results)
+        return frames
+
+    def fail(self, exc: _Fatal) -> None:
+        """Answer a fatal defect with ERROR (best effort); the connection then ends."""
+        self.stats.error(exc.code)
+        with contextlib.suppress(OSError, FrameError):
+            self.send([error_frame(self.s.lease, exc.seq, exc.code, exc.message, self.s.key)])
+
+
+def _report(conn: Connection, stats: Stats) -> Stats:
+    if stats:
+        with contextlib.suppress(OSError):  # the donor has gone: nobody to tell
+            conn.send(("stats", stats))
+        return Stats()
+    return stats
+
+
+def _serve_direct(
+    conn: Connection,
+    arena: Arena,
+    functions: dict[str, Callable[..., Any]],
+    session: Session,
+) -> bool:
+    """Serve the handed-over connection; True if the donor asked to stop meanwhile."""
+    fd = reduction.recv_handle(conn)
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(True)
+    reader = Reader(sock)
+    server = DirectServer(reader, lambda frames: send_all(sock, frames), arena, functions, session)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(conn.fileno(), select.POLLIN)
+    sock_fd = sock.fileno()
+    stop = False
+    last = time.monotonic()
+    try:
+        while True:
+            try:
+                at_hand = reader.fill_nowait()
+            except OSError:  # the peer went away
+                break
+            if at_hand:
+                events = [(sock_fd, select.POLLIN)]  # the next request is here already
+            else:
+                events = poller.poll(int(STATS_INTERVAL * 1000))
+            if any(fd != sock_fd for fd, _ in events):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    stop = True
+                    break
+            if events:
+                try:
+                    if not server.step():
+                        break
+                except _Fatal as exc:
+                    server.fail(exc)
+                    break
+                except (ConnectionError, OSError):
+                    break
+            now = time.monotonic()
+            if now - last >= STATS_INTERVAL:
+                server.stats = _report(conn, server.stats)
+                last = now
+    finally:
+        sock.close()
+        _report(conn, server.stats)
+    return stop
+
+
+def _serve_ring(
+    conn: Connection,
+    arena: Arena,
+    functions: dict[str, Callable[..., Any]],
+    session: Session,
+) -> None:
+    """Serve the lease's request ring until the donor says stop (None on the pipe).
+
+    A defect in the ring is reported to the donor as ``("fatal", code, message, seq)``
+    (it answers on the control channel and ends the lease); the worker then serves no
+    more requests."""
+    ring = Ring(arena, session.credits, "worker")
+
+    def send(frames: Sequence[Frame]) -> None:
+        chunks: list[bytes] = []
+        for header, payload in frames:
+            chunks.append(bytes(header))
+            if payload is not None and len(payload):
+                chunks.append(bytes(payload))
+        ring.post(chunks)
+
+    server = DirectServer(_Entry(b""), send, arena, functions, session)
+    pipe = conn.fileno()
+    serving = True
+    last = time.monotonic()
+    try:
+        while True:
+            if serving and ring.ready():
+                try:
+                    entry = _Entry(ring.take())
+                    server.reader = entry
+                    server.step()
+                    if entry.pos != len(entry.data):
+                        raise _Fatal(Code.BAD_FRAME, "trailing bytes in a ring entry")
+                except (_Fatal, FrameError) as exc:
+                    fatal = exc if isinstance(exc, _Fatal) else _Fatal(Code.BAD_FRAME, str(exc))
+                    server.stats.error(fatal.code)
+                    conn.send(("fatal", fatal.code.value, fatal.message, fatal.seq))
+                    serving = False
+            elif not serving or ring.wait(STATS_INTERVAL, pipe, spin=session.spin):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    return
+            now = time.monotonic()
+            if now - last >= STATS_INTERVAL:
+                server.stats = _report(conn, server.stats)
+                last = now
+    finally:
+        _report(conn, server.stats)
+        ring.close()
+
+
+def main(
+    conn: Connection,
+    arena_path: str,
+    size: int,
+    slots: int,
+    slot_size: int,
+    allow: dict[str, str],
+) -> None:
+    arena = Arena.attach(arena_path, size, slots, slot_size)
     functions: dict[str, Callable[..., Any]] = {}
     for name, path in allow.items():
         functions[name] = resolve(path)
@@ -80,18 +478,19 @@ def main(conn: Connection, arena_path: str, size: int, slots: int, allow: dict[s
             break
         if msg is None:
             break
-        seq, slot, name, specs = msg
-        fn = functions.get(name)
-        if fn is None:
-            conn.send(("err", seq, Code.NOT_ALLOWED.value, f"{name!r} is not allowed"))
+        if msg[0] == "ring":
+            _serve_ring(conn, arena, functions, msg[1])
+            break
+        if msg[0] == "serve":
+            stopped = _serve_direct(conn, arena, functions, msg[1])
+            if stopped:
+                break
+            conn.send(("closed",))
             continue
-        start = time.perf_counter()
-        try:
-            replies = _run_one(arena, fn, slot, specs)
-        except MemoryError as exc:
-            conn.send(("err", seq, Code.MEMORY_QUOTA.value, str(exc)))
-        except Exception as exc:
-            conn.send(("err", seq, Code.FUNCTION_FAILED.value, f"{type(exc).__name__}: {exc}"))
+        seq, slot, name, specs = msg
+        outcome = _call(arena, functions, name, slot, specs)
+        if isinstance(outcome[0], Code):
+            conn.send(("err", seq, outcome[0].value, outcome[1]))
         else:
-            conn.send(("ok", seq, replies, time.perf_counter() - start))
+            conn.send(("ok", seq, outcome[0], outcome[1]))
     arena.close()

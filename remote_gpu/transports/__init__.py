@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from remote_gpu.protocol import HEADER_SIZE
@@ -28,18 +28,30 @@ class ClientTransport(ABC):
     name: str = ""
 
     @abstractmethod
-    def send_frames(self, frames: Sequence[Frame]) -> None: ...
+    def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
+        """Send frames. A transport that can block on a full link calls ``drain`` (if
+        given) meanwhile; it reads a reply and says whether it could."""
 
     @abstractmethod
     def recv_into(self, view: memoryview) -> None: ...
 
-    def recv_header(self) -> bytearray:
+    def recv_header(self) -> bytes | bytearray:
         buf = bytearray(HEADER_SIZE)
         self.recv_into(memoryview(buf))
         return buf
 
     def recv_payload_into(self, view: memoryview) -> None:
         self.recv_into(view)
+
+    def wait_readable(self, timeout: float | None) -> bool:
+        """Whether a frame can be read now or within ``timeout`` seconds (None: wait).
+
+        Transports that cannot tell say True: the read that follows then blocks."""
+        return True
+
+    def fileno(self) -> int | None:
+        """A descriptor that polls readable when a frame arrives, if there is one."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from remote_gpu.protocol import HEADER_SIZE
 from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
 
 _IOV_MAX = 512
@@ -33,6 +35,86 @@ def _advance(bufs: list[memoryview], sent: int) -> list[memoryview]:
     return bufs
 
 
+def send_all(sock: socket.socket, frames: Sequence[Frame]) -> None:
+    """Send frames on a blocking socket with scatter-gather ``sendmsg``: no joined copy."""
+    bufs = _flatten(frames)
+    while bufs:
+        sent = sock.sendmsg(bufs[:_IOV_MAX])
+        bufs = _advance(bufs, sent)
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from a blocking socket (``recv_into``, no intermediate buffer)."""
+    got, want = 0, len(view)
+    while got < want:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        got += n
+
+
+class Reader:
+    """Buffered reads from a blocking socket: small frames (headers, metadata, doorbells)
+    come out of one ``recv_into`` of whatever is available; large payloads go straight
+    from the socket into their destination."""
+
+    def __init__(self, sock: socket.socket, size: int = 64 << 10) -> None:
+        self.sock = sock
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def fill_nowait(self) -> bool:
+        """Whether bytes are at hand: buffered, or read now without waiting."""
+        if self._end > self._start:
+            return True
+        self._start = self._end = 0
+        try:
+            n = self.sock.recv_into(self._view, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        self._end = n
+        return True
+
+    def read_into(self, dst: memoryview) -> None:
+        want = len(dst)
+        have = self._end - self._start
+        if have >= want:
+            dst[:] = self._view[self._start : self._start + want]
+            self._start += want
+            return
+        if have:
+            dst[:have] = self._view[self._start : self._end]
+        self._start = self._end = 0
+        if want - have >= len(self._buf) // 2:
+            recv_exact(self.sock, dst[have:])
+            return
+        got = have
+        while got < want:
+            n = self.sock.recv_into(self._view[self._end :])
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            self._end += n
+            take = min(want - got, self._end - self._start)
+            dst[got : got + take] = self._view[self._start : self._start + take]
+            self._start += take
+            got += take
+
+    def read(self, n: int) -> bytes:
+        if self._end - self._start >= n:
+            out = bytes(self._view[self._start : self._start + n])
+            self._start += n
+            return out
+        buf = bytearray(n)
+        self.read_into(memoryview(buf))
+        return bytes(buf)
+
+
 def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -47,20 +129,47 @@ class TcpClientTransport(ClientTransport):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         tune(self.sock)
         self.sock.settimeout(None)
+        self._reader = Reader(self.sock)
+        self._poll = select.poll()
+        self._poll.register(self.sock.fileno(), select.POLLIN)
+        self._poll_out = select.poll()
+        self._poll_out.register(self.sock.fileno(), select.POLLOUT)
+        self._poll_both = select.poll()
+        self._poll_both.register(self.sock.fileno(), select.POLLIN | select.POLLOUT)
 
-    def send_frames(self, frames: Sequence[Frame]) -> None:
+    def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
+        """Send; while the socket is full, let ``drain`` read replies (if it can), so that
+        a peer blocked sending us replies cannot block us in turn."""
         bufs = _flatten(frames)
         while bufs:
-            sent = self.sock.sendmsg(bufs[:_IOV_MAX])
+            try:
+                sent = self.sock.sendmsg(bufs[:_IOV_MAX], [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if drain is None:
+                    self._poll_out.poll()
+                    continue
+                events = self._poll_both.poll()
+                if any(ev & select.POLLOUT for _, ev in events):
+                    continue
+                if not drain():
+                    self._poll_out.poll()
+                continue
             bufs = _advance(bufs, sent)
 
     def recv_into(self, view: memoryview) -> None:
-        got, want = 0, len(view)
-        while got < want:
-            n = self.sock.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("donor closed the connection")
-            got += n
+        self._reader.read_into(view)
+
+    def recv_header(self) -> bytes:
+        return self._reader.read(HEADER_SIZE)
+
+    def fileno(self) -> int | None:
+        return self.sock.fileno()
+
+    def wait_readable(self, timeout: float | None) -> bool:
+        if self._reader.fill_nowait():
+            return True
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        return bool(self._poll.poll(ms))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -121,6 +230,10 @@ class TcpServerTransport(ServerTransport):
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+    def detach(self) -> int:
+        """Give up the socket without shutting the connection down (it was handed over)."""
+        return self.sock.detach()
 
 
 def payload(buf: Buffer) -> memoryview:

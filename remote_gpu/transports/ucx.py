@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from remote_gpu.transports import ClientTransport, Frame, ServerTransport
@@ -90,7 +90,7 @@ class UcxClientTransport(ClientTransport):
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def send_frames(self, frames: Sequence[Frame]) -> None:
+    def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
         async def send() -> None:
             for piece in _pieces(frames):
                 await self.ep.send(piece)

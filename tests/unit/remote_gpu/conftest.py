@@ -56,3 +56,19 @@ def donor() -> Iterator[Running]:
     running, thread = start_donor(config)
     yield running
     stop_donor(running, thread)
+
+
+@pytest.fixture(scope="module")
+def relayed() -> Iterator[Running]:
+    """A donor that relays every request itself (the path UCX connections take)."""
+    config = DonorConfig(
+        name="donor-r",
+        secret=SECRET,
+        allow=ALLOW,
+        memory_quota=8 << 20,
+        max_credits=4,
+        direct=False,
+    )
+    running, thread = start_donor(config)
+    yield running
+    stop_donor(running, thread)

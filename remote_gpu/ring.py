@@ -1,0 +1,172 @@
+"""The shared-memory fast path: request and response rings in the arena, FIFO doorbells.
+
+With the shared-memory transport the client and the lease's worker share the arena
+anyway; this module lets them exchange the requests themselves through it as well, so a
+call costs neither the donor's event loop nor a socket round trip. The control block
+after the arena's slots holds::
+
+    offset                 size                 content
+    0                      8                    requests posted (client's counter)
+    64                     8                    responses posted (worker's counter)
+    PAGE                   entries x ENTRY      request ring
+    PAGE + entries x ENTRY entries x ENTRY      response ring
+
+An entry is a 4-byte length and the very frames the stream transports would carry for
+the message: a head frame, its metadata, one header per array (whose payload lies in the
+request's slot, the SHM flag). Every header is MACed with the session key, so the worker
+checks a ring entry exactly as it checks a frame from a socket: nothing in the ring is
+trusted. Message n goes into entry ``n % entries``; there are as many entries as credits
+and a credit comes back with its response, so a well-behaved client never overwrites an
+entry the worker has not read (a misbehaving one can only break its own lease).
+
+Doorbells: after posting, each side writes a byte to the other side's FIFO (never
+blocking: a full FIFO already means "wake up"). A side about to sleep first drains its
+own FIFO, then looks at the counter again, and only then waits in ``poll``; the write
+follows the counter's store in the poster and the drain precedes the load in the
+sleeper, and both are system calls, so no wake-up is lost. A side that is busy finds new
+messages by reading the counter, without any system call.
+
+The counters and entries are plain stores and loads: this relies on the stores of one
+process becoming visible to another in program order (x86-64's memory model), which is
+why the donor offers the rings only there (``supported``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import select
+import time
+from pathlib import Path
+
+import numpy as np
+
+from remote_gpu.arena import PAGE, Arena
+from remote_gpu.errors import FrameError
+
+ENTRY = 8192
+_REQUESTS, _RESPONSES = 0, 8  # u64 indices, a cache line apart
+
+
+def ctl_size(entries: int) -> int:
+    return PAGE + 2 * entries * ENTRY
+
+
+def supported() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class Ring:
+    """One side of a lease's rings: ``side`` is "client" (posts requests) or "worker"."""
+
+    def __init__(self, arena: Arena, entries: int, side: str) -> None:
+        if side not in ("client", "worker"):
+            raise ValueError(side)
+        if arena.ctl_offset + ctl_size(entries) > arena.size:
+            raise ValueError("the arena has no control block for this many entries")
+        base = arena.ctl_offset
+        self.entries = entries
+        self._counters = arena.buf[base : base + 128].view(np.uint64)
+        requests = arena.view(base + PAGE, entries * ENTRY)
+        responses = arena.view(base + PAGE + entries * ENTRY, entries * ENTRY)
+        req_fifo, rsp_fifo = arena.doorbells()
+        if side == "client":
+            self._out, self._in = requests, responses
+            self._out_i, self._in_i = _REQUESTS, _RESPONSES
+            out_path, in_path = req_fifo, rsp_fifo
+        else:
+            self._out, self._in = responses, requests
+            self._out_i, self._in_i = _RESPONSES, _REQUESTS
+            out_path, in_path = rsp_fifo, req_fifo
+        self._out_fd = _open_fifo(out_path)
+        try:
+            self._in_fd = _open_fifo(in_path)
+        except BaseException:
+            os.close(self._out_fd)
+            raise
+        # A fresh arena's counters are zero; the other side may have posted already.
+        self.posted = 0
+        self.taken = 0
+
+    # ---- sending
+
+    def post(self, chunks: list[bytes]) -> None:
+        """Write one message into the next entry, publish it and ring the doorbell."""
+        data = b"".join(chunks)
+        size = len(data)
+        if size + 4 > ENTRY:
+            raise FrameError(f"a {size}-byte message does not fit a {ENTRY}-byte ring entry")
+        at = self.posted % self.entries * ENTRY
+        self._out[at : at + 4 + size] = size.to_bytes(4, "little") + data
+        self.posted += 1
+        self._counters[self._out_i] = self.posted
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._out_fd, b"\0")
+
+    # ---- receiving
+
+    def ready(self) -> bool:
+        return int(self._counters[self._in_i]) != self.taken
+
+    def take(self) -> bytes:
+        """The next message (call only when ``ready()``)."""
+        at = self.taken % self.entries * ENTRY
+        size = int.from_bytes(self._in[at : at + 4], "little")
+        if size > ENTRY - 4:
+            raise FrameError(f"ring entry claims {size} bytes")
+        self.taken += 1
+        return bytes(self._in[at + 4 : at + 4 + size])
+
+    def wait(self, timeout: float | None, *others: int, spin: float = 0.0) -> list[int]:
+        """Sleep until a message is ready or one of ``others`` is readable.
+
+        With ``spin``, first watch the counter for that many seconds: a message that
+        comes meanwhile costs neither side a wake-up. Returns the readable ``others``; an
+        empty list means a message may be ready (or the time ran out: check ``ready()``).
+        """
+        if self.ready():
+            return []
+        if spin > 0:
+            until = time.perf_counter() + spin
+            counters, i, taken = self._counters, self._in_i, self.taken
+            while time.perf_counter() < until:
+                if counters[i] != taken:
+                    return []
+        self._drain()
+        if self.ready():
+            return []
+        poller = select.poll()
+        poller.register(self._in_fd, select.POLLIN)
+        for fd in others:
+            poller.register(fd, select.POLLIN)
+        ms = None if timeout is None else max(0, int(timeout * 1000))
+        return [fd for fd, _ in poller.poll(ms) if fd != self._in_fd]
+
+    def _drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._in_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        for view in (self._out, self._in):
+            view.release()  # the arena's mapping can go once no view is left
+        for fd in (self._out_fd, self._in_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _open_fifo(path: Path) -> int:
+    # Read-write so that opening never blocks and a write never fails for want of a
+    # reader; liveness comes from the lease's control channel and the donor's pipe.
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    if not _is_fifo(fd):
+        os.close(fd)
+        raise FrameError(f"{path} is not a FIFO")
+    return fd
+
+
+def _is_fifo(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISFIFO(os.fstat(fd).st_mode)

@@ -1,0 +1,228 @@
+"""The fast paths: TCP connections served by the lease's worker, shared-memory rings."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hack.localcluster.wait import wait_for
+from remote_gpu.client import RemoteGPU
+from remote_gpu.donor import DonorConfig
+from remote_gpu.errors import (
+    FrameError,
+    MemoryQuotaExceeded,
+    NotAllowed,
+    RateLimited,
+    RemoteGPUError,
+)
+from remote_gpu.protocol import DType, Flags, Header, Op
+
+from .conftest import ALLOW, SECRET, Running, start_donor, stop_donor
+
+
+def _refusal(gpu: RemoteGPU) -> RemoteGPUError | None:
+    """The error the donor answered with, if it has by now (heartbeats read it)."""
+    try:
+        gpu.heartbeat()
+    except RemoteGPUError as exc:
+        return exc
+    return None
+
+
+def _invoke_chunks(
+    gpu: RemoteGPU, seq: int, *, key: bytes | None = None, slot_offset: int = 0, offset: int = 0
+) -> list[bytes]:
+    """The frames of an INVOKE of echo on 16 bytes, with knobs to make them wrong."""
+    key = gpu._key if key is None else key
+    head = Header(Op.INVOKE, gpu.lease, seq, parts=1, offset=slot_offset, length=4)
+    arr = Header(
+        Op.INVOKE,
+        gpu.lease,
+        seq,
+        flags=Flags.SHM,
+        dtype=DType.UINT8,
+        part=1,
+        parts=1,
+        shape=(16,),
+        offset=offset,
+        length=16,
+    )
+    return [head.pack(key), b"echo", arr.pack(key)]
+
+
+def test_shared_memory_requests_go_through_the_ring(donor: Running) -> None:
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
+        assert gpu._ring is not None
+        lease = donor.donor.leases[gpu.lease]
+        assert lease.ring and lease.proc is not None
+        futures = [gpu.submit("add", np.full(3, i), np.ones(3, dtype=np.int64)) for i in range(12)]
+        assert [int(f.result(10)[0][0]) for f in futures] == [i + 1 for i in range(12)]
+        assert gpu.heartbeat() < 5  # the control channel still answers
+        (big,) = gpu.invoke("echo", np.arange(100_000, dtype=np.float64))
+        assert big[-1] == 99_999.0
+
+
+def test_result_views_pin_their_slot_until_dropped(donor: Running) -> None:
+    with RemoteGPU(
+        donor.endpoint, donor.token(), transport="shm", views=True, credits=2, timeout=0.5
+    ) as gpu:
+        assert gpu.arena is not None
+        (first,) = gpu.invoke("echo", np.arange(8, dtype=np.int32))
+        (second,) = gpu.invoke("echo", np.arange(8, 16, dtype=np.int32))
+        # Both are views of the arena, not copies.
+        for view in (first, second):
+            assert np.shares_memory(view, gpu.arena.buf)
+        assert first.tolist() == list(range(8)) and second.tolist() == list(range(8, 16))
+        with pytest.raises(TimeoutError, match="held by result views"):
+            gpu.submit("echo", np.zeros(8, dtype=np.int32))
+        tail = first[4:]  # a view of a view keeps the slot pinned as well
+        del first
+        gc.collect()
+        with pytest.raises(TimeoutError):
+            gpu.submit("echo", np.zeros(8, dtype=np.int32))
+        assert tail.tolist() == [4, 5, 6, 7]  # not overwritten meanwhile
+        del tail
+        (third,) = gpu.invoke("echo", np.full(8, 7, dtype=np.int32))
+        assert third.tolist() == [7] * 8 and second.tolist() == list(range(8, 16))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_allow_list_and_rate_quota_hold_on_the_fast_paths(transport: str) -> None:
+    config = DonorConfig(name="rated", secret=SECRET, allow=ALLOW, rate_limit=1.0, rate_burst=2)
+    running, thread = start_donor(config)
+    try:
+        with RemoteGPU(running.endpoint, running.token(), transport=transport) as gpu:
+            assert (gpu._ring is not None) == (transport == "shm")
+            with pytest.raises(NotAllowed):
+                gpu.invoke("os:system", np.zeros(1))
+            gpu.invoke("echo", np.arange(1))
+            gpu.invoke("echo", np.arange(1))
+            with pytest.raises(RateLimited):
+                gpu.invoke("echo", np.arange(1))
+        # The worker's refusals reach the donor's metrics.
+        assert wait_for(
+            lambda: _errors("rate_limited") >= 1 and _errors("not_allowed") >= 1,
+            10,
+            "the donor to count the refusals",
+        )
+    finally:
+        stop_donor(running, thread)
+
+
+def _errors(code: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("remote_gpu_errors_total", {"side": "donor", "code": code}) or 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("knobs", "code"),
+    [
+        ({"key": b"f" * 32}, "bad_frame"),  # a frame MACed with another session's key
+        ({"slot_offset": 1}, "bad_frame"),  # not a slot's base
+        ({"slot_offset": 1 << 40}, "bad_frame"),  # beyond the arena
+        ({"offset": "next-slot"}, "memory_quota"),  # an array outside the request's slot
+    ],
+)
+def test_a_bad_ring_entry_ends_only_that_lease(
+    donor: Running, knobs: dict[str, object], code: str
+) -> None:
+    with (
+        RemoteGPU(donor.endpoint, donor.token(), transport="shm") as victim,
+        RemoteGPU(donor.endpoint, donor.token(), transport="shm") as bystander,
+    ):
+        assert victim._ring is not None and victim.arena is not None
+        if knobs.get("offset") == "next-slot":
+            knobs = {"offset": victim.arena.slot_size}
+        victim._ring.post(_invoke_chunks(victim, 77, **knobs))  # type: ignore[arg-type]
+        refused = wait_for(lambda: _refusal(victim), 10, "the donor to refuse the entry")
+        assert refused.code.value == code
+        with pytest.raises(RemoteGPUError):
+            victim.invoke("echo", np.arange(2))
+        assert bystander.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
+        wait_for(lambda: victim.lease not in donor.donor.leases, 10, "the lease to end")
+
+
+def test_garbage_in_the_ring_and_stray_doorbells(donor: Running) -> None:
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
+        assert gpu._ring is not None and gpu.arena is not None
+        requests, _ = gpu.arena.doorbells()
+        fd = os.open(requests, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, b"ring ring ring")  # a doorbell with nothing behind it is harmless
+        finally:
+            os.close(fd)
+        assert gpu.invoke("echo", np.arange(4))[0].tolist() == [0, 1, 2, 3]
+        gpu._ring.post([os.urandom(200)])
+        refused = wait_for(lambda: _refusal(gpu), 10, "the donor to refuse the entry")
+        assert refused.code.value == "bad_frame"
+
+
+def test_invoke_on_the_control_channel_of_a_ring_lease_is_refused(donor: Running) -> None:
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
+        gpu._tr.send_frames([(c, None) for c in _invoke_chunks(gpu, 5)[:1]])
+        refused = wait_for(lambda: _refusal(gpu), 10, "the donor to refuse the entry")
+        assert refused.code.value == "bad_frame"
+
+
+def test_a_ring_entry_must_fit() -> None:
+    from remote_gpu.ring import ENTRY
+
+    config = DonorConfig(name="fit", secret=SECRET, allow=ALLOW)
+    running, thread = start_donor(config)
+    try:
+        with RemoteGPU(running.endpoint, running.token(), transport="shm") as gpu:
+            assert gpu._ring is not None
+            with pytest.raises(FrameError, match="does not fit"):
+                gpu._ring.post([bytes(ENTRY)])
+            with pytest.raises(MemoryQuotaExceeded):
+                gpu.invoke("big", np.array([gpu.slot_size], dtype=np.int64))
+            assert gpu.invoke("echo", np.arange(2))[0].tolist() == [0, 1]
+    finally:
+        stop_donor(running, thread)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_close_cleans_up(donor: Running, transport: str) -> None:
+    gpu = RemoteGPU(donor.endpoint, donor.token(), transport=transport)
+    gpu.invoke("echo", np.arange(3))
+    lease = donor.donor.leases[gpu.lease]
+    proc, arena = lease.proc, lease.arena
+    assert proc is not None and proc.is_alive()
+    files = [arena.path, *arena.doorbells()] if transport == "shm" else [arena.path]
+    assert all(Path(f).exists() for f in files)
+    gpu.close()
+    wait_for(lambda: gpu.lease not in donor.donor.leases, 10, "the donor to end the lease")
+    wait_for(lambda: not proc.is_alive(), 10, "the worker to exit")
+    wait_for(lambda: not any(Path(f).exists() for f in files), 10, "the arena to be removed")
+    with pytest.raises(RemoteGPUError):
+        gpu.invoke("echo", np.arange(1))
+
+
+@pytest.mark.parametrize("receiver", [False, None])
+def test_large_payloads_in_flight_both_ways_do_not_deadlock(receiver: bool | None) -> None:
+    """Without a receiver thread, a client blocked sending must read the replies that
+    block the worker (which serves requests in order) from sending; by default, the first
+    large payload starts a receiver thread."""
+    config = DonorConfig(name="wide", secret=SECRET, allow=ALLOW, memory_quota=160 << 20)
+    running, thread = start_donor(config)
+    try:
+        with RemoteGPU(
+            running.endpoint, running.token(), transport="tcp", receiver=receiver
+        ) as gpu:
+            assert gpu._receiver is None and gpu.slot_size >= 24 << 20
+            assert gpu.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
+            payload = np.arange(3 << 20, dtype=np.int64)  # 24 MiB, 4 in flight each way
+            futures = [gpu.submit("echo", payload + i) for i in range(8)]
+            for i, f in enumerate(futures):
+                assert f.result(30)[0][-1] == payload[-1] + i
+            assert (gpu._receiver is not None) == (receiver is None)
+            assert gpu.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
+    finally:
+        stop_donor(running, thread)

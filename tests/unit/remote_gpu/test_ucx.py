@@ -1,0 +1,108 @@
+"""The UCX transport end to end, over UCX's tcp transport on loopback (no GPU, no RDMA).
+
+The donor runs as its own process (``remote-gpu-donor --ucx-port``), as in production; the
+client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``dev`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hack.localcluster.wait import wait_for
+from remote_gpu import tokens
+from remote_gpu.client import RemoteGPU
+from remote_gpu.errors import NotAllowed
+
+from .conftest import SECRET
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    secret = tmp_path_factory.mktemp("ucx") / "secret"
+    secret.write_bytes(SECRET)
+    tcp_port, ucx_port = _free_port(), _free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "composable_dra.cli",
+        "--log-level",
+        "warning",
+        "remote-gpu-donor",
+        "--name",
+        "ucx-donor",
+        "--secret-file",
+        str(secret),
+        "--listen",
+        f"127.0.0.1:{tcp_port}",
+        "--ucx-port",
+        str(ucx_port),
+        "--transports",
+        "ucx,tcp",
+        "--allow",
+        "echo=remote_gpu.builtins:echo",
+        "--allow",
+        "add=remote_gpu.builtins:add",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "UCX_TLS": "tcp"})
+    try:
+        wait_for(lambda: proc.poll() is not None or _listening(tcp_port), 30, "the donor to listen")
+        assert proc.poll() is None, "the donor exited"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("UCX_TLS", "tcp")  # this process's UCX too: loopback over UCX's tcp
+            yield tcp_port, ucx_port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert proc.returncode == 0, "SIGTERM should shut the donor down cleanly"
+
+
+def _token(lease: int) -> tokens.Token:
+    return tokens.issue(SECRET, lease, "ucx-donor", 60)
+
+
+def _connect(port: int, lease: int) -> RemoteGPU | None:
+    try:
+        return RemoteGPU(f"ucx://127.0.0.1:{port}", _token(lease), transport="ucx", timeout=10)
+    except (OSError, RuntimeError):
+        return None  # the UCX listener comes up just after the TCP one
+
+
+def test_invoke_over_ucx(ucx_donor: tuple[int, int]) -> None:
+    _, ucx_port = ucx_donor
+    gpu = wait_for(lambda: _connect(ucx_port, 501), 30, "a UCX connection")
+    with gpu:
+        assert gpu.transport == "ucx"
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        (out,) = gpu.invoke("add", a, a)
+        np.testing.assert_array_equal(out, 2 * a)
+        big = np.arange(1 << 18, dtype=np.int64)  # 2 MiB, several UCX messages
+        futures = [gpu.submit("echo", big + i) for i in range(6)]
+        for i, f in enumerate(futures):
+            np.testing.assert_array_equal(f.result(10)[0], big + i)
+        with pytest.raises(NotAllowed):
+            gpu.invoke("os:system", np.zeros(1))
+        assert gpu.heartbeat() < 5
