@@ -8,6 +8,7 @@ the Deployment restarts a follower that may lead again).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import threading
@@ -57,6 +58,9 @@ def run_controller(
     from composable_dra.kube import Kube
 
     log = logs.get(component)
+    # Libraries that log every request or renewal at info: keep their warnings only.
+    for noisy in ("redfish", "leaderelection"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     stop = threading.Event()
     lost = threading.Event()
 

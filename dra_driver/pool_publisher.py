@@ -40,6 +40,7 @@ FIELD_MANAGER = "composable-dra-pool-publisher"
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "pool-publisher"
 ZONE_LABEL = f"{names.PREFIX}/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 _ATTR_MAX = 64
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -196,11 +197,12 @@ def pool_slices(
     """All slices of a pool at ``generation`` (an empty pool still has one slice)."""
     devices = sorted(spec.devices, key=lambda d: device_name(d.id))
     chunks = [devices[i : i + max_per_slice] for i in range(0, len(devices), max_per_slice)] or [[]]
+    # One term; matchFields allows a single value only, so nodes are matched by hostname.
     selector = {
         "nodeSelectorTerms": [
             {
-                "matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": list(spec.nodes)}
+                "matchExpressions": [
+                    {"key": HOSTNAME_LABEL, "operator": "In", "values": list(spec.nodes)}
                 ]
             }
         ]

@@ -103,8 +103,8 @@ def test_slice_shape():
     assert spec["pool"] == {"name": "fab/zone-2", "generation": 3, "resourceSliceCount": 1}
     assert spec["nodeSelector"]["nodeSelectorTerms"] == [
         {
-            "matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": ["node-b", "node-c"]}
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b", "node-c"]}
             ]
         }
     ]
