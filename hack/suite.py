@@ -228,20 +228,19 @@ class Suite:
             "the pool publisher to publish the fabric's pools",
             describe=self.describe,
         )
-        for lease in ("composable-dra-scaler",):
-            wait_for(
-                lambda lease=lease: self.kube.get_or_none(
-                    path(
-                        "coordination.k8s.io/v1",
-                        "leases",
-                        lease,
-                        namespace=self.system_namespace,
-                    )
-                ),
-                60,
-                f"lease {lease}",
-                describe=self.describe,
-            )
+        wait_for(
+            lambda: self.kube.get_or_none(
+                path(
+                    "coordination.k8s.io/v1",
+                    "leases",
+                    "composable-dra-scaler",
+                    namespace=self.system_namespace,
+                )
+            ),
+            60,
+            "the scaler's lease",
+            describe=self.describe,
+        )
         return self
 
     @property
@@ -420,7 +419,7 @@ class Suite:
         return self.kube.get(path(RESOURCE, "resourceclaims", name, namespace=namespace))
 
     def running(self, namespace: str, name: str) -> bool:
-        return self.pod(namespace, name).get("status", {}).get("phase") == "Running"
+        return bool(self.pod(namespace, name).get("status", {}).get("phase") == "Running")
 
     def pool_slices(self) -> list[JSON]:
         items: list[JSON] = self.kube.get(
