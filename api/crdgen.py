@@ -108,6 +108,11 @@ def crd(kind: KindInfo) -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": kind.printer_columns,
+                    **(
+                        {"selectableFields": [{"jsonPath": f} for f in kind.selectable_fields]}
+                        if kind.selectable_fields
+                        else {}
+                    ),
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

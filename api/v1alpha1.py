@@ -218,6 +218,7 @@ class KindInfo(BaseModel):
     spec: type[_Model]
     status: type[_Model]
     printer_columns: list[dict[str, str]]
+    selectable_fields: list[str] = []
 
 
 KINDS = [
@@ -250,6 +251,8 @@ KINDS = [
             {"name": "Device", "type": "string", "jsonPath": ".spec.deviceID"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
+        # The node's plugin watches only the resources that target its node.
+        selectable_fields=[".spec.targetNode", ".spec.fabric"],
     ),
     KindInfo(
         kind="ComposabilityRequest",

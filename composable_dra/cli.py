@@ -16,6 +16,10 @@ from composable_dra import __version__, logs
 
 # subcommand -> (module, one-line help). Each issue adds its component here.
 COMPONENTS: dict[str, tuple[str, str]] = {
+    "operator": (
+        "composable_operator.main",
+        "attach and detach fabric devices for ComposableResources (Deployment)",
+    ),
     "plugin": ("dra_driver.plugin_main", "the DRA kubelet plugin of one node (DaemonSet)"),
     "remote-gpu-donor": ("remote_gpu.donor_main", "Lend this node's GPU over the network"),
     "fabric-emulator": (

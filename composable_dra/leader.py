@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -13,6 +14,8 @@ from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 from composable_dra import logs
 
 log = logs.get(__name__)
+# The elector logs every renewal at info; keep its warnings, report transitions ourselves.
+logging.getLogger("leaderelection").setLevel(logging.WARNING)
 
 
 def default_identity() -> str:

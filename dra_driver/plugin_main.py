@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gRPC health on TCP as well (0: only on the service socket)",
     )
     p.add_argument(
+        "--host-rescan-command",
+        default=_env("HOST_RESCAN_COMMAND"),
+        help="run before looking for a device the fabric just attached, e.g. "
+        "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
+    )
+    p.add_argument(
         "--no-fsync",
         action="store_true",
         help="skip fsync of CDI specs and the checkpoint (tests and benchmarks only)",
@@ -123,11 +129,12 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra.kube import Kube, path
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
-    from dra_driver.device_source import SourceWatcher
+    from dra_driver.device_source import DeviceInfo, SourceWatcher
     from dra_driver.grpc_server import PluginServer
     from dra_driver.kube import ClaimReader
     from dra_driver.prepare import Preparer
     from dra_driver.slices import SlicePublisher
+    from dra_driver.visibility import AttachmentWatcher
 
     log = logs.get(__name__, node=args.node_name)
     kube = Kube.from_config(args.kubeconfig)
@@ -138,7 +145,22 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
     )
     publisher = SlicePublisher(kube, args.node_name, node["metadata"]["uid"], args.driver_name)
-    watcher = SourceWatcher(_make_source(args, node), publisher.set_devices)
+    # Devices serving a pool allocation keep their pool identity: the attachment watcher
+    # filters them out of what the node's slices publish.
+    attachments: AttachmentWatcher | None = None
+
+    def publish(devices: list[DeviceInfo]) -> None:
+        publisher.set_devices(attachments.local_devices(devices) if attachments else devices)
+
+    watcher = SourceWatcher(_make_source(args, node), publish)
+    attachments = AttachmentWatcher(
+        kube,
+        args.node_name,
+        devices=lambda: watcher.devices,
+        refresh=watcher.poll_once,
+        publish=publisher.set_devices,
+        host_step=args.host_rescan_command,
+    )
     preparer = Preparer(
         args.driver_name,
         args.node_name,
@@ -166,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
     metrics.serve(args.metrics_port)
     watcher.start()
+    attachments.start()
     publisher.start()
     server.start()
     log.info(
@@ -179,5 +202,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         watcher.stop()
+        attachments.stop()
         publisher.stop()
     return 0

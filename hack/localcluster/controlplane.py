@@ -131,6 +131,9 @@ class ControlPlane:
             server=True,
         )
         admin = ca.issue("admin", "admin", organizations=("system:masters",), client=True)
+        # Front-proxy (aggregation) settings: without them the controller manager and the
+        # scheduler complain, every few seconds, that the request-header CA is missing.
+        proxy = ca.issue("front-proxy-client", "front-proxy-client", client=True)
         write_service_account_key(pki / "sa.key")
         self.api_port = free_port()
         self._write_kubeconfig(admin)
@@ -163,6 +166,13 @@ class ControlPlane:
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={ca.cert_path}",
+                f"--requestheader-client-ca-file={ca.cert_path}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={proxy.cert}",
+                f"--proxy-client-key-file={proxy.key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",

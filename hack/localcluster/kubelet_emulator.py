@@ -158,7 +158,8 @@ class KubeletEmulator:
         with self._wake:
             self._wake.notify_all()
         for t in self._threads:
-            t.join(timeout=5)
+            if not t.name.endswith("pod-watch"):  # that one ends at its watch's next event
+                t.join(timeout=5)
         for driver in self._drivers.values():
             driver.channel.close()
 

@@ -1,0 +1,80 @@
+"""`composable-dra operator`: attaches and detaches fabric devices for ComposableResources."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="in-cluster when unset")
+    p.add_argument("--driver-name", default=env("DRIVER_NAME", "gpu.composable.dra.io"))
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run only while holding the Lease (default on)",
+    )
+    p.add_argument("--leader-elect-namespace", default=env("POD_NAMESPACE", "composable-dra"))
+    p.add_argument("--leader-elect-lease", default="composable-operator")
+    p.add_argument(
+        "--metrics-port", type=int, default=int(env("METRICS_PORT", "8080")), help="0: off"
+    )
+    p.add_argument(
+        "--online-poll-seconds",
+        type=float,
+        default=10.0,
+        help="how often an Online device's attachment is checked against the fabric",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import threading
+
+    import kopf
+    from kubernetes import config
+
+    from composable_dra import leader, logs, metrics
+    from composable_dra.kube import Kube
+    from composable_operator import controller, operator_setup
+    from composable_operator.fabrics import Fabrics
+
+    log = logs.get(__name__)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads it
+        config.load_kube_config(config_file=args.kubeconfig)
+    else:
+        config.load_incluster_config()
+    metrics.serve(args.metrics_port)
+    lost = threading.Event()
+    if args.leader_elect:
+        leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
+    kube = Kube.from_config(args.kubeconfig)
+    ctl = controller.Controller(
+        kube,
+        Fabrics(kube),
+        controller.Settings(driver=args.driver_name, online_poll=args.online_poll_seconds),
+    )
+    registry = kopf.OperatorRegistry()
+    operator_setup.register(registry)
+    controller.register(registry, ctl)
+    log.info("operator starting")
+
+    async def operate() -> None:
+        # kopf waits on a threading.Event in an executor thread that would outlive a
+        # SIGTERM; an asyncio.Event, set from a daemon thread, does not.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(
+            target=lambda: (lost.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
+        ).start()
+        await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop)
+
+    asyncio.run(operate())
+    ctl.fabrics.close()
+    if lost.is_set():
+        log.error("lost leadership; exiting so that a fresh process can compete again")
+        return 1
+    return 0

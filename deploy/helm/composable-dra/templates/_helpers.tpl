@@ -1,0 +1,85 @@
+{{/* Names: <release>-composable-dra or the release name when it already says so. */}}
+{{- define "cdra.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of one component's objects: cdra.name (dict "root" $ "component" "plugin"). */}}
+{{- define "cdra.name" -}}
+{{- printf "%s-%s" (include "cdra.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "cdra.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: composable-dra
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{ include "cdra.selectorLabels" . }}
+{{- end -}}
+
+{{- define "cdra.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "cdra.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The service account's user name, as RBAC and admission see it. */}}
+{{- define "cdra.saUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .root.Release.Namespace (include "cdra.name" .) -}}
+{{- end -}}
+
+{{- define "cdra.emulatorURL" -}}
+{{- printf "http://%s.%s.svc:%d" (include "cdra.name" (dict "root" . "component" "fabric-emulator")) .Release.Namespace (int .Values.emulator.port) -}}
+{{- end -}}
+
+{{/* The fabric manager's URL: explicit, else the emulator's when it is installed. */}}
+{{- define "cdra.fabricEndpoint" -}}
+{{- if .endpoint -}}
+{{- .endpoint -}}
+{{- else if .root.Values.emulator.enabled -}}
+{{- include "cdra.emulatorURL" .root -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cdra.credentialsSecret" -}}
+{{- if .Values.fabric.credentials.existingSecret -}}
+{{- .Values.fabric.credentials.existingSecret -}}
+{{- else if .Values.fabric.credentials.create -}}
+{{- include "cdra.name" (dict "root" . "component" "fabric-credentials") -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cdra.credentialsNamespaces" -}}
+{{- $ns := .Values.credentialsNamespaces -}}
+{{- if not $ns -}}{{- $ns = list .Release.Namespace -}}{{- end -}}
+{{- toJson (uniq $ns) -}}
+{{- end -}}
+
+{{/* Flags every component takes. */}}
+{{- define "cdra.globalArgs" -}}
+- --log-level={{ .Values.logging.level }}
+- --log-format={{ .Values.logging.format }}
+{{- end -}}
+
+{{/* Environment every component gets. */}}
+{{- define "cdra.podEnv" -}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+{{- end -}}
+
+{{- define "cdra.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

@@ -1,0 +1,532 @@
+"""The Helm chart on the real API server: dry-run apply, RBAC by SubjectAccessReview, and
+the ValidatingAdmissionPolicy that keeps each plugin to its own node, by impersonation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import config
+
+from composable_dra import names
+from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
+from hack import chart
+from hack.localcluster import ControlPlane
+from hack.localcluster.crds import install_crds
+from hack.localcluster.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+VALUE_SETS: dict[str, list[Path]] = {
+    "default": [],
+    "all-enabled": [chart.CHART / "ci" / "all-enabled-values.yaml"],
+    "kind": [chart.ROOT / "hack" / "kind" / "values.yaml"],
+}
+MANAGER = "composable-dra-chart-test"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+class Resources:
+    """Where an object of (apiVersion, kind) lives, from the server's discovery."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._known: dict[tuple[str, str], tuple[str, bool]] = {}
+
+    def url(self, obj: JSON, default_namespace: str) -> str:
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        if (api_version, kind) not in self._known:
+            base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+            for r in self.kube.get(base)["resources"]:
+                if "/" not in r["name"]:
+                    self._known[(api_version, r["kind"])] = (r["name"], r["namespaced"])
+        plural, namespaced = self._known[(api_version, kind)]
+        ns = obj["metadata"].get("namespace", default_namespace) if namespaced else None
+        return path(api_version, plural, obj["metadata"]["name"], namespace=ns)
+
+    def apply(self, obj: JSON, namespace: str, dry_run: bool = False) -> JSON:
+        query: dict[str, Any] = {"fieldManager": MANAGER, "force": True}
+        if dry_run:
+            query["dryRun"] = "All"
+        return self.kube.request(
+            "PATCH",
+            self.url(obj, namespace),
+            body=obj,
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
+
+
+def install_service_monitor_crd(kube: Kube) -> None:
+    """A stand-in for the Prometheus Operator's ServiceMonitor CRD (schema left open)."""
+    crd: JSON = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": "ServiceMonitor", "plural": "servicemonitors"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    crd_path = path("apiextensions.k8s.io/v1", "customresourcedefinitions", crd["metadata"]["name"])
+    with contextlib.suppress(Conflict):
+        kube.create(path("apiextensions.k8s.io/v1", "customresourcedefinitions"), crd)
+
+    def established() -> bool:
+        conditions = kube.get(crd_path).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, 30, "the ServiceMonitor CRD to be established")
+
+
+@pytest.fixture(scope="module")
+def chart_crds(kube_json: Kube) -> list[str]:
+    """The chart's CRDs, installed for real (they equal deploy/crds: tests/unit/test_chart.py)."""
+    return install_crds(kube_json, chart.CHART / "crds")
+
+
+@dataclass
+class Release:
+    """Objects created for real for one test, deleted afterwards (cluster-scoped ones too)."""
+
+    resources: Resources
+    namespace: str
+
+    def __post_init__(self) -> None:
+        self.created: list[str] = []
+
+    def create(self, obj: JSON) -> JSON:
+        out = self.resources.apply(obj, self.namespace)
+        self.created.append(self.resources.url(obj, self.namespace))
+        return out
+
+    def cleanup(self) -> None:
+        for url in reversed(self.created):
+            self.resources.kube.delete(url)
+
+
+@pytest.fixture
+def release(kube_json: Kube, namespace: str) -> Iterator[Release]:
+    rel = Release(Resources(kube_json), namespace)
+    yield rel
+    rel.cleanup()
+
+
+def impersonating(cp: ControlPlane, user: str, node: str | None) -> Kube:
+    """A client that acts as ``user``, with the node-name extra a bound token carries."""
+    api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+    api.set_default_header("Impersonate-User", user)
+    if node is not None:
+        api.set_default_header("Impersonate-Extra-" + NODE_NAME_KEY.replace("/", "%2f"), node)
+    return Kube(api)
+
+
+# -- dry run --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_chart_passes_server_side_dry_run(
+    value_set: str, kube_json: Kube, chart_crds: list[str], namespace: str, unique: str
+) -> None:
+    objs = chart.render(
+        release=f"r{unique}",
+        namespace=namespace,
+        values_files=VALUE_SETS[value_set],
+        # The namespaces a Role is rendered into must exist, even for a dry run.
+        values={"credentialsNamespaces": [namespace]},
+    )
+    if any(o["kind"] == "ServiceMonitor" for o in objs):
+        install_service_monitor_crd(kube_json)
+    resources = Resources(kube_json)
+    refused = []
+    for obj in objs:
+        try:
+            out = resources.apply(obj, namespace, dry_run=True)
+        except KubeError as exc:
+            refused.append(f"{obj['kind']} {obj['metadata']['name']}: {exc}")
+            continue
+        assert out["kind"] == obj["kind"]
+        assert out["metadata"]["name"] == obj["metadata"]["name"]
+    assert not refused, "\n".join(refused)
+    # A dry run creates nothing.
+    for obj in objs:
+        assert kube_json.get_or_none(resources.url(obj, namespace)) is None
+
+
+def test_dry_run_refuses_a_broken_object(kube_json: Kube, namespace: str, unique: str) -> None:
+    """The dry run above checks something: the server refuses a bad CEL selector."""
+    (dc,) = [o for o in chart.render(release=f"r{unique}") if o["kind"] == "DeviceClass"]
+    dc["metadata"]["name"] = f"broken-{unique}"
+    dc["spec"]["selectors"][0]["cel"]["expression"] = "device.driver =="
+    with pytest.raises(KubeError) as err:
+        Resources(kube_json).apply(dc, namespace, dry_run=True)
+    assert err.value.status == 422
+
+
+# -- RBAC -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Access:
+    verb: str
+    resource: str
+    group: str = ""
+    subresource: str = ""
+    namespace: str = ""  # "" = cluster-wide; "@" = the release namespace
+    name: str = ""
+
+    def attributes(self, release_ns: str) -> JSON:
+        ns = release_ns if self.namespace == "@" else self.namespace
+        attrs = {"verb": self.verb, "group": self.group, "resource": self.resource}
+        for key, value in (
+            ("subresource", self.subresource),
+            ("namespace", ns),
+            ("name", self.name),
+        ):
+            if value:
+                attrs[key] = value
+        return attrs
+
+    def __str__(self) -> str:
+        res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        where = f" in {self.namespace}" if self.namespace else ""
+        return (
+            f"{self.verb} {self.group or 'core'}:{res}{' ' + self.name if self.name else ''}{where}"
+        )
+
+
+G = "composable.dra.io"
+R = "resource.k8s.io"
+D = names.DRIVER
+
+# component -> (what it must be able to do, what it must not).
+EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
+    "plugin": (
+        [
+            Access("get", "nodes"),
+            Access("create", "resourceslices", R),
+            Access("patch", "resourceslices", R),
+            Access("delete", "resourceslices", R),
+            Access("watch", "resourceslices", R),
+            Access("get", "resourceclaims", R, namespace="team-a"),
+            Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+            Access("associated-node:patch", "resourceclaims", R, "driver", "team-a", D),
+            Access("patch", "composableresources", G, "status"),
+            Access("list", "composableresources", G),
+            Access("create", "events", namespace="team-a"),
+        ],
+        [
+            Access("delete", "nodes"),
+            Access("patch", "nodes"),
+            Access("create", "fabrics", G),
+            Access("patch", "fabrics", G),
+            Access("update", "fabrics", G, "status"),
+            Access("create", "composableresources", G),
+            Access("patch", "composableresources", G),
+            Access("arbitrary-node:patch", "resourceclaims", R, "driver", "team-a", D),
+            Access("associated-node:patch", "resourceclaims", R, "driver", "team-a", "other.dev"),
+            Access("update", "resourceclaims", R, namespace="team-a"),
+            Access("create", "devicetaintrules", R),
+            Access("get", "secrets", namespace="@"),
+            Access("list", "secrets"),
+            Access("update", "leases", "coordination.k8s.io", namespace="@"),
+        ],
+    ),
+    "pool-publisher": (
+        [
+            Access("create", "resourceslices", R),
+            Access("delete", "resourceslices", R),
+            Access("list", "fabrics", G),
+            Access("watch", "nodes"),
+            Access("get", "secrets", namespace="@"),
+            Access("update", "leases", "coordination.k8s.io", namespace="@"),
+        ],
+        [
+            Access("update", "fabrics", G, "status"),
+            Access("create", "composableresources", G),
+            Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+            Access("get", "secrets", namespace="kube-system"),
+            Access("list", "secrets"),
+            Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
+        ],
+    ),
+    "scaler": (
+        [
+            Access("create", "composableresources", G),
+            Access("delete", "composableresources", G),
+            Access("patch", "composabilityrequests", G),
+            Access("watch", "resourceclaims", R),
+            Access("update", "resourceclaims", R, "status", namespace="team-a"),
+            Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+            Access("arbitrary-node:update", "resourceclaims", R, "driver", "team-a", D),
+            Access("arbitrary-node:patch", "resourceclaims", R, "driver", "team-a", D),
+            Access("list", "pods"),
+            Access("get", "leases", "coordination.k8s.io", namespace="@"),
+            Access("create", "leases", "coordination.k8s.io", namespace="@"),
+            Access("update", "leases", "coordination.k8s.io", namespace="@"),
+            Access("create", "events", namespace="team-a"),
+        ],
+        [
+            Access("update", "composableresources", G, "status"),
+            Access("update", "fabrics", G, "status"),
+            Access("create", "resourceslices", R),
+            Access("create", "devicetaintrules", R),
+            Access("arbitrary-node:update", "resourceclaims", R, "driver", "team-a", "other.dev"),
+            Access("update", "resourceclaims", R, "binding", namespace="team-a"),
+            Access("delete", "nodes"),
+            Access("get", "secrets", namespace="@"),
+            Access("list", "secrets"),
+            Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
+        ],
+    ),
+    "operator": (
+        [
+            Access("update", "composableresources", G, "status"),
+            Access("patch", "composableresources", G, "status"),
+            Access("patch", "composableresources", G),  # the detach finalizer
+            Access("update", "fabrics", G, "status"),
+            Access("update", "composabilityrequests", G, "status"),
+            Access("create", "devicetaintrules", R),
+            Access("delete", "devicetaintrules", R),
+            Access("list", "resourceclaims", R),
+            Access("get", "secrets", namespace="@"),
+            Access("update", "leases", "coordination.k8s.io", namespace="@"),
+            Access("create", "events", namespace="@"),
+        ],
+        [
+            Access("create", "composableresources", G),
+            Access("delete", "composableresources", G),
+            Access("create", "fabrics", G),
+            Access("create", "resourceslices", R),
+            Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+            Access("arbitrary-node:patch", "resourceclaims", R, "driver", "team-a", D),
+            Access("get", "secrets", namespace="kube-system"),
+            Access("list", "secrets"),
+            Access("delete", "nodes"),
+        ],
+    ),
+}
+
+
+def allowed(kube: Kube, user: str, groups: list[str], attrs: JSON) -> bool:
+    review = kube.create(
+        path("authorization.k8s.io/v1", "subjectaccessreviews"),
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": groups, "resourceAttributes": attrs},
+        },
+    )
+    return bool(review["status"].get("allowed"))
+
+
+def test_each_service_account_can_do_what_it_needs_and_nothing_else(
+    kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    rel = f"r{unique}"
+    objs = chart.render(release=rel, namespace=namespace)
+    for obj in objs:
+        if obj["kind"] in RBAC_KINDS:
+            release.create(obj)
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    groups.append("system:authenticated")
+    wrong = []
+    for component, (can, cannot) in EXPECTED.items():
+        user = f"system:serviceaccount:{namespace}:{rel}-composable-dra-{component}"
+        for access, want in [(a, True) for a in can] + [(a, False) for a in cannot]:
+            if allowed(kube_json, user, groups, access.attributes(namespace)) != want:
+                wrong.append(f"{component} {'cannot' if want else 'can'} {access}")
+    assert not wrong, "\n".join(wrong)
+
+    # The same reviews answer differently for an account the chart did not bind.
+    stranger = f"system:serviceaccount:{namespace}:stranger"
+    assert not allowed(kube_json, stranger, groups, EXPECTED["scaler"][0][0].attributes(namespace))
+
+
+# -- the admission policy --------------------------------------------------------------------
+
+
+def slice_body(name: str, node: str) -> JSON:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": names.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def refused(action: Callable[[], object], message: str) -> KubeError:
+    with pytest.raises(KubeError) as err:
+        action()
+    assert err.value.status == 403, err.value
+    assert message in err.value.message, err.value.message
+    return err.value
+
+
+def test_admission_policy_keeps_the_plugin_to_its_own_node(
+    control_plane: ControlPlane,
+    kube_json: Kube,
+    chart_crds: list[str],
+    release: Release,
+    namespace: str,
+    unique: str,
+) -> None:
+    rel = f"r{unique}"
+    objs = chart.render(release=rel, namespace=namespace)
+    plugin_sa = f"{rel}-composable-dra-plugin"
+    for obj in objs:
+        if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == plugin_sa:
+            release.create(obj)
+    for obj in objs:
+        if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+            release.create(obj)
+
+    user = f"system:serviceaccount:{namespace}:{plugin_sa}"
+    node_a, node_b = f"node-a-{unique}", f"node-b-{unique}"
+    plugin_a = impersonating(control_plane, user, node_a)
+    slices = path("resource.k8s.io/v1", "resourceslices")
+    foreign = slice_body(f"{node_b}-gpu", node_b)
+
+    # The policy takes effect a moment after it is created: until the plugin's write of a
+    # foreign slice is refused, undo any that got through.
+    def foreign_write_refused() -> bool:
+        try:
+            plugin_a.create(slices, foreign)
+        except KubeError as exc:
+            if exc.status == 403 and "may write only" in exc.message:
+                return True
+            raise
+        kube_json.delete(path("resource.k8s.io/v1", "resourceslices", foreign["metadata"]["name"]))
+        return False
+
+    wait_for(foreign_write_refused, 30, "the admission policy to refuse a foreign slice")
+    err = refused(lambda: plugin_a.create(slices, foreign), "may write only")
+    assert f"spec.nodeName={node_a}, not spec.nodeName={node_b}" in err.message
+    assert rel in err.message  # the policy's name is in the denial
+
+    # Its own node's slice: create, update and delete are allowed.
+    own_name = f"{node_a}-gpu"
+    release.created.append(path("resource.k8s.io/v1", "resourceslices", own_name))
+    own = plugin_a.create(slices, slice_body(own_name, node_a))
+    assert own["spec"]["nodeName"] == node_a
+    own_path = path("resource.k8s.io/v1", "resourceslices", own_name)
+    plugin_a.merge_patch(own_path, {"metadata": {"labels": {"touched": "yes"}}})
+    plugin_a.delete(own_path)
+    assert kube_json.get_or_none(own_path) is None
+
+    # Another node's slice made by someone else: the plugin may neither change nor delete it.
+    release.create(foreign)
+    foreign_path = path("resource.k8s.io/v1", "resourceslices", foreign["metadata"]["name"])
+    refused(
+        lambda: plugin_a.merge_patch(foreign_path, {"metadata": {"labels": {"x": "y"}}}),
+        "may write only",
+    )
+    refused(lambda: plugin_a.delete(foreign_path), "may not change an object of node " + node_b)
+    assert kube_json.get_or_none(foreign_path) is not None
+
+    # Credentials without a node name (not a pod-bound token): refused outright.
+    anonymous_node = impersonating(control_plane, user, None)
+    refused(
+        lambda: anonymous_node.create(slices, slice_body(f"{node_a}-x", node_a)), "name no node"
+    )
+
+    # ComposableResource status: only of resources targeting its node.
+    crs = {}
+    for node in (node_a, node_b):
+        crs[node] = release.create(
+            {
+                "apiVersion": f"{G}/v1alpha1",
+                "kind": "ComposableResource",
+                "metadata": {"name": f"cr-{node}"},
+                "spec": {"fabric": "f1", "deviceID": "gpu-1", "targetNode": node},
+            }
+        )
+    visible = {
+        "status": {
+            "conditions": [
+                {
+                    "type": names.DEVICE_VISIBLE,
+                    "status": "True",
+                    "reason": "Found",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+
+    def cr_status(node: str) -> str:
+        return path(f"{G}/v1alpha1", "composableresources", f"cr-{node}", subresource="status")
+
+    out = plugin_a.merge_patch(cr_status(node_a), visible)
+    assert out["status"]["conditions"][0]["type"] == names.DEVICE_VISIBLE
+    refused(
+        lambda: plugin_a.merge_patch(cr_status(node_b), visible),
+        f"spec.targetNode={node_a}, not spec.targetNode={node_b}",
+    )
+
+    # The policy binds only the plugin: the admin wrote node-b's slice above, and another
+    # service account with the same node name is not subject to it (RBAC stops it instead).
+    other = impersonating(control_plane, f"system:serviceaccount:{namespace}:other", node_a)
+    with pytest.raises(KubeError) as rbac:
+        other.create(slices, foreign)
+    assert rbac.value.status == 403 and "may write only" not in rbac.value.message
+
+
+# -- examples ---------------------------------------------------------------------------------
+
+EXAMPLES = ["prefer-local-fallback-pool", "pool-only", "two-gpus", "shared-claim"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_passes_server_side_dry_run(example: str, kube_json: Kube, namespace: str) -> None:
+    """Each example is valid for the API server (CEL selectors compile, firstAvailable and
+    counts are accepted). The pods running on them are the attach flow's end-to-end tests."""
+    docs = [
+        d
+        for d in yaml.safe_load_all(
+            (chart.ROOT / "deploy" / "examples" / f"{example}.yaml").read_text()
+        )
+        if d
+    ]
+    kinds = [d["kind"] for d in docs]
+    assert "Pod" in kinds
+    resources = Resources(kube_json)
+    for doc in docs:
+        assert "namespace" not in doc["metadata"], "examples go into the user's namespace"
+        out = resources.apply(doc, namespace, dry_run=True)
+        assert out["metadata"]["namespace"] == namespace
+        if doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+            spec = out["spec"] if doc["kind"] == "ResourceClaim" else out["spec"]["spec"]
+            for request in spec["devices"]["requests"]:
+                for sub in request.get("firstAvailable") or [request.get("exactly")]:
+                    assert sub["deviceClassName"] == names.DEVICE_CLASS

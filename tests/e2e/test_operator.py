@@ -1,0 +1,330 @@
+"""The operator on the real control plane with the fabric emulator and the node plugin.
+
+A ComposableResource is attached (the emulator's state shows it), the node's plugin sees
+the device and says so, the resource becomes Online; deleting it detaches the device;
+a device that a claim's allocation uses is not detached until the allocation ends.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.v1alpha1 import API_VERSION
+from composable_dra import names
+from composable_dra.kube import JSON, Kube, path
+from dra_driver.testing import PluginProcess
+from fabric_emulator.testing import EmulatorProcess
+from fabric_emulator.topology import host_uuid
+from hack.localcluster import ControlPlane
+from hack.localcluster.crds import install_crds
+from hack.localcluster.kubelet_emulator import KubeletEmulator
+from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.process import ComponentProcess
+from hack.localcluster.wait import wait_for
+
+RESOURCES = path(API_VERSION, "composableresources")
+OPS_NS = "composable-dra"
+
+
+@dataclass
+class Bed:
+    kube: Kube
+    emulator: EmulatorProcess
+    fabric: str
+    node: str  # the Kubernetes node on fabric host node-1
+    plugin: PluginProcess
+    kubelet: KubeletEmulator
+    operator: ComponentProcess
+
+    def resource(self, name: str) -> JSON | None:
+        return self.kube.get_or_none(path(API_VERSION, "composableresources", name))
+
+    def phase(self, name: str) -> str | None:
+        r = self.resource(name)
+        return None if r is None else (r.get("status") or {}).get("phase")
+
+    def describe(self, name: str) -> str:
+        return f"{self.resource(name)}\n{self.operator.log_tail()}\n{self.plugin.log_tail()}"
+
+    def block(self, block_id: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.emulator.state()["blocks"][block_id]
+        return state
+
+    def local_uuids(self) -> set[str]:
+        slices = self.kube.get(
+            path("resource.k8s.io/v1", "resourceslices"), fieldSelector=f"spec.nodeName={self.node}"
+        )["items"]
+        return {
+            d["attributes"]["uuid"]["string"].lower().removeprefix("gpu-")
+            for s in slices
+            for d in s["spec"].get("devices", [])
+        }
+
+
+@pytest.fixture
+def bed(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
+) -> Iterator[Bed]:
+    install_crds(kube_json)
+    if kube_json.get_or_none(path("v1", "namespaces", OPS_NS)) is None:
+        kube_json.create(path("v1", "namespaces"), {"metadata": {"name": OPS_NS}})
+    emulator = EmulatorProcess(async_polls=1, workdir=short_tmp / "emulator")
+    emulator.start()
+    fabric = f"lab-{unique}"
+    kube_json.create(
+        path("v1", "secrets", namespace=OPS_NS),
+        {
+            "metadata": {"name": fabric},
+            "data": {
+                "username": base64.b64encode(b"admin").decode(),
+                "password": base64.b64encode(b"admin").decode(),
+            },
+        },
+    )
+    kube_json.create(
+        path(API_VERSION, "fabrics"),
+        {
+            "apiVersion": API_VERSION,
+            "kind": "Fabric",
+            "metadata": {"name": fabric},
+            "spec": {
+                "backend": "redfish-composition",
+                "endpoint": emulator.url,
+                "credentialsSecret": {"name": fabric, "namespace": OPS_NS},
+                "pollIntervalSeconds": 5,
+                "operationTimeoutSeconds": 60,
+            },
+        },
+    )
+    node = f"n1-{unique}"
+    create_node(kube_json.api, node, system_uuid=host_uuid("node-1"))
+    creds = short_tmp / "redfish.yaml"
+    creds.write_text("username: admin\npassword: admin\n")
+    kubelet = KubeletEmulator(kube_json, node, short_tmp / "kubelet", short_tmp / "cdi")
+    kubelet.start()
+    plugin = PluginProcess(
+        node=node,
+        kubeconfig=control_plane.kubeconfig,
+        plugins_registry_dir=kubelet.plugins_registry_dir,
+        plugins_dir=kubelet.plugins_dir,
+        cdi_dir=kubelet.cdi_dir,
+        workdir=short_tmp / "plugin",
+        extra_args=[
+            "--device-source=redfish",
+            f"--redfish-endpoint={emulator.url}",
+            f"--redfish-credentials-file={creds}",
+            "--poll-interval=1",
+        ],
+    )
+    plugin.start()
+    operator = ComponentProcess(
+        "operator",
+        [
+            f"--kubeconfig={control_plane.kubeconfig}",
+            "--leader-elect-namespace=kube-system",
+            f"--leader-elect-lease=operator-{unique}",
+            "--metrics-port=0",
+            "--online-poll-seconds=2",
+        ],
+        short_tmp / "operator",
+    ).start()
+    bed = Bed(kube_json, emulator, fabric, node, plugin, kubelet, operator)
+    yield bed
+    for r in kube_json.get(RESOURCES)["items"]:
+        if r["spec"]["fabric"] == fabric:
+            kube_json.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
+    wait_for(
+        lambda: not [r for r in kube_json.get(RESOURCES)["items"] if r["spec"]["fabric"] == fabric],
+        60,
+        "the resources to go",
+        describe=operator.log_tail,
+    )
+    import time
+
+    t = time.time()
+    operator.stop()
+    print("operator", time.time() - t)
+    t = time.time()
+    plugin.stop()
+    print("plugin", time.time() - t)
+    t = time.time()
+    kubelet.stop()
+    print("kubelet", time.time() - t)
+    delete_node(kube_json.api, node)
+    kube_json.delete(path(API_VERSION, "fabrics", fabric))
+    t = time.time()
+    emulator.stop()
+    print("emulator", time.time() - t)
+
+
+def composable(bed: Bed, name: str, block: str, **spec: Any) -> JSON:
+    return bed.kube.create(
+        RESOURCES,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ComposableResource",
+            "metadata": {"name": name},
+            "spec": {
+                "fabric": bed.fabric,
+                "deviceID": block,
+                "targetNode": bed.node,
+                "model": "NVIDIA H100 80GB HBM3",
+                **spec,
+            },
+        },
+    )
+
+
+def test_attach_online_and_detach_on_delete(bed: Bed, unique: str) -> None:
+    name = f"cr-{unique}"
+    assert bed.block("gpu-1")["state"] == "Unused"
+    composable(bed, name, "gpu-1")
+    wait_for(
+        lambda: bed.phase(name) == "Online",
+        60,
+        "the resource to be Online",
+        describe=lambda: bed.describe(name),
+    )
+    # The fabric shows the composition, the node shows the device, conditions agree.
+    block = bed.block("gpu-1")
+    assert block["state"] == "Composed" and block["system"] == "node-1"
+    status = bed.resource(name)["status"]  # type: ignore[index]
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {names.DEVICE_VISIBLE: "True", names.ATTACHED: "True", names.READY: "True"}
+    uuid = status["deviceUUID"].lower().removeprefix("gpu-")
+    assert uuid == block["uuid"].lower().removeprefix("gpu-")
+    # Idle (no claimRef): the node publishes the attached GPU as a local device.
+    wait_for(lambda: uuid in bed.local_uuids(), 30, "the GPU in the node's slice")
+
+    bed.kube.delete(path(API_VERSION, "composableresources", name))
+    wait_for(
+        lambda: bed.resource(name) is None,
+        60,
+        "the resource to be deleted",
+        describe=lambda: bed.describe(name),
+    )
+    assert bed.block("gpu-1")["state"] == "Unused"
+    wait_for(lambda: uuid not in bed.local_uuids(), 30, "the GPU to leave the node's slice")
+    rules = bed.kube.get(
+        path("resource.k8s.io/v1", "devicetaintrules"),
+        labelSelector=f"{names.PREFIX}/resource={name}",
+    )["items"]
+    assert rules == []
+
+
+def test_device_serving_a_claim_is_not_published_locally(bed: Bed, unique: str) -> None:
+    name = f"cr-{unique}"
+    composable(
+        bed, name, "gpu-2", claimRef={"namespace": "default", "name": "some-claim", "uid": "1234"}
+    )
+    wait_for(
+        lambda: bed.phase(name) == "Online",
+        60,
+        "the resource to be Online",
+        describe=lambda: bed.describe(name),
+    )
+    uuid = bed.resource(name)["status"]["deviceUUID"].lower().removeprefix("gpu-")  # type: ignore[index]
+    assert uuid not in bed.local_uuids()
+    # Released: the scaler clears claimRef, and the GPU becomes an idle local device.
+    bed.kube.merge_patch(
+        path(API_VERSION, "composableresources", name), {"spec": {"claimRef": None}}
+    )
+    wait_for(lambda: uuid in bed.local_uuids(), 30, "the idle GPU in the node's slice")
+
+
+def test_detach_waits_while_a_claim_uses_the_device(bed: Bed, unique: str, namespace: str) -> None:
+    name = f"cr-{unique}"
+    composable(bed, name, "gpu-3")
+    wait_for(
+        lambda: bed.phase(name) == "Online",
+        60,
+        "the resource to be Online",
+        describe=lambda: bed.describe(name),
+    )
+    uuid = bed.resource(name)["status"]["deviceUUID"]  # type: ignore[index]
+    wait_for(lambda: uuid.lower().removeprefix("gpu-") in bed.local_uuids(), 30, "local GPU")
+    # A pod claims exactly that GPU through the node's slice.
+    cls = f"uuid-{unique}"
+    bed.kube.create(
+        path("resource.k8s.io/v1", "deviceclasses"),
+        {
+            "metadata": {"name": cls},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f'device.driver == "{names.DRIVER}" && '
+                            f'device.attributes["{names.DRIVER}"].uuid == "{uuid}"'
+                        }
+                    }
+                ]
+            },
+        },
+    )
+    bed.kube.create(
+        path("resource.k8s.io/v1", "resourceclaims", namespace=namespace),
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}
+            },
+        },
+    )
+    pod_path = path("v1", "pods", "user", namespace=namespace)
+    bed.kube.create(
+        path("v1", "pods", namespace=namespace),
+        {
+            "metadata": {"name": "user"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "example.invalid/cuda",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+            },
+        },
+    )
+    wait_for(
+        lambda: (bed.kube.get(pod_path).get("status") or {}).get("phase") == "Running",
+        60,
+        "the pod to run",
+    )
+
+    bed.kube.delete(path(API_VERSION, "composableresources", name))
+    wait_for(
+        lambda: any(
+            c.get("reason") == "InUseByClaim"
+            for c in (bed.resource(name) or {}).get("status", {}).get("conditions", [])
+        ),
+        60,
+        "the detach to wait for the claim",
+        describe=lambda: bed.describe(name),
+    )
+    assert bed.phase(name) == "Detaching"
+    assert bed.block("gpu-3")["state"] == "Composed"  # still attached
+    rules = bed.kube.get(
+        path("resource.k8s.io/v1", "devicetaintrules"),
+        labelSelector=f"{names.PREFIX}/resource={name}",
+    )["items"]
+    assert rules and rules[0]["spec"]["taint"]["effect"] == "NoSchedule"
+
+    # The pod ends, the claim is deallocated: now the device goes back to the pool.
+    bed.kube.delete(pod_path)
+    bed.kube.delete(path("resource.k8s.io/v1", "resourceclaims", "gpu", namespace=namespace))
+    wait_for(
+        lambda: bed.resource(name) is None,
+        90,
+        "the detach to finish",
+        describe=lambda: bed.describe(name),
+    )
+    assert bed.block("gpu-3")["state"] == "Unused"
+    bed.kube.delete(path("resource.k8s.io/v1", "deviceclasses", cls))

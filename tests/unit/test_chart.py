@@ -1,0 +1,242 @@
+"""The Helm chart: lint, render, and what the rendered objects say.
+
+helm comes from hack/helm.sh (built from source when missing, never skipped).
+"""
+
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from composable_dra import names
+from hack import chart
+
+ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
+KIND_VALUES = chart.ROOT / "hack" / "kind" / "values.yaml"
+Obj = dict[str, Any]
+
+
+def by_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[Obj], kind: str, name_suffix: str = "") -> Obj:
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind} *{name_suffix}: {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def container(workload: Obj) -> Obj:
+    containers: list[Obj] = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+@pytest.fixture(scope="module")
+def default() -> list[Obj]:
+    return chart.render()
+
+
+@pytest.fixture(scope="module")
+def everything() -> list[Obj]:
+    return chart.render(values_files=[ALL_ENABLED])
+
+
+def test_lint_strict() -> None:
+    out = chart.helm("lint", "--strict", str(chart.CHART))
+    assert "0 chart(s) failed" in out
+    out = chart.helm("lint", "--strict", str(chart.CHART), "--values", str(ALL_ENABLED))
+    assert "0 chart(s) failed" in out
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    """deploy/crds is the one source; the chart's crds/ is a copy (hack/chart-crds.sh)."""
+    src = sorted(p.name for p in (chart.ROOT / "deploy" / "crds").glob("*.yaml"))
+    dst = sorted(p.name for p in (chart.CHART / "crds").glob("*.yaml"))
+    assert src == dst, "run hack/chart-crds.sh"
+    _, mismatch, errors = filecmp.cmpfiles(
+        chart.ROOT / "deploy" / "crds", chart.CHART / "crds", src, shallow=False
+    )
+    assert not mismatch and not errors, (
+        f"stale chart CRDs {mismatch + errors}: run hack/chart-crds.sh"
+    )
+    crds = by_kind(chart.render(include_crds=True), "CustomResourceDefinition")
+    assert {c["metadata"]["name"] for c in crds} == {
+        "fabrics.composable.dra.io",
+        "composableresources.composable.dra.io",
+        "composabilityrequests.composable.dra.io",
+    }
+
+
+def test_default_render(default: list[Obj]) -> None:
+    kinds = {o["kind"] for o in default}
+    assert {"DaemonSet", "Deployment", "DeviceClass", "ValidatingAdmissionPolicy"} <= kinds
+    # Optional parts are off by default.
+    assert not {"ServiceMonitor", "Fabric", "Secret"} & kinds
+    assert len(by_kind(default, "Deployment")) == 3  # pool publisher, scaler, operator
+
+    dc = one(default, "DeviceClass")
+    assert dc["metadata"]["name"] == names.DEVICE_CLASS
+    assert dc["spec"]["selectors"] == [
+        {"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}
+    ]
+
+
+def test_plugin_daemonset(default: list[Obj]) -> None:
+    ds = one(default, "DaemonSet", "-plugin")
+    c = container(ds)
+    assert c["args"][2:4] == ["plugin", f"--driver-name={names.DRIVER}"]
+    assert "--device-source=nvml" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    host_paths = {v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+    } <= host_paths
+    assert c["livenessProbe"]["grpc"]["port"] == 51515
+    assert "--health-port=51515" in c["args"]
+
+
+@pytest.mark.parametrize("source", ["static", "redfish", "nvml"])
+def test_plugin_device_source(source: str) -> None:
+    values: dict[str, Any] = {"plugin": {"deviceSource": source}}
+    if source == "redfish":
+        values["plugin"]["redfish"] = {
+            "endpoint": "https://fabric.example:8443",
+            "credentialsSecret": "creds",
+        }
+    objs = chart.render(values=values)
+    args = container(one(objs, "DaemonSet"))["args"]
+    assert f"--device-source={source}" in args
+    assert any(a.startswith("--static-file=") for a in args) == (source == "static")
+    assert ("--redfish-endpoint=https://fabric.example:8443" in args) == (source == "redfish")
+    assert any(o["kind"] == "ConfigMap" for o in objs) == (source == "static")
+
+
+def test_redfish_source_needs_an_endpoint() -> None:
+    with pytest.raises(chart.HelmError, match=r"needs plugin\.redfish\.endpoint"):
+        chart.render(values={"plugin": {"deviceSource": "redfish"}})
+
+
+def test_schema_refuses_bad_values() -> None:
+    with pytest.raises(chart.HelmError, match="deviceSource"):
+        chart.render(values={"plugin": {"deviceSource": "cuda"}})
+    with pytest.raises(chart.HelmError, match="additional properties 'replica' not allowed"):
+        chart.render(values={"scaler": {"replica": 3}})
+
+
+def test_controllers_are_leader_elected(default: list[Obj]) -> None:
+    for name in ("pool-publisher", "scaler", "operator"):
+        dep = one(default, "Deployment", f"-{name}")
+        args = container(dep)["args"]
+        assert name in args
+        assert "--leader-elect-namespace=composable-dra" in args
+        assert "--metrics-port=9090" in args
+        assert dep["spec"]["replicas"] == 2
+        lease = one(default, "Role", f"-{name}-leader-election")
+        assert lease["rules"] == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update", "patch"],
+            }
+        ]
+    single = chart.render(values={"leaderElection": {"enabled": False}})
+    for dep in by_kind(single, "Deployment"):
+        assert dep["spec"]["replicas"] == 1
+        assert not any("leader-elect" in a for a in container(dep)["args"])
+    assert not [r for r in by_kind(single, "Role") if "leader" in r["metadata"]["name"]]
+
+
+def test_one_service_account_per_component(default: list[Obj]) -> None:
+    sas = {o["metadata"]["name"] for o in by_kind(default, "ServiceAccount")}
+    workloads = by_kind(default, "Deployment") + by_kind(default, "DaemonSet")
+    used = [w["spec"]["template"]["spec"]["serviceAccountName"] for w in workloads]
+    assert sorted(used) == sorted(sas)
+    assert len(set(used)) == 4
+
+
+def test_no_component_reads_secrets_cluster_wide(everything: list[Obj]) -> None:
+    for role in by_kind(everything, "ClusterRole"):
+        for rule in role["rules"]:
+            assert "secrets" not in rule["resources"], role["metadata"]["name"]
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+    secret_roles = [
+        r
+        for r in by_kind(everything, "Role")
+        if any("secrets" in x["resources"] for x in r["rules"])
+    ]
+    assert {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in secret_roles} == {
+        ("composable-dra-credentials", "cdra-composable-dra-operator-fabric-secrets"),
+        ("composable-dra-credentials", "cdra-composable-dra-pool-publisher-fabric-secrets"),
+    }
+
+
+def test_everything_enabled(everything: list[Obj]) -> None:
+    sm = one(everything, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    services = [
+        s for s in by_kind(everything, "Service") if s["metadata"]["name"].endswith("-metrics")
+    ]
+    assert len(services) == 4
+    for s in services:
+        assert s["metadata"]["labels"]["composable.dra.io/metrics"] == "true"
+
+    emulator_svc = one(everything, "Service", "-fabric-emulator")
+    url = f"http://{emulator_svc['metadata']['name']}.composable-dra.svc:8000"
+    fabric = one(everything, "Fabric")
+    assert fabric["spec"]["endpoint"] == url
+    assert fabric["spec"]["caSecret"] == {"name": "fabric-ca", "namespace": "composable-dra"}
+    creds = one(everything, "Secret", "-fabric-credentials")
+    assert fabric["spec"]["credentialsSecret"]["name"] == creds["metadata"]["name"]
+    assert creds["stringData"] == {"username": "admin", "password": "admin"}
+
+    plugin = container(one(everything, "DaemonSet"))
+    assert f"--redfish-endpoint={url}" in plugin["args"]
+    assert "--redfish-ca-file=/etc/composable-dra/redfish-ca/ca.crt" in plugin["args"]
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["REDFISH_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": creds["metadata"]["name"],
+        "key": "password",
+    }
+    emulator = container(one(everything, "Deployment", "-fabric-emulator"))
+    assert "--topology=/etc/fabric-emulator/topology/topology.yaml" in emulator["args"]
+    assert "--async-polls=2" in emulator["args"]
+
+
+def test_extra_args_follow_the_subcommand() -> None:
+    objs = chart.render(values={"scaler": {"extraArgs": ["--no-removal-duration=60"]}})
+    args = container(one(objs, "Deployment", "-scaler"))["args"]
+    assert args.index("--no-removal-duration=60") > args.index("scaler")
+
+
+def test_admission_policy_names_the_plugin(default: list[Obj]) -> None:
+    vap = one(default, "ValidatingAdmissionPolicy")
+    sa = one(default, "ServiceAccount", "-plugin")["metadata"]["name"]
+    (cond,) = vap["spec"]["matchConditions"]
+    assert f"system:serviceaccount:composable-dra:{sa}" in cond["expression"]
+    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": vap["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    off = chart.render(values={"admissionPolicy": {"enabled": False}})
+    assert not by_kind(off, "ValidatingAdmissionPolicy")
+
+
+def test_kind_values_render() -> None:
+    objs = chart.render(values_files=[KIND_VALUES])
+    args = container(one(objs, "DaemonSet"))["args"]
+    assert "--device-source=redfish" in args
+    assert one(objs, "Fabric")
+    assert one(objs, "Deployment", "-fabric-emulator")
+
+
+def test_paths_exist() -> None:
+    for p in (chart.CHART / "values.schema.json", KIND_VALUES, Path(chart.ROOT / "Dockerfile")):
+        assert p.is_file(), p
