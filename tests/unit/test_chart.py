@@ -149,7 +149,9 @@ def test_controllers_are_leader_elected(default: list[Obj]) -> None:
     single = chart.render(values={"leaderElection": {"enabled": False}})
     for dep in by_kind(single, "Deployment"):
         assert dep["spec"]["replicas"] == 1
-        assert not any("leader-elect" in a for a in container(dep)["args"])
+        args = container(dep)["args"]
+        assert "--no-leader-elect" in args
+        assert not any(a.startswith("--leader-elect-namespace") for a in args)
     assert not [r for r in by_kind(single, "Role") if "leader" in r["metadata"]["name"]]
 
 
