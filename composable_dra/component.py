@@ -34,13 +34,13 @@ def add_common_arguments(p: argparse.ArgumentParser, lease: str) -> None:
         default=True,
         help="take a Lease before doing anything (default: on)",
     )
-    p.add_argument("--lease-name", default=lease)
+    p.add_argument("--leader-elect-lease", default=lease, help="the Lease's name")
     p.add_argument(
-        "--lease-namespace", default=os.environ.get("POD_NAMESPACE", "composable-dra-system")
+        "--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", "composable-dra")
     )
-    p.add_argument("--lease-duration", type=int, default=15, help="seconds")
-    p.add_argument("--renew-deadline", type=int, default=10, help="seconds")
-    p.add_argument("--retry-period", type=int, default=2, help="seconds")
+    p.add_argument("--leader-elect-lease-duration", type=int, default=15, help="seconds")
+    p.add_argument("--leader-elect-renew-deadline", type=int, default=10, help="seconds")
+    p.add_argument("--leader-elect-retry-period", type=int, default=2, help="seconds")
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -80,12 +80,12 @@ def run_controller(
     metrics.serve(args.metrics_port)
     if args.leader_elect:
         leader.acquire(
-            args.lease_name,
-            args.lease_namespace,
+            args.leader_elect_lease,
+            args.leader_elect_namespace,
             lost,
-            lease_duration=args.lease_duration,
-            renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period,
+            lease_duration=args.leader_elect_lease_duration,
+            renew_deadline=args.leader_elect_renew_deadline,
+            retry_period=args.leader_elect_retry_period,
         )
         if stop.is_set():
             return 0

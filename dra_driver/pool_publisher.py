@@ -45,12 +45,12 @@ _ATTR_MAX = 64
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 POOL_FREE_DEVICES = Gauge(
-    "composable_dra_pool_free_devices",
+    "composable_dra_pool_publisher_free_devices",
     "Free devices published in a fabric pool, by model",
     ["fabric", "zone", "model"],
 )
 POOL_PUBLISHED_DEVICES = Gauge(
-    "composable_dra_pool_published_devices",
+    "composable_dra_pool_publisher_devices",
     "Devices published in a fabric pool (free ones and ones a live allocation holds)",
     ["fabric", "zone"],
 )

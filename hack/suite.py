@@ -188,10 +188,10 @@ class Suite:
             self.add_node(host)
         common = [f"--kubeconfig={self.kubeconfig}"]
         lease = [
-            f"--lease-namespace={self.system_namespace}",
-            f"--lease-duration={self.opts.lease_duration}",
-            f"--renew-deadline={max(2, self.opts.lease_duration - 1)}",
-            "--retry-period=1",
+            f"--leader-elect-namespace={self.system_namespace}",
+            f"--leader-elect-lease-duration={self.opts.lease_duration}",
+            f"--leader-elect-renew-deadline={max(2, self.opts.lease_duration - 1)}",
+            "--leader-elect-retry-period=1",
         ]
         op_args = ["operator", *common, "--metrics-port=0", *self.opts.operator_args]
         op_args += (
