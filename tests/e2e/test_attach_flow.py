@@ -5,6 +5,8 @@ publisher, scaler, one plugin per node); kubelet emulators in-process.
 
 from __future__ import annotations
 
+import random
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 from composable_dra import names
-from composable_dra.kube import JSON, Kube
+from composable_dra.kube import JSON, Kube, path
 from composable_operator.backend import normalize_uuid
 from composable_operator.redfish_backend import RedfishCompositionBackend
 from hack.localcluster import ControlPlane
@@ -185,3 +187,166 @@ def test_2_a_pool_gpu_is_attached_to_the_chosen_node_in_one_scheduling_cycle(
         for ids in n.kubelet.prepared_devices(pod["metadata"]["uid"]).values()
     ]
     assert prepared and prepared[0]
+
+
+def test_4_an_attach_failure_ends_in_fabric_device_failed_and_the_pod_runs_on_another_block(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The fabric fails the next five attach tasks; the operator retries with backoff, so the
+    # first block is still not attached when the scaler's attach timeout (6 s) runs out.
+    suite = make_suite(attach_timeout=6)
+    suite.emulator.add_fault({"kind": "task_failure", "count": 5, "path": "AddResourceBlock"})
+    suite.create_pod(namespace, "p1")
+    wait_for(
+        lambda: allocation(suite, namespace, "p1"), 30, "the allocation", describe=suite.describe
+    )
+    failed_block = result(suite, namespace, "p1")["device"]
+    pod = wait_running(suite, namespace, "p1", timeout=90)
+    r = result(suite, namespace, "p1")
+    assert r["device"] != failed_block
+    [status] = suite.claim(namespace, "p1")["status"]["devices"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        names.FABRIC_DEVICE_READY: "True"
+    }
+    claim_events = suite.kube.get(
+        path("v1", "events", namespace=namespace),
+        fieldSelector="involvedObject.kind=ResourceClaim,involvedObject.name=p1",
+    )["items"]
+    assert any(
+        e["reason"] == names.FABRIC_DEVICE_FAILED and failed_block in e["message"]
+        for e in claim_events
+    )
+    # Nothing leaks: the failed block is free again, only the new one is composed, and the
+    # failed attempt's resource is gone.
+    node = pod["spec"]["nodeName"]
+    wait_for(
+        lambda: suite.composed() == {r["device"]: suite.host_of_node(node)},
+        30,
+        "only the second block composed",
+        describe=suite.describe,
+    )
+    wait_for(lambda: len(suite.resources()) == 1, 30, "the failed resource to be deleted")
+    assert_consistent(suite)
+
+
+def test_5_a_released_gpu_is_reused_without_a_fabric_call_then_detached_when_idle(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite(no_removal=6)
+    suite.create_pod(namespace, "p1", run_seconds=1)
+    wait_for(
+        lambda: suite.pod(namespace, "p1")["status"].get("phase") == "Succeeded",
+        60,
+        "p1 to run and finish",
+        describe=suite.describe,
+    )
+    node = suite.pod(namespace, "p1")["spec"]["nodeName"]
+    host = suite.host_of_node(node)
+    [cr] = suite.resources()
+    block = cr["spec"]["deviceID"]
+    uuid = block_uuid(suite, block)
+    # Released: attached still, claimRef cleared, published once (as a local device).
+    wait_for(
+        lambda: uuid in local_uuids(suite, host),
+        30,
+        "the released GPU to be published as a local device",
+        describe=suite.describe,
+    )
+    [cr] = suite.resources()
+    assert cr["spec"].get("claimRef") is None and cr["status"]["phase"] == "Online"
+    assert block not in {d for _, d in suite.pool_devices()}
+    tasks_before = suite.emulator.state()["tasks"]
+
+    suite.create_pod(namespace, "p2", node=node, run_seconds=1)
+    wait_for(
+        lambda: suite.pod(namespace, "p2")["status"].get("phase") in ("Running", "Succeeded"),
+        60,
+        "p2 to run",
+        describe=suite.describe,
+    )
+    r = result(suite, namespace, "p2")
+    assert (r["pool"], r["request"]) == (node, "gpu/local")
+    assert suite.emulator.state()["tasks"] == tasks_before  # reused with no fabric call
+    assert [c["metadata"]["name"] for c in suite.resources()] == [cr["metadata"]["name"]]
+
+    # After the idle window the GPU is detached and back in the pool.
+    wait_for(
+        lambda: suite.composed() == {} and suite.resources() == [],
+        60,
+        "the idle GPU to be detached",
+        describe=suite.describe,
+    )
+    wait_for(
+        lambda: (
+            block in {d for _, d in suite.pool_devices()} and uuid not in local_uuids(suite, host)
+        ),
+        30,
+        "the block back in the pool and gone from the node",
+        describe=suite.describe,
+    )
+
+
+def run_eight_and_a_ninth(suite: Suite, namespace: str, chaos: Callable[[], None] | None) -> None:
+    for i in range(8):
+        suite.create_pod(namespace, f"p{i}")
+    if chaos is not None:
+        chaos()
+    for i in range(8):
+        wait_running(suite, namespace, f"p{i}", timeout=150)
+    devices = [result(suite, namespace, f"p{i}")["device"] for i in range(8)]
+    assert len(set(devices)) == 8
+    wait_for(lambda: len(suite.composed()) == 8, 30, "8 blocks composed", describe=suite.describe)
+    assert_consistent(suite)
+    nodes = {suite.pod(namespace, f"p{i}")["spec"]["nodeName"] for i in range(8)}
+    assert len(nodes) >= 2
+
+    suite.create_pod(namespace, "p8")
+    wait_for(
+        lambda: any(e["reason"] == "FailedScheduling" for e in suite.pod_events(namespace, "p8")),
+        60,
+        "the 9th pod to wait for a GPU",
+    )
+    assert suite.pod(namespace, "p8")["status"].get("phase") == "Pending"
+    suite.kube.delete(path("v1", "pods", "p0", namespace=namespace))
+    wait_running(suite, namespace, "p8", timeout=90)
+    assert len(suite.composed()) == 8
+    assert_consistent(suite)
+
+
+def test_3_eight_pods_over_three_nodes_and_eight_pool_gpus(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite()
+    run_eight_and_a_ninth(suite, namespace, None)
+
+
+def test_6_kills_of_scaler_operator_and_plugins_during_eight_pods(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite()
+    rng = random.Random(6)
+    done = threading.Event()
+    kills: list[str] = []
+
+    def chaos_loop() -> None:
+        targets: list[Any] = [
+            suite.scaler,
+            suite.operator,
+            *(n.plugin for n in suite.nodes.values()),
+        ]
+        for _ in range(5):
+            if done.wait(rng.uniform(0.3, 2.5)):
+                return
+            victim = rng.choice(targets)
+            victim.kill()
+            kills.append(getattr(victim, "name", None) or victim.node)
+            victim.start()
+
+    thread = threading.Thread(target=chaos_loop, daemon=True)
+
+    try:
+        run_eight_and_a_ninth(suite, namespace, thread.start)
+    finally:
+        done.set()
+        thread.join(10)
+    assert kills, "the chaos loop killed nothing"
