@@ -107,7 +107,9 @@ def assert_consistent(suite: Suite) -> None:
     live = {}
     for r in suite.resources():
         if (r.get("status") or {}).get("phase") in ("Online", "Attaching", "Detaching"):
-            assert r["spec"]["deviceID"] not in live, f"two resources for {r['spec']['deviceID']}"
+            assert r["spec"]["deviceID"] not in live, (
+                f"two resources for {r['spec']['deviceID']}: {suite.describe()}"
+            )
             live[r["spec"]["deviceID"]] = r["spec"]["targetNode"]
     assert set(composed) == set(live), (composed, live)
     for block, host in composed.items():
