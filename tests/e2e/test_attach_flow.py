@@ -325,7 +325,10 @@ def test_3_eight_pods_over_three_nodes_and_eight_pool_gpus(
 def test_6_kills_of_scaler_operator_and_plugins_during_eight_pods(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite()
+    # Synchronous composition (with latency): the emulator's asynchronous tasks advance only
+    # when their monitor is polled, so an operator killed between the 202 and the end of a
+    # task would leave the block "Composing" for ever (reported; not a fabric behaviour).
+    suite = make_suite(async_polls=0)
     rng = random.Random(6)
     done = threading.Event()
     kills: list[str] = []
