@@ -294,6 +294,13 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
             k = (spec.get("fabric", ""), spec.get("targetNode", ""), spec.get("model") or "")
             counts[k] = counts.get(k, 0) + 1
 
+    holders: dict[tuple[str, str], str] = {}  # (fabric, block) -> resource holding it
+    for cr in s.resources:
+        if (cr.get("status") or {}).get("phase") != "Detached":
+            spec = cr.get("spec") or {}
+            key = (str(spec.get("fabric", "")), str(spec.get("deviceID", "")))
+            holders[key] = _meta(cr)["name"]
+
     def count(fabric: str, node: str | None, model: str) -> int:
         return sum(
             n
@@ -351,8 +358,13 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
                 model = str((attrs.get("model") or {}).get("string") or "")
                 if meta.get("deletionTimestamp"):
                     continue
+                held_by = holders.get((fabric, block))
                 if node is None:
                     fail = ("NoNode", "the allocation names no single node")
+                elif held_by is not None:
+                    # Never two resources for one block: the scheduler saw it free in the
+                    # moment between an allocation ending and the pool dropping it.
+                    fail = ("DeviceInUse", f"{block} is held by ComposableResource {held_by}")
                 elif (
                     lim := limits(s.requests, fabric, model, node)
                 ).max_size is not None and count(fabric, node, model) >= lim.max_size:

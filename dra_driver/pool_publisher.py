@@ -36,6 +36,8 @@ from dra_driver.quantity import format_bytes, parse_bytes
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+ALLOCATED_TAINT = f"{names.PREFIX}/allocated"
 FIELD_MANAGER = "composable-dra-pool-publisher"
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "pool-publisher"
@@ -113,6 +115,7 @@ class PoolSpec:
     zone: str
     nodes: tuple[str, ...]
     devices: tuple[Device, ...]
+    allocated: frozenset[str] = frozenset()  # block ids a live allocation names
 
     @property
     def name(self) -> str:
@@ -157,6 +160,7 @@ def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, Poo
             continue
         pool = names.pool_name(view.name, zone.id)
         devices = []
+        allocated = set()
         for block_id in sorted(zone.devices):
             dev = inv.devices.get(block_id)
             if dev is None:
@@ -164,11 +168,18 @@ def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, Poo
             referenced = (pool, device_name(dev.id)) in live
             if referenced or (dev.state == "free" and dev.id not in view.held):
                 devices.append(dev)
-        pools[pool] = PoolSpec(view.name, view.uid, zone.id, nodes, tuple(devices))
+            if referenced:
+                allocated.add(dev.id)
+        pools[pool] = PoolSpec(
+            view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated)
+        )
     return pools
 
 
-def device_entry(fabric: str, zone: str, dev: Device) -> JSON:
+def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -> JSON:
+    """One pool device. An allocated one carries a NoSchedule taint: when its allocation
+    ends, the scheduler sees it unallocated before this publisher drops it (it may be
+    attached by then), and must not hand it to another claim in that moment."""
     product = f"{dev.manufacturer} {dev.model}".strip()
     attributes: dict[str, JSON] = {
         "model": {"string": dev.model[:_ATTR_MAX]},
@@ -186,6 +197,8 @@ def device_entry(fabric: str, zone: str, dev: Device) -> JSON:
         "bindingConditions": [names.FABRIC_DEVICE_READY],
         "bindingFailureConditions": [names.FABRIC_DEVICE_FAILED, names.FABRIC_DEVICE_RESCHEDULE],
     }
+    if allocated:
+        entry["taints"] = [{"key": ALLOCATED_TAINT, "value": "true", "effect": "NoSchedule"}]
     if dev.memory_mib:
         entry["capacity"] = {"memory": {"value": format_bytes(dev.memory_mib * 2**20)}}
     return entry
@@ -196,6 +209,8 @@ def pool_slices(
 ) -> list[JSON]:
     """All slices of a pool at ``generation`` (an empty pool still has one slice)."""
     devices = sorted(spec.devices, key=lambda d: device_name(d.id))
+    if spec.allocated:
+        max_per_slice = min(max_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     chunks = [devices[i : i + max_per_slice] for i in range(0, len(devices), max_per_slice)] or [[]]
     # One term; matchFields allows a single value only, so nodes are matched by hostname.
     selector = {
@@ -236,7 +251,9 @@ def pool_slices(
                     "resourceSliceCount": len(chunks),
                 },
                 "nodeSelector": selector,
-                "devices": [device_entry(spec.fabric, spec.zone, d) for d in chunk],
+                "devices": [
+                    device_entry(spec.fabric, spec.zone, d, d.id in spec.allocated) for d in chunk
+                ],
             },
         }
         for i, chunk in enumerate(chunks)
@@ -255,6 +272,10 @@ def _norm_device(dev: JSON) -> tuple[Any, ...]:
         bool(dev.get("bindsToNode")),
         tuple(dev.get("bindingConditions") or ()),
         tuple(dev.get("bindingFailureConditions") or ()),
+        json.dumps(
+            [{k: t.get(k) for k in ("key", "value", "effect")} for t in dev.get("taints") or []],
+            sort_keys=True,
+        ),
     )
 
 

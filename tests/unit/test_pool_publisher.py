@@ -214,3 +214,16 @@ def test_live_allocations_and_held_blocks():
         {"spec": {"fabric": "other", "deviceID": "gpu-5"}},
     ]
     assert held_blocks(crs, "fab") == frozenset({"gpu-3"})
+
+
+def test_an_allocated_device_is_tainted_no_schedule_and_slices_hold_64_then():
+    live = {("fab/zone-1", "gpu-1")}
+    pools = desired_pools(view(inventory({"gpu-1": "attached"})), live)
+    slices = pool_slices(pools["fab/zone-1"], 1, DRIVER, max_per_slice=128)
+    devs = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    assert devs["gpu-1"]["taints"] == [
+        {"key": "composable.dra.io/allocated", "value": "true", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in devs["gpu-2"]
+    free = desired_pools(view(inventory()), set())
+    assert not same_slice(pool_slices(free["fab/zone-1"], 1, DRIVER)[0], slices[0])

@@ -332,3 +332,11 @@ def test_quarantines_expire():
         },
     ]
     assert run(snap(quarantines=rules), CFG) == [Unquarantine("q1")]
+
+
+def test_a_block_another_resource_holds_is_never_attached_twice():
+    idle_gpu1 = idle("old", NOW - 5)  # released, attached, gpu-1
+    actions = run(snap([claim(uid="c2")], [idle_gpu1]))
+    assert not only(actions, CreateResource)
+    [st] = only(actions, SetDeviceStatus)
+    assert st.failed[0][1] == "DeviceInUse"
