@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from composable_dra import leader, logs, metrics
     from composable_dra.kube import Kube
-    from composable_operator import controller, operator_setup
+    from composable_operator import controller, fabric_status, operator_setup, requests
     from composable_operator.fabrics import Fabrics
 
     log = logs.get(__name__)
@@ -52,14 +52,17 @@ def run(args: argparse.Namespace) -> int:
     if args.leader_elect:
         leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
     kube = Kube.from_config(args.kubeconfig)
+    fabrics = Fabrics(kube)
     ctl = controller.Controller(
         kube,
-        Fabrics(kube),
+        fabrics,
         controller.Settings(driver=args.driver_name, online_poll=args.online_poll_seconds),
     )
     registry = kopf.OperatorRegistry()
     operator_setup.register(registry)
     controller.register(registry, ctl)
+    fabric_status.register(registry, fabric_status.FabricWatch(kube, fabrics))
+    requests.register(registry, requests.RequestReconciler(kube, fabrics))
     log.info("operator starting")
 
     async def operate() -> None:

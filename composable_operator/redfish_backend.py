@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import logging
 import threading
 import time
 from typing import Any
@@ -45,6 +46,8 @@ from composable_operator.backend import (
 )
 
 ROOT = "/redfish/v1"
+# The DMTF client logs every request at info level (and headers at debug): keep it quiet.
+logging.getLogger("redfish").setLevel(logging.WARNING)
 _STATE: dict[str, DeviceState] = {"Unused": "free", "Composed": "attached"}
 # MessageId suffix -> error type, for 4xx answers whose status code alone is ambiguous.
 _MESSAGE_ERRORS: dict[str, type[FabricError]] = {

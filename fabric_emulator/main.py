@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "after N polls",
     )
     parser.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds on 202")
+    parser.add_argument(
+        "--task-seconds",
+        type=int,
+        default=10,
+        help="a task also ends on its own this long after it started, polled or not",
+    )
     parser.add_argument("--faults", help="JSON or YAML file with a list of fault rules")
     parser.add_argument("--state-file", help="keep the composition in this file across restarts")
     parser.add_argument("--ready-file", help="write the base URL here once listening")
@@ -63,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         password=password,
         async_polls=args.async_polls,
         retry_after=args.retry_after,
+        task_seconds=args.task_seconds,
         state_file=Path(args.state_file) if args.state_file else None,
     )
     emulator = server.Emulator(topo, config, rules)

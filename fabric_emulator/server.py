@@ -39,6 +39,9 @@ class Config:
     password: str = DEFAULT_PASSWORD
     async_polls: int = 0  # 0: changes are synchronous; N: a task runs for N polls
     retry_after: int = 1  # Retry-After (s) on 202 and task monitors
+    # A task also ends on its own this many seconds after it started, polled or not, as a
+    # real fabric manager's would: a client that lost the 202 must not leave it pending.
+    task_seconds: int = 10
     state_file: Path | None = None
 
 
@@ -82,7 +85,7 @@ class Emulator:
     ) -> None:
         self.topology = topology
         self.config = config
-        self._initial = (config.async_polls, config.retry_after)
+        self._initial = (config.async_polls, config.retry_after, config.task_seconds)
         self.faults = faults or faults_mod.Faults()
         self.auth = Auth(config.user, config.password)
         self.tasks = tasks.TaskStore()
@@ -473,6 +476,9 @@ class Emulator:
                 abort=abort,
                 failure=[messages.base("OperationFailed")] if failing is not None else None,
             )
+        asyncio.get_running_loop().call_later(
+            self.config.task_seconds, lambda: asyncio.ensure_future(self._finish_unpolled(task))
+        )
         if failing is not None:
             log.info("fault injected", kind="task_failure", rule=failing.id, task=task.id)
         log.info("composition task started", task=task.id, system=host, added=add, removed=remove)
@@ -481,6 +487,12 @@ class Emulator:
             tasks.render(task),
             {"Location": task.monitor_uri, "Retry-After": str(self.config.retry_after)},
         )
+
+    async def _finish_unpolled(self, task: tasks.Task) -> None:
+        async with self.lock:
+            if not task.done:
+                await self.tasks.finish(task)
+                log.info("composition task ended unpolled", task=task.id, state=task.state)
 
     # ---- admin ---------------------------------------------------------------------------
 
@@ -527,7 +539,11 @@ class Emulator:
         return web.Response(status=204)
 
     def _config_json(self) -> dict[str, Any]:
-        return {"async_polls": self.config.async_polls, "retry_after": self.config.retry_after}
+        return {
+            "async_polls": self.config.async_polls,
+            "retry_after": self.config.retry_after,
+            "task_seconds": self.config.task_seconds,
+        }
 
     async def _admin_config_get(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(self._config_json())
@@ -537,12 +553,13 @@ class Emulator:
         if not isinstance(raw, dict):
             return self._admin_error("expected a JSON object")
         for key, value in raw.items():
-            if key not in ("async_polls", "retry_after"):
+            if key not in ("async_polls", "retry_after", "task_seconds"):
                 return self._admin_error(f"unknown setting {key!r}")
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 return self._admin_error(f"{key} must be a non-negative integer")
         self.config.async_polls = raw.get("async_polls", self.config.async_polls)
         self.config.retry_after = raw.get("retry_after", self.config.retry_after)
+        self.config.task_seconds = raw.get("task_seconds", self.config.task_seconds)
         log.info("config changed", **self._config_json())
         return web.json_response(self._config_json())
 
@@ -555,7 +572,9 @@ class Emulator:
             self.tasks.clear()
             self.comp = Composition()
             self.faults.clear()
-            self.config.async_polls, self.config.retry_after = self._initial
+            (self.config.async_polls, self.config.retry_after, self.config.task_seconds) = (
+                self._initial
+            )
             await self.save()
         log.info("reset")
         return web.json_response(self.dump())

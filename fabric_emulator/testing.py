@@ -45,6 +45,7 @@ class EmulatorProcess:
         topology: str | Path | dict[str, Any] | None = None,
         async_polls: int = 0,
         retry_after: int = 1,
+        task_seconds: int = 10,
         faults: list[dict[str, Any]] | None = None,
         state_file: str | Path | None = None,
         user: str = "admin",
@@ -63,6 +64,7 @@ class EmulatorProcess:
         self.state_file = Path(state_file) if state_file is not None else None
         args = ["--host", host, "--port", str(port), "--ready-file", str(self._ready)]
         args += ["--async-polls", str(async_polls), "--retry-after", str(retry_after)]
+        args += ["--task-seconds", str(task_seconds)]
         args += ["--user", user]
         secret = self.workdir / "password"
         persistence.save_text(secret, password)

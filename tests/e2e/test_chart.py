@@ -311,6 +311,8 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("update", "composableresources", G, "status"),
             Access("patch", "composableresources", G, "status"),
             Access("patch", "composableresources", G),  # the detach finalizer
+            Access("create", "composableresources", G),  # requests and adopted orphans
+            Access("delete", "composableresources", G),
             Access("update", "fabrics", G, "status"),
             Access("update", "composabilityrequests", G, "status"),
             Access("create", "devicetaintrules", R),
@@ -321,8 +323,6 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("create", "events", namespace="@"),
         ],
         [
-            Access("create", "composableresources", G),
-            Access("delete", "composableresources", G),
             Access("create", "fabrics", G),
             Access("create", "resourceslices", R),
             Access("patch", "resourceclaims", R, "status", namespace="team-a"),

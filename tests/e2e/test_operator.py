@@ -328,3 +328,87 @@ def test_detach_waits_while_a_claim_uses_the_device(bed: Bed, unique: str, names
     )
     assert bed.block("gpu-3")["state"] == "Unused"
     bed.kube.delete(path("resource.k8s.io/v1", "deviceclasses", cls))
+
+
+def owned_by(bed: Bed, request: str) -> list[JSON]:
+    return [
+        r
+        for r in bed.kube.get(RESOURCES)["items"]
+        if r["metadata"].get("labels", {}).get(names.LABEL_REQUEST) == request
+    ]
+
+
+def test_composability_request_keeps_its_size(bed: Bed, unique: str) -> None:
+    name = f"req-{unique}"
+    bed.kube.create(
+        path(API_VERSION, "composabilityrequests"),
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ComposabilityRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "fabric": bed.fabric,
+                "model": "NVIDIA H100 80GB HBM3",
+                "targetNode": bed.node,
+                "size": 2,
+                "maxSize": 3,
+            },
+        },
+    )
+    request = path(API_VERSION, "composabilityrequests", name)
+
+    def online() -> int:
+        return int((bed.kube.get(request).get("status") or {}).get("online", 0))
+
+    wait_for(
+        lambda: online() == 2,
+        90,
+        "two devices online",
+        describe=lambda: f"{bed.kube.get(request)}\n{bed.operator.log_tail()}",
+    )
+    composed = [b for b, s in bed.emulator.state()["blocks"].items() if s["state"] == "Composed"]
+    assert sorted(composed) == sorted(r["spec"]["deviceID"] for r in owned_by(bed, name))
+    assert all(bed.block(b)["system"] == "node-1" for b in composed)
+
+    bed.kube.merge_patch(request, {"spec": {"size": 1}})
+    wait_for(lambda: len(owned_by(bed, name)) == 1, 90, "the request to shrink to one")
+    wait_for(
+        lambda: sum(s["state"] == "Composed" for s in bed.emulator.state()["blocks"].values()) == 1,
+        60,
+        "one block left composed",
+    )
+    bed.kube.delete(request)
+    for r in owned_by(bed, name):
+        bed.kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
+
+
+def test_fabric_status_and_orphan_detach(bed: Bed) -> None:
+    fabric = path(API_VERSION, "fabrics", bed.fabric)
+    wait_for(
+        lambda: (bed.kube.get(fabric).get("status") or {}).get("reachable") is True,
+        60,
+        "the Fabric to report reachable",
+    )
+    status = bed.kube.get(fabric)["status"]
+    assert status["lastSyncTime"]
+    assert sum(e["count"] for e in status["freeDevices"]) == 8
+    # Someone attaches a block out of band: the operator finds the orphan and detaches it.
+    from composable_operator.redfish_backend import RedfishCompositionBackend
+
+    outside = RedfishCompositionBackend(bed.emulator.url, "admin", "admin")
+    op = outside.attach("gpu-4", "node-1")
+    assert op is not None  # the emulator runs changes as tasks here
+    wait_for(lambda: outside.operation_status(op).state == "done", 30, "the out-of-band attach")
+    assert bed.block("gpu-4")["state"] == "Composed"
+    outside.close()
+    bed.kube.merge_patch(fabric, {"spec": {"orphanGracePeriodSeconds": 1}})
+    wait_for(
+        lambda: bed.block("gpu-4")["state"] == "Unused",
+        90,
+        "the orphan to be detached",
+        describe=bed.operator.log_tail,
+    )
+    events = bed.kube.get(path("v1", "events", namespace="default"))["items"]
+    assert any(
+        e["reason"] == "OrphanDevice" and e["involvedObject"]["name"] == bed.fabric for e in events
+    )

@@ -9,6 +9,7 @@ from typing import Any
 import requests
 
 from fabric_emulator.testing import EmulatorProcess
+from hack.localcluster.wait import wait_for
 
 from .conftest import BLOCKS, ROOT, Client, message_ids
 
@@ -225,6 +226,22 @@ def test_async_attach_runs_a_task(client: Client, emu: EmulatorProcess) -> None:
     for _ in range(3):
         client.get(task_uri.rsplit("/", 1)[0] + "/" + resp.json()["Id"])
     assert emu.state()["blocks"]["gpu-8"]["state"] == "Unused"
+
+
+def test_an_unpolled_task_ends_on_its_own(client: Client, emu: EmulatorProcess) -> None:
+    # A client that lost the 202 (or died) must not leave the block pending forever.
+    emu.configure(async_polls=100, task_seconds=1)
+    resp = client.attach("node-1", "gpu-2")
+    assert resp.status_code == 202
+    assert emu.state()["blocks"]["gpu-2"]["state"] == "Composing"
+    wait_for(
+        lambda: emu.state()["blocks"]["gpu-2"]["state"] == "Composed",
+        10,
+        "the task to end without polls",
+    )
+    assert emu.state()["blocks"]["gpu-2"]["system"] == "node-1"
+    task = client.get(resp.json()["@odata.id"]).json()
+    assert task["TaskState"] == "Completed"
 
 
 def test_state_file_survives_a_restart(tmp_path: Path) -> None:

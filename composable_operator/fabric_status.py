@@ -1,0 +1,217 @@
+"""Fabric status and orphan handling, as pure functions plus a kopf daemon per Fabric.
+
+Each pass reads the fabric once and:
+- reports it in the Fabric's status: reachable, free devices by model and zone, last sync;
+- finds orphans: devices attached to the host of one of our nodes with no
+  ComposableResource saying so. One that stays an orphan longer than the grace period is
+  adopted (a ComposableResource is created for it) or, by default, detached, which is
+  done by adopting it and deleting that resource at once: the detach then goes through
+  the same taint, allocation check and fabric call as any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from api.v1alpha1 import API_VERSION, GROUP, VERSION, FabricSpec
+from composable_dra import logs, names
+from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_operator import metrics
+from composable_operator.backend import FabricError, Inventory
+from composable_operator.fabrics import FabricConfigError, Fabrics, host_for_node
+
+log = logs.get(__name__)
+ADOPTED = f"{names.PREFIX}/adopted"
+
+
+def free_devices(inv: Inventory) -> list[JSON]:
+    counts = Counter((d.model, d.zone) for d in inv.devices.values() if d.state == "free")
+    return [{"model": m, "zone": z, "count": n} for (m, z), n in sorted(counts.items())]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    device: str
+    host: str
+    node: str
+    model: str
+
+
+def find_orphans(
+    inv: Inventory,
+    host_nodes: dict[str, str],
+    claimed_devices: set[str],
+    first_seen: dict[str, float],
+    now: float,
+    grace: float,
+) -> tuple[list[Orphan], dict[str, float]]:
+    """Orphans past the grace period, and the first-seen times to keep for the next pass.
+
+    host_nodes maps fabric hosts to our nodes; claimed_devices are the device ids that
+    some ComposableResource of this fabric names.
+    """
+    seen: dict[str, float] = {}
+    due = []
+    for d in inv.devices.values():
+        if d.state != "attached" or d.host not in host_nodes or d.id in claimed_devices:
+            continue
+        seen[d.id] = first_seen.get(d.id, now)
+        if now - seen[d.id] >= grace:
+            due.append(Orphan(d.id, d.host, host_nodes[d.host], d.model))
+    return due, seen
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FabricWatch:
+    """One pass per poll interval over one Fabric; see the module docstring."""
+
+    def __init__(self, kube: Kube, fabrics: Fabrics) -> None:
+        self.kube, self.fabrics = kube, fabrics
+
+    def host_nodes(self, spec: FabricSpec, inv: Inventory) -> dict[str, str]:
+        out = {}
+        for node in self.kube.get(path("v1", "nodes"))["items"]:
+            host = host_for_node(node, spec.node_mapping, inv)
+            if host:
+                out[host] = node["metadata"]["name"]
+        return out
+
+    def claimed(self, fabric: str) -> set[str]:
+        items = self.kube.get(
+            path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={fabric}"
+        )["items"]
+        return {r["spec"]["deviceID"] for r in items}
+
+    def adopt(self, fabric: str, orphan: Orphan, detach: bool) -> None:
+        name = f"orphan-{fabric}-{orphan.device}".lower()[:253]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "ComposableResource",
+            "metadata": {
+                "name": name,
+                "annotations": {ADOPTED: "detach" if detach else "adopt"},
+                "labels": {names.LABEL_FABRIC: fabric},
+            },
+            "spec": {
+                "fabric": fabric,
+                "deviceID": orphan.device,
+                "targetNode": orphan.node,
+                "model": orphan.model,
+            },
+        }
+        with contextlib.suppress(Conflict):  # adopted on an earlier pass
+            self.kube.create(path(API_VERSION, "composableresources"), body)
+        if detach:
+            self.kube.delete(path(API_VERSION, "composableresources", name))
+
+    def write_status(
+        self, name: str, fields: JSON, reachable: bool, reason: str, message: str
+    ) -> None:
+        status_path = path(API_VERSION, "fabrics", name, subresource="status")
+        self.kube.merge_patch(status_path, {"status": fields})
+        self.kube.apply(
+            status_path,
+            {
+                "apiVersion": API_VERSION,
+                "kind": "Fabric",
+                "metadata": {"name": name},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Reachable",
+                            "status": "True" if reachable else "False",
+                            "reason": reason,
+                            "message": message[:1000],
+                            "lastTransitionTime": now_rfc3339(),
+                        }
+                    ]
+                },
+            },
+            "composable-operator",
+        )
+
+
+def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
+    @kopf.daemon(GROUP, VERSION, "fabrics", registry=registry, cancellation_timeout=10)
+    async def poll(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        first_seen: dict[str, float] = {}
+        flog = log.bind(fabric=name)
+        while not stopped:
+            interval = 30.0
+            try:
+                spec, backend = await asyncio.to_thread(watch.fabrics.get, name)
+                interval = float(spec.poll_interval_seconds)
+                inv = await asyncio.to_thread(backend.inventory)
+                free = free_devices(inv)
+                by_model: Counter[str] = Counter()
+                for entry in free:
+                    by_model[entry["model"]] += entry["count"]
+                for model, count in by_model.items():
+                    metrics.POOL_FREE.labels(name, model).set(count)
+                await asyncio.to_thread(
+                    watch.write_status,
+                    name,
+                    {"reachable": True, "freeDevices": free, "lastSyncTime": now_rfc3339()},
+                    True,
+                    "Synced",
+                    f"{len(inv.devices)} devices, {sum(by_model.values())} free",
+                )
+                if spec.orphan_policy != "Ignore":
+                    host_nodes = await asyncio.to_thread(watch.host_nodes, spec, inv)
+                    claimed = await asyncio.to_thread(watch.claimed, name)
+                    due, first_seen = find_orphans(
+                        inv,
+                        host_nodes,
+                        claimed,
+                        first_seen,
+                        time.monotonic(),
+                        float(spec.orphan_grace_period_seconds),
+                    )
+                    for orphan in due:
+                        detach = spec.orphan_policy == "Detach"
+                        await asyncio.to_thread(watch.adopt, name, orphan, detach)
+                        verb = "detaching" if detach else "adopted"
+                        kopf.warn(
+                            body,
+                            reason="OrphanDevice",
+                            message=f"{orphan.device} on {orphan.node} had no "
+                            f"ComposableResource; {verb} it",
+                        )
+                        flog.warning(
+                            "orphan device",
+                            device=orphan.device,
+                            node=orphan.node,
+                            policy=spec.orphan_policy,
+                        )
+                        first_seen.pop(orphan.device, None)
+            except (FabricError, FabricConfigError) as exc:
+                if isinstance(exc, FabricError):
+                    metrics.FABRIC_ERRORS.labels(name, exc.kind).inc()
+                flog.warning("fabric unreachable", error=str(exc))
+                try:
+                    await asyncio.to_thread(
+                        watch.write_status,
+                        name,
+                        {"reachable": False},
+                        False,
+                        type(exc).__name__,
+                        str(exc),
+                    )
+                except Exception:
+                    flog.exception("could not write Fabric status")
+                interval = min(interval, 10.0)
+            except Exception:
+                metrics.RECONCILE_ERRORS.labels("fabric").inc()
+                flog.exception("fabric pass failed")
+            await stopped.wait(interval)

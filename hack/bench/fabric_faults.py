@@ -1,0 +1,270 @@
+"""Randomized attach/detach under injected fabric faults and operator kills.
+
+Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
+on the emulator's hosts with the plugin (redfish source) each, and the operator as its
+own process. Then OPERATIONS random operations: create a ComposableResource for a free
+block and a node its zone reaches, or delete one; meanwhile the emulator injects 503s,
+500s, dropped connections before and after the change, failed tasks and latency, and
+the operator is SIGKILLed and restarted at KILLS random moments. At the end faults stop,
+everything settles, and the emulator's composition is compared with the resources.
+
+The last line printed is JSON: operations, restarts, leaked (a block attached with no
+resource, or a resource Online without its attachment), double_attached (a block named
+by two live resources, or attached where its resource does not say), settle_s, and the
+fault counts the emulator reports.
+
+Usage: KUBE_BIN_DIR=... python hack/bench/fabric_faults.py [--operations 200] [--kills 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from api.v1alpha1 import API_VERSION  # noqa: E402
+from composable_dra.kube import JSON, Kube, path  # noqa: E402
+from dra_driver.testing import PluginProcess  # noqa: E402
+from fabric_emulator.testing import EmulatorProcess  # noqa: E402
+from fabric_emulator.topology import host_uuid  # noqa: E402
+from hack.localcluster import ControlPlane  # noqa: E402
+from hack.localcluster.controlplane import find_binaries  # noqa: E402
+from hack.localcluster.crds import install_crds  # noqa: E402
+from hack.localcluster.nodes import create_node  # noqa: E402
+from hack.localcluster.process import ComponentProcess  # noqa: E402
+from hack.localcluster.wait import wait_for  # noqa: E402
+
+RESOURCES = path(API_VERSION, "composableresources")
+FABRIC = "bench"
+CHANGES = "Actions/ComputerSystem"  # faults hit the attach and detach actions
+
+
+def faults(seed: int) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = [
+        {"kind": "status503", "path": CHANGES, "probability": 0.06, "retry_after": 1},
+        {"kind": "status500", "path": CHANGES, "probability": 0.06},
+        {"kind": "drop_before", "path": CHANGES, "probability": 0.05},
+        {"kind": "drop_after", "path": CHANGES, "probability": 0.05},
+        {"kind": "task_failure", "path": CHANGES, "probability": 0.06},
+        {"kind": "latency", "path": "/redfish/v1/", "probability": 0.05, "latency": 0.3},
+        {
+            "kind": "status503",
+            "path": "ResourceBlocks/",
+            "method": "GET",
+            "probability": 0.01,
+            "retry_after": 1,
+        },
+    ]
+    return [{**r, "seed": seed + i} for i, r in enumerate(rules)]
+
+
+def phase(r: JSON) -> str:
+    return str((r.get("status") or {}).get("phase") or "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--operations", type=int, default=200)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--in-flight", type=int, default=4, help="changes under way at once")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
+    procs: list[Any] = []
+    try:
+        with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
+            kube = Kube.from_config(str(cp.kubeconfig))
+            install_crds(kube)
+            emulator = EmulatorProcess(async_polls=1, task_seconds=5, workdir=work / "emulator")
+            emulator.start()
+            procs.append(emulator)
+            kube.create(path("v1", "namespaces"), {"metadata": {"name": "composable-dra"}})
+            kube.create(
+                path("v1", "secrets", namespace="composable-dra"),
+                {
+                    "metadata": {"name": FABRIC},
+                    "data": {
+                        k: base64.b64encode(b"admin").decode() for k in ("username", "password")
+                    },
+                },
+            )
+            kube.create(
+                path(API_VERSION, "fabrics"),
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "Fabric",
+                    "metadata": {"name": FABRIC},
+                    "spec": {
+                        "backend": "redfish-composition",
+                        "endpoint": emulator.url,
+                        "credentialsSecret": {"name": FABRIC, "namespace": "composable-dra"},
+                        "operationTimeoutSeconds": 120,
+                        "orphanPolicy": "Ignore",
+                    },
+                },
+            )
+            creds = work / "redfish.yaml"
+            creds.write_text("username: admin\npassword: admin\n")
+            hosts = ["node-1", "node-2", "node-3"]
+            for host in hosts:
+                create_node(kube.api, host, system_uuid=host_uuid(host))
+                plugin = PluginProcess(
+                    node=host,
+                    kubeconfig=cp.kubeconfig,
+                    plugins_registry_dir=work / host / "registry",
+                    plugins_dir=work / host / "p",
+                    cdi_dir=work / host / "cdi",
+                    workdir=work / host / "plugin",
+                    extra_args=[
+                        "--device-source=redfish",
+                        f"--redfish-endpoint={emulator.url}",
+                        f"--redfish-credentials-file={creds}",
+                        "--poll-interval=1",
+                    ],
+                )
+                plugin.start()
+                procs.append(plugin)
+            operator = ComponentProcess(
+                "operator",
+                [
+                    f"--kubeconfig={cp.kubeconfig}",
+                    "--leader-elect-namespace=kube-system",
+                    "--metrics-port=0",
+                    "--online-poll-seconds=3",
+                ],
+                work / "operator",
+            ).start()
+            procs.append(operator)
+
+            zones = {b: s["zone"] for b, s in emulator.state()["blocks"].items()}
+            reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
+            emulator.set_faults(faults(args.seed))
+            kills = set(rng.sample(range(10, args.operations), args.kills))
+            restarts = 0
+            created = 0
+
+            def resources() -> list[JSON]:
+                items: list[JSON] = kube.get(RESOURCES)["items"]
+                return items
+
+            def settled_enough() -> bool:
+                busy = [
+                    r
+                    for r in resources()
+                    if r["metadata"].get("deletionTimestamp")
+                    or phase(r) not in ("Online", "Failed")
+                ]
+                return len(busy) < int(args.in_flight)
+
+            started = time.monotonic()
+            for i in range(args.operations):
+                wait_for(settled_enough, 300, "room for another change", interval=0.2)
+                live = [r for r in resources() if not r["metadata"].get("deletionTimestamp")]
+                named = {r["spec"]["deviceID"] for r in live}
+                free = [b for b in zones if b not in named]
+                deletable = [r for r in live if phase(r) in ("Online", "Failed")]
+                if free and (rng.random() < 0.55 or not deletable):
+                    block = rng.choice(free)
+                    node = rng.choice(reach[zones[block]])
+                    created += 1
+                    kube.create(
+                        RESOURCES,
+                        {
+                            "apiVersion": API_VERSION,
+                            "kind": "ComposableResource",
+                            "metadata": {"name": f"r{created}-{block}"},
+                            "spec": {"fabric": FABRIC, "deviceID": block, "targetNode": node},
+                        },
+                    )
+                elif deletable:
+                    victim = rng.choice(deletable)
+                    kube.delete(
+                        path(API_VERSION, "composableresources", victim["metadata"]["name"])
+                    )
+                if i in kills:
+                    operator.kill()
+                    operator.start()
+                    restarts += 1
+                print(f"op {i + 1}/{args.operations}: {len(live)} resources", file=sys.stderr)
+            ops_s = time.monotonic() - started
+
+            fault_state = emulator.faults()
+            emulator.clear_faults()
+            t0 = time.monotonic()
+            for r in resources():
+                if phase(r) == "Failed":  # given up under faults: clean up as a user would
+                    kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
+
+            def settled() -> bool:
+                items = resources()
+                return all(
+                    phase(r) == "Online" and not r["metadata"].get("deletionTimestamp")
+                    for r in items
+                )
+
+            wait_for(
+                settled,
+                600,
+                "every resource to settle",
+                interval=0.5,
+                describe=lambda: str(
+                    [(r["metadata"]["name"], phase(r)) for r in resources() if phase(r) != "Online"]
+                ),
+            )
+            settle_s = time.monotonic() - t0
+
+            blocks = emulator.state()["blocks"]
+            attached = {b: s["system"] for b, s in blocks.items() if s["state"] == "Composed"}
+            stuck = [b for b, s in blocks.items() if s["state"] not in ("Composed", "Unused")]
+            final = resources()
+            by_device: dict[str, list[JSON]] = {}
+            for r in final:
+                by_device.setdefault(r["spec"]["deviceID"], []).append(r)
+            leaked = [b for b in attached if b not in by_device]
+            leaked += [
+                r["metadata"]["name"] for r in final if r["spec"]["deviceID"] not in attached
+            ]
+            double = [b for b, rs in by_device.items() if len(rs) > 1]
+            double += [
+                b
+                for b, host in attached.items()
+                if b in by_device and by_device[b][0]["spec"]["targetNode"] != host
+            ]
+            result = {
+                "operations": args.operations,
+                "restarts": restarts,
+                "leaked": len(leaked) + len(stuck),
+                "double_attached": len(double),
+                "resources_online": len(final),
+                "blocks_attached": len(attached),
+                "operations_s": round(ops_s, 1),
+                "settle_s": round(settle_s, 1),
+                "faults_fired": {
+                    f"{r['kind']}:{r.get('method') or '*'}": r.get("fired", 0) for r in fault_state
+                },
+            }
+            for p in reversed(procs):
+                p.stop()
+            procs.clear()
+            print(json.dumps(result), flush=True)
+            return 0 if not leaked and not stuck and not double else 1
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
