@@ -325,9 +325,9 @@ def test_3_eight_pods_over_three_nodes_and_eight_pool_gpus(
 def test_6_kills_of_scaler_operator_and_plugins_during_eight_pods(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    # Synchronous composition (with latency): the emulator's asynchronous tasks advance only
-    # when their monitor is polled, so an operator killed between the 202 and the end of a
-    # task would leave the block "Composing" for ever (reported; not a fabric behaviour).
+    # Synchronous composition (with latency) keeps this test short: an operator killed
+    # between a 202 and the end of its task leaves the block "Composing" until the emulator
+    # ends the task on its own (task_seconds, 10 s), and the retry waits for that.
     suite = make_suite(async_polls=0)
     rng = random.Random(6)
     done = threading.Event()
