@@ -169,6 +169,14 @@ class Suite:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> Suite:
+        """Start everything and wait until it is ready; on failure stop what started."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Suite:
         (self.workdir / "emulator").mkdir(parents=True, exist_ok=True)
         install_crds(self.kube)
         self._device_class()
@@ -253,7 +261,8 @@ class Suite:
         for n in self.nodes.values():
             n.plugin.stop()
             n.kubelet.stop()
-            delete_node(self.kube.api, n.name)
+            with contextlib.suppress(Exception):
+                delete_node(self.kube.api, n.name)
         self.emulator.close()
         with contextlib.suppress(Exception):
             self.kube.delete(path(CR_API, "fabrics", self.fabric))
