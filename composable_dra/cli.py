@@ -26,6 +26,14 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "fabric_emulator.main",
         "Run the mocked fabric: a stateful Redfish composition service.",
     ),
+    "pool-publisher": (
+        "dra_driver.pool_publisher_main",
+        "Publish each Fabric's free GPUs as ResourceSlice pools (leader-elected)",
+    ),
+    "scaler": (
+        "device_scaler.main",
+        "The Dynamic Device Scaler: attach for claims, release, idle scale-down",
+    ),
 }
 
 

@@ -1,1 +1,1 @@
-"""The Dynamic Device Scaler: turns pool allocations into ComposableResources."""
+"""The Dynamic Device Scaler: ComposableResources for pool allocations, release, idle scale-down."""

@@ -289,12 +289,15 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("create", "leases", "coordination.k8s.io", namespace="@"),
             Access("update", "leases", "coordination.k8s.io", namespace="@"),
             Access("create", "events", namespace="team-a"),
+            # Quarantine of a pool device whose attach failed (NoSchedule taint rule).
+            Access("create", "devicetaintrules", R),
+            Access("watch", "devicetaintrules", R),
+            Access("delete", "devicetaintrules", R),
         ],
         [
             Access("update", "composableresources", G, "status"),
             Access("update", "fabrics", G, "status"),
             Access("create", "resourceslices", R),
-            Access("create", "devicetaintrules", R),
             Access("arbitrary-node:update", "resourceclaims", R, "driver", "team-a", "other.dev"),
             Access("update", "resourceclaims", R, "binding", namespace="team-a"),
             Access("delete", "nodes"),

@@ -1,0 +1,60 @@
+"""``composable-dra scaler``: the Dynamic Device Scaler (leader-elected)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from composable_dra.component import add_common_arguments, run_controller
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, lease="composable-dra-scaler")
+    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.composable.dra.io"))
+    p.add_argument(
+        "--attach-timeout",
+        type=float,
+        default=300.0,
+        help="seconds from a ComposableResource's creation to Online before FabricDeviceFailed",
+    )
+    p.add_argument(
+        "--no-removal-duration",
+        type=float,
+        default=600.0,
+        help="seconds an idle attached GPU stays attached after its last use",
+    )
+    p.add_argument(
+        "--failure-quarantine",
+        type=float,
+        default=60.0,
+        help="seconds a pool device whose attach failed is tainted NoSchedule",
+    )
+    p.add_argument(
+        "--fail-on-fabric-error",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fail the allocation as soon as the operator reports a failed fabric operation "
+        "(else wait for Failed or the attach timeout)",
+    )
+    p.add_argument(
+        "--resync", type=float, default=1.0, help="seconds between passes without events"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from device_scaler.decide import Settings
+    from device_scaler.scaler import Scaler, ScalerConfig
+
+    settings = Settings(
+        driver=args.driver_name,
+        attach_timeout=args.attach_timeout,
+        no_removal=args.no_removal_duration,
+        quarantine=args.failure_quarantine,
+        fail_on_fabric_error=args.fail_on_fabric_error,
+    )
+
+    def make(kube: Any) -> Scaler:
+        return Scaler(kube, ScalerConfig(settings, resync=args.resync))
+
+    return run_controller(args, "scaler", make)

@@ -1,0 +1,362 @@
+"""The Dynamic Device Scaler's adapter: informers in, ``decide`` in the middle, writes out.
+
+Informers keep ResourceClaims, ComposableResources, our driver's ResourceSlices,
+ComposabilityRequests and the scaler's quarantine DeviceTaintRules in memory; any change
+wakes one reconcile thread, which builds a snapshot, asks ``decide.decide`` what to do and
+does it. Every write is idempotent (deterministic names, server-side apply of the claim's
+device status, deletes that tolerate NotFound), so acting twice on a stale cache is
+harmless, and a restart picks up where the last leader stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from composable_dra import logs, names
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
+from composable_operator.backend import normalize_uuid
+from device_scaler.decide import (
+    API_VERSION,
+    QUARANTINE_LABEL,
+    ClaimRef,
+    CreateResource,
+    DeleteResource,
+    PatchResource,
+    Quarantine,
+    SetDeviceStatus,
+    Settings,
+    Snapshot,
+    Unquarantine,
+    decide,
+    managed,
+    quarantine_body,
+    quarantine_rule_name,
+)
+
+RESOURCE_API = "resource.k8s.io/v1"
+FIELD_MANAGER = "composable-dra-scaler"
+COMPONENT = "composable-dra-scaler"
+
+TIME_TO_GPU = Histogram(
+    "composable_dra_time_to_gpu_seconds",
+    "From a claim's pool allocation to FabricDeviceReady on it",
+    buckets=(0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+)
+ATTACH_FAILURES = Counter(
+    "composable_dra_scaler_attach_failures_total",
+    "Pool allocations failed with FabricDeviceFailed, by reason",
+    ["reason"],
+)
+ACTIONS = Counter("composable_dra_scaler_actions_total", "Actions taken, by kind", ["kind"])
+IDLE_DEVICES = Gauge(
+    "composable_dra_scaler_idle_devices", "Attached GPUs serving no claim, by node", ["node"]
+)
+RECONCILE_ERRORS = Counter(
+    "composable_dra_scaler_reconcile_errors_total", "Failed scaler passes or actions"
+)
+
+log = logs.get(__name__)
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class ScalerConfig:
+    settings: Settings
+    resync: float = 1.0  # seconds between passes without events (timeouts, idle windows)
+    debounce: float = 0.02
+
+
+class Scaler:
+    def __init__(self, kube: Kube, config: ScalerConfig) -> None:
+        self.kube = kube
+        self.config = config
+        self.settings = config.settings
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._events_sent: set[tuple[str, str, str]] = set()
+        wake = self._wake.set
+        driver = self.settings.driver
+        self.claims = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
+        self.resources = Informer(kube, path(API_VERSION, "composableresources"), wake)
+        self.slices = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            wake,
+            fieldSelector=f"spec.driver={driver}",
+        )
+        self.requests = Informer(kube, path(API_VERSION, "composabilityrequests"), wake)
+        self.quarantines = Informer(
+            kube,
+            path(RESOURCE_API, "devicetaintrules"),
+            wake,
+            name="quarantines",
+            labelSelector=f"{QUARANTINE_LABEL}=scaler",
+        )
+        self.informers = [self.claims, self.resources, self.slices, self.requests, self.quarantines]
+        self.synced = threading.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for inf in self.informers:
+            inf.start()
+        self._thread = threading.Thread(target=self._loop, name="scaler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for inf in self.informers:
+            inf.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        for inf in self.informers:
+            while not inf.synced.wait(0.5):
+                if self._stop.is_set():
+                    return
+        while not self._stop.is_set():
+            self._wake.wait(self.config.resync)
+            if self._stop.is_set():
+                return
+            self._stop.wait(self.config.debounce)
+            self._wake.clear()
+            try:
+                self.reconcile()
+                self.synced.set()
+            except Exception:
+                RECONCILE_ERRORS.inc()
+                log.exception("scaler pass failed")
+                self._stop.wait(0.5)
+
+    # -- one pass ---------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        pool_devices: dict[tuple[str, str], JSON] = {}
+        local: dict[tuple[str, str], str] = {}
+        for sl in self.slices.items():
+            spec = sl.get("spec") or {}
+            pool = str((spec.get("pool") or {}).get("name", ""))
+            node = spec.get("nodeName")
+            for dev in spec.get("devices") or []:
+                if node:
+                    uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
+                    if uuid_attr:
+                        local[(node, normalize_uuid(uuid_attr))] = dev["name"]
+                else:
+                    pool_devices[(pool, dev["name"])] = dev
+        return Snapshot(
+            now=time.time(),
+            claims=self.claims.items(),
+            resources=self.resources.items(),
+            pool_devices=pool_devices,
+            local_devices=local,
+            requests=self.requests.items(),
+            quarantines=self.quarantines.items(),
+        )
+
+    def reconcile(self) -> int:
+        snap = self.snapshot()
+        actions = decide(snap, self.settings)
+        for action in actions:
+            try:
+                self._do(action)
+            except KubeError as exc:
+                RECONCILE_ERRORS.inc()
+                log.warning("action failed", action=type(action).__name__, error=str(exc))
+                self._wake.set()  # look again soon
+        idle: dict[str, int] = {}
+        for cr in snap.resources:
+            spec = cr.get("spec") or {}
+            if (
+                managed(cr)
+                and not spec.get("claimRef")
+                and (cr.get("status") or {}).get("phase") == "Online"
+            ):
+                node = spec.get("targetNode", "")
+                idle[node] = idle.get(node, 0) + 1
+        IDLE_DEVICES.clear()
+        for node, n in idle.items():
+            IDLE_DEVICES.labels(node).set(n)
+        return len(actions)
+
+    def _do(self, action: Any) -> None:
+        if isinstance(action, CreateResource):
+            ACTIONS.labels("create").inc()
+            try:
+                self.kube.create(path(API_VERSION, "composableresources"), action.body)
+            except Conflict:
+                return  # made by an earlier pass or leader
+            spec = action.body["spec"]
+            log.info(
+                "attach requested",
+                claim=f"{action.claim.namespace}/{action.claim.name}",
+                resource=action.name,
+                fabric=spec["fabric"],
+                device=spec["deviceID"],
+                node=spec["targetNode"],
+            )
+            self._claim_event(
+                action.claim,
+                "Normal",
+                "AttachRequested",
+                f"ComposableResource {action.name}: attaching {spec['deviceID']} to "
+                f"{spec['targetNode']}",
+                action.device,
+            )
+        elif isinstance(action, SetDeviceStatus):
+            ACTIONS.labels("status").inc()
+            self._set_status(action)
+        elif isinstance(action, DeleteResource):
+            ACTIONS.labels("delete").inc()
+            self.kube.delete(path(API_VERSION, "composableresources", action.name))
+            log.info(
+                "resource deleted", resource=action.name, reason=action.reason, why=action.message
+            )
+        elif isinstance(action, PatchResource):
+            ACTIONS.labels("patch").inc()
+            self.kube.merge_patch(
+                path(API_VERSION, "composableresources", action.name), action.patch
+            )
+            log.info(
+                "resource updated", resource=action.name, reason=action.reason, why=action.message
+            )
+            if action.reason == "Released":
+                self._resource_event(action.name, action.reason, action.message)
+        elif isinstance(action, Quarantine):
+            ACTIONS.labels("quarantine").inc()
+            body = quarantine_body(action, self.settings.driver)
+            try:
+                self.kube.create(path(RESOURCE_API, "devicetaintrules"), body)
+            except Conflict:
+                self.kube.merge_patch(
+                    path(
+                        RESOURCE_API,
+                        "devicetaintrules",
+                        quarantine_rule_name(action.pool, action.device),
+                    ),
+                    {"metadata": {"annotations": body["metadata"]["annotations"]}},
+                )
+            log.info("device quarantined", pool=action.pool, device=action.device)
+        elif isinstance(action, Unquarantine):
+            ACTIONS.labels("unquarantine").inc()
+            self.kube.delete(path(RESOURCE_API, "devicetaintrules", action.rule))
+
+    def _set_status(self, action: SetDeviceStatus) -> None:
+        c = action.claim
+        body = {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaim",
+            "metadata": {"name": c.name, "namespace": c.namespace, "uid": c.uid},
+            "status": {"devices": action.entries},
+        }
+        try:
+            self.kube.apply(
+                path(
+                    RESOURCE_API,
+                    "resourceclaims",
+                    c.name,
+                    namespace=c.namespace,
+                    subresource="status",
+                ),
+                body,
+                FIELD_MANAGER,
+            )
+        except NotFound:
+            return
+        for device, since in action.ready:
+            if since is not None:
+                TIME_TO_GPU.observe(max(0.0, since))
+            log.info("device ready", claim=f"{c.namespace}/{c.name}", device=device, phase="Online")
+            self._claim_event(
+                c, "Normal", names.FABRIC_DEVICE_READY, f"{device} is attached and visible", device
+            )
+        for device, reason, message in action.failed:
+            ATTACH_FAILURES.labels(reason).inc()
+            log.warning(
+                "device failed",
+                claim=f"{c.namespace}/{c.name}",
+                device=device,
+                reason=reason,
+                error=message,
+            )
+            self._claim_event(
+                c, "Warning", names.FABRIC_DEVICE_FAILED, f"{device}: {reason}: {message}", device
+            )
+
+    # -- events -------------------------------------------------------------------------
+
+    def _claim_event(
+        self, claim: ClaimRef, kind: str, reason: str, message: str, device: str
+    ) -> None:
+        key = (claim.uid, reason, device)
+        if key in self._events_sent:
+            return
+        self._events_sent.add(key)
+        if len(self._events_sent) > 10000:
+            self._events_sent.clear()
+        self._event(
+            {
+                "kind": "ResourceClaim",
+                "apiVersion": RESOURCE_API,
+                "name": claim.name,
+                "namespace": claim.namespace,
+                "uid": claim.uid,
+            },
+            claim.namespace,
+            kind,
+            reason,
+            message,
+        )
+
+    def _resource_event(self, name: str, reason: str, message: str) -> None:
+        cr = self.resources.get(name)
+        if cr is None:
+            return
+        self._event(
+            {
+                "kind": "ComposableResource",
+                "apiVersion": API_VERSION,
+                "name": name,
+                "uid": cr["metadata"].get("uid", ""),
+            },
+            "default",
+            "Normal",
+            reason,
+            message,
+        )
+
+    def _event(self, involved: JSON, namespace: str, kind: str, reason: str, message: str) -> None:
+        stamp = now_rfc3339()
+        body = {
+            "metadata": {
+                "name": f"{involved['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": namespace,
+            },
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1000],
+            "type": kind,
+            "source": {"component": COMPONENT},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+        }
+        with contextlib.suppress(KubeError):
+            self.kube.create(path("v1", "events", namespace=namespace), body)

@@ -1,0 +1,571 @@
+"""The pool publisher: network-attached ResourceSlices with the free GPUs of each fabric.
+
+One pool per (Fabric, zone), named ``<fabric>/<zone>`` (names.pool_name), one device per
+free GPU block, named after the block. Every device carries ``bindsToNode`` and the binding
+(failure) conditions of the attach flow, and the pool's slices select exactly the nodes
+whose fabric host the zone reaches. A block that a live claim allocation names stays
+published until that allocation ends, even once it is attached (DESIGN.md, Invariants);
+a free block that a ComposableResource holds (being attached outside a pool allocation) is
+left out.
+
+The decisions are pure functions (``desired_pools``, ``plan_pools``); ``PoolPublisher``
+feeds them from informers and the fabric backends and writes the difference with
+server-side apply. Writes happen only when the fields we own differ, so nothing loops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
+from composable_dra import logs, names
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, path
+from composable_operator.backend import Device, FabricError, Inventory
+from composable_operator.fabrics import FabricConfigError, Fabrics, host_for_node
+from dra_driver.quantity import format_bytes, parse_bytes
+
+RESOURCE_API = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+ALLOCATED_TAINT = f"{names.PREFIX}/allocated"
+FIELD_MANAGER = "composable-dra-pool-publisher"
+MANAGED_LABEL = f"{names.PREFIX}/managed-by"
+MANAGED_VALUE = "pool-publisher"
+ZONE_LABEL = f"{names.PREFIX}/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+_ATTR_MAX = 64
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+POOL_FREE_DEVICES = Gauge(
+    "composable_dra_pool_publisher_free_devices",
+    "Free devices published in a fabric pool, by model",
+    ["fabric", "zone", "model"],
+)
+POOL_PUBLISHED_DEVICES = Gauge(
+    "composable_dra_pool_publisher_devices",
+    "Devices published in a fabric pool (free ones and ones a live allocation holds)",
+    ["fabric", "zone"],
+)
+PUBLISH_ERRORS = Counter(
+    "composable_dra_pool_publisher_errors_total",
+    "Failed passes of the pool publisher, by stage",
+    ["stage"],
+)
+
+log = logs.get(__name__)
+
+
+# -- names -------------------------------------------------------------------------------
+
+
+def _short_hash(value: str, n: int = 8) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:n]
+
+
+def device_name(block_id: str) -> str:
+    """The slice device name of a block: the block id when it is a DNS label, else a
+    deterministic DNS label derived from it (the block id stays in the blockID attribute)."""
+    if _DNS_LABEL.match(block_id):
+        return block_id
+    cleaned = re.sub(r"[^a-z0-9]+", "-", block_id.lower()).strip("-")[:50].strip("-")
+    return f"{cleaned}-{_short_hash(block_id)}" if cleaned else f"dev-{_short_hash(block_id)}"
+
+
+def _label(value: str, limit: int = 63) -> str:
+    """A DNS label (or label value) for a fabric or zone id."""
+    cleaned = re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
+    if cleaned == value and len(cleaned) <= limit:
+        return cleaned
+    return f"{cleaned[: limit - 9].strip('-')}-{_short_hash(value)}"
+
+
+def slice_name(fabric: str, zone: str, index: int) -> str:
+    suffix = f"-{_label(zone)}-{index}"
+    return fabric[: 253 - len(suffix)] + suffix
+
+
+# -- desired state (pure) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FabricView:
+    """What the publisher knows of one Fabric when it decides."""
+
+    name: str
+    uid: str
+    inventory: Inventory
+    host_nodes: Mapping[str, Sequence[str]]  # fabric host id -> node names on it
+    held: frozenset[str] = frozenset()  # block ids a live ComposableResource holds
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    fabric: str
+    fabric_uid: str
+    zone: str
+    nodes: tuple[str, ...]
+    devices: tuple[Device, ...]
+    allocated: frozenset[str] = frozenset()  # block ids a live allocation names
+
+    @property
+    def name(self) -> str:
+        return names.pool_name(self.fabric, self.zone)
+
+
+def live_allocations(claims: Iterable[JSON], driver: str) -> set[tuple[str, str]]:
+    """(pool, device) of every allocation result of ``driver`` in the claims."""
+    refs = set()
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            if r.get("driver") == driver:
+                refs.add((str(r.get("pool", "")), str(r.get("device", ""))))
+    return refs
+
+
+def held_blocks(resources: Iterable[JSON], fabric: str) -> frozenset[str]:
+    """Blocks of ``fabric`` that a ComposableResource holds (anything but Detached)."""
+    held = set()
+    for cr in resources:
+        spec = cr.get("spec") or {}
+        if spec.get("fabric") != fabric:
+            continue
+        if (cr.get("status") or {}).get("phase") == "Detached":
+            continue
+        held.add(str(spec.get("deviceID", "")))
+    return frozenset(held)
+
+
+def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, PoolSpec]:
+    """The pools of one fabric: per zone that reaches at least one node, its devices.
+
+    A device is in when it is free and no ComposableResource holds it, or when a live
+    allocation names it (it keeps its pool identity until that allocation ends).
+    """
+    pools: dict[str, PoolSpec] = {}
+    inv = view.inventory
+    for zone in sorted(inv.zones.values(), key=lambda z: z.id):
+        nodes = tuple(sorted({n for h in zone.hosts for n in view.host_nodes.get(h, ())}))
+        if not nodes:
+            continue
+        pool = names.pool_name(view.name, zone.id)
+        devices = []
+        allocated = set()
+        for block_id in sorted(zone.devices):
+            dev = inv.devices.get(block_id)
+            if dev is None:
+                continue
+            referenced = (pool, device_name(dev.id)) in live
+            if referenced or (dev.state == "free" and dev.id not in view.held):
+                devices.append(dev)
+            if referenced:
+                allocated.add(dev.id)
+        pools[pool] = PoolSpec(
+            view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated)
+        )
+    return pools
+
+
+def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -> JSON:
+    """One pool device. An allocated one carries a NoSchedule taint: when its allocation
+    ends, the scheduler sees it unallocated before this publisher drops it (it may be
+    attached by then), and must not hand it to another claim in that moment."""
+    product = f"{dev.manufacturer} {dev.model}".strip()
+    attributes: dict[str, JSON] = {
+        "model": {"string": dev.model[:_ATTR_MAX]},
+        "uuid": {"string": dev.uuid[:_ATTR_MAX]},
+        "productName": {"string": product[:_ATTR_MAX]},
+        "attachment": {"string": "fabric"},
+        "fabric": {"string": fabric[:_ATTR_MAX]},
+        "zone": {"string": zone[:_ATTR_MAX]},
+        "blockID": {"string": dev.id[:_ATTR_MAX]},
+    }
+    entry: JSON = {
+        "name": device_name(dev.id),
+        "attributes": attributes,
+        "bindsToNode": True,
+        "bindingConditions": [names.FABRIC_DEVICE_READY],
+        "bindingFailureConditions": [names.FABRIC_DEVICE_FAILED, names.FABRIC_DEVICE_RESCHEDULE],
+    }
+    if allocated:
+        entry["taints"] = [{"key": ALLOCATED_TAINT, "value": "true", "effect": "NoSchedule"}]
+    if dev.memory_mib:
+        entry["capacity"] = {"memory": {"value": format_bytes(dev.memory_mib * 2**20)}}
+    return entry
+
+
+def pool_slices(
+    spec: PoolSpec, generation: int, driver: str, max_per_slice: int = MAX_DEVICES_PER_SLICE
+) -> list[JSON]:
+    """All slices of a pool at ``generation`` (an empty pool still has one slice)."""
+    devices = sorted(spec.devices, key=lambda d: device_name(d.id))
+    if spec.allocated:
+        max_per_slice = min(max_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
+    chunks = [devices[i : i + max_per_slice] for i in range(0, len(devices), max_per_slice)] or [[]]
+    # One term; matchFields allows a single value only, so nodes are matched by hostname.
+    selector = {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": HOSTNAME_LABEL, "operator": "In", "values": list(spec.nodes)}
+                ]
+            }
+        ]
+    }
+    return [
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(spec.fabric, spec.zone, i),
+                "labels": {
+                    MANAGED_LABEL: MANAGED_VALUE,
+                    names.LABEL_FABRIC: _label(spec.fabric),
+                    ZONE_LABEL: _label(spec.zone),
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "composable.dra.io/v1alpha1",
+                        "kind": "Fabric",
+                        "name": spec.fabric,
+                        "uid": spec.fabric_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "driver": driver,
+                "pool": {
+                    "name": spec.name,
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "nodeSelector": selector,
+                "devices": [
+                    device_entry(spec.fabric, spec.zone, d, d.id in spec.allocated) for d in chunk
+                ],
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def _norm_device(dev: JSON) -> tuple[Any, ...]:
+    capacity = {
+        k: parse_bytes(str((v or {}).get("value", "0")))
+        for k, v in (dev.get("capacity") or {}).items()
+    }
+    return (
+        dev.get("name"),
+        json.dumps(dev.get("attributes") or {}, sort_keys=True),
+        json.dumps(capacity, sort_keys=True),
+        bool(dev.get("bindsToNode")),
+        tuple(dev.get("bindingConditions") or ()),
+        tuple(dev.get("bindingFailureConditions") or ()),
+        json.dumps(
+            [{k: t.get(k) for k in ("key", "value", "effect")} for t in dev.get("taints") or []],
+            sort_keys=True,
+        ),
+    )
+
+
+def _norm_slice(obj: JSON) -> tuple[Any, ...]:
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    labels = meta.get("labels") or {}
+    owners = sorted(
+        (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
+    )
+    return (
+        tuple(sorted((k, v) for k, v in labels.items() if k.startswith(names.PREFIX))),
+        owners,
+        spec.get("driver"),
+        json.dumps(spec.get("nodeSelector") or {}, sort_keys=True),
+        pool.get("name"),
+        pool.get("generation"),
+        pool.get("resourceSliceCount"),
+        [_norm_device(d) for d in spec.get("devices") or []],
+    )
+
+
+def same_slice(desired: JSON, observed: JSON) -> bool:
+    """Equal on the fields we set; fields the server adds or reformats are ignored."""
+    return _norm_slice(desired) == _norm_slice(observed)
+
+
+@dataclass
+class PoolPlan:
+    apply: list[JSON] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    generations: dict[str, int] = field(default_factory=dict)  # pool -> generation now
+
+    @property
+    def empty(self) -> bool:
+        return not self.apply and not self.delete
+
+
+def plan_pools(
+    desired: Mapping[str, PoolSpec],
+    observed: Sequence[JSON],
+    driver: str,
+    last_generations: Mapping[str, int] | None = None,
+    max_per_slice: int = MAX_DEVICES_PER_SLICE,
+) -> PoolPlan:
+    """Slices to apply and delete so the observed pools become the desired ones.
+
+    A changed pool is rewritten whole at a generation above any seen, so no consumer mixes
+    two generations of it; an unchanged pool is left alone; a pool no longer desired has its
+    slices deleted.
+    """
+    last = dict(last_generations or {})
+    by_pool: dict[str, list[JSON]] = {}
+    for obj in observed:
+        by_pool.setdefault(str(((obj.get("spec") or {}).get("pool") or {}).get("name")), []).append(
+            obj
+        )
+    plan = PoolPlan()
+    for pool, spec in sorted(desired.items()):
+        seen = {o["metadata"]["name"]: o for o in by_pool.get(pool, [])}
+        current = max(
+            [
+                last.get(pool, 0),
+                *((o["spec"].get("pool") or {}).get("generation", 0) for o in seen.values()),
+            ]
+        )
+        at_current = pool_slices(spec, current, driver, max_per_slice)
+        wanted = {s["metadata"]["name"] for s in at_current}
+        if (
+            current > 0
+            and set(seen) == wanted
+            and all(same_slice(s, seen[s["metadata"]["name"]]) for s in at_current)
+        ):
+            plan.generations[pool] = current
+            continue
+        generation = current + 1
+        plan.apply.extend(pool_slices(spec, generation, driver, max_per_slice))
+        plan.delete.extend(sorted(set(seen) - wanted))
+        plan.generations[pool] = generation
+    for pool, objs in sorted(by_pool.items()):
+        if pool not in desired:
+            plan.delete.extend(sorted(o["metadata"]["name"] for o in objs))
+    return plan
+
+
+def host_nodes(
+    nodes: Iterable[JSON], mapping: NodeMapping, inventory: Inventory
+) -> dict[str, list[str]]:
+    """fabric host id -> names of the nodes that run on it, per the Fabric's nodeMapping."""
+    out: dict[str, list[str]] = {}
+    for node in nodes:
+        if (node.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        host = host_for_node(node, mapping, inventory)
+        if host:
+            out.setdefault(host, []).append(node["metadata"]["name"])
+    return out
+
+
+def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
+    counts: dict[tuple[str, str, str], int] = {}
+    for p in pools:
+        for d in p.devices:
+            if d.state == "free":
+                key = (p.fabric, p.zone, d.model)
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# -- the adapter ---------------------------------------------------------------------------
+
+
+class PoolPublisher:
+    """Keeps the fabric pools' slices equal to ``desired_pools`` of what it observes.
+
+    Informers on Fabrics, Nodes, ResourceClaims, ComposableResources and its own slices wake
+    the loop; the fabric is read again at each Fabric's poll interval and promptly after a
+    Fabric or a ComposableResource changed (an attach or detach changes what is free).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        fabrics: Fabrics,
+        driver: str = names.DRIVER,
+        max_per_slice: int = MAX_DEVICES_PER_SLICE,
+        debounce: float = 0.05,
+    ) -> None:
+        self.kube, self.fabrics, self.driver = kube, fabrics, driver
+        self.max_per_slice = max_per_slice
+        self.debounce = debounce
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty: set[str] = set()  # fabrics whose inventory must be read again
+        self._all_dirty = True
+        self._lock = threading.Lock()
+        self._inventories: dict[str, tuple[Inventory, float]] = {}
+        self._generations: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+        wake = self._wake.set
+        self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
+        self.node_informer = Informer(kube, path("v1", "nodes"), wake)
+        self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
+        self.cr_informer = Informer(
+            kube, path(API_VERSION, "composableresources"), self._fabrics_changed
+        )
+        self.slice_informer = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            wake,
+            name="pool-slices",
+            labelSelector=f"{MANAGED_LABEL}={MANAGED_VALUE}",
+        )
+        self.informers = [
+            self.fabric_informer,
+            self.node_informer,
+            self.claim_informer,
+            self.cr_informer,
+            self.slice_informer,
+        ]
+        self.synced = threading.Event()
+
+    def _fabrics_changed(self) -> None:
+        with self._lock:
+            self._all_dirty = True
+        self._wake.set()
+
+    def start(self) -> None:
+        for inf in self.informers:
+            inf.start()
+        self._thread = threading.Thread(target=self._loop, name="pool-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for inf in self.informers:
+            inf.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- loop ------------------------------------------------------------------------------
+
+    def _next_poll_in(self) -> float:
+        now = time.monotonic()
+        waits = [5.0]
+        for fabric in self.fabric_informer.items():
+            name = fabric["metadata"]["name"]
+            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
+            fetched = self._inventories.get(name, (None, 0.0))[1]
+            waits.append(max(0.0, fetched + interval - now))
+        return min(waits)
+
+    def _loop(self) -> None:
+        for inf in self.informers:
+            while not inf.synced.wait(0.5):
+                if self._stop.is_set():
+                    return
+        backoff = 0.5
+        while not self._stop.is_set():
+            self._wake.wait(self._next_poll_in())
+            if self._stop.is_set():
+                return
+            self._stop.wait(self.debounce)  # let a burst of events settle into one pass
+            self._wake.clear()
+            try:
+                self.reconcile()
+                self.synced.set()
+                backoff = 0.5
+            except Exception as exc:
+                PUBLISH_ERRORS.labels("reconcile").inc()
+                log.warning("pool publishing failed", error=str(exc), retry_in=backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                self._wake.set()
+
+    def _inventory(self, name: str, interval: float, force: bool) -> tuple[FabricSpec, Inventory]:
+        spec, backend = self.fabrics.get(name)
+        cached = self._inventories.get(name)
+        if cached and not force and time.monotonic() - cached[1] < interval:
+            return spec, cached[0]
+        try:
+            inv = backend.inventory()
+        except FabricError as exc:
+            PUBLISH_ERRORS.labels("fabric").inc()
+            if cached is None:
+                raise
+            # Keep publishing what was last known; an attach of a stale device fails
+            # cleanly (FabricDeviceFailed) and the scheduler tries another.
+            log.warning(
+                "fabric unreachable; keeping its last inventory", fabric=name, error=str(exc)
+            )
+            return spec, cached[0]
+        self._inventories[name] = (inv, time.monotonic())
+        return spec, inv
+
+    def reconcile(self) -> PoolPlan:
+        """One pass: read what is needed, decide, write the difference."""
+        with self._lock:
+            force, self._all_dirty = self._all_dirty, False
+        nodes = self.node_informer.items()
+        claims = self.claim_informer.items()
+        resources = self.cr_informer.items()
+        live = live_allocations(claims, self.driver)
+        desired: dict[str, PoolSpec] = {}
+        for fabric in self.fabric_informer.items():
+            meta = fabric["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            name = meta["name"]
+            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
+            try:
+                spec, inv = self._inventory(name, interval, force)
+            except (FabricError, FabricConfigError) as exc:
+                log.warning("fabric skipped", fabric=name, error=str(exc))
+                continue
+            mapping = spec.node_mapping
+            view = FabricView(
+                name=name,
+                uid=meta["uid"],
+                inventory=inv,
+                host_nodes=host_nodes(nodes, mapping, inv),
+                held=held_blocks(resources, name),
+            )
+            desired.update(desired_pools(view, live))
+        plan = plan_pools(
+            desired,
+            self.slice_informer.items(),
+            self.driver,
+            self._generations,
+            self.max_per_slice,
+        )
+        for obj in plan.apply:
+            self.kube.apply(
+                path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
+            )
+        for name in plan.delete:
+            self.kube.delete(path(RESOURCE_API, "resourceslices", name))
+        self._generations = plan.generations
+        POOL_FREE_DEVICES.clear()
+        for (fabric_name, zone, model), count in free_by_model(desired.values()).items():
+            POOL_FREE_DEVICES.labels(fabric_name, zone, model).set(count)
+        for spec_ in desired.values():
+            POOL_PUBLISHED_DEVICES.labels(spec_.fabric, spec_.zone).set(len(spec_.devices))
+        if not plan.empty:
+            log.info(
+                "pools published",
+                pools={p: len(s.devices) for p, s in sorted(desired.items())},
+                generations=plan.generations,
+                applied=len(plan.apply),
+                deleted=plan.delete,
+            )
+        return plan

@@ -1,0 +1,35 @@
+"""``composable-dra pool-publisher``: publish the free GPUs of every Fabric as pools."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from composable_dra.component import add_common_arguments, run_controller
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, lease="composable-dra-pool-publisher")
+    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.composable.dra.io"))
+    p.add_argument(
+        "--max-devices-per-slice",
+        type=int,
+        default=128,
+        help="split a pool into slices of at most this many devices (API limit 128)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from composable_operator.fabrics import Fabrics
+    from dra_driver.pool_publisher import PoolPublisher
+
+    def make(kube: Any) -> PoolPublisher:
+        return PoolPublisher(
+            kube,
+            Fabrics(kube),
+            driver=args.driver_name,
+            max_per_slice=min(128, max(1, args.max_devices_per_slice)),
+        )
+
+    return run_controller(args, "pool-publisher", make)

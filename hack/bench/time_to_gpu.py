@@ -1,0 +1,215 @@
+"""Time to GPU: N claims arriving together, each needing a pool GPU attached with latency L.
+
+Starts a local control plane and the whole suite (hack/suite.py: emulator, operator, pool
+publisher, scaler, a plugin and kubelet emulator per node), then creates N pods with their
+claims at once. A watch records, per pod, when it was bound (spec.nodeName set) and when
+its claim got FabricDeviceReady; the emulator runs every attach as an asynchronous task
+that takes L seconds (Redfish task monitor, Retry-After 1 s).
+
+    overhead   = bound - created - L            (the issue's definition)
+    ready      = FabricDeviceReady - created - L (the suite's own share: allocation,
+                                                  scaler, operator, plugin visibility)
+
+The difference between the two is the scheduler's PreBind wait: kube-scheduler v1.37
+re-checks binding conditions every 5 s (a fixed poll in the DynamicResources plugin), so a
+pod is bound at the first 5 s tick after its claim is ready.
+
+A pod counts as rescheduled when its claim's allocation changed or was removed before the
+pod was bound, or when it got more than one Scheduled event; failed when it did not run by
+the deadline or its claim saw FabricDeviceFailed. The last line is JSON.
+
+    python -m hack.bench.time_to_gpu --claims 20 --attach-latency 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from composable_dra import names
+from composable_dra.kube import Gone, Kube, path
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.wait import wait_for
+from hack.suite import Suite, SuiteOptions
+
+
+def topology(hosts: int, blocks: int) -> dict[str, Any]:
+    ids = [f"node-{i + 1}" for i in range(hosts)]
+    return {
+        "hosts": [{"id": h} for h in ids],
+        "zones": [
+            {
+                "id": "zone-1",
+                "hosts": ids,
+                "blocks": [
+                    {"id": f"gpu-{i + 1}", "model": "NVIDIA H100 80GB HBM3"} for i in range(blocks)
+                ],
+            }
+        ],
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+class Recorder:
+    """Watches pods and claims of the namespace and notes first-seen times."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.ns = kube, namespace
+        self.bound: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.failed: set[str] = set()
+        self.allocations: dict[str, list[Any]] = {}
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        for plural in ("pods", "resourceclaims"):
+            threading.Thread(target=self._watch, args=(plural,), daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self, plural: str) -> None:
+        api = "v1" if plural == "pods" else "resource.k8s.io/v1"
+        url = path(api, plural, namespace=self.ns)
+        while not self._stop.is_set():
+            try:
+                listed = self.kube.get(url)
+                for obj in listed["items"]:
+                    self._see(plural, obj)
+                for ev in self.kube.watch(url, listed["metadata"]["resourceVersion"], 30):
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._see(plural, ev["object"])
+                    if self._stop.is_set():
+                        return
+            except Gone:
+                continue
+            except Exception:
+                time.sleep(0.2)
+
+    def _see(self, plural: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        name = obj["metadata"]["name"]
+        if plural == "pods":
+            if obj["spec"].get("nodeName") and name not in self.bound:
+                self.bound[name] = now
+            return
+        status = obj.get("status") or {}
+        alloc = status.get("allocation")
+        results = (alloc or {}).get("devices", {}).get("results", [])
+        key = [(r.get("pool"), r.get("device")) for r in results]
+        history = self.allocations.setdefault(name, [])
+        if not history or history[-1] != key:
+            history.append(key)
+        for dev in status.get("devices") or []:
+            for c in dev.get("conditions") or []:
+                if c.get("status") != "True":
+                    continue
+                if c.get("type") == names.FABRIC_DEVICE_READY and name not in self.ready:
+                    self.ready[name] = now
+                if c.get("type") == names.FABRIC_DEVICE_FAILED:
+                    self.failed.add(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--claims", type=int, default=20)
+    p.add_argument(
+        "--attach-latency",
+        type=int,
+        default=2,
+        help="L, seconds: the fabric runs each attach as a task that ends after L polls, "
+        "one a second (Retry-After: 1), as a fabric manager would",
+    )
+    p.add_argument(
+        "--request-latency",
+        type=float,
+        default=0.0,
+        help="extra seconds on every composition request itself (added to L)",
+    )
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=240)
+    args = p.parse_args(argv)
+
+    with ControlPlane(find_binaries()) as cp:
+        from kubernetes import config
+
+        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        workdir = Path(tempfile.mkdtemp(prefix="ttg-", dir="/tmp"))
+        opts = SuiteOptions(
+            hosts=tuple(f"node-{i + 1}" for i in range(args.hosts)),
+            topology=topology(args.hosts, args.claims + 4),
+            async_polls=args.attach_latency,
+            retry_after=1 if args.attach_latency else 0,
+            attach_latency=args.request_latency,
+            attach_timeout=max(60.0, 10.0 * (args.attach_latency + args.request_latency)),
+        )
+        suite = Suite(kube, cp.kubeconfig, workdir, opts).start()
+        ns = "bench"
+        kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
+        rec = Recorder(kube, ns)
+        rec.start()
+        created: dict[str, float] = {}
+        try:
+            for i in range(args.claims):
+                suite.create_claim(ns, f"c{i}")
+            for i in range(args.claims):
+                created[f"c{i}"] = time.time()
+                suite.create_pod(ns, f"c{i}", claim=f"c{i}")
+            try:
+                wait_for(
+                    lambda: all(suite.running(ns, n) for n in created),
+                    args.timeout,
+                    "every pod to run",
+                )
+            except AssertionError as exc:
+                print(f"not all pods ran: {exc}")
+            latency = args.attach_latency + args.request_latency
+            overhead, ready = [], []
+            rescheduled = failed = 0
+            for name, t0 in created.items():
+                if name in rec.bound:
+                    overhead.append(rec.bound[name] - t0 - latency)
+                if name in rec.ready:
+                    ready.append(rec.ready[name] - t0 - latency)
+                history = [h for h in rec.allocations.get(name, []) if h]
+                scheduled = [
+                    e for e in suite.pod_events(ns, name) if e.get("reason") == "Scheduled"
+                ]
+                if len(history) > 1 or len(scheduled) > 1:
+                    rescheduled += 1
+                if name in rec.failed or not suite.running(ns, name):
+                    failed += 1
+            out = {
+                "claims": args.claims,
+                "attach_latency_s": latency,
+                "overhead_p50_s": round(statistics.median(overhead), 3) if overhead else None,
+                "overhead_p99_s": round(percentile(overhead, 0.99), 3) if overhead else None,
+                "ready_overhead_p50_s": round(statistics.median(ready), 3) if ready else None,
+                "ready_overhead_p99_s": round(percentile(ready, 0.99), 3) if ready else None,
+                "scheduler_prebind_poll_s": 5,
+                "rescheduled": rescheduled,
+                "failed": failed,
+            }
+        finally:
+            rec.stop()
+            suite.stop()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

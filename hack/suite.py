@@ -1,0 +1,506 @@
+"""The whole attach-flow suite on a control plane, every component a process of its own.
+
+Used by the end-to-end tests (tests/e2e/test_attach_flow.py), the demo and the
+time-to-GPU benchmark::
+
+    suite = Suite(kube, kubeconfig, workdir, SuiteOptions(...))
+    suite.start()            # emulator, Fabric, nodes + kubelet emulators + plugins,
+                             # operator, pool publisher, scaler; waits until ready
+    suite.create_pod(namespace, "p1")
+    ...
+    suite.stop()
+
+Nodes are fake (hack.localcluster.nodes) with the systemUUID of a fabric host, so the
+operator and the pool publisher map them to the emulator's hosts; each node's plugin
+reads the GPUs attached to its host from the emulator (the redfish device source).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from composable_dra import names
+from composable_dra.kube import JSON, Conflict, Kube, path
+from dra_driver.testing import PluginProcess
+from fabric_emulator.testing import EmulatorProcess
+from fabric_emulator.topology import host_uuid
+from hack.localcluster.crds import install_crds
+from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
+from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.wait import wait_for
+
+RESOURCE = "resource.k8s.io/v1"
+CR_API = "composable.dra.io/v1alpha1"
+LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).parent / "composable-dra"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra.cli"]
+
+
+@dataclass
+class ComponentProcess:
+    """One ``composable-dra <component>`` process, restartable, logging JSON to a file."""
+
+    name: str
+    args: list[str]
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}-{self.starts}.log"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [*_command(), "--log-format=json", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_events(self) -> list[JSON]:
+        out = []
+        for i in range(1, self.starts + 1):
+            p = self.workdir / f"{self.name}-{i}.log"
+            with contextlib.suppress(OSError):
+                for line in p.read_text(errors="replace").splitlines():
+                    with contextlib.suppress(ValueError):
+                        out.append(json.loads(line))
+        return out
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class SuiteNode:
+    name: str
+    host: str
+    kubelet: KubeletEmulator
+    plugin: PluginProcess
+
+
+@dataclass
+class SuiteOptions:
+    hosts: tuple[str, ...] = ("node-1", "node-2", "node-3")
+    topology: dict[str, Any] | None = None  # None: the emulator's default
+    async_polls: int = 1
+    retry_after: int = 0
+    attach_latency: float = 0.3  # seconds added to each composition request
+    no_removal: float = 600.0
+    attach_timeout: float = 60.0
+    quarantine: float = 60.0
+    poll_interval_seconds: int = 5
+    plugin_poll: float = 0.5
+    lease_duration: int = 4
+    leader_elect_operator: bool = False
+    run_operator: bool = True
+    operator_args: list[str] = field(default_factory=list)
+    scaler_args: list[str] = field(default_factory=list)
+
+
+class Suite:
+    def __init__(
+        self,
+        kube: Kube,
+        kubeconfig: Path,
+        workdir: Path,
+        options: SuiteOptions | None = None,
+        suffix: str | None = None,
+    ) -> None:
+        self.kube = kube
+        self.kubeconfig = kubeconfig
+        self.workdir = workdir
+        self.opts = options or SuiteOptions()
+        self.suffix = suffix or uuid.uuid4().hex[:5]
+        self.fabric = f"fab-{self.suffix}"
+        self.system_namespace = f"cdra-{self.suffix}"
+        self.emulator = EmulatorProcess(
+            async_polls=self.opts.async_polls,
+            retry_after=self.opts.retry_after,
+            topology=self.opts.topology,
+            workdir=workdir / "emulator",
+        )
+        self.nodes: dict[str, SuiteNode] = {}  # host id -> node
+        self.operator: ComponentProcess | None = None
+        self.publisher: ComponentProcess | None = None
+        self.scaler: ComponentProcess | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Suite:
+        """Start everything and wait until it is ready; on failure stop what started."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> Suite:
+        (self.workdir / "emulator").mkdir(parents=True, exist_ok=True)
+        install_crds(self.kube)
+        self._device_class()
+        self.emulator.start()
+        if self.opts.attach_latency > 0:
+            self.emulator.add_fault(
+                {
+                    "kind": "latency",
+                    "method": "POST|PATCH",
+                    "path": "ResourceBlock|/Systems/",
+                    "latency": self.opts.attach_latency,
+                }
+            )
+        self.kube.create(path("v1", "namespaces"), {"metadata": {"name": self.system_namespace}})
+        self._fabric_objects()
+        for host in self.opts.hosts:
+            self.add_node(host)
+        common = [f"--kubeconfig={self.kubeconfig}"]
+        lease = [
+            f"--leader-elect-namespace={self.system_namespace}",
+            f"--leader-elect-lease-duration={self.opts.lease_duration}",
+            f"--leader-elect-renew-deadline={max(2, self.opts.lease_duration - 1)}",
+            "--leader-elect-retry-period=1",
+        ]
+        op_args = ["operator", *common, "--metrics-port=0", *self.opts.operator_args]
+        op_args += (
+            [f"--leader-elect-namespace={self.system_namespace}"]
+            if self.opts.leader_elect_operator
+            else ["--no-leader-elect"]
+        )
+        if self.opts.run_operator:
+            self.operator = ComponentProcess("operator", op_args, self.workdir / "logs")
+        self.publisher = ComponentProcess(
+            "pool-publisher", ["pool-publisher", *common, *lease], self.workdir / "logs"
+        )
+        self.scaler = ComponentProcess(
+            "scaler",
+            [
+                "scaler",
+                *common,
+                *lease,
+                f"--no-removal-duration={self.opts.no_removal}",
+                f"--attach-timeout={self.opts.attach_timeout}",
+                f"--failure-quarantine={self.opts.quarantine}",
+                "--resync=0.5",
+                *self.opts.scaler_args,
+            ],
+            self.workdir / "logs",
+        )
+        for c in self.components:
+            c.start()
+        for n in self.nodes.values():
+            self.wait_registered(n)
+        wait_for(
+            lambda: len(self.pool_slices()) >= 1,
+            60,
+            "the pool publisher to publish the fabric's pools",
+            describe=self.describe,
+        )
+        wait_for(
+            lambda: self.kube.get_or_none(
+                path(
+                    "coordination.k8s.io/v1",
+                    "leases",
+                    "composable-dra-scaler",
+                    namespace=self.system_namespace,
+                )
+            ),
+            60,
+            "the scaler's lease",
+            describe=self.describe,
+        )
+        return self
+
+    @property
+    def components(self) -> list[ComponentProcess]:
+        return [c for c in (self.operator, self.publisher, self.scaler) if c is not None]
+
+    def stop(self) -> None:
+        for c in self.components:
+            c.stop()
+        for n in self.nodes.values():
+            n.plugin.stop()
+            n.kubelet.stop()
+            with contextlib.suppress(Exception):
+                delete_node(self.kube.api, n.name)
+        self.emulator.close()
+        with contextlib.suppress(Exception):
+            self.kube.delete(path(CR_API, "fabrics", self.fabric))
+            self.kube.delete(path("v1", "namespaces", self.system_namespace))
+
+    def __enter__(self) -> Suite:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _device_class(self) -> None:
+        with contextlib.suppress(Conflict):
+            self.kube.create(
+                path(RESOURCE, "deviceclasses"),
+                {
+                    "metadata": {"name": names.DEVICE_CLASS},
+                    "spec": {
+                        "selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}]
+                    },
+                },
+            )
+
+    def _fabric_objects(self) -> None:
+        import base64
+
+        def b64(s: str) -> str:
+            return base64.b64encode(s.encode()).decode()
+
+        self.kube.create(
+            path("v1", "secrets", namespace=self.system_namespace),
+            {
+                "metadata": {"name": "fabric-credentials"},
+                "data": {
+                    "username": b64(self.emulator.user),
+                    "password": b64(self.emulator.password),
+                },
+            },
+        )
+        self.kube.create(
+            path(CR_API, "fabrics"),
+            {
+                "apiVersion": CR_API,
+                "kind": "Fabric",
+                "metadata": {"name": self.fabric},
+                "spec": {
+                    "backend": "redfish-composition",
+                    "endpoint": self.emulator.url,
+                    "credentialsSecret": {
+                        "name": "fabric-credentials",
+                        "namespace": self.system_namespace,
+                    },
+                    "pollIntervalSeconds": self.opts.poll_interval_seconds,
+                    "operationTimeoutSeconds": max(10, int(self.opts.attach_timeout)),
+                },
+            },
+        )
+
+    def add_node(self, host: str) -> SuiteNode:
+        name = f"{host}-{self.suffix}"
+        create_node(self.kube.api, name, system_uuid=host_uuid(host))
+        root = self.workdir / name
+        kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
+        kubelet.start()
+        creds = root / "redfish-credentials.yaml"
+        root.mkdir(parents=True, exist_ok=True)
+        creds.write_text(
+            yaml.safe_dump({"username": self.emulator.user, "password": self.emulator.password})
+        )
+        os.chmod(creds, 0o600)
+        plugin = PluginProcess(
+            node=name,
+            kubeconfig=self.kubeconfig,
+            plugins_registry_dir=kubelet.plugins_registry_dir,
+            plugins_dir=kubelet.plugins_dir,
+            cdi_dir=kubelet.cdi_dir,
+            workdir=root / "plugin",
+            extra_args=[
+                "--device-source=redfish",
+                f"--redfish-endpoint={self.emulator.url}",
+                f"--redfish-credentials-file={creds}",
+                f"--poll-interval={self.opts.plugin_poll}",
+                "--no-fsync",
+            ],
+        )
+        plugin.start()
+        node = SuiteNode(name, host, kubelet, plugin)
+        self.nodes[host] = node
+        return node
+
+    def wait_registered(self, n: SuiteNode) -> None:
+        wait_for(
+            lambda: n.kubelet.registered_drivers().get(names.DRIVER) == "v1",
+            60,
+            f"the plugin of {n.name} to register",
+            describe=n.plugin.log_tail,
+        )
+
+    # -- workload -----------------------------------------------------------------------
+
+    def create_claim(self, namespace: str, name: str, local_first: bool = True) -> JSON:
+        if local_first:
+            request: JSON = {
+                "name": "gpu",
+                "firstAvailable": [
+                    {
+                        "name": "local",
+                        "deviceClassName": names.DEVICE_CLASS,
+                        "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                    },
+                    {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
+                ],
+            }
+        else:
+            request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
+        return self.kube.create(
+            path(RESOURCE, "resourceclaims", namespace=namespace),
+            {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}},
+        )
+
+    def create_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        claim: str | None = None,
+        node: str | None = None,
+        run_seconds: float | None = None,
+        local_first: bool = True,
+    ) -> JSON:
+        """A pod with its own claim (named like the pod unless given)."""
+        claim_name = claim or name
+        if claim is None:
+            self.create_claim(namespace, claim_name, local_first)
+        spec: JSON = {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "terminationGracePeriodSeconds": 0,
+        }
+        if node:
+            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        meta: JSON = {"name": name}
+        if run_seconds is not None:
+            meta["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
+        return self.kube.create(
+            path("v1", "pods", namespace=namespace), {"metadata": meta, "spec": spec}
+        )
+
+    # -- observations -----------------------------------------------------------------
+
+    def pod(self, namespace: str, name: str) -> JSON:
+        return self.kube.get(path("v1", "pods", name, namespace=namespace))
+
+    def claim(self, namespace: str, name: str) -> JSON:
+        return self.kube.get(path(RESOURCE, "resourceclaims", name, namespace=namespace))
+
+    def running(self, namespace: str, name: str) -> bool:
+        return bool(self.pod(namespace, name).get("status", {}).get("phase") == "Running")
+
+    def pool_slices(self) -> list[JSON]:
+        items: list[JSON] = self.kube.get(
+            path(RESOURCE, "resourceslices"),
+            labelSelector=f"{names.LABEL_FABRIC}={self.fabric}",
+        )["items"]
+        return items
+
+    def pool_devices(self) -> set[tuple[str, str]]:
+        return {
+            (s["spec"]["pool"]["name"], d["name"])
+            for s in self.pool_slices()
+            for d in s["spec"].get("devices", [])
+        }
+
+    def local_devices(self, host: str) -> list[JSON]:
+        node = self.nodes[host].name
+        slices = self.kube.get(
+            path(RESOURCE, "resourceslices"),
+            fieldSelector=f"spec.nodeName={node},spec.driver={names.DRIVER}",
+        )["items"]
+        return [d for s in slices for d in s["spec"].get("devices", [])]
+
+    def resources(self) -> list[JSON]:
+        items: list[JSON] = [
+            r
+            for r in self.kube.get(path(CR_API, "composableresources"))["items"]
+            if r["spec"].get("fabric") == self.fabric
+        ]
+        return items
+
+    def composed(self) -> dict[str, str]:
+        """block id -> host, for every block the emulator has composed (attached)."""
+        out = {}
+        for bid, block in self.emulator.state().get("blocks", {}).items():
+            if block.get("state") == "Composed" and block.get("system"):
+                out[bid] = block["system"]
+        return out
+
+    def pod_events(self, namespace: str, name: str) -> list[JSON]:
+        items: list[JSON] = self.kube.get(
+            path("v1", "events", namespace=namespace),
+            fieldSelector=f"involvedObject.name={name},involvedObject.kind=Pod",
+        )["items"]
+        return items
+
+    def node_of(self, host: str) -> str:
+        return self.nodes[host].name
+
+    def host_of_node(self, node: str) -> str:
+        return next(h for h, n in self.nodes.items() if n.name == node)
+
+    def describe(self) -> str:
+        parts = []
+        for c in self.components:
+            parts.append(f"--- {c.name} (alive={c.alive()}) ---\n{c.log_tail(15)}")
+        with contextlib.suppress(Exception):
+            parts.append(f"--- emulator composed: {self.composed()}")
+        with contextlib.suppress(Exception):
+            parts.append(
+                "--- resources: "
+                + json.dumps(
+                    [
+                        (
+                            r["metadata"]["name"],
+                            r["spec"].get("deviceID"),
+                            r["spec"].get("targetNode"),
+                            (r.get("status") or {}).get("phase"),
+                            bool(r["spec"].get("claimRef")),
+                        )
+                        for r in self.resources()
+                    ]
+                )
+            )
+        return "\n".join(parts)

@@ -1,0 +1,229 @@
+"""The pool publisher's decisions: which devices, which nodes, which slices, when to write."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from api.v1alpha1 import NodeMapping
+from composable_dra import names
+from composable_operator.backend import Device, Host, Inventory, Zone
+from dra_driver.pool_publisher import (
+    FabricView,
+    desired_pools,
+    device_name,
+    held_blocks,
+    host_nodes,
+    live_allocations,
+    plan_pools,
+    pool_slices,
+    same_slice,
+)
+
+DRIVER = names.DRIVER
+
+
+def inventory(states: dict[str, str] | None = None) -> Inventory:
+    states = states or {}
+    hosts = {h: Host(h, f"uuid-{h}") for h in ("host-1", "host-2", "host-3")}
+    devices = {}
+    for i in range(1, 9):
+        bid = f"gpu-{i}"
+        zone = "zone-1" if i <= 5 else "zone-2"
+        st = states.get(bid, "free")
+        devices[bid] = Device(
+            bid,
+            "H100",
+            zone,
+            f"u-{i}",
+            st,  # type: ignore[arg-type]
+            host="host-1" if st != "free" else None,
+            memory_mib=81920,
+            manufacturer="NVIDIA",
+        )
+    zones = {
+        "zone-1": Zone(
+            "zone-1", frozenset({"host-1", "host-2"}), frozenset(f"gpu-{i}" for i in range(1, 6))
+        ),
+        "zone-2": Zone(
+            "zone-2", frozenset({"host-2", "host-3"}), frozenset(f"gpu-{i}" for i in range(6, 9))
+        ),
+    }
+    return Inventory(hosts, devices, zones)
+
+
+def node(name: str, system_uuid: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"nodeInfo": {"systemUUID": system_uuid}}}
+
+
+def view(inv: Inventory, held: frozenset[str] = frozenset()) -> FabricView:
+    nodes = [
+        node("node-a", "uuid-host-1"),
+        node("node-b", "uuid-host-2"),
+        node("node-c", "uuid-host-3"),
+    ]
+    return FabricView("fab", "fab-uid", inv, host_nodes(nodes, NodeMapping(), inv), held)
+
+
+def test_device_names_are_dns_labels_derived_deterministically():
+    assert device_name("gpu-1") == "gpu-1"
+    odd = device_name("Block_7/GPU")
+    assert odd == device_name("Block_7/GPU")
+    assert odd.startswith("block-7-gpu-") and len(odd) <= 63
+    assert device_name("Block_7/GPU") != device_name("block-7-gpu")
+
+
+def test_one_pool_per_zone_with_exactly_the_nodes_the_zone_reaches():
+    pools = desired_pools(view(inventory()), set())
+    assert set(pools) == {"fab/zone-1", "fab/zone-2"}
+    assert pools["fab/zone-1"].nodes == ("node-a", "node-b")
+    assert pools["fab/zone-2"].nodes == ("node-b", "node-c")
+    assert [d.id for d in pools["fab/zone-1"].devices] == [f"gpu-{i}" for i in range(1, 6)]
+
+
+def test_attached_and_held_devices_are_left_out_unless_a_live_allocation_names_them():
+    inv = inventory({"gpu-1": "attached", "gpu-2": "busy"})
+    pools = desired_pools(view(inv, held=frozenset({"gpu-3"})), set())
+    assert [d.id for d in pools["fab/zone-1"].devices] == ["gpu-4", "gpu-5"]
+    live = {("fab/zone-1", "gpu-1"), ("fab/zone-1", "gpu-3")}
+    pools = desired_pools(view(inv, held=frozenset({"gpu-3"})), live)
+    assert [d.id for d in pools["fab/zone-1"].devices] == ["gpu-1", "gpu-3", "gpu-4", "gpu-5"]
+
+
+def test_a_zone_without_nodes_has_no_pool():
+    inv = inventory()
+    v = FabricView("fab", "uid", inv, {"host-1": ["node-a"]})
+    assert set(desired_pools(v, set())) == {"fab/zone-1"}
+
+
+def test_slice_shape():
+    pools = desired_pools(view(inventory()), set())
+    [s] = pool_slices(pools["fab/zone-2"], 3, DRIVER)
+    spec = s["spec"]
+    assert spec["pool"] == {"name": "fab/zone-2", "generation": 3, "resourceSliceCount": 1}
+    assert spec["nodeSelector"]["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b", "node-c"]}
+            ]
+        }
+    ]
+    assert "nodeName" not in spec
+    dev = spec["devices"][0]
+    assert dev["name"] == "gpu-6"
+    assert dev["bindsToNode"] is True
+    assert dev["bindingConditions"] == [names.FABRIC_DEVICE_READY]
+    assert dev["bindingFailureConditions"] == [
+        names.FABRIC_DEVICE_FAILED,
+        names.FABRIC_DEVICE_RESCHEDULE,
+    ]
+    attrs = {k: v["string"] for k, v in dev["attributes"].items()}
+    assert attrs == {
+        "model": "H100",
+        "uuid": "u-6",
+        "productName": "NVIDIA H100",
+        "attachment": "fabric",
+        "fabric": "fab",
+        "zone": "zone-2",
+        "blockID": "gpu-6",
+    }
+    assert dev["capacity"] == {"memory": {"value": "80Gi"}}
+    assert s["metadata"]["ownerReferences"][0]["kind"] == "Fabric"
+
+
+def test_at_most_max_devices_a_slice_and_the_count_right():
+    pools = desired_pools(view(inventory()), set())
+    slices = pool_slices(pools["fab/zone-1"], 1, DRIVER, max_per_slice=2)
+    assert [len(s["spec"]["devices"]) for s in slices] == [2, 2, 1]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+    assert len({s["metadata"]["name"] for s in slices}) == 3
+
+
+def served(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the API server gives back: extra fields, quantities in another spelling."""
+    out = []
+    for o in copy.deepcopy(objs):
+        o["metadata"]["resourceVersion"] = "7"
+        o["metadata"]["uid"] = "x"
+        for d in o["spec"]["devices"]:
+            if "capacity" in d:
+                d["capacity"]["memory"]["value"] = str(80 * 2**30)
+        out.append(o)
+    return out
+
+
+def test_no_update_loop_and_a_change_rewrites_the_pool_at_a_higher_generation():
+    pools = desired_pools(view(inventory()), set())
+    first = plan_pools(pools, [], DRIVER)
+    assert {s["spec"]["pool"]["generation"] for s in first.apply} == {1}
+    observed = served(first.apply)
+    again = plan_pools(pools, observed, DRIVER, first.generations)
+    assert again.empty
+    # gpu-2 got attached elsewhere: zone-1 changes, zone-2 does not.
+    changed = desired_pools(view(inventory({"gpu-2": "attached"})), set())
+    plan = plan_pools(changed, observed, DRIVER, again.generations)
+    assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-1"}
+    assert plan.generations["fab/zone-1"] == 2
+    assert plan.generations["fab/zone-2"] == 1
+    assert not plan.delete
+
+
+def test_slices_of_pools_no_longer_wanted_are_deleted():
+    pools = desired_pools(view(inventory()), set())
+    observed = served(plan_pools(pools, [], DRIVER, max_per_slice=2).apply)
+    only_two = {"fab/zone-2": pools["fab/zone-2"]}
+    plan = plan_pools(only_two, observed, DRIVER, max_per_slice=2)
+    assert sorted(plan.delete) == sorted(
+        o["metadata"]["name"] for o in observed if o["spec"]["pool"]["name"] == "fab/zone-1"
+    )
+    # A pool that shrank below one slice: the extra slice goes.
+    fewer = desired_pools(view(inventory({"gpu-1": "attached", "gpu-2": "attached"})), set())
+    plan = plan_pools(fewer, observed, DRIVER, max_per_slice=2)
+    assert len(plan.delete) == 1
+
+
+def test_same_slice_ignores_server_fields_only():
+    pools = desired_pools(view(inventory()), set())
+    [s] = pool_slices(pools["fab/zone-2"], 1, DRIVER)
+    [o] = served([s])
+    assert same_slice(s, o)
+    o["spec"]["devices"][0]["bindsToNode"] = False
+    assert not same_slice(s, o)
+
+
+def test_live_allocations_and_held_blocks():
+    claims: list[dict[str, Any]] = [
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1"},
+                            {"driver": "other", "pool": "p", "device": "d"},
+                        ]
+                    }
+                }
+            }
+        },
+        {"status": {}},
+    ]
+    assert live_allocations(claims, DRIVER) == {("fab/zone-1", "gpu-1")}
+    crs = [
+        {"spec": {"fabric": "fab", "deviceID": "gpu-3"}, "status": {"phase": "Attaching"}},
+        {"spec": {"fabric": "fab", "deviceID": "gpu-4"}, "status": {"phase": "Detached"}},
+        {"spec": {"fabric": "other", "deviceID": "gpu-5"}},
+    ]
+    assert held_blocks(crs, "fab") == frozenset({"gpu-3"})
+
+
+def test_an_allocated_device_is_tainted_no_schedule_and_slices_hold_64_then():
+    live = {("fab/zone-1", "gpu-1")}
+    pools = desired_pools(view(inventory({"gpu-1": "attached"})), live)
+    slices = pool_slices(pools["fab/zone-1"], 1, DRIVER, max_per_slice=128)
+    devs = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    assert devs["gpu-1"]["taints"] == [
+        {"key": "composable.dra.io/allocated", "value": "true", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in devs["gpu-2"]
+    free = desired_pools(view(inventory()), set())
+    assert not same_slice(pool_slices(free["fab/zone-1"], 1, DRIVER)[0], slices[0])
