@@ -142,6 +142,9 @@ class RedfishCompositionBackend:
             check_connectivity=False,
         )
         self._lock = threading.Lock()  # the DMTF client's session is not thread-safe
+        self._reading = threading.Condition()
+        self._read_running = False
+        self._last_read: tuple[float, Inventory] | None = None
         self._logged_in = False
         self._gpu_facts: dict[str, dict[str, Any]] = {}  # block id -> its GPU Processor
         self._action_targets: dict[tuple[str, str], str] = {}
@@ -199,6 +202,36 @@ class RedfishCompositionBackend:
     # -- reads ---------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
+        """A read of the fabric that started after this call did.
+
+        Concurrent callers share one read ("single flight"): a caller waits for the next
+        read to start and finish rather than reuse one that began before it asked, so it
+        still sees every change that completed before its call.
+        """
+        asked = time.monotonic()
+        with self._reading:
+            while True:
+                if self._last_read is not None and self._last_read[0] >= asked:
+                    return self._last_read[1]
+                if not self._read_running:
+                    break
+                self._reading.wait()
+            self._read_running = True
+        started = time.monotonic()
+        try:
+            inv = self._read_inventory()
+        except BaseException:
+            with self._reading:
+                self._read_running = False
+                self._reading.notify_all()
+            raise
+        with self._reading:
+            self._last_read = (started, inv)
+            self._read_running = False
+            self._reading.notify_all()
+        return inv
+
+    def _read_inventory(self) -> Inventory:
         hosts: dict[str, Host] = {}
         for uri in self._members(f"{ROOT}/Systems"):
             system = self._get(uri)
@@ -302,6 +335,13 @@ class RedfishCompositionBackend:
             )
         if status in (200, 204) and not (isinstance(payload, dict) and "TaskState" in payload):
             return OperationStatus("done")
+        if status >= 400 and status != 404 and op.task:
+            # A monitor's last answer is the operation's own result; a failure there is
+            # the task's failure, which the Task resource describes.
+            ended = self._get(op.task)
+            if ended.get("TaskState") in ("Exception", "Killed", "Cancelled"):
+                return OperationStatus("failed", _describe(ended, f"task {ended['TaskState']}"))
+            raise error_for(status, payload, headers, f"GET {op.monitor}")
         if status == 404 or (isinstance(payload, dict) and "TaskState" in payload):
             # The monitor is gone once the task ended: the Task resource tells how.
             task = payload if status != 404 else (self._get(op.task) if op.task else None)

@@ -118,7 +118,9 @@ class RequestReconciler:
             host = host_for_node(node, fabric.node_mapping, inv)
             if host:
                 host_nodes[host] = node["metadata"]["name"]
-        resources = self.kube.get(path(API_VERSION, "composableresources"))["items"]
+        resources = self.kube.get(
+            path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={spec.fabric}"
+        )["items"]
         owned = [
             r for r in resources if r["metadata"].get("labels", {}).get(names.LABEL_REQUEST) == name
         ]

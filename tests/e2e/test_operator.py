@@ -145,22 +145,12 @@ def bed(
         "the resources to go",
         describe=operator.log_tail,
     )
-    import time
-
-    t = time.time()
     operator.stop()
-    print("operator", time.time() - t)
-    t = time.time()
     plugin.stop()
-    print("plugin", time.time() - t)
-    t = time.time()
     kubelet.stop()
-    print("kubelet", time.time() - t)
     delete_node(kube_json.api, node)
     kube_json.delete(path(API_VERSION, "fabrics", fabric))
-    t = time.time()
     emulator.stop()
-    print("emulator", time.time() - t)
 
 
 def composable(bed: Bed, name: str, block: str, **spec: Any) -> JSON:

@@ -1,0 +1,95 @@
+"""The redfish-composition backend against the fabric emulator (a real Redfish server)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from composable_operator import backend as b
+from composable_operator.redfish_backend import RedfishCompositionBackend
+from fabric_emulator.testing import EmulatorProcess
+from hack.localcluster.wait import wait_for
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[EmulatorProcess]:
+    with EmulatorProcess(async_polls=1) as e:
+        yield e
+
+
+@pytest.fixture
+def fabric(emu: EmulatorProcess) -> Iterator[RedfishCompositionBackend]:
+    emu.reset()
+    emu.configure(async_polls=1)
+    backend = RedfishCompositionBackend(emu.url, "admin", "admin")
+    yield backend
+    backend.close()
+
+
+def finish(fabric: RedfishCompositionBackend, op: b.Operation | None) -> b.OperationStatus:
+    assert op is not None
+    return wait_for(
+        lambda: (s := fabric.operation_status(op)).state != "running" and s, 20, "the task to end"
+    )
+
+
+def test_inventory_attach_detach(fabric: RedfishCompositionBackend) -> None:
+    inv = fabric.inventory()
+    assert set(inv.hosts) == {"node-1", "node-2", "node-3"}
+    assert inv.zones["zone-1"].hosts == {"node-1", "node-2"}
+    assert inv.devices["gpu-1"].state == "free"
+    assert finish(fabric, fabric.attach("gpu-1", "node-1")).state == "done"
+    after = fabric.inventory()  # started after the attach finished: it must show it
+    assert (after.devices["gpu-1"].state, after.devices["gpu-1"].host) == ("attached", "node-1")
+    with pytest.raises(b.InUseError):
+        fabric.attach("gpu-1", "node-2")
+    assert finish(fabric, fabric.detach("gpu-1", "node-1")).state == "done"
+    assert fabric.inventory().devices["gpu-1"].state == "free"
+
+
+def test_a_failed_task_is_reported_as_failed(
+    fabric: RedfishCompositionBackend, emu: EmulatorProcess
+) -> None:
+    emu.add_fault({"kind": "task_failure", "path": "AddResourceBlock", "count": 1})
+    status = finish(fabric, fabric.attach("gpu-2", "node-1"))
+    assert status.state == "failed"
+    assert status.message
+    assert fabric.inventory().devices["gpu-2"].state == "free"
+
+
+def test_faults_become_typed_errors(
+    fabric: RedfishCompositionBackend, emu: EmulatorProcess
+) -> None:
+    emu.add_fault({"kind": "status503", "path": "AddResourceBlock", "count": 1, "retry_after": 2})
+    with pytest.raises(b.BusyError) as busy:
+        fabric.attach("gpu-3", "node-1")
+    assert busy.value.retry_after == 2.0
+    emu.add_fault({"kind": "drop_before", "path": "AddResourceBlock", "count": 1})
+    with pytest.raises(b.TransientError):
+        fabric.attach("gpu-3", "node-1")
+    assert fabric.inventory().devices["gpu-3"].state == "free"  # nothing was applied
+
+
+def test_concurrent_reads_share_one_fresh_read(
+    fabric: RedfishCompositionBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = []
+    real = fabric._read_inventory
+
+    def counted() -> b.Inventory:
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(fabric, "_read_inventory", counted)
+    results: list[b.Inventory] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(fabric.inventory())) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 8
+    assert len(reads) <= 3  # one read, and at most one more for those who asked during it
