@@ -30,9 +30,14 @@ def fabric(emu: EmulatorProcess) -> Iterator[RedfishCompositionBackend]:
 
 def finish(fabric: RedfishCompositionBackend, op: b.Operation | None) -> b.OperationStatus:
     assert op is not None
-    return wait_for(
-        lambda: (s := fabric.operation_status(op)).state != "running" and s, 20, "the task to end"
-    )
+
+    def ended() -> b.OperationStatus | None:
+        status = fabric.operation_status(op)
+        return None if status.state == "running" else status
+
+    result = wait_for(ended, 20, "the task to end")
+    assert isinstance(result, b.OperationStatus)
+    return result
 
 
 def test_inventory_attach_detach(fabric: RedfishCompositionBackend) -> None:
