@@ -90,10 +90,12 @@ class FabricSpec(_Model):
     operation_timeout_seconds: int = Field(
         default=300, ge=10, le=3600, description="Give up on an attach or detach after this."
     )
-    orphan_policy: Literal["Detach", "Adopt", "Ignore"] = Field(
-        default="Detach",
+    orphan_policy: Literal["Adopt", "Detach", "Ignore"] = Field(
+        default="Adopt",
         description="What to do with a device the fabric shows attached to one of our "
-        "nodes with no ComposableResource for longer than orphanGracePeriodSeconds.",
+        "nodes with no ComposableResource for longer than orphanGracePeriodSeconds: "
+        "Adopt (manage it from then on: published once, detached when idle), Detach "
+        "(back to the pool, after the usual taint and allocation check), or Ignore.",
     )
     orphan_grace_period_seconds: int = Field(default=300, ge=0, le=86400)
 

@@ -391,7 +391,9 @@ def test_fabric_status_and_orphan_detach(bed: Bed) -> None:
     wait_for(lambda: outside.operation_status(op).state == "done", 30, "the out-of-band attach")
     assert bed.block("gpu-4")["state"] == "Composed"
     outside.close()
-    bed.kube.merge_patch(fabric, {"spec": {"orphanGracePeriodSeconds": 1}})
+    bed.kube.merge_patch(
+        fabric, {"spec": {"orphanPolicy": "Detach", "orphanGracePeriodSeconds": 1}}
+    )
     wait_for(
         lambda: bed.block("gpu-4")["state"] == "Unused",
         90,
