@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -21,6 +22,19 @@ def _redact(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]
     for key in event:
         if key.lower() in _SECRET_KEYS:
             event[key] = "[redacted]"
+    return event
+
+
+def _kopf_extras(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """kopf attaches its whole settings object and an object reference to every record:
+    keep the reference as our ``resource`` key and drop the rest."""
+    event.pop("settings", None)
+    event.pop("k8s_skip", None)
+    ref = event.pop("k8s_ref", None)
+    if isinstance(ref, dict) and ref.get("name"):
+        event.setdefault("resource", ref["name"])
     return event
 
 
@@ -46,7 +60,7 @@ def configure(component: str, level: str = "info", fmt: Format = "auto") -> None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
+            foreign_pre_chain=[structlog.stdlib.ExtraAdder(), _kopf_extras, *shared],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )

@@ -32,7 +32,13 @@ from composable_operator.backend import (
     TransientError,
     normalize_uuid,
 )
-from composable_operator.fabrics import FabricConfigError, Fabrics, condition_status, host_for_node
+from composable_operator.fabrics import (
+    FabricConfigError,
+    FabricGoneError,
+    Fabrics,
+    condition_status,
+    host_for_node,
+)
 from composable_operator.reconcile import (
     AttachObservation,
     ClaimResult,
@@ -362,6 +368,16 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         t0 = time.monotonic()
         try:
             fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
+        except FabricGoneError as exc:
+            # Nothing can reach that fabric any more: deleting the Fabric object took it out
+            # of our hands. Let the resource go, loudly, rather than block it forever.
+            kopf.warn(
+                body,
+                reason="FabricGone",
+                message=f"{exc}: {spec.device_id} may still be attached to {spec.target_node}",
+            )
+            rlog.warning("fabric gone; releasing the resource without a detach")
+            return
         except FabricConfigError as exc:
             raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
         while True:

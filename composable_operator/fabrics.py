@@ -19,6 +19,10 @@ class FabricConfigError(Exception):
     """The Fabric object or its Secrets are not usable; an operator must fix them."""
 
 
+class FabricGoneError(FabricConfigError):
+    """The Fabric object does not exist (any more)."""
+
+
 def _secret_value(secret: JSON, key: str) -> str:
     data = secret.get("data", {})
     if key not in data:
@@ -73,7 +77,7 @@ class Fabrics:
         """The Fabric's spec and a backend for it (blocking: call from a thread)."""
         fabric = self.kube.get_or_none(path(API_VERSION, "fabrics", name))
         if fabric is None:
-            raise FabricConfigError(f"Fabric {name} not found")
+            raise FabricGoneError(f"Fabric {name} not found")
         spec = FabricSpec.model_validate(fabric["spec"])
         creds = self._secret(spec.credentials_secret.namespace, spec.credentials_secret.name)
         ca = self._secret(spec.ca_secret.namespace, spec.ca_secret.name) if spec.ca_secret else None

@@ -185,7 +185,7 @@ def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -
         "model": {"string": dev.model[:_ATTR_MAX]},
         "uuid": {"string": dev.uuid[:_ATTR_MAX]},
         "productName": {"string": product[:_ATTR_MAX]},
-        "attachment": {"string": "fabric"},
+        "attachment": {"string": "pool"},  # published by the pool, not yet on a node
         "fabric": {"string": fabric[:_ATTR_MAX]},
         "zone": {"string": zone[:_ATTR_MAX]},
         "blockID": {"string": dev.id[:_ATTR_MAX]},

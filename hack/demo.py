@@ -1,8 +1,14 @@
-"""The local demo: a real control plane, fake nodes with kubelet emulators, and the suite.
+"""The local demo: a real control plane, the mocked fabric and the whole suite.
 
-Run with `make demo` (or `python -m hack.demo --help`). Each stage prints what it does;
-the last line is a JSON summary. By default the cluster stays up until Ctrl-C, with its
-kubeconfig printed; `--teardown` stops it right after the summary.
+Run with `make demo` (or `python -m hack.demo --help`). It starts etcd and the
+Kubernetes control plane, the Redfish fabric emulator (3 hosts, 2 zones, 8 GPUs), three
+fake nodes with kubelet emulators and a plugin each, and the operator, the pool publisher
+and the scaler, each as its own process, as the product runs them. It then applies the
+examples of deploy/examples, shows the attach flow as it happens, releases one GPU and
+waits until it goes back to the pool, and prints a JSON summary as its last line.
+
+The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
+at once with --teardown.
 """
 
 from __future__ import annotations
@@ -11,166 +17,250 @@ import argparse
 import json
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from composable_dra import logs
 from composable_dra.kube import Kube, path
+from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.minimal_plugin import MinimalPlugin
-from hack.localcluster.nodes import create_node
 from hack.localcluster.wait import wait_for
+from hack.suite import Suite, SuiteOptions
 
-RESOURCE = "resource.k8s.io/v1"
+EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim")
+NAMESPACE = "demo"
 
 
-class Stages:
-    """Readable progress: one line per stage, with how long it took."""
+class Progress:
+    """What a person watching should see: stages, and each change of the flow."""
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
 
+    def line(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
+
     @contextmanager
     def stage(self, title: str) -> Iterator[None]:
         start = time.monotonic()
-        print(f"==> {title} ...", flush=True)
+        print(f"\n==> {title}", flush=True)
         yield
-        print(f"    done in {time.monotonic() - start:.1f}s", flush=True)
+        print(f"    ({time.monotonic() - start:.1f}s)", flush=True)
 
-    def note(self, text: str) -> None:
-        print(f"    {text}", flush=True)
+
+class Watcher:
+    """Prints claims, ComposableResources and pods as their state changes (polled)."""
+
+    def __init__(self, suite: Suite, out: Progress) -> None:
+        self.suite, self.out = suite, out
+        self.seen: dict[str, str] = {}
+        self.running_at: dict[str, float] = {}
+        self.created_at: dict[str, float] = {}
+        self.attached: set[str] = set()
+        self.detached: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _report(self, key: str, state: str, text: str) -> None:
+        if self.seen.get(key) != state:
+            self.seen[key] = state
+            self.out.line(text)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):  # a display refresh, not a synchronisation
+            try:
+                self.poll()
+            except Exception as exc:
+                self.out.line(f"(watch: {exc})")
+
+    def poll(self) -> None:
+        kube = self.suite.kube
+        for claim in kube.get(path("resource.k8s.io/v1", "resourceclaims", namespace=NAMESPACE))[
+            "items"
+        ]:
+            name = claim["metadata"]["name"]
+            status = claim.get("status") or {}
+            results = (status.get("allocation") or {}).get("devices", {}).get("results", [])
+            if results:
+                where = ", ".join(f"{r['pool']}/{r['device']}" for r in results)
+                self._report(f"claim/{name}", "allocated", f"claim {name}: allocated {where}")
+            for d in status.get("devices", []):
+                for c in d.get("conditions", []):
+                    if c["status"] == "True":
+                        self._report(
+                            f"claim/{name}/{d['device']}",
+                            c["type"],
+                            f"claim {name}: {c['type']} for {d['device']}"
+                            + (f" (GPU {d.get('data', {}).get('uuid')})" if d.get("data") else ""),
+                        )
+        for r in self.suite.resources():
+            name, phase = r["metadata"]["name"], (r.get("status") or {}).get("phase") or "Pending"
+            if phase == "Online":
+                self.attached.add(name)
+            who = (
+                f"for claim {r['spec']['claimRef']['name']}"
+                if r["spec"].get("claimRef")
+                else "idle"
+            )
+            self._report(
+                f"cr/{name}",
+                phase,
+                f"ComposableResource {name}: {phase} ({r['spec']['deviceID']} → "
+                f"{r['spec']['targetNode']}, {who})",
+            )
+        for cr_name in list(self.attached):
+            if (
+                kube.get_or_none(path("composable.dra.io/v1alpha1", "composableresources", cr_name))
+                is None
+            ) and cr_name not in self.detached:
+                self.detached.add(cr_name)
+                self.out.line(f"ComposableResource {cr_name}: detached, GPU back in the pool")
+        for pod in kube.get(path("v1", "pods", namespace=NAMESPACE))["items"]:
+            name = pod["metadata"]["name"]
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            node = pod["spec"].get("nodeName") or "-"
+            self.created_at.setdefault(name, time.monotonic())
+            if phase == "Running":
+                self.running_at.setdefault(name, time.monotonic())
+            self._report(f"pod/{name}", f"{phase}/{node}", f"pod {name}: {phase} (node {node})")
+
+
+def pool_summary(suite: Suite) -> list[str]:
+    lines = []
+    for s in suite.pool_slices():
+        spec = s["spec"]
+        nodes = [
+            v
+            for t in spec.get("nodeSelector", {}).get("nodeSelectorTerms", [])
+            for e in t.get("matchExpressions", [])
+            for v in e.get("values", [])
+        ]
+        lines.append(
+            f"pool {spec['pool']['name']}: {len(spec.get('devices', []))} free GPUs, "
+            f"reaching {', '.join(sorted(nodes))}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=2, help="fake nodes (default 2)")
-    parser.add_argument("--teardown", action="store_true", help="stop after the summary")
-    parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    parser.add_argument("--teardown", action="store_true", help="stop everything after the summary")
+    parser.add_argument("--workdir", type=Path, help="keep logs and state here (default: temp)")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=15.0,
+        help="the scaler's no-removal window for idle GPUs (default 15)",
+    )
     args = parser.parse_args(argv)
     logs.configure("demo", "warning")
-    out = Stages()
+    out = Progress()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"pods_running": 0}
-    with ExitStack() as stack:
+    summary: dict[str, Any] = {
+        "pods_running": 0,
+        "time_to_gpu_s": None,
+        "attaches": 0,
+        "detaches": 0,
+    }
+    with out.stage(
+        "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.37"
+    ):
+        cp = ControlPlane(find_binaries(), workdir=workdir / "cp")
+        cp.start()
+        kube = Kube.from_config(str(cp.kubeconfig))
+        out.line(f"kubeconfig {cp.kubeconfig}")
+    suite = Suite(
+        kube,
+        cp.kubeconfig,
+        workdir / "suite",
+        SuiteOptions(no_removal=args.idle_seconds),
+        suffix="demo",
+    )
+    watcher = Watcher(suite, out)
+    try:
         with out.stage(
-            "starting the control plane (etcd, apiserver, controller-manager, scheduler)"
+            "the suite: fabric emulator, 3 nodes with kubelet + plugin, operator, "
+            "pool publisher, scaler"
         ):
-            cp = stack.enter_context(ControlPlane(find_binaries(), workdir=workdir / "cp"))
-            kube = Kube.from_config(str(cp.kubeconfig))
-            out.note(f"kubeconfig: {cp.kubeconfig}")
-        nodes = [f"node-{i}" for i in range(args.nodes)]
-        kubelets: dict[str, KubeletEmulator] = {}
-        with out.stage(f"creating {len(nodes)} fake nodes with kubelet emulators"):
-            for name in nodes:
-                create_node(kube.api, name)
-                root = workdir / "nodes" / name
-                kubelets[name] = stack.enter_context(
-                    KubeletEmulator(kube, name, root / "kubelet", root / "cdi")
-                )
-        driver = "gpu.composable.dra.io"
-        with out.stage("starting a DRA plugin per node and publishing their devices"):
-            for name, kubelet in kubelets.items():
-                plugin = MinimalPlugin(
-                    kube, driver, kubelet.plugins_registry_dir, kubelet.plugins_dir, kubelet.cdi_dir
-                )
-                plugin.start()
-                stack.callback(plugin.stop)
-
-                def registered(k: KubeletEmulator = kubelet) -> bool:
-                    return driver in k.registered_drivers()
-
-                wait_for(registered, 30, f"registration on {name}")
-                kube.create(
-                    path(RESOURCE, "resourceslices"),
-                    {
-                        "metadata": {"name": f"{name}-gpus"},
-                        "spec": {
-                            "driver": driver,
-                            "nodeName": name,
-                            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                            "devices": [{"name": "gpu-0"}],
-                        },
-                    },
-                )
-            kube.create(
-                path(RESOURCE, "deviceclasses"),
-                {
-                    "metadata": {"name": "composable-gpu"},
-                    "spec": {
-                        "selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]
-                    },
-                },
+            suite.start()
+            out.line(f"fabric emulator at {suite.emulator.url}; Fabric {suite.fabric}")
+            for line in pool_summary(suite):
+                out.line(line)
+            out.line("no node has a GPU of its own: every GPU below is attached from the pool")
+        kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+        watcher.start()
+        with out.stage(f"applying deploy/examples: {', '.join(EXAMPLES)}"):
+            pods = []
+            for name in EXAMPLES:
+                examples.apply(kube, name, NAMESPACE)
+                pods += examples.pods(name)
+                out.line(f"applied {name}.yaml ({', '.join(examples.pods(name))})")
+            wait_for(
+                lambda: all(suite.running(NAMESPACE, p) for p in pods),
+                180,
+                "every example pod to run",
+                describe=suite.describe,
             )
-        with out.stage("running a pod that claims a GPU"):
-            ns = "demo"
-            kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
-            kube.create(
-                path(RESOURCE, "resourceclaimtemplates", namespace=ns),
-                {
-                    "metadata": {"name": "one-gpu"},
-                    "spec": {
-                        "spec": {
-                            "devices": {
-                                "requests": [
-                                    {
-                                        "name": "gpu",
-                                        "exactly": {"deviceClassName": "composable-gpu"},
-                                    }
-                                ]
-                            }
-                        }
-                    },
-                },
+        watcher.poll()
+        summary["pods_running"] = sum(suite.running(NAMESPACE, p) for p in pods)
+        times = [
+            watcher.running_at[p] - watcher.created_at[p]
+            for p in pods
+            if p in watcher.running_at and p in watcher.created_at
+        ]
+        summary["time_to_gpu_s"] = round(statistics.median(times), 2) if times else None
+        with out.stage(
+            f"releasing gpu-from-pool: its GPU stays on the node as an idle local "
+            f"GPU, then goes back to the pool after {args.idle_seconds:.0f}s idle"
+        ):
+            before = {r["metadata"]["name"] for r in suite.resources()}
+            kube.delete(path("v1", "pods", "gpu-from-pool", namespace=NAMESPACE))
+            wait_for(
+                lambda: not before <= {r["metadata"]["name"] for r in suite.resources()},
+                args.idle_seconds + 120,
+                "an idle GPU to be detached",
+                describe=suite.describe,
             )
-            created = time.monotonic()
-            kube.create(
-                path("v1", "pods", namespace=ns),
-                {
-                    "metadata": {"name": "gpu-pod"},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "example.invalid/cuda",
-                                "resources": {"claims": [{"name": "gpu"}]},
-                            }
-                        ],
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                    },
-                },
-            )
-            pod_path = path("v1", "pods", "gpu-pod", namespace=ns)
-            pod = wait_for(
-                lambda: (p := kube.get(pod_path)).get("status", {}).get("phase") == "Running" and p,
-                60,
-                "the pod to run",
-            )
-            summary["time_to_gpu_s"] = round(time.monotonic() - created, 2)
-            summary["pods_running"] = 1
-            out.note(f"pod {ns}/gpu-pod runs on {pod['spec']['nodeName']}")
-        print(json.dumps(summary), flush=True)
+        watcher.poll()
+        summary["attaches"] = len(watcher.attached)
+        summary["detaches"] = len(watcher.detached)
+        watcher.stop()
         if not args.teardown:
             print(
-                f"\nThe cluster stays up. kubectl --kubeconfig {cp.kubeconfig} get pods -A\n"
-                "Press Ctrl-C to stop it.",
+                f"\nThe cluster stays up: kubectl --kubeconfig {cp.kubeconfig} get pods,"
+                f"resourceclaims -n {NAMESPACE}; kubectl get composableresources,fabrics\n"
+                f"Logs: {workdir}/suite/logs and {workdir}/cp/logs. Ctrl-C stops it.",
                 flush=True,
             )
+        print(json.dumps(summary), flush=True)
+        if not args.teardown:
             stop = threading.Event()
             signal.signal(signal.SIGINT, lambda *_: stop.set())
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             stop.wait()
-    if args.workdir is None:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+        return 0 if summary["pods_running"] == len(pods) else 1
+    finally:
+        watcher.stop()
+        suite.stop()
+        cp.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

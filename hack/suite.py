@@ -20,9 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,78 +35,12 @@ from fabric_emulator.topology import host_uuid
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CR_API = "composable.dra.io/v1alpha1"
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).parent / "composable-dra"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra.cli"]
-
-
-@dataclass
-class ComponentProcess:
-    """One ``composable-dra <component>`` process, restartable, logging JSON to a file."""
-
-    name: str
-    args: list[str]
-    workdir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}-{self.starts}.log"
-
-    def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.starts += 1
-        with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [*_command(), "--log-format=json", *self.args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_events(self) -> list[JSON]:
-        out = []
-        for i in range(1, self.starts + 1):
-            p = self.workdir / f"{self.name}-{i}.log"
-            with contextlib.suppress(OSError):
-                for line in p.read_text(errors="replace").splitlines():
-                    with contextlib.suppress(ValueError):
-                        out.append(json.loads(line))
-        return out
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -208,14 +139,13 @@ class Suite:
             else ["--no-leader-elect"]
         )
         if self.opts.run_operator:
-            self.operator = ComponentProcess("operator", op_args, self.workdir / "logs")
+            self.operator = ComponentProcess("operator", op_args[1:], self.workdir / "logs")
         self.publisher = ComponentProcess(
-            "pool-publisher", ["pool-publisher", *common, *lease], self.workdir / "logs"
+            "pool-publisher", [*common, *lease], self.workdir / "logs"
         )
         self.scaler = ComponentProcess(
             "scaler",
             [
-                "scaler",
                 *common,
                 *lease,
                 f"--no-removal-duration={self.opts.no_removal}",
@@ -256,6 +186,18 @@ class Suite:
         return [c for c in (self.operator, self.publisher, self.scaler) if c is not None]
 
     def stop(self) -> None:
+        # Give the fabric back before the operator goes: the scaler first (it would create
+        # resources for pending allocations), then every resource of this fabric, force
+        # detached, so that no finalizer outlives the suite on a shared control plane.
+        if self.scaler is not None:
+            self.scaler.stop()
+        if self.operator is not None and self.operator.alive():
+            with contextlib.suppress(Exception):
+                for r in self.resources():
+                    r_path = path(CR_API, "composableresources", r["metadata"]["name"])
+                    self.kube.merge_patch(r_path, {"spec": {"forceDetach": True}})
+                    self.kube.delete(r_path)
+                wait_for(lambda: not self.resources(), 60, "the suite's resources to go")
         for c in self.components:
             c.stop()
         for n in self.nodes.values():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -24,6 +26,10 @@ class ComponentProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     env: dict[str, str] | None = field(default=None)
+
+    @property
+    def name(self) -> str:
+        return self.command
 
     @property
     def log_path(self) -> Path:
@@ -63,6 +69,17 @@ class ComponentProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+    def log_events(self) -> list[dict[str, object]]:
+        """The JSON log lines of every start so far, oldest first."""
+        out = []
+        for i in range(1, self.starts + 1):
+            with contextlib.suppress(OSError):
+                text = (self.workdir / f"{self.command}-{i}.log").read_text(errors="replace")
+                for line in text.splitlines():
+                    with contextlib.suppress(ValueError):
+                        out.append(json.loads(line))
+        return out
 
     def log_tail(self, lines: int = 40) -> str:
         try:

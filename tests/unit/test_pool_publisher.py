@@ -122,7 +122,7 @@ def test_slice_shape():
         "model": "H100",
         "uuid": "u-6",
         "productName": "NVIDIA H100",
-        "attachment": "fabric",
+        "attachment": "pool",
         "fabric": "fab",
         "zone": "zone-2",
         "blockID": "gpu-6",
