@@ -67,6 +67,7 @@ class Watcher:
         self.attached: set[str] = set()
         self.detached: set[str] = set()
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> None:
@@ -89,6 +90,10 @@ class Watcher:
                 self.out.line(f"(watch: {exc})")
 
     def poll(self) -> None:
+        with self._lock:  # the display thread and the stages both poll
+            self._poll()
+
+    def _poll(self) -> None:
         kube = self.suite.kube
         for claim in kube.get(path("resource.k8s.io/v1", "resourceclaims", namespace=NAMESPACE))[
             "items"
@@ -119,7 +124,7 @@ class Watcher:
             )
             self._report(
                 f"cr/{name}",
-                phase,
+                f"{phase}/{who}",
                 f"ComposableResource {name}: {phase} ({r['spec']['deviceID']} → "
                 f"{r['spec']['targetNode']}, {who})",
             )
@@ -217,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 "every example pod to run",
                 describe=suite.describe,
             )
+            watcher.poll()
         watcher.poll()
         summary["pods_running"] = sum(suite.running(NAMESPACE, p) for p in pods)
         times = [
