@@ -136,6 +136,7 @@ class KubeletEmulator:
         self._attempts: dict[str, int] = {}
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> pod uids on this node
         self._prepared: dict[str, dict[str, list[str]]] = {}  # pod uid -> claim uid -> CDI IDs
+        self._prepared_pods: dict[str, JSON] = {}  # key -> the pod as prepared
         self._claim_refs: dict[str, JSON] = {}  # claim uid -> {namespace, name, uid, drivers}
         self._threads: list[threading.Thread] = []
 
@@ -332,6 +333,12 @@ class KubeletEmulator:
 
     def _sync(self, key: str, pod: JSON | None) -> None:
         if pod is None:
+            # Gone from the API (force-deleted, or its node's finalizing delete went
+            # through): like the kubelet, still unprepare what it had prepared.
+            with self._lock:
+                known = self._prepared_pods.get(key)
+            if known is not None:
+                self._release(known)
             return
         uid = pod["metadata"]["uid"]
         phase = pod.get("status", {}).get("phase", "Pending")
@@ -416,6 +423,7 @@ class KubeletEmulator:
                 results.setdefault(c["uid"], []).extend(ids)
         with self._lock:
             self._prepared[meta["uid"]] = results
+            self._prepared_pods[f"{meta['namespace']}/{meta['name']}"] = pod
             for by in by_driver.values():
                 for c in by:
                     self._claim_users.setdefault(c["uid"], set()).add(meta["uid"])
@@ -469,6 +477,9 @@ class KubeletEmulator:
                 raise PrepareError(message)
         with self._lock:
             self._prepared.pop(uid, None)
+            key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            if self._prepared_pods.get(key, {}).get("metadata", {}).get("uid") == uid:
+                self._prepared_pods.pop(key)
             for c in claim_uids:
                 users = self._claim_users.get(c, set())
                 users.discard(uid)
