@@ -99,10 +99,13 @@ class FabricWatch:
         body = {
             "apiVersion": API_VERSION,
             "kind": "ComposableResource",
+            # The finalizer from the start: the device is attached already, and a resource
+            # deleted at once (policy Detach) must still go through the detach.
             "metadata": {
                 "name": name,
                 "annotations": {ADOPTED: "detach" if detach else "adopt"},
                 "labels": {names.LABEL_FABRIC: fabric},
+                "finalizers": [names.FINALIZER],
             },
             "spec": {
                 "fabric": fabric,
