@@ -50,7 +50,7 @@ fmt: install
 ## bench: every benchmark under hack/bench/, each printing JSON as its last line
 bench: install
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
-	for b in hack/bench/*.py; do echo "== $$b"; KUBE_BIN_DIR=$$dir $(PY) "$$b"; done
+	for b in hack/bench/*.py; do echo "== $$b"; PYTHONPATH=. KUBE_BIN_DIR=$$dir $(PY) "$$b"; done
 
 protos: install
 	PYTHON=$(PY) bash hack/gen-protos.sh

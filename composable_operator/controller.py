@@ -187,6 +187,20 @@ async def follow(backend: FabricBackend, op: Operation | None, limit: float) -> 
     raise TransientError("the fabric operation did not finish in time")
 
 
+async def wait_visible(
+    body: kopf.Body, stopped: kopf.DaemonStopped, uuid: str, limit: float
+) -> None:
+    """Until the plugin reports DeviceVisible=True for ``uuid`` (kopf keeps ``body`` live)."""
+    deadline = time.monotonic() + limit
+    while not stopped and time.monotonic() < deadline:
+        status = dict(body.status)
+        if condition_status(status, names.DEVICE_VISIBLE) == "True" and normalize_uuid(
+            status.get("deviceUUID") or ""
+        ) == normalize_uuid(uuid):
+            return
+        await stopped.wait(0.1)
+
+
 def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     """Add the ComposableResource handlers to a kopf registry."""
 
@@ -274,6 +288,10 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                             reason="Attached",
                             message=f"attached as {action.device_uuid}; awaiting the node",
                         )
+                    # The fabric has done its part: wait for the node's plugin to report,
+                    # watching the live object rather than reading the fabric again.
+                    await wait_visible(body, stopped, action.device_uuid or "", 5.0)
+                    continue
                 elif action.kind == "online":
                     if phase != "Online":
                         await asyncio.to_thread(

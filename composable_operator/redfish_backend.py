@@ -141,7 +141,8 @@ class RedfishCompositionBackend:
             max_retry=0,
             check_connectivity=False,
         )
-        self._lock = threading.Lock()  # the DMTF client's session is not thread-safe
+        self._lock = threading.Lock()  # guards logging in (the session's state)
+        self._session_epoch = 0
         self._reading = threading.Condition()
         self._read_running = False
         self._last_read: tuple[float, Inventory] | None = None
@@ -152,34 +153,43 @@ class RedfishCompositionBackend:
     # -- transport -----------------------------------------------------------------------
 
     def _call(self, method: str, uri: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
-        with self._lock:
-            for attempt in (1, 2):
-                try:
+        for attempt in (1, 2):
+            try:
+                # Logging in is serialised; requests then run concurrently on the session
+                # (its connection pool is thread-safe), so one slow call does not hold up
+                # the others.
+                with self._lock:
                     if not self._logged_in:
                         self._client.login(auth="session")
                         self._logged_in = True
-                    resp = self._request(method, uri, body)
-                except RetriesExhaustedError as exc:
-                    cause = exc.__cause__ or exc
-                    raise TransientError(
-                        f"{method} {uri}: {type(cause).__name__}: {cause}"
-                    ) from exc
-                except redfish.rest.v1.InvalidCredentialsError as exc:
-                    self._logged_in = False
-                    raise AuthError(f"login to {self.endpoint} refused") from exc
-                except redfish.rest.v1.ServerDownOrUnreachableError as exc:
-                    self._logged_in = False
-                    raise TransientError(f"{self.endpoint} unreachable: {exc}") from exc
-                if resp.status == 401 and attempt == 1:
-                    self._logged_in = False  # the session expired: log in again, once
-                    continue
-                headers = {k.lower(): v for k, v in resp.getheaders()}
-                try:
-                    payload = resp.dict
-                except Exception:
-                    payload = None
-                return resp.status, payload, headers
+                    session = self._session_epoch
+                resp = self._request(method, uri, body)
+            except RetriesExhaustedError as exc:
+                cause = exc.__cause__ or exc
+                raise TransientError(f"{method} {uri}: {type(cause).__name__}: {cause}") from exc
+            except redfish.rest.v1.InvalidCredentialsError as exc:
+                self._forget_session()
+                raise AuthError(f"login to {self.endpoint} refused") from exc
+            except redfish.rest.v1.ServerDownOrUnreachableError as exc:
+                self._forget_session()
+                raise TransientError(f"{self.endpoint} unreachable: {exc}") from exc
+            if resp.status == 401 and attempt == 1:
+                self._forget_session(session)  # the session expired: log in again, once
+                continue
+            headers = {k.lower(): v for k, v in resp.getheaders()}
+            try:
+                payload = resp.dict
+            except Exception:
+                payload = None
+            return resp.status, payload, headers
         raise AuthError(f"{method} {uri}: still unauthorized after logging in again")
+
+    def _forget_session(self, epoch: int | None = None) -> None:
+        """Log in again on the next call (once, however many calls saw the 401)."""
+        with self._lock:
+            if epoch is None or epoch == self._session_epoch:
+                self._logged_in = False
+                self._session_epoch += 1
 
     def _request(self, method: str, uri: str, body: Any) -> Any:
         if method == "GET":
