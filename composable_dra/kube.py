@@ -110,7 +110,14 @@ class Kube:
         resp = self._send(method, url_path, **kwargs)
         raw = resp.read()
         status = resp.status
-        payload: JSON = json.loads(raw) if raw else {}
+        try:
+            payload: JSON = json.loads(raw) if raw else {}
+        except ValueError:
+            # Not every error is a Status object: an unknown API group answers a plain
+            # "404 page not found".
+            if 200 <= status < 300:
+                raise
+            payload = {"message": raw.decode(errors="replace").strip()}
         if not 200 <= status < 300:
             err = _ERRORS.get(status, KubeError)
             raise err(status, str(payload.get("reason", "")), str(payload.get("message", raw)))

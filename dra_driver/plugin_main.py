@@ -150,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
     attachments: AttachmentWatcher | None = None
 
     def publish(devices: list[DeviceInfo]) -> None:
-        publisher.set_devices(attachments.local_devices(devices) if attachments else devices)
+        local = attachments.local_devices(devices) if attachments else None
+        if local is not None:  # None: not yet known which devices serve the pool
+            publisher.set_devices(local)
 
     watcher = SourceWatcher(_make_source(args, node), publish)
     attachments = AttachmentWatcher(

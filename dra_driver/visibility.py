@@ -23,7 +23,7 @@ from typing import Any
 
 from api.v1alpha1 import API_VERSION
 from composable_dra import logs, names
-from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from composable_dra.kube import JSON, Gone, Kube, KubeError, NotFound, path
 from dra_driver.device_source import DeviceInfo
 
 PLURAL = "composableresources"
@@ -108,10 +108,18 @@ class AttachmentWatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._serving: set[str] = set()
+        self._published = False
+        # Set once the resources of this node are known (or there are none to know: no
+        # CRD). Until then nothing is published: a restarted plugin must not offer a GPU
+        # that serves a pool allocation as a free local device, even for a moment.
+        self.synced = threading.Event()
         self._log = logs.get(__name__, node=node)
         self.manager = "composable-dra-plugin"
 
-    def local_devices(self, devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
+    def local_devices(self, devices: Sequence[DeviceInfo]) -> list[DeviceInfo] | None:
+        """What the node's slices may publish; None until the resources are known."""
+        if not self.synced.is_set():
+            return None
         with self._lock:
             return local_devices(devices, self._serving)
 
@@ -139,7 +147,9 @@ class AttachmentWatcher:
                     listed = self.kube.get(url, fieldSelector=selector)
                     with self._lock:
                         self._resources = {r["metadata"]["name"]: r for r in listed["items"]}
+                        self._serving = serving_uuids(self._resources.values())
                     rv = listed["metadata"]["resourceVersion"]
+                    self.synced.set()
                     self._wake.set()
                 for event in self.kube.watch(url, rv, 60, fieldSelector=selector):
                     obj = event["object"]
@@ -157,8 +167,15 @@ class AttachmentWatcher:
                 backoff = 1.0
             except Gone:
                 rv = ""
+            except NotFound:
+                # No CRD: the plugin runs without a fabric, and nothing serves a pool.
+                if not self.synced.is_set():
+                    self.synced.set()
+                    self._wake.set()
+                rv = ""
+                self._stop.wait(backoff)
+                backoff = min(30.0, backoff * 2)
             except Exception as exc:
-                # The CRDs may not be installed (the plugin also runs without a fabric).
                 self._log.info("ComposableResource watch unavailable; retrying", error=str(exc))
                 rv = ""
                 self._stop.wait(backoff)
@@ -188,10 +205,13 @@ class AttachmentWatcher:
     def sync(self) -> None:
         with self._lock:
             resources = list(self._resources.values())
+        if not self.synced.is_set():
+            return
         serving = serving_uuids(resources)
         with self._lock:
-            changed = serving != self._serving
+            changed = serving != self._serving or not self._published
             self._serving = serving
+            self._published = True
         if changed:
             self._publish(local_devices(self._devices(), serving))
         present = self._present()

@@ -62,3 +62,26 @@ def test_a_device_that_went_away_is_reported_not_visible() -> None:
 def test_awaiting_lists_attached_devices_the_node_does_not_show() -> None:
     resources = [resource("a", "aaa"), resource("b", "bbb"), resource("c", "ccc", "Online")]
     assert awaiting(resources, {"aaa"}) == ["b"]
+
+
+def test_nothing_is_published_before_the_nodes_resources_are_known() -> None:
+    from dra_driver.visibility import AttachmentWatcher
+
+    published: list[list[DeviceInfo]] = []
+    devices = [gpu("aaa"), gpu("bbb")]
+    watcher = AttachmentWatcher(
+        kube=None,  # type: ignore[arg-type]  # not started: no API calls
+        node="n1",
+        devices=lambda: devices,
+        refresh=lambda: None,
+        publish=published.append,
+    )
+    # A restarted plugin must not offer a GPU that serves a pool allocation as local.
+    assert watcher.local_devices(devices) is None
+    watcher.sync()
+    assert published == []
+    watcher._resources = {"a": resource("a", "aaa", "Online", claim=True, visible="True")}
+    watcher.synced.set()
+    watcher.sync()
+    assert [[d.uuid for d in p] for p in published] == [["bbb"]]
+    assert [d.uuid for d in watcher.local_devices(devices) or []] == ["bbb"]
