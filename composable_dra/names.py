@@ -28,3 +28,9 @@ TAINT_KEY = f"{PREFIX}/detaching"
 def pool_name(fabric: str, zone: str) -> str:
     """The ResourceSlice pool of a fabric zone's free devices: '<fabric>/<zone>'."""
     return f"{fabric}/{zone.lower()}"
+
+
+def normalize_uuid(value: str) -> str:
+    """One GPU's identity across sources: NVML says 'GPU-<uuid>', Redfish the bare UUID."""
+    value = value.strip().lower()
+    return value[4:] if value.startswith("gpu-") else value

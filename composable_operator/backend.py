@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# Re-exported: callers of a backend compare the UUIDs it reports with it.
+from composable_dra.names import normalize_uuid as normalize_uuid
+
 DeviceState = Literal["free", "attached", "busy"]
 
 
@@ -122,12 +125,6 @@ class OperationStatus:
     state: Literal["running", "done", "failed"]
     message: str = ""
     retry_after: float = 1.0
-
-
-def normalize_uuid(value: str) -> str:
-    """Compare GPU UUIDs across sources: NVML says 'GPU-<uuid>', Redfish the bare UUID."""
-    value = value.strip().lower()
-    return value[4:] if value.startswith("gpu-") else value
 
 
 class FabricBackend(Protocol):

@@ -24,15 +24,11 @@ from typing import Any
 from api.v1alpha1 import API_VERSION
 from composable_dra import logs, names
 from composable_dra.kube import JSON, Gone, Kube, KubeError, NotFound, path
+from composable_dra.names import normalize_uuid
 from dra_driver.device_source import DeviceInfo
 
 PLURAL = "composableresources"
 _SERVING_PHASES = ("Attaching", "Online")
-
-
-def normalize_uuid(value: str) -> str:
-    value = value.strip().lower()
-    return value[4:] if value.startswith("gpu-") else value
 
 
 def serving_uuids(resources: Iterable[JSON]) -> set[str]:
