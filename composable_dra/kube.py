@@ -71,12 +71,24 @@ class Kube:
         self.api = api
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None) -> Kube:
-        """From a kubeconfig file, else the in-cluster service account."""
+    def from_config(cls, kubeconfig: str | None = None, pool_size: int | None = None) -> Kube:
+        """From a kubeconfig file, else the in-cluster service account.
+
+        ``pool_size``: connections kept open, for a process that calls from many threads
+        (the client's default, cores x 5, would reopen a TLS connection per extra call).
+        """
         if kubeconfig:
-            return cls(config.new_client_from_config(config_file=kubeconfig))
+            cfg = client.Configuration()
+            if pool_size:
+                cfg.connection_pool_maxsize = pool_size
+            return cls(
+                config.new_client_from_config(config_file=kubeconfig, client_configuration=cfg)
+            )
         config.load_incluster_config()
-        return cls(client.ApiClient())
+        cfg = client.Configuration.get_default_copy()
+        if pool_size:
+            cfg.connection_pool_maxsize = pool_size
+        return cls(client.ApiClient(cfg))
 
     # -- requests --------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ between a read and the change it decides.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -107,8 +108,12 @@ class Inventory:
     zones: dict[str, Zone]
 
     def host_by_uuid(self, uuid: str) -> Host | None:
-        wanted = normalize_uuid(uuid)
-        return next((h for h in self.hosts.values() if normalize_uuid(h.uuid) == wanted), None)
+        return host_by_uuid(self.hosts, uuid)
+
+
+def host_by_uuid(hosts: Mapping[str, Host], uuid: str) -> Host | None:
+    wanted = normalize_uuid(uuid)
+    return next((h for h in hosts.values() if normalize_uuid(h.uuid) == wanted), None)
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,14 @@ class OperationStatus:
 class FabricBackend(Protocol):
     def inventory(self) -> Inventory:
         """Hosts, devices (with their state) and zones, read from the fabric now."""
+        ...
+
+    def hosts(self) -> dict[str, Host]:
+        """The hosts alone, read now: what mapping a node to its host needs."""
+        ...
+
+    def device(self, device_id: str) -> Device | None:
+        """One device and its state, read now; None when the fabric does not know it."""
         ...
 
     def attach(self, device_id: str, host_id: str) -> Operation | None:

@@ -19,14 +19,15 @@ from typing import Any
 
 import kopf
 
-from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec
+from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from composable_operator import metrics
 from composable_operator.backend import (
+    Device,
     FabricBackend,
     FabricError,
-    Inventory,
+    Host,
     Operation,
     OperationFailedError,
     TransientError,
@@ -100,6 +101,17 @@ class Controller:
                 MANAGER,
             )
 
+    async def write_status(
+        self, name: str, fields: JSON, conditions: list[JSON] | None = None
+    ) -> None:
+        """set_status, with its two writes (plain fields; our conditions) sent together."""
+        writes = []
+        if fields:
+            writes.append(asyncio.to_thread(self.set_status, name, fields, None))
+        if conditions:
+            writes.append(asyncio.to_thread(self.set_status, name, {}, conditions))
+        await asyncio.gather(*writes)
+
     # -- observations -----------------------------------------------------------------
 
     def node(self, name: str) -> JSON | None:
@@ -117,10 +129,11 @@ class Controller:
                 )
         return out
 
-    def device_refs(self, spec: ComposableResourceSpec, inv: Inventory) -> set[tuple[str, str]]:
+    def device_refs(
+        self, spec: ComposableResourceSpec, device: Device | None
+    ) -> set[tuple[str, str]]:
         """The (pool, device) names under which the device can be allocated."""
         refs = set()
-        device = inv.devices.get(spec.device_id)
         if device is not None:
             refs.add((names.pool_name(spec.fabric, device.zone), spec.device_id))
             slices = self.kube.get(
@@ -170,6 +183,19 @@ class Controller:
             self.kube.delete(path(RESOURCE, "devicetaintrules", rule["metadata"]["name"]))
 
 
+async def read_fabric(
+    ctl: Controller, backend: FabricBackend, spec: ComposableResourceSpec
+) -> tuple[Device | None, dict[str, Host], JSON | None]:
+    """What a decision about one resource needs, read now and at once: its device (one
+    request), the fabric's hosts (a read shared with concurrent callers) and its node."""
+    device, hosts, node = await asyncio.gather(
+        asyncio.to_thread(backend.device, spec.device_id),
+        asyncio.to_thread(backend.hosts),
+        asyncio.to_thread(ctl.node, spec.target_node),
+    )
+    return device, hosts, node
+
+
 async def follow(backend: FabricBackend, op: Operation | None, limit: float) -> None:
     """Wait for an asynchronous fabric operation; raise FabricError if it failed."""
     if op is None:
@@ -189,16 +215,20 @@ async def follow(backend: FabricBackend, op: Operation | None, limit: float) -> 
 
 async def wait_visible(
     body: kopf.Body, stopped: kopf.DaemonStopped, uuid: str, limit: float
-) -> None:
-    """Until the plugin reports DeviceVisible=True for ``uuid`` (kopf keeps ``body`` live)."""
+) -> bool:
+    """Until the plugin reports DeviceVisible=True for ``uuid`` (kopf keeps ``body`` live).
+
+    True when it did, False at the time limit or when the daemon stops.
+    """
     deadline = time.monotonic() + limit
     while not stopped and time.monotonic() < deadline:
         status = dict(body.status)
         if condition_status(status, names.DEVICE_VISIBLE) == "True" and normalize_uuid(
             status.get("deviceUUID") or ""
         ) == normalize_uuid(uuid):
-            return
+            return True
         await stopped.wait(0.1)
+    return False
 
 
 def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
@@ -217,6 +247,12 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         started = time.monotonic()
         backoff = 1.0
         created = body.meta.get("creationTimestamp")
+        # What the last pass read, when the next one may decide on it: the node's host
+        # stays good right after our own operation ended (only the device is read
+        # again), and the read that showed the device attached stays good for the step
+        # that only waited for the node to see it (nothing is read again).
+        reuse: tuple[FabricSpec, FabricBackend, str | None] | None = None
+        reuse_device: tuple[Device | None] | None = None
         while not stopped:
             if body.meta.get("deletionTimestamp"):
                 return
@@ -227,11 +263,17 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 await stopped.wait(ctl.settings.online_poll)
                 continue
             try:
-                fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
-                inv = await asyncio.to_thread(backend.inventory)
-                node = await asyncio.to_thread(ctl.node, spec.target_node)
-                host = host_for_node(node, fabric.node_mapping, inv) if node else None
-                device = inv.devices.get(spec.device_id)
+                if reuse is not None:
+                    fabric, backend, host = reuse
+                    if reuse_device is not None:
+                        (device,) = reuse_device
+                    else:
+                        device = await asyncio.to_thread(backend.device, spec.device_id)
+                    reuse, reuse_device = None, None
+                else:
+                    fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
+                    device, hosts, node = await read_fabric(ctl, backend, spec)
+                    host = host_for_node(node, fabric.node_mapping, hosts) if node else None
                 visible = (
                     condition_status(status, names.DEVICE_VISIBLE) == "True"
                     and device is not None
@@ -250,12 +292,16 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 )
                 if action.kind == "attach":
                     assert action.host is not None
+                    # The status write and the fabric call go out together: neither needs
+                    # the other, and the next pass decides from the fabric either way.
+                    writes = []
                     if phase != "Attaching":
-                        await asyncio.to_thread(
-                            ctl.set_status,
-                            name,
-                            {"phase": "Attaching", "error": None},
-                            [condition(names.ATTACHED, False, "Attaching", action.message)],
+                        writes.append(
+                            ctl.write_status(
+                                name,
+                                {"phase": "Attaching", "error": None},
+                                [condition(names.ATTACHED, False, "Attaching", action.message)],
+                            )
                         )
                         kopf.info(
                             body,
@@ -266,14 +312,17 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     rlog.info(
                         "attaching", device=spec.device_id, node=spec.target_node, host=action.host
                     )
-                    op = await asyncio.to_thread(backend.attach, spec.device_id, action.host)
+                    op: Operation | None
+                    op, *_written = await asyncio.gather(
+                        asyncio.to_thread(backend.attach, spec.device_id, action.host), *writes
+                    )
                     await follow(backend, op, float(fabric.operation_timeout_seconds))
                     backoff = 1.0
-                    continue  # re-read the fabric: it decides what happened
+                    reuse = (fabric, backend, host)
+                    continue  # re-read the device: the fabric decides what happened
                 if action.kind == "await_visible":
                     if status.get("deviceUUID") != action.device_uuid or phase != "Attaching":
-                        await asyncio.to_thread(
-                            ctl.set_status,
+                        await ctl.write_status(
                             name,
                             {
                                 "phase": "Attaching",
@@ -288,14 +337,15 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                             reason="Attached",
                             message=f"attached as {action.device_uuid}; awaiting the node",
                         )
+                        rlog.info("attached; awaiting the node", uuid=action.device_uuid)
                     # The fabric has done its part: wait for the node's plugin to report,
                     # watching the live object rather than reading the fabric again.
-                    await wait_visible(body, stopped, action.device_uuid or "", 5.0)
+                    if await wait_visible(body, stopped, action.device_uuid or "", 5.0):
+                        reuse, reuse_device = (fabric, backend, host), (device,)
                     continue
                 elif action.kind == "online":
                     if phase != "Online":
-                        await asyncio.to_thread(
-                            ctl.set_status,
+                        await ctl.write_status(
                             name,
                             {
                                 "phase": "Online",
@@ -326,8 +376,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     await stopped.wait(ctl.settings.online_poll)
                     continue
                 elif action.kind == "fail":
-                    await asyncio.to_thread(
-                        ctl.set_status,
+                    await ctl.write_status(
                         name,
                         {"phase": "Failed", "error": action.message},
                         [condition(names.READY, False, action.reason, action.message)],
@@ -336,8 +385,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     rlog.warning("failed", reason=action.reason, error=action.message)
                     continue
                 else:  # wait
-                    await asyncio.to_thread(
-                        ctl.set_status,
+                    await ctl.write_status(
                         name,
                         {},
                         [condition(names.ATTACHED, False, action.reason, action.message)],
@@ -348,8 +396,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 delay = exc.retry_after if exc.retry_after is not None else backoff
                 backoff = min(ctl.settings.backoff_max, backoff * 2)
                 rlog.warning("fabric error", error=str(exc), type=exc.kind, retry_in=delay)
-                await asyncio.to_thread(
-                    ctl.set_status,
+                await ctl.write_status(
                     name,
                     {"error": str(exc)},
                     [
@@ -363,8 +410,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 )
                 await stopped.wait(delay)
             except FabricConfigError as exc:
-                await asyncio.to_thread(
-                    ctl.set_status,
+                await ctl.write_status(
                     name,
                     {"error": str(exc)},
                     [condition(names.ATTACHED, False, "FabricConfig", str(exc))],
@@ -400,15 +446,13 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
         while True:
             try:
-                inv = await asyncio.to_thread(backend.inventory)
-                node = await asyncio.to_thread(ctl.node, spec.target_node)
-                host = host_for_node(node, fabric.node_mapping, inv) if node else None
-                device = inv.devices.get(spec.device_id)
+                device, hosts, node = await read_fabric(ctl, backend, spec)
+                host = host_for_node(node, fabric.node_mapping, hosts) if node else None
                 if host is None and device is not None and device.state == "attached":
                     host = (
                         device.host if dict(body.status).get("fabricHost") == device.host else None
                     )
-                refs = await asyncio.to_thread(ctl.device_refs, spec, inv)
+                refs = await asyncio.to_thread(ctl.device_refs, spec, device)
                 rules = await asyncio.to_thread(ctl.taint_rules, name)
                 claims = referencing_claims(
                     await asyncio.to_thread(ctl.claim_results), ctl.settings.driver, refs
@@ -434,8 +478,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 rlog.info("detached")
                 return
             if action.kind == "taint":
-                await asyncio.to_thread(
-                    ctl.set_status,
+                await ctl.write_status(
                     name,
                     {"phase": "Detaching"},
                     [condition(names.READY, False, "Detaching", action.message)],
@@ -444,8 +487,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 await asyncio.to_thread(ctl.taint, name, refs)
                 continue  # re-check allocations with the taint in place
             if action.kind in ("blocked", "wait"):
-                await asyncio.to_thread(
-                    ctl.set_status,
+                await ctl.write_status(
                     name,
                     {"phase": "Detaching", "error": action.message},
                     [condition(names.READY, False, action.reason, action.message)],
@@ -460,8 +502,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             except FabricError as exc:
                 metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
                 # The device stays tainted and attached; the next try re-reads the fabric.
-                await asyncio.to_thread(
-                    ctl.set_status,
+                await ctl.write_status(
                     name,
                     {"phase": "Detaching", "error": str(exc)},
                     [condition(names.READY, False, "DetachFailed", str(exc))],

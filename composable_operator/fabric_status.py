@@ -83,7 +83,7 @@ class FabricWatch:
     def host_nodes(self, spec: FabricSpec, inv: Inventory) -> dict[str, str]:
         out = {}
         for node in self.kube.get(path("v1", "nodes"))["items"]:
-            host = host_for_node(node, spec.node_mapping, inv)
+            host = host_for_node(node, spec.node_mapping, inv.hosts)
             if host:
                 out[host] = node["metadata"]["name"]
         return out

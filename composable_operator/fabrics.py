@@ -5,13 +5,14 @@ from __future__ import annotations
 import base64
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.kube import JSON, Kube, NotFound, path
-from composable_operator.backend import FabricBackend, Inventory
+from composable_operator.backend import FabricBackend, Host, host_by_uuid
 from composable_operator.redfish_backend import RedfishCompositionBackend
 
 
@@ -31,20 +32,20 @@ def _secret_value(secret: JSON, key: str) -> str:
     return base64.b64decode(data[key]).decode()
 
 
-def host_for_node(node: JSON, mapping: NodeMapping, inventory: Inventory) -> str | None:
+def host_for_node(node: JSON, mapping: NodeMapping, hosts: Mapping[str, Host]) -> str | None:
     """The fabric host id a node runs on, or None when the node is not on this fabric."""
     if mapping.by == "systemUUID":
         system_uuid = node.get("status", {}).get("nodeInfo", {}).get("systemUUID", "")
-        host = inventory.host_by_uuid(system_uuid) if system_uuid else None
+        host = host_by_uuid(hosts, system_uuid) if system_uuid else None
         return host.id if host else None
     if mapping.by == "providerID":
         provider_id = node.get("spec", {}).get("providerID", "")
-        for host_id in inventory.hosts:
+        for host_id in hosts:
             if provider_id and provider_id.rstrip("/").endswith(f"/{host_id}"):
                 return host_id
         return None
     value = node.get("metadata", {}).get("annotations", {}).get(mapping.annotation or "")
-    return value if value in inventory.hosts else None
+    return value if value in hosts else None
 
 
 BackendFactory = Callable[[FabricSpec, str, str, str | None], FabricBackend]
@@ -64,19 +65,38 @@ FACTORIES: dict[str, BackendFactory] = {"redfish-composition": _redfish}
 
 
 class Fabrics:
-    """Backends per Fabric, rebuilt when the Fabric or its Secrets change."""
+    """Backends per Fabric, rebuilt when the Fabric or its Secrets change.
 
-    def __init__(self, kube: Kube, factories: dict[str, BackendFactory] | None = None) -> None:
+    The Fabric and its Secrets are re-read at most every ``max_age`` seconds: every
+    resource's daemon asks on every pass, and twenty concurrent attaches would otherwise
+    read the same three objects sixty times over. A change is seen within ``max_age``.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        factories: dict[str, BackendFactory] | None = None,
+        max_age: float = 1.0,
+    ) -> None:
         self.kube = kube
         self.factories = factories or FACTORIES
+        self.max_age = max_age
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[tuple[str, ...], FabricSpec, FabricBackend]] = {}
+        self._checked: dict[str, float] = {}  # name -> monotonic time of the last read
         self._ca_dir = Path(tempfile.mkdtemp(prefix="composable-fabric-ca-"))
 
     def get(self, name: str) -> tuple[FabricSpec, FabricBackend]:
         """The Fabric's spec and a backend for it (blocking: call from a thread)."""
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached and time.monotonic() - self._checked.get(name, -1e9) < self.max_age:
+                return cached[1], cached[2]
+        read_at = time.monotonic()
         fabric = self.kube.get_or_none(path(API_VERSION, "fabrics", name))
         if fabric is None:
+            with self._lock:
+                self._checked.pop(name, None)
             raise FabricGoneError(f"Fabric {name} not found")
         spec = FabricSpec.model_validate(fabric["spec"])
         creds = self._secret(spec.credentials_secret.namespace, spec.credentials_secret.name)
@@ -89,6 +109,7 @@ class Fabrics:
         with self._lock:
             cached = self._cache.get(name)
             if cached and cached[0] == version:
+                self._checked[name] = read_at
                 return cached[1], cached[2]
         factory = self.factories.get(spec.backend)
         if factory is None:
@@ -104,6 +125,7 @@ class Fabrics:
         with self._lock:
             old = self._cache.get(name)
             self._cache[name] = (version, spec, backend)
+            self._checked[name] = read_at
         if old:
             old[2].close()
         return spec, backend

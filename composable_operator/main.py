@@ -27,11 +27,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="how often an Online device's attachment is checked against the fabric",
     )
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=int(env("IO_THREADS", "64")),
+        help="threads for blocking fabric and API calls (concurrent attaches and detaches)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     import kopf
     from kubernetes import config
@@ -51,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     lost = threading.Event()
     if args.leader_elect:
         leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
-    kube = Kube.from_config(args.kubeconfig)
+    kube = Kube.from_config(args.kubeconfig, pool_size=args.io_threads)
     fabrics = Fabrics(kube)
     ctl = controller.Controller(
         kube,
@@ -70,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
         # SIGTERM; an asyncio.Event, set from a daemon thread, does not.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        # Every resource's daemon makes blocking fabric and API calls through
+        # asyncio.to_thread; the default pool (cores + 4 threads) would queue twenty
+        # concurrent attaches behind a handful of slow calls.
+        loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=args.io_threads, thread_name_prefix="operator-io")
+        )
         threading.Thread(
             target=lambda: (lost.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
         ).start()

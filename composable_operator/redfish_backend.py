@@ -21,7 +21,8 @@ import email.utils
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import certifi
 import redfish
@@ -46,6 +47,8 @@ from composable_operator.backend import (
 )
 
 ROOT = "/redfish/v1"
+BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
+T = TypeVar("T")
 # The DMTF client logs every request at info level (and headers at debug): keep it quiet.
 logging.getLogger("redfish").setLevel(logging.WARNING)
 _STATE: dict[str, DeviceState] = {"Unused": "free", "Composed": "attached"}
@@ -119,6 +122,45 @@ def _id(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
+class _SingleFlight(Generic[T]):
+    """Fresh reads shared by concurrent callers.
+
+    A caller gets a read that started after it asked: it waits for the read in progress
+    (which began too early for it) to end, then shares the next one with everyone else
+    who asked meanwhile, so it still sees every change that completed before its call.
+    """
+
+    def __init__(self, read: Callable[[], T]) -> None:
+        self._read = read
+        self._cond = threading.Condition()
+        self._running = False
+        self._last: tuple[float, T] | None = None
+
+    def get(self) -> T:
+        asked = time.monotonic()
+        with self._cond:
+            while True:
+                if self._last is not None and self._last[0] >= asked:
+                    return self._last[1]
+                if not self._running:
+                    break
+                self._cond.wait()
+            self._running = True
+        started = time.monotonic()
+        try:
+            value = self._read()
+        except BaseException:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._last = (started, value)
+            self._running = False
+            self._cond.notify_all()
+        return value
+
+
 class RedfishCompositionBackend:
     def __init__(
         self,
@@ -143,9 +185,8 @@ class RedfishCompositionBackend:
         )
         self._lock = threading.Lock()  # guards logging in (the session's state)
         self._session_epoch = 0
-        self._reading = threading.Condition()
-        self._read_running = False
-        self._last_read: tuple[float, Inventory] | None = None
+        self._inventory = _SingleFlight(lambda: self._read_inventory())
+        self._hosts = _SingleFlight(lambda: self._read_hosts())
         self._logged_in = False
         self._gpu_facts: dict[str, dict[str, Any]] = {}  # block id -> its GPU Processor
         self._action_targets: dict[tuple[str, str], str] = {}
@@ -212,70 +253,46 @@ class RedfishCompositionBackend:
     # -- reads ---------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
-        """A read of the fabric that started after this call did.
+        """Hosts, devices and zones: a read that started after this call did (shared by
+        concurrent callers)."""
+        return self._inventory.get()
 
-        Concurrent callers share one read ("single flight"): a caller waits for the next
-        read to start and finish rather than reuse one that began before it asked, so it
-        still sees every change that completed before its call.
-        """
-        asked = time.monotonic()
-        with self._reading:
-            while True:
-                if self._last_read is not None and self._last_read[0] >= asked:
-                    return self._last_read[1]
-                if not self._read_running:
-                    break
-                self._reading.wait()
-            self._read_running = True
-        started = time.monotonic()
-        try:
-            inv = self._read_inventory()
-        except BaseException:
-            with self._reading:
-                self._read_running = False
-                self._reading.notify_all()
-            raise
-        with self._reading:
-            self._last_read = (started, inv)
-            self._read_running = False
-            self._reading.notify_all()
-        return inv
+    def hosts(self) -> dict[str, Host]:
+        """The fabric's hosts: a read that started after this call did (shared)."""
+        return self._hosts.get()
 
-    def _read_inventory(self) -> Inventory:
+    def device(self, device_id: str) -> Device | None:
+        """One GPU block read now (one request once its GPU's facts are known)."""
+        status, body, headers = self._call("GET", f"{BLOCKS}/{device_id}")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET {BLOCKS}/{device_id}")
+        return self._device_of(body)
+
+    def _read_hosts(self) -> dict[str, Host]:
         hosts: dict[str, Host] = {}
         for uri in self._members(f"{ROOT}/Systems"):
             system = self._get(uri)
             hosts[system["Id"]] = Host(
                 system["Id"], str(system.get("UUID", "")), system.get("Name", "")
             )
+        return hosts
+
+    def _read_inventory(self) -> Inventory:
+        hosts = self._read_hosts()
         devices: dict[str, Device] = {}
         system_block_host: dict[str, str] = {}
-        for uri in self._members(f"{ROOT}/CompositionService/ResourceBlocks"):
+        for uri in self._members(BLOCKS):
             block = self._get(uri)
-            types = block.get("ResourceBlockType", [])
-            links = block.get("Links", {})
-            systems = [_id(s["@odata.id"]) for s in links.get("ComputerSystems", [])]
-            if "ComputerSystem" in types:
+            if "ComputerSystem" in block.get("ResourceBlockType", []):
+                systems = block.get("Links", {}).get("ComputerSystems", [])
                 if systems:
-                    system_block_host[block["Id"]] = systems[0]
+                    system_block_host[block["Id"]] = _id(systems[0]["@odata.id"])
                 continue
-            gpu = self._gpu_of(block)
-            if gpu is None:
-                continue
-            comp = block.get("CompositionStatus", {})
-            state = _STATE.get(comp.get("CompositionState", ""), "busy")
-            zone_ids = [_id(z["@odata.id"]) for z in links.get("Zones", [])]
-            memory = sum(int(m.get("CapacityMiB", 0)) for m in gpu.get("ProcessorMemory", []))
-            devices[block["Id"]] = Device(
-                id=block["Id"],
-                model=str(gpu.get("Model", "")),
-                zone=zone_ids[0] if zone_ids else "",
-                uuid=str(gpu.get("UUID", "")),
-                state=state,
-                host=systems[0] if systems and state != "free" else None,
-                memory_mib=memory,
-                manufacturer=str(gpu.get("Manufacturer", "")),
-            )
+            device = self._device_of(block)
+            if device is not None:
+                devices[device.id] = device
         zones: dict[str, Zone] = {}
         for uri in self._members(f"{ROOT}/CompositionService/ResourceZones"):
             zone = self._get(uri)
@@ -286,6 +303,30 @@ class RedfishCompositionBackend:
                 devices=frozenset(b for b in members if b in devices),
             )
         return Inventory(hosts=hosts, devices=devices, zones=zones)
+
+    def _device_of(self, block: dict[str, Any]) -> Device | None:
+        """The Device a GPU block describes; None for any other block."""
+        if "ComputerSystem" in block.get("ResourceBlockType", []):
+            return None
+        gpu = self._gpu_of(block)
+        if gpu is None:
+            return None
+        links = block.get("Links", {})
+        systems = [_id(s["@odata.id"]) for s in links.get("ComputerSystems", [])]
+        comp = block.get("CompositionStatus", {})
+        state = _STATE.get(comp.get("CompositionState", ""), "busy")
+        zone_ids = [_id(z["@odata.id"]) for z in links.get("Zones", [])]
+        memory = sum(int(m.get("CapacityMiB", 0)) for m in gpu.get("ProcessorMemory", []))
+        return Device(
+            id=block["Id"],
+            model=str(gpu.get("Model", "")),
+            zone=zone_ids[0] if zone_ids else "",
+            uuid=str(gpu.get("UUID", "")),
+            state=state,
+            host=systems[0] if systems and state != "free" else None,
+            memory_mib=memory,
+            manufacturer=str(gpu.get("Manufacturer", "")),
+        )
 
     def _gpu_of(self, block: dict[str, Any]) -> dict[str, Any] | None:
         """The block's GPU Processor; its model, UUID and memory never change, so kept."""
@@ -313,9 +354,7 @@ class RedfishCompositionBackend:
 
     def _change(self, action: str, device_id: str, host_id: str) -> Operation | None:
         target = self._action(host_id, action)
-        body = {
-            "ResourceBlock": {"@odata.id": f"{ROOT}/CompositionService/ResourceBlocks/{device_id}"}
-        }
+        body = {"ResourceBlock": {"@odata.id": f"{BLOCKS}/{device_id}"}}
         status, payload, headers = self._call("POST", target, body)
         if status in (200, 204):
             return None

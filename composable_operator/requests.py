@@ -115,7 +115,7 @@ class RequestReconciler:
         nodes = self.kube.get(path("v1", "nodes"))["items"]
         host_nodes = {}
         for node in nodes:
-            host = host_for_node(node, fabric.node_mapping, inv)
+            host = host_for_node(node, fabric.node_mapping, inv.hosts)
             if host:
                 host_nodes[host] = node["metadata"]["name"]
         resources = self.kube.get(

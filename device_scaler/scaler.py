@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,9 @@ RECONCILE_ERRORS = Counter(
 
 log = logs.get(__name__)
 
+# Action kinds of which a run may be written concurrently (each touches its own object).
+_CONCURRENT = (CreateResource, SetDeviceStatus)
+
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -87,6 +92,7 @@ class Scaler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._events_sent: set[tuple[str, str, str]] = set()
+        self._events_lock = threading.Lock()
         wake = self._wake.set
         driver = self.settings.driver
         self.claims = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
@@ -107,6 +113,8 @@ class Scaler:
         )
         self.informers = [self.claims, self.resources, self.slices, self.requests, self.quarantines]
         self.synced = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scaler-write")
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaler-events")
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -123,6 +131,8 @@ class Scaler:
             inf.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._events.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
         for inf in self.informers:
@@ -172,13 +182,16 @@ class Scaler:
     def reconcile(self) -> int:
         snap = self.snapshot()
         actions = decide(snap, self.settings)
-        for action in actions:
-            try:
-                self._do(action)
-            except KubeError as exc:
-                RECONCILE_ERRORS.inc()
-                log.warning("action failed", action=type(action).__name__, error=str(exc))
-                self._wake.set()  # look again soon
+        # decide's order matters between kinds (a device is quarantined before its claim
+        # is marked failed, and that before its resource is deleted), not within one: a
+        # run of creates or of claim status writes, one per claim, goes out at once.
+        for kind, run in itertools.groupby(actions, key=type):
+            batch = list(run)
+            if kind in _CONCURRENT and len(batch) > 1:
+                list(self._pool.map(self._try, batch))
+            else:
+                for action in batch:
+                    self._try(action)
         idle: dict[str, int] = {}
         for cr in snap.resources:
             spec = cr.get("spec") or {}
@@ -193,6 +206,14 @@ class Scaler:
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
         return len(actions)
+
+    def _try(self, action: Any) -> None:
+        try:
+            self._do(action)
+        except KubeError as exc:
+            RECONCILE_ERRORS.inc()
+            log.warning("action failed", action=type(action).__name__, error=str(exc))
+            self._wake.set()  # look again soon
 
     def _do(self, action: Any) -> None:
         if isinstance(action, CreateResource):
@@ -304,11 +325,12 @@ class Scaler:
         self, claim: ClaimRef, kind: str, reason: str, message: str, device: str
     ) -> None:
         key = (claim.uid, reason, device)
-        if key in self._events_sent:
-            return
-        self._events_sent.add(key)
-        if len(self._events_sent) > 10000:
-            self._events_sent.clear()
+        with self._events_lock:  # actions run on several threads
+            if key in self._events_sent:
+                return
+            self._events_sent.add(key)
+            if len(self._events_sent) > 10000:
+                self._events_sent.clear()
         self._event(
             {
                 "kind": "ResourceClaim",
@@ -358,5 +380,9 @@ class Scaler:
             "reportingComponent": COMPONENT,
             "reportingInstance": COMPONENT,
         }
+        # Events are for people: posted off the path that attaches devices.
+        self._events.submit(self._post_event, namespace, body)
+
+    def _post_event(self, namespace: str, body: JSON) -> None:
         with contextlib.suppress(KubeError):
             self.kube.create(path("v1", "events", namespace=namespace), body)

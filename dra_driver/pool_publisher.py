@@ -146,6 +146,18 @@ def held_blocks(resources: Iterable[JSON], fabric: str) -> frozenset[str]:
     return frozenset(held)
 
 
+def attachment_states(resources: Iterable[JSON]) -> frozenset[tuple[str, str, bool]]:
+    """(name, phase, deleting) of every ComposableResource: what says the fabric changed."""
+    return frozenset(
+        (
+            str((cr.get("metadata") or {}).get("name", "")),
+            str((cr.get("status") or {}).get("phase", "")),
+            bool((cr.get("metadata") or {}).get("deletionTimestamp")),
+        )
+        for cr in resources
+    )
+
+
 def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, PoolSpec]:
     """The pools of one fabric: per zone that reaches at least one node, its devices.
 
@@ -369,7 +381,7 @@ def host_nodes(
     for node in nodes:
         if (node.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        host = host_for_node(node, mapping, inventory)
+        host = host_for_node(node, mapping, inventory.hosts)
         if host:
             out.setdefault(host, []).append(node["metadata"]["name"])
     return out
@@ -419,9 +431,8 @@ class PoolPublisher:
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
         self.node_informer = Informer(kube, path("v1", "nodes"), wake)
         self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
-        self.cr_informer = Informer(
-            kube, path(API_VERSION, "composableresources"), self._fabrics_changed
-        )
+        self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
+        self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self.slice_informer = Informer(
             kube,
             path(RESOURCE_API, "resourceslices"),
@@ -519,6 +530,11 @@ class PoolPublisher:
         nodes = self.node_informer.items()
         claims = self.claim_informer.items()
         resources = self.cr_informer.items()
+        # Read the fabric again when an attach or detach moved on, not on every status
+        # write (a resource sees half a dozen on its way to Online).
+        attachments = attachment_states(resources)
+        if attachments != self._attachments:
+            force, self._attachments = True, attachments
         live = live_allocations(claims, self.driver)
         desired: dict[str, PoolSpec] = {}
         for fabric in self.fabric_informer.items():

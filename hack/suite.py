@@ -179,6 +179,16 @@ class Suite:
             "the scaler's lease",
             describe=self.describe,
         )
+        if self.operator is not None:
+            # The operator's Fabric daemon has run once: kopf is up and handling.
+            wait_for(
+                lambda: (
+                    self.kube.get(path(CR_API, "fabrics", self.fabric)).get("status") or {}
+                ).get("lastSyncTime"),
+                60,
+                "the operator to sync the Fabric",
+                describe=self.describe,
+            )
         return self
 
     @property

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import Gone, Kube, path
 from hack.localcluster import ControlPlane
@@ -73,18 +74,20 @@ class Recorder:
         self.ready: dict[str, float] = {}
         self.failed: set[str] = set()
         self.allocations: dict[str, list[Any]] = {}
+        # First-seen times of each stage of a claim's attach, for the breakdown.
+        self.stages: dict[str, dict[str, float]] = {}
         self._stop = threading.Event()
 
     def start(self) -> None:
-        for plural in ("pods", "resourceclaims"):
+        for plural in ("pods", "resourceclaims", "composableresources"):
             threading.Thread(target=self._watch, args=(plural,), daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _watch(self, plural: str) -> None:
-        api = "v1" if plural == "pods" else "resource.k8s.io/v1"
-        url = path(api, plural, namespace=self.ns)
+        api = {"pods": "v1", "resourceclaims": "resource.k8s.io/v1"}.get(plural, API_VERSION)
+        url = path(api, plural, namespace=None if plural == "composableresources" else self.ns)
         while not self._stop.is_set():
             try:
                 listed = self.kube.get(url)
@@ -100,9 +103,29 @@ class Recorder:
             except Exception:
                 time.sleep(0.2)
 
+    def _stage(self, claim: str, stage: str, now: float) -> None:
+        self.stages.setdefault(claim, {}).setdefault(stage, now)
+
     def _see(self, plural: str, obj: dict[str, Any]) -> None:
         now = time.time()
         name = obj["metadata"]["name"]
+        if plural == "composableresources":
+            ref = (obj.get("spec") or {}).get("claimRef") or {}
+            if ref.get("namespace") != self.ns or not ref.get("name"):
+                return
+            claim = str(ref["name"])
+            self._stage(claim, "resource", now)
+            status = obj.get("status") or {}
+            if status.get("phase") == "Online":
+                self._stage(claim, "online", now)
+            for c in status.get("conditions") or []:
+                if c.get("status") != "True":
+                    continue
+                if c.get("type") == names.ATTACHED:
+                    self._stage(claim, "attached", now)
+                if c.get("type") == names.DEVICE_VISIBLE:
+                    self._stage(claim, "visible", now)
+            return
         if plural == "pods":
             if obj["spec"].get("nodeName") and name not in self.bound:
                 self.bound[name] = now
@@ -114,6 +137,8 @@ class Recorder:
         history = self.allocations.setdefault(name, [])
         if not history or history[-1] != key:
             history.append(key)
+        if results:
+            self._stage(name, "allocated", now)
         for dev in status.get("devices") or []:
             for c in dev.get("conditions") or []:
                 if c.get("status") != "True":
@@ -122,6 +147,32 @@ class Recorder:
                     self.ready[name] = now
                 if c.get("type") == names.FABRIC_DEVICE_FAILED:
                     self.failed.add(name)
+
+
+# (stage, previous stage): the breakdown reports the median of each step's duration.
+STEPS = (
+    ("allocated", "created"),  # scheduler: pool device allocated, PreBind started
+    ("resource", "allocated"),  # scaler: ComposableResource created
+    ("attached", "resource"),  # operator + fabric: attached (includes L)
+    ("visible", "attached"),  # plugin: the GPU found on the node, DeviceVisible
+    ("online", "visible"),  # operator: Online
+    ("ready", "online"),  # scaler: FabricDeviceReady on the claim
+    ("bound", "ready"),  # scheduler: PreBind's next binding-conditions check
+)
+
+
+def breakdown(created: dict[str, float], rec: Recorder) -> dict[str, float]:
+    steps: dict[str, list[float]] = {}
+    for name, t0 in created.items():
+        seen = {"created": t0, **rec.stages.get(name, {})}
+        if name in rec.ready:
+            seen["ready"] = rec.ready[name]
+        if name in rec.bound:
+            seen["bound"] = rec.bound[name]
+        for stage, prev in STEPS:
+            if stage in seen and prev in seen:
+                steps.setdefault(f"{prev}->{stage}", []).append(seen[stage] - seen[prev])
+    return {k: round(statistics.median(v), 3) for k, v in steps.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     rescheduled += 1
                 if name in rec.failed or not suite.running(ns, name):
                     failed += 1
-            out = {
+            out: dict[str, Any] = {
                 "claims": args.claims,
                 "attach_latency_s": latency,
                 "overhead_p50_s": round(statistics.median(overhead), 3) if overhead else None,
@@ -203,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 "scheduler_prebind_poll_s": 5,
                 "rescheduled": rescheduled,
                 "failed": failed,
+                "stages_p50_s": breakdown(created, rec),
             }
         finally:
             rec.stop()

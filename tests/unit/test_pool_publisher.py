@@ -10,6 +10,7 @@ from composable_dra import names
 from composable_operator.backend import Device, Host, Inventory, Zone
 from dra_driver.pool_publisher import (
     FabricView,
+    attachment_states,
     desired_pools,
     device_name,
     held_blocks,
@@ -227,3 +228,17 @@ def test_an_allocated_device_is_tainted_no_schedule_and_slices_hold_64_then():
     assert "taints" not in devs["gpu-2"]
     free = desired_pools(view(inventory()), set())
     assert not same_slice(pool_slices(free["fab/zone-1"], 1, DRIVER)[0], slices[0])
+
+
+def test_the_fabric_is_read_again_when_an_attachment_moves_on_not_on_every_write() -> None:
+    def cr(phase: str, deleting: bool = False, **status: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "r1"}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "status": {"phase": phase, **status}}
+
+    attaching = attachment_states([cr("Attaching")])
+    assert attachment_states([cr("Attaching", error="busy", deviceUUID="u")]) == attaching
+    assert attachment_states([cr("Online", deviceUUID="u")]) != attaching
+    assert attachment_states([cr("Online", deleting=True)]) != attachment_states([cr("Online")])
+    assert attachment_states([]) != attaching

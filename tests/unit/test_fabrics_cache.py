@@ -1,0 +1,83 @@
+"""Fabrics: the Fabric and its Secrets are read at most every max_age seconds."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import pytest
+
+from composable_dra.kube import NotFound
+from composable_operator.fabrics import FabricGoneError, Fabrics
+
+
+class CountingKube:
+    """Answers GETs of one Fabric and its credentials Secret, counting them."""
+
+    def __init__(self) -> None:
+        self.gets: list[str] = []
+        self.fabric: dict[str, Any] | None = {
+            "metadata": {"name": "fab", "resourceVersion": "1"},
+            "spec": {
+                "backend": "redfish-composition",
+                "endpoint": "https://fabric.example:8443",
+                "credentialsSecret": {"namespace": "ns", "name": "creds"},
+            },
+        }
+        self.secret = {
+            "metadata": {"namespace": "ns", "name": "creds", "resourceVersion": "7"},
+            "data": {
+                "username": base64.b64encode(b"u").decode(),
+                "password": base64.b64encode(b"p").decode(),
+            },
+        }
+
+    def get_or_none(self, url: str) -> dict[str, Any] | None:
+        self.gets.append(url)
+        return self.fabric
+
+    def get(self, url: str) -> dict[str, Any]:
+        self.gets.append(url)
+        if url.endswith("/secrets/creds"):
+            return self.secret
+        raise NotFound(404, "NotFound", url)
+
+
+class Backend:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_reads_are_reused_within_max_age_and_changes_seen_after(clock: list[float]) -> None:
+    kube = CountingKube()
+    built: list[Backend] = []
+
+    def factory(*_: Any) -> Backend:
+        built.append(Backend())
+        return built[-1]
+
+    fabrics = Fabrics(kube, {"redfish-composition": factory}, max_age=1.0)  # type: ignore[arg-type,dict-item]
+    first = fabrics.get("fab")
+    assert len(kube.gets) == 2  # the Fabric and its Secret
+    clock[0] += 0.5
+    assert fabrics.get("fab")[1] is first[1]
+    assert len(kube.gets) == 2  # within max_age: nothing read
+    kube.secret["metadata"]["resourceVersion"] = "8"  # rotated credentials
+    clock[0] += 0.6
+    second = fabrics.get("fab")
+    assert len(kube.gets) == 4
+    assert second[1] is not first[1] and built[0].closed  # rebuilt, the old one closed
+    kube.fabric = None  # the Fabric is deleted
+    clock[0] += 1.1
+    with pytest.raises(FabricGoneError):
+        fabrics.get("fab")
