@@ -64,8 +64,10 @@ class NodeMapping(_Model):
 
 class FabricSpec(_Model):
     backend: Literal["redfish-composition", "redfish-zones"] = Field(
-        description="The fabric manager's API: standard Redfish composition "
-        "(ResourceBlocks composed into expandable systems) or Redfish resource zones."
+        description="The fabric manager's API: 'redfish-composition' attaches with the "
+        "ComputerSystem AddResourceBlock/RemoveResourceBlock actions; 'redfish-zones' by "
+        "PATCHing the system's Links.ResourceBlocks (guarded by If-Match), for fabric "
+        "managers without those actions. Both read ResourceZones for reachability."
     )
     endpoint: str = Field(
         pattern=r"^https?://[^\s/]+(/.*)?$",

@@ -14,6 +14,7 @@ from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.kube import JSON, Kube, NotFound, path
 from composable_operator.backend import FabricBackend, Host, host_by_uuid
 from composable_operator.redfish_backend import RedfishCompositionBackend
+from composable_operator.redfish_zones_backend import RedfishZonesBackend
 
 
 class FabricConfigError(Exception):
@@ -61,7 +62,22 @@ def _redfish(spec: FabricSpec, user: str, password: str, ca_file: str | None) ->
     )
 
 
-FACTORIES: dict[str, BackendFactory] = {"redfish-composition": _redfish}
+def _redfish_zones(
+    spec: FabricSpec, user: str, password: str, ca_file: str | None
+) -> FabricBackend:
+    return RedfishZonesBackend(
+        spec.endpoint,
+        user,
+        password,
+        ca_file=ca_file,
+        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+    )
+
+
+FACTORIES: dict[str, BackendFactory] = {
+    "redfish-composition": _redfish,
+    "redfish-zones": _redfish_zones,
+}
 
 
 class Fabrics:

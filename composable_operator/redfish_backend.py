@@ -193,7 +193,9 @@ class RedfishCompositionBackend:
 
     # -- transport -----------------------------------------------------------------------
 
-    def _call(self, method: str, uri: str, body: Any = None) -> tuple[int, Any, dict[str, str]]:
+    def _call(
+        self, method: str, uri: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any, dict[str, str]]:
         for attempt in (1, 2):
             try:
                 # Logging in is serialised; requests then run concurrently on the session
@@ -204,7 +206,7 @@ class RedfishCompositionBackend:
                         self._client.login(auth="session")
                         self._logged_in = True
                     session = self._session_epoch
-                resp = self._request(method, uri, body)
+                resp = self._request(method, uri, body, headers)
             except RetriesExhaustedError as exc:
                 cause = exc.__cause__ or exc
                 raise TransientError(f"{method} {uri}: {type(cause).__name__}: {cause}") from exc
@@ -217,12 +219,12 @@ class RedfishCompositionBackend:
             if resp.status == 401 and attempt == 1:
                 self._forget_session(session)  # the session expired: log in again, once
                 continue
-            headers = {k.lower(): v for k, v in resp.getheaders()}
+            answered = {k.lower(): v for k, v in resp.getheaders()}
             try:
                 payload = resp.dict
             except Exception:
                 payload = None
-            return resp.status, payload, headers
+            return resp.status, payload, answered
         raise AuthError(f"{method} {uri}: still unauthorized after logging in again")
 
     def _forget_session(self, epoch: int | None = None) -> None:
@@ -232,13 +234,17 @@ class RedfishCompositionBackend:
                 self._logged_in = False
                 self._session_epoch += 1
 
-    def _request(self, method: str, uri: str, body: Any) -> Any:
+    def _request(
+        self, method: str, uri: str, body: Any, headers: dict[str, str] | None = None
+    ) -> Any:
         if method == "GET":
-            return self._client.get(uri)
+            return self._client.get(uri, headers=headers)
         if method == "POST":
-            return self._client.post(uri, body=body)
+            return self._client.post(uri, body=body, headers=headers)
+        if method == "PATCH":
+            return self._client.patch(uri, body=body, headers=headers)
         if method == "DELETE":
-            return self._client.delete(uri)
+            return self._client.delete(uri, headers=headers)
         raise ValueError(method)
 
     def _get(self, uri: str) -> dict[str, Any]:
@@ -356,19 +362,25 @@ class RedfishCompositionBackend:
         target = self._action(host_id, action)
         body = {"ResourceBlock": {"@odata.id": f"{BLOCKS}/{device_id}"}}
         status, payload, headers = self._call("POST", target, body)
+        return self._accepted(status, payload, headers, f"{action} {device_id} on {host_id}")
+
+    def _accepted(
+        self, status: int, payload: Any, headers: dict[str, str], what: str
+    ) -> Operation | None:
+        """The answer to a change: done (None), a task to follow, or a typed error."""
         if status in (200, 204):
             return None
         if status == 202:
             monitor = headers.get("location", "")
             task = payload.get("@odata.id") if isinstance(payload, dict) else None
             if not monitor and not task:
-                raise OperationFailedError(f"{action} answered 202 without a task monitor")
+                raise OperationFailedError(f"{what}: 202 without a task monitor")
             return Operation(
                 monitor=monitor or str(task),
                 task=task,
                 retry_after=retry_after_seconds(headers.get("retry-after")),
             )
-        raise error_for(status, payload, headers, f"{action} {device_id} on {host_id}")
+        raise error_for(status, payload, headers, what)
 
     def attach(self, device_id: str, host_id: str) -> Operation | None:
         return self._change("AddResourceBlock", device_id, host_id)

@@ -208,6 +208,33 @@ def test_attach_online_and_detach_on_delete(bed: Bed, unique: str) -> None:
     assert rules == []
 
 
+def test_redfish_zones_backend_attaches_by_patch(bed: Bed, unique: str) -> None:
+    """A Fabric of backend redfish-zones composes by PATCHing the system's block list."""
+    bed.kube.merge_patch(
+        path(API_VERSION, "fabrics", bed.fabric), {"spec": {"backend": "redfish-zones"}}
+    )
+    # The actions would fail: only the PATCH path can bring the device Online.
+    bed.emulator.add_fault({"kind": "status503", "path": "AddResourceBlock", "count": 10000})
+    bed.emulator.add_fault({"kind": "status503", "path": "RemoveResourceBlock", "count": 10000})
+    name = f"cr-{unique}"
+    composable(bed, name, "gpu-2")
+    wait_for(
+        lambda: bed.phase(name) == "Online",
+        60,
+        "the resource to be Online through the zones backend",
+        describe=lambda: bed.describe(name),
+    )
+    assert bed.block("gpu-2")["state"] == "Composed" and bed.block("gpu-2")["system"] == "node-1"
+    bed.kube.delete(path(API_VERSION, "composableresources", name))
+    wait_for(
+        lambda: bed.resource(name) is None,
+        60,
+        "the resource to be detached and deleted",
+        describe=lambda: bed.describe(name),
+    )
+    assert bed.block("gpu-2")["state"] == "Unused"
+
+
 def test_device_serving_a_claim_is_not_published_locally(bed: Bed, unique: str) -> None:
     name = f"cr-{unique}"
     composable(
