@@ -107,3 +107,44 @@ class Informer:
                 log.warning("watch failed; relisting", resource=self.name, error=str(exc))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+
+class InformerDriven:
+    """A controller thread fed by informers: they start and stop together.
+
+    Subclasses fill ``self.informers`` (their changes set ``self._wake``) and implement
+    ``_loop``, which begins with ``if not self.wait_synced(): return``.
+    """
+
+    thread_name = "controller"
+
+    def __init__(self) -> None:
+        self.informers: list[Informer] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        for inf in self.informers:
+            inf.start()
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for inf in self.informers:
+            inf.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def wait_synced(self) -> bool:
+        """Until every informer has listed once; False when stopped first."""
+        for inf in self.informers:
+            while not inf.synced.wait(0.5):
+                if self._stop.is_set():
+                    return False
+        return True
+
+    def _loop(self) -> None:
+        raise NotImplementedError

@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from composable_dra import logs, names
-from composable_dra.informer import Informer
+from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_operator.backend import normalize_uuid
 from device_scaler.decide import (
@@ -83,14 +83,14 @@ class ScalerConfig:
     debounce: float = 0.02
 
 
-class Scaler:
+class Scaler(InformerDriven):
+    thread_name = "scaler"
+
     def __init__(self, kube: Kube, config: ScalerConfig) -> None:
+        super().__init__()
         self.kube = kube
         self.config = config
         self.settings = config.settings
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._events_sent: set[tuple[str, str, str]] = set()
         self._events_lock = threading.Lock()
         wake = self._wake.set
@@ -118,27 +118,14 @@ class Scaler:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        for inf in self.informers:
-            inf.start()
-        self._thread = threading.Thread(target=self._loop, name="scaler", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        for inf in self.informers:
-            inf.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        super().stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._events.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
-        for inf in self.informers:
-            while not inf.synced.wait(0.5):
-                if self._stop.is_set():
-                    return
+        if not self.wait_synced():
+            return
         while not self._stop.is_set():
             self._wake.wait(self.config.resync)
             if self._stop.is_set():

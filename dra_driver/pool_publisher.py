@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra import logs, names
-from composable_dra.informer import Informer
+from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
 from composable_operator.backend import Device, FabricError, Inventory
 from composable_operator.fabrics import FabricConfigError, Fabrics, host_for_node
@@ -400,13 +400,15 @@ def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
 # -- the adapter ---------------------------------------------------------------------------
 
 
-class PoolPublisher:
+class PoolPublisher(InformerDriven):
     """Keeps the fabric pools' slices equal to ``desired_pools`` of what it observes.
 
     Informers on Fabrics, Nodes, ResourceClaims, ComposableResources and its own slices wake
     the loop; the fabric is read again at each Fabric's poll interval and promptly after a
     Fabric or a ComposableResource changed (an attach or detach changes what is free).
     """
+
+    thread_name = "pool-publisher"
 
     def __init__(
         self,
@@ -419,14 +421,12 @@ class PoolPublisher:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
         self.max_per_slice = max_per_slice
         self.debounce = debounce
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        super().__init__()
         self._dirty: set[str] = set()  # fabrics whose inventory must be read again
         self._all_dirty = True
         self._lock = threading.Lock()
         self._inventories: dict[str, tuple[Inventory, float]] = {}
         self._generations: dict[str, int] = {}
-        self._thread: threading.Thread | None = None
         wake = self._wake.set
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
         self.node_informer = Informer(kube, path("v1", "nodes"), wake)
@@ -454,20 +454,6 @@ class PoolPublisher:
             self._all_dirty = True
         self._wake.set()
 
-    def start(self) -> None:
-        for inf in self.informers:
-            inf.start()
-        self._thread = threading.Thread(target=self._loop, name="pool-publisher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        for inf in self.informers:
-            inf.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
     # -- loop ------------------------------------------------------------------------------
 
     def _next_poll_in(self) -> float:
@@ -481,10 +467,8 @@ class PoolPublisher:
         return min(waits)
 
     def _loop(self) -> None:
-        for inf in self.informers:
-            while not inf.synced.wait(0.5):
-                if self._stop.is_set():
-                    return
+        if not self.wait_synced():
+            return
         backoff = 0.5
         while not self._stop.is_set():
             self._wake.wait(self._next_poll_in())

@@ -29,12 +29,12 @@ import yaml
 
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, path
-from dra_driver.testing import PluginProcess
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 

@@ -35,13 +35,13 @@ if str(ROOT) not in sys.path:
 
 from api.v1alpha1 import API_VERSION  # noqa: E402
 from composable_dra.kube import JSON, Kube, path  # noqa: E402
-from dra_driver.testing import PluginProcess  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
 from hack.localcluster.controlplane import find_binaries  # noqa: E402
 from hack.localcluster.crds import install_crds  # noqa: E402
 from hack.localcluster.nodes import create_node  # noqa: E402
+from hack.localcluster.plugin_process import PluginProcess  # noqa: E402
 from hack.localcluster.process import ComponentProcess  # noqa: E402
 from hack.localcluster.wait import wait_for  # noqa: E402
 

@@ -70,10 +70,10 @@ class ComponentProcess:
                 self.proc.wait(10)
         return self.proc.returncode
 
-    def log_events(self) -> list[dict[str, object]]:
-        """The JSON log lines of every start so far, oldest first."""
+    def log_events(self, current_only: bool = False) -> list[dict[str, object]]:
+        """The JSON log lines of every start so far (or of the current one), oldest first."""
         out = []
-        for i in range(1, self.starts + 1):
+        for i in range(self.starts if current_only else 1, self.starts + 1):
             with contextlib.suppress(OSError):
                 text = (self.workdir / f"{self.command}-{i}.log").read_text(errors="replace")
                 for line in text.splitlines():

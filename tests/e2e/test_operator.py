@@ -18,13 +18,13 @@ import pytest
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
-from dra_driver.testing import PluginProcess
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack.localcluster import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 

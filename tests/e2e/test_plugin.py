@@ -14,10 +14,10 @@ import pytest
 
 from composable_dra.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import resolve, spec_file_name
-from dra_driver.testing import PluginProcess, write_static_devices
 from hack.localcluster import ControlPlane
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
