@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", help="JSON or YAML file with a list of fault rules")
     parser.add_argument("--state-file", help="keep the composition in this file across restarts")
     parser.add_argument("--ready-file", help="write the base URL here once listening")
+    parser.add_argument(
+        "--admin-token-file",
+        help="file holding a token that the /admin API then requires as a Bearer token "
+        "(default: the admin API is open, for a laptop only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
         retry_after=args.retry_after,
         task_seconds=args.task_seconds,
         state_file=Path(args.state_file) if args.state_file else None,
+        admin_token=(
+            Path(args.admin_token_file).read_text(encoding="utf-8").strip() or None
+            if args.admin_token_file
+            else None
+        ),
     )
     emulator = server.Emulator(topo, config, rules)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ class Config:
     # real fabric manager's would: a client that lost the 202 must not leave it pending.
     task_seconds: int = 10
     state_file: Path | None = None
+    # When set, /admin (but its health check) needs "Authorization: Bearer <token>".
+    admin_token: str | None = None
 
 
 def etag_of(payload: dict[str, Any]) -> str:
@@ -163,6 +166,12 @@ class Emulator:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not request.path.startswith("/redfish"):
+            if not self._admin_allowed(request):
+                return web.json_response(
+                    {"error": "the admin API needs 'Authorization: Bearer <admin token>'"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="fabric-emulator-admin"'},
+                )
             return await handler(request)
         decision = self.faults.decide(request.method, request.path, faults_mod.REQUEST_KINDS)
         if decision.latency:
@@ -207,6 +216,13 @@ class Emulator:
         response.headers["OData-Version"] = "4.0"
         response.headers.setdefault("Cache-Control", "no-cache")
         return response
+
+    def _admin_allowed(self, request: web.Request) -> bool:
+        token = self.config.admin_token
+        if not token or request.path == "/admin/healthz":
+            return True
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
     async def _authenticated(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not is_public(request.method, request.path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -70,6 +71,12 @@ class EmulatorProcess:
         persistence.save_text(secret, password)
         os.chmod(secret, 0o600)
         args += ["--password-file", str(secret)]
+        # The admin API is guarded here as in a cluster: every call carries the token.
+        self.admin_token = secrets.token_hex(16)
+        token_file = self.workdir / "admin-token"
+        persistence.save_text(token_file, self.admin_token)
+        os.chmod(token_file, 0o600)
+        args += ["--admin-token-file", str(token_file)]
         if isinstance(topology, dict):
             path = self.workdir / "topology.json"
             persistence.save_text(path, json.dumps(topology))
@@ -168,7 +175,10 @@ class EmulatorProcess:
             f"{self.url}/admin/{path.lstrip('/')}",
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.admin_token}",
+            },
         )
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
             raw = resp.read()

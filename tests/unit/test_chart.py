@@ -209,6 +209,10 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     emulator = container(one(everything, "Deployment", "-fabric-emulator"))
     assert "--topology=/etc/fabric-emulator/topology/topology.yaml" in emulator["args"]
     assert "--async-polls=2" in emulator["args"]
+    # The admin API (fault injection) is guarded by a generated token in the Secret.
+    assert "--admin-token-file=/etc/fabric-emulator/admin-token" in emulator["args"]
+    emu_secret = one(everything, "Secret", "-fabric-emulator")
+    assert len(emu_secret["stringData"]["admin-token"]) == 32
 
 
 def test_extra_args_follow_the_subcommand() -> None:

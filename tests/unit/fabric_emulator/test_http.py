@@ -32,6 +32,29 @@ def test_public_documents_and_refused_requests(emu: EmulatorProcess) -> None:
     assert anon.get(f"{emu.url}{ROOT}/Systems", auth=("admin", "admin"), timeout=10).ok
 
 
+def test_the_admin_api_needs_the_admin_token(emu: EmulatorProcess) -> None:
+    anon = requests.Session()
+    assert anon.get(f"{emu.url}/admin/healthz", timeout=10).ok  # probes need no token
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Basic YWRtaW46YWRtaW4="},
+    ):
+        refused = anon.get(f"{emu.url}/admin/state", headers=headers, timeout=10)
+        assert refused.status_code == 401, headers
+        changed = anon.post(
+            f"{emu.url}/admin/faults", json={"kind": "status500"}, headers=headers, timeout=10
+        )
+        assert changed.status_code == 401
+    assert not [r for r in emu.admin("GET", "faults")["rules"] if r.get("kind") == "status500"]
+    ok = anon.get(
+        f"{emu.url}/admin/state",
+        headers={"Authorization": f"Bearer {emu.admin_token}"},
+        timeout=10,
+    )
+    assert ok.status_code == 200 and "blocks" in ok.json()
+
+
 def test_session_login_and_logout(emu: EmulatorProcess) -> None:
     s = requests.Session()
     sessions = f"{emu.url}{ROOT}/SessionService/Sessions"
