@@ -38,6 +38,7 @@ from remote_gpu.protocol import (
     MAX_META,
     SUPPORTED_VERSIONS,
     VERSION,
+    ArraySpec,
     DType,
     Flags,
     Header,
@@ -50,7 +51,7 @@ from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import Token, verify
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import ArraySpec, Session, Stats
+from remote_gpu.worker import Session, Stats
 
 log = logs.get(__name__)
 
