@@ -42,7 +42,7 @@ import numpy as np
 
 from composable_dra import logs
 from remote_gpu import metrics
-from remote_gpu.arena import Arena, align
+from remote_gpu.arena import ALIGN, Arena, align
 from remote_gpu.errors import FrameError, MemoryQuotaExceeded, RemoteGPUError, from_code
 from remote_gpu.protocol import (
     HEADER_SIZE,
@@ -70,6 +70,7 @@ log = logs.get(__name__)
 Result = tuple[np.ndarray, ...]
 
 LARGE = 4 << 20
+_INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 METRICS_INTERVAL = 0.25
 
 
@@ -115,14 +116,14 @@ class _Call(Future[tuple[np.ndarray, ...]]):
         if self._client._receiver is not None:
             return super().result(timeout)
         if not self._over:
-            self._client._progress(self._finished, timeout)
+            self._client._await(self, timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._client._receiver is not None:
             return super().exception(timeout)
         if not self._over:
-            self._client._progress(self._finished, timeout)
+            self._client._await(self, timeout)
         return super().exception(0)
 
     def done(self) -> bool:
@@ -223,9 +224,10 @@ class RemoteGPU:
         self._m_in = metrics.BYTES.labels("client", "in", self.transport)
         self._m_latency = metrics.LATENCY.labels("client")
         self._m_calls = metrics.INVOCATIONS.labels("client")
-        # On the rings, calls and bytes are counted here and added to the metrics every
-        # METRICS_INTERVAL seconds (and on close): a metric update costs a lock.
-        self._out = self._in = self._calls = 0
+        # On the rings, calls, latencies and bytes are noted here and added to the metrics
+        # every METRICS_INTERVAL seconds and on close: a metric update costs a lock.
+        self._out = self._in = 0
+        self._latencies: list[float] = []
         self._flush_at = 0.0
         # Callers read their own replies: no thread hand-off per call. On a stream
         # transport, the first payload of LARGE bytes or more starts a receiver thread
@@ -366,7 +368,7 @@ class RemoteGPU:
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             arrs.append(a)
-            need += align(a.nbytes)
+            need += -(-a.nbytes // ALIGN) * ALIGN
         if need > self.slot_size:
             raise MemoryQuotaExceeded(
                 f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
@@ -385,8 +387,8 @@ class RemoteGPU:
                 if n:
                     mem[cursor : cursor + n] = memoryview(a).cast("B")  # type: ignore[arg-type]
                 specs.append((dtype_code(a.dtype), a.shape, cursor, n))
-                cursor = align(cursor + n)
-            entry = pack_message(self._key, Op.INVOKE, self.lease, seq, base, name.encode(), specs)
+                cursor += -(-n // ALIGN) * ALIGN
+            entry = pack_message(self._key, _INVOKE, self.lease, seq, base, name.encode(), specs)
         except BaseException:
             self._release(slot)
             raise
@@ -553,6 +555,21 @@ class RemoteGPU:
         if slot >= 0:
             self._free.append(slot)
 
+    def _await(self, fut: _Call, timeout: float | None) -> None:
+        """Wait for ``fut``: on the ring, first read the replies that are there already
+        (one lock, no clock), then wait the general way."""
+        ring = self._ring
+        if ring is not None and self._read_lock.acquire(blocking=False):
+            try:
+                while not fut._over and ring.ready():
+                    self._read_ring_entry(ring.take())
+            except (RemoteGPUError, OSError, ValueError) as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+            finally:
+                self._read_lock.release()
+        if not fut._over:
+            self._progress(fut._finished, timeout)
+
     def _progress(
         self, until: Callable[[], bool], timeout: float | None, quiet: bool = False
     ) -> None:
@@ -662,60 +679,61 @@ class RemoteGPU:
     def _read_ring_entry(self, data: bytes) -> None:
         """One reply from the ring: RESULT here; anything else the general way."""
         head = unpack(data[:HEADER_SIZE], self._key, MAX_META)
-        entry = self._pending.pop(head.seq, None) if head.op == Op.RESULT else None
+        entry = self._pending.pop(head.seq, None) if head.op == _RESULT else None
         if entry is None:
             self._read_reply(_Entry(data))
             return
         fut, start, slot = entry
-        try:
-            arrays = self._ring_results(data, head, slot)
-        except BaseException:
-            self._pending[head.seq] = entry  # failed below: _fail completes it
-            raise
-        now = time.perf_counter()
-        self._m_latency.observe(now - start)
-        self._calls += 1
-        if now >= self._flush_at:
-            self._flush_metrics(now)
-        fut.set_result(arrays)
-
-    def _ring_results(self, data: bytes, head: Header, slot: int) -> Result:
         size = self.slot_size
         base = slot * size
         end = base + size
-        specs = unpack_arrays(data, HEADER_SIZE + head.length, self._key, head, size)
-        for _, _, at, n in specs:
-            if not (base <= at and at + n <= end):
-                raise FrameError("SHM result outside the request's slot")
-            self._in += n
-        if specs and self._view_results():
+        try:
+            specs = unpack_arrays(data, HEADER_SIZE + head.length, self._key, head, size)
+            for _, _, at, n in specs:
+                if not (base <= at and at + n <= end):
+                    raise FrameError("SHM result outside the request's slot")
+                self._in += n
+        except BaseException:
+            self._pending[head.seq] = entry  # failed below: _fail completes it
+            raise
+        viewed = self._viewed
+        if specs and (len(viewed) < self._max_pins or (viewed and self._view_results())):
             pin = self._pins[slot]  # the slot is free again once every view is gone
             # Slices of the pin, not frombuffer: a view must keep the pin itself alive.
-            views = tuple(
-                pin[at - base : at - base + n].view(numpy_dtype(dtype), np.ndarray).reshape(shape)
-                for dtype, shape, at, n in specs
-            )
-            self._viewed.append(slot)  # after the views exist: _reclaim sees them
-            return views
-        mem = self._mem
-        out: list[np.ndarray] = []
-        for dtype, shape, at, n in specs:
-            a = np.empty(shape, numpy_dtype(dtype))
-            if n:
-                memoryview(a).cast("B")[:] = mem[at : at + n]  # type: ignore[arg-type]
-            out.append(a)
-        self._release(slot)
-        return tuple(out)
+            views: list[np.ndarray] = []
+            for dtype, shape, at, n in specs:
+                v = pin[at - base : at - base + n].view(numpy_dtype(dtype), np.ndarray)
+                views.append(v if len(shape) == 1 else v.reshape(shape))
+            arrays = tuple(views)
+            viewed.append(slot)  # after the views exist: _reclaim sees them
+        else:
+            mem = self._mem
+            out: list[np.ndarray] = []
+            for dtype, shape, at, n in specs:
+                a = np.empty(shape, numpy_dtype(dtype))
+                if n:
+                    memoryview(a).cast("B")[:] = mem[at : at + n]  # type: ignore[arg-type]
+                out.append(a)
+            self._free.append(slot)
+            arrays = tuple(out)
+        now = time.perf_counter()
+        latencies = self._latencies
+        latencies.append(now - start)
+        if now >= self._flush_at or len(latencies) >= 256:
+            self._flush_metrics(now)
+        fut.set_result(arrays)
 
     def _flush_metrics(self, now: float) -> None:
-        """Add the calls and bytes counted since the last flush to the metrics."""
+        """Add the calls, latencies and bytes counted since the last flush to the metrics."""
         with self._send_lock:
             out, self._out = self._out, 0
-        calls, self._calls = self._calls, 0
+        latencies, self._latencies = self._latencies, []
         got, self._in = self._in, 0
         self._m_out.inc(out)
-        self._m_calls.inc(calls)
+        self._m_calls.inc(len(latencies))
         self._m_in.inc(got)
+        for seconds in latencies:
+            self._m_latency.observe(seconds)
         self._flush_at = now + METRICS_INTERVAL
 
     def _recv_array(self, src: _Source, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:

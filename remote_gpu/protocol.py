@@ -110,6 +110,7 @@ _ITEMSIZE: dict[int, int] = {int(k): v.itemsize for k, v in _NUMPY.items()}
 _OPS: dict[int, Op] = {int(o): o for o in Op}
 _DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _FLAGS: dict[int, Flags] = {0: Flags.NONE, 1: Flags.SHM}
+_SHM = int(Flags.SHM)  # plain ints in the hot paths: an enum member costs a class lookup
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> DType:
@@ -214,7 +215,7 @@ def pack_message(
         dims = (*shape, 0, 0, 0, 0)
         try:
             body = _STRUCT.pack(
-                MAGIC, VERSION, op, Flags.SHM, dtype, lease, seq, part, parts, ndim,
+                MAGIC, VERSION, op, _SHM, dtype, lease, seq, part, parts, ndim,
                 dims[0], dims[1], dims[2], dims[3], at, length,
             )  # fmt: skip
         except struct.error:
@@ -252,7 +253,7 @@ def unpack_arrays(
             raise FrameError("bad magic")
         if op_ != op or lease_ != lease or seq_ != seq or part_ != part or parts_ != parts:
             raise FrameError("array frame out of sequence")
-        if flags != Flags.SHM:
+        if flags != _SHM:
             raise FrameError("inline payload in a ring entry" if not flags else "unknown flags")
         itemsize = _ITEMSIZE.get(dtype)
         if itemsize is None:

@@ -43,6 +43,7 @@ import contextlib
 import os
 import platform
 import select
+import struct
 import threading
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ ENTRY = 8192
 # u64 indices, a cache line apart: the counters, then the flags "may be asleep".
 _REQUESTS, _RESPONSES, _WORKER_ASLEEP, _CLIENT_ASLEEP = 0, 8, 16, 24
 _FENCE = threading.Lock()
+_LENGTH = struct.Struct("<I")
 
 
 def _fence() -> None:
@@ -115,12 +117,13 @@ class Ring:
             raise FrameError(f"a {size}-byte message does not fit a {ENTRY}-byte ring entry")
         at = self.posted % self.entries * ENTRY
         out = self._out
-        out[at : at + 4] = size.to_bytes(4, "little")
+        _LENGTH.pack_into(out, at, size)
         out[at + 4 : at + 4 + size] = data
         self.posted += 1
         counters = self._counters
         counters[self._out_i] = self.posted
-        _fence()
+        _FENCE.acquire()  # see the module docstring: no wake-up is lost
+        _FENCE.release()
         if counters[self._peer_asleep]:
             with contextlib.suppress(BlockingIOError):
                 os.write(self._out_fd, b"\0")
@@ -133,7 +136,7 @@ class Ring:
     def take(self) -> bytes:
         """The next message (call only when ``ready()``)."""
         at = self.taken % self.entries * ENTRY
-        size = int.from_bytes(self._in[at : at + 4], "little")
+        (size,) = _LENGTH.unpack_from(self._in, at)
         if size > ENTRY - 4:
             raise FrameError(f"ring entry claims {size} bytes")
         self.taken += 1
