@@ -77,6 +77,8 @@ class DonorConfig:
     direct: bool = True
     # Shared-memory rings: how long (seconds) a worker keeps watching its request ring
     # after a request before it sleeps; trades a core's time for wake-ups under load.
+    # A worker that loses its CPU to another task while it spins stops spinning for a
+    # while (``ring.Ring.wait``).
     ring_spin: float = 250e-6
 
 

@@ -40,6 +40,7 @@ x86-64) order every store before them ahead of every load after them.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import select
@@ -55,6 +56,10 @@ ENTRY = 8192
 # u64 indices, a cache line apart: the counters, then the flags "may be asleep".
 _REQUESTS, _RESPONSES, _WORKER_ASLEEP, _CLIENT_ASLEEP = 0, 8, 16, 24
 _FENCE = threading.Lock()
+# ``wait``: a gap this long between two looks at the counter means the spinner lost its
+# CPU to another task; it then sleeps instead of spinning for _BACKOFF seconds.
+_PREEMPTED = 200e-6
+_BACKOFF = 0.05
 _LENGTH = struct.Struct("<I")
 
 
@@ -105,6 +110,7 @@ class Ring:
         # A fresh arena's counters are zero; the other side may have posted already.
         self.posted = 0
         self.taken = 0
+        self._calm_after = 0.0  # when ``wait`` may spin again (see there)
 
     # ---- sending
 
@@ -146,17 +152,29 @@ class Ring:
         """Sleep until a message is ready or one of ``others`` is readable.
 
         With ``spin``, first watch the counter for that many seconds: a message that
-        comes meanwhile costs neither side a wake-up. Returns the readable ``others``; an
-        empty list means a message may be ready (or the time ran out: check ``ready()``).
+        comes meanwhile costs neither side a wake-up (which, between the vCPUs of a
+        virtual machine, can cost the waker tens of microseconds). But if this side lost
+        its CPU to another task while it spun, it does not spin for the next ``_BACKOFF``
+        seconds: the CPU is wanted, maybe by the peer. Returns the readable ``others``;
+        an empty list means a message may be ready (or the time ran out: check
+        ``ready()``).
         """
         if self.ready():
             return []
-        if spin > 0:
-            until = time.perf_counter() + spin
+        if spin > 0 and (now := time.perf_counter()) >= self._calm_after:
+            until = now + spin
             counters, i, taken = self._counters, self._in_i, self.taken
-            while time.perf_counter() < until:
+            last = now
+            while now < until:
                 if counters[i] != taken:
                     return []
+                now = time.perf_counter()
+                if now - last > _PREEMPTED:
+                    # Another task took this CPU while we spun: spinning now only delays
+                    # whoever shares it (maybe the peer). Sleep instead for a while.
+                    self._calm_after = now + _BACKOFF
+                    break
+                last = now
         counters = self._counters
         counters[self._asleep] = 1
         try:
@@ -170,7 +188,7 @@ class Ring:
             poller.register(self._in_fd, select.POLLIN)
             for fd in others:
                 poller.register(fd, select.POLLIN)
-            ms = None if timeout is None else max(0, int(timeout * 1000))
+            ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
             return [fd for fd, _ in poller.poll(ms) if fd != self._in_fd]
         finally:
             counters[self._asleep] = 0
