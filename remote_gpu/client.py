@@ -382,8 +382,10 @@ class RemoteGPU:
             mem = self._mem
             base = cursor = slot * self.slot_size
             specs: list[ArraySpec] = []
+            nbytes = 0
             for a in arrs:
                 n = a.nbytes
+                nbytes += n
                 if n:
                     mem[cursor : cursor + n] = memoryview(a).cast("B")  # type: ignore[arg-type]
                 specs.append((dtype_code(a.dtype), a.shape, cursor, n))
@@ -400,7 +402,7 @@ class RemoteGPU:
                 if self._failure is not None:
                     raise self._failure
                 self._ring.post(entry)  # type: ignore[union-attr]
-                self._out += cursor - base
+                self._out += nbytes
         except BaseException as exc:
             if pending.pop(seq, None) is not None:
                 self._release(slot)

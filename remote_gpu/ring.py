@@ -46,8 +46,8 @@ import platform
 import select
 import struct
 import threading
-import time
 from pathlib import Path
+from time import perf_counter as _clock
 
 from remote_gpu.arena import PAGE, Arena
 from remote_gpu.errors import FrameError
@@ -161,14 +161,14 @@ class Ring:
         """
         if self.ready():
             return []
-        if spin > 0 and (now := time.perf_counter()) >= self._calm_after:
+        if spin > 0 and (now := _clock()) >= self._calm_after:
             until = now + spin
             counters, i, taken = self._counters, self._in_i, self.taken
             last = now
             while now < until:
                 if counters[i] != taken:
                     return []
-                now = time.perf_counter()
+                now = _clock()
                 if now - last > _PREEMPTED:
                     # Another task took this CPU while we spun: spinning now only delays
                     # whoever shares it (maybe the peer). Sleep instead for a while.
