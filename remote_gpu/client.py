@@ -17,9 +17,20 @@ it (call ``drain()``). On a stream transport (TCP, UCX), the first payload of ``
 bytes or more starts a receiver thread that reads from then on, so that large transfers
 go both ways at once; ``receiver=True``/``False`` fixes the choice.
 
-With shared memory, results are copies by default. ``views=True`` returns them as views
-of the lease's arena instead (no copy): the request's slot stays pinned until every view
-of it is gone, so a caller may hold at most ``credits`` results at a time.
+With shared memory, results are views of the lease's arena by default (no copy), as
+long as the caller holds views of fewer than half the slots (``credits // 2``); past that
+they are copies, so that holding any number of results never stalls the calls that
+follow. A slot stays out of use while any view of it (or of a view of it) is alive: the
+reference count of the slot's pin, which every view leads back to, says so.
+``views=True`` always returns views (a caller may then hold at most ``credits`` results
+at a time; a call waits for one to be dropped, TimeoutError after ``timeout``), and
+``views=False`` always copies. The lease's worker writes into a slot only while it
+serves a request there, and a slot that views pin gets no request.
+
+On the rings a call costs no system call while the worker is busy or spinning (see
+``ring``), and the client adds up its calls, bytes and latencies and hands them to the
+metrics every ``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric
+update takes a lock).
 """
 
 from __future__ import annotations

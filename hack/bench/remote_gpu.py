@@ -199,17 +199,26 @@ def memcpy_rate(size: int) -> float:
     return n * size / (time.perf_counter() - start)
 
 
+def check_round_trip(gpu: RemoteGPU, size: int) -> None:
+    """The bytes really go there and back: echo of random data comes back equal."""
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    (back,) = gpu.invoke("echo", data)
+    if back.shape != data.shape or not np.array_equal(back, data):
+        raise RuntimeError(f"{gpu.transport} echo of {size} bytes came back different")
+
+
 def throughput(donor: DonorProcess, label: str, size: int) -> dict[str, float]:
     a = np.ones(size, dtype=np.uint8)
     raw = RawEcho(size)
     gpus = {
         "tcp": donor.client(transport="tcp", credits=CREDITS),
         "shm": donor.client(transport="shm", credits=CREDITS),
-        "shm_views": donor.client(transport="shm", credits=CREDITS, views=True),
+        "shm_copies": donor.client(transport="shm", credits=CREDITS, views=False),
     }
     runs: dict[str, list[float]] = {k: [] for k in ("raw", *gpus, "memcpy")}
     try:
         for gpu in gpus.values():  # warm up
+            check_round_trip(gpu, size)
             for _ in range(max(4, count_for(size) // 8)):
                 gpu.invoke("echo", a)
         for _ in range(ROUNDS):
@@ -232,11 +241,11 @@ def throughput(donor: DonorProcess, label: str, size: int) -> dict[str, float]:
         f"tcp_GBps_{label}": round(med(runs["tcp"]) / 1e9, 3),
         f"raw_socket_GBps_{label}": round(med(runs["raw"]) / 1e9, 3),
         f"shm_GBps_{label}": round(med(runs["shm"]) / 1e9, 3),
-        f"shm_views_GBps_{label}": round(med(runs["shm_views"]) / 1e9, 3),
+        f"shm_copies_GBps_{label}": round(med(runs["shm_copies"]) / 1e9, 3),
         f"memcpy_GBps_{label}": round(med(runs["memcpy"]) / 1e9, 3),
         f"tcp_vs_raw_{label}": ratio("tcp", "raw"),
         f"shm_vs_tcp_{label}": ratio("shm", "tcp"),
-        f"shm_views_vs_tcp_{label}": ratio("shm_views", "tcp"),
+        f"shm_copies_vs_tcp_{label}": ratio("shm_copies", "tcp"),
         f"shm_vs_memcpy_{label}": ratio("shm", "memcpy"),
     }
 
@@ -390,7 +399,6 @@ def main() -> None:
     out["targets"] = {
         "tcp_vs_raw_1mib>=0.8": out["tcp_vs_raw_1mib"] >= 0.8,  # type: ignore[operator]
         "shm_vs_tcp_1mib>=5": out["shm_vs_tcp_1mib"] >= 5,  # type: ignore[operator]
-        "shm_views_vs_tcp_1mib>=5": out["shm_views_vs_tcp_1mib"] >= 5,  # type: ignore[operator]
         "fps_4_workers>=55": out["fps_4_workers"] >= 55,  # type: ignore[operator]
         "knee_within_one": isinstance(knee_p, int)
         and isinstance(knee_m, int)
