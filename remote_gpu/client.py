@@ -18,19 +18,20 @@ bytes or more starts a receiver thread that reads from then on, so that large tr
 go both ways at once; ``receiver=True``/``False`` fixes the choice.
 
 With shared memory, results are views of the lease's arena by default (no copy), as
-long as the caller holds views of fewer than half the slots (``credits // 2``); past that
-they are copies, so that holding any number of results never stalls the calls that
-follow. A slot stays out of use while any view of it (or of a view of it) is alive: the
-reference count of the slot's pin, which every view leads back to, says so.
-``views=True`` always returns views (a caller may then hold at most ``credits`` results
-at a time; a call waits for one to be dropped, TimeoutError after ``timeout``), and
-``views=False`` always copies. The lease's worker writes into a slot only while it
-serves a request there, and a slot that views pin gets no request.
+long as views leave a slot free (they pin at most ``credits - 1`` slots); past that they
+are copies, so that holding any number of results never stalls the calls that follow. A
+slot stays out of use while any view of it (or of a view of it) is alive: the reference
+count of the slot's pin, which every view leads back to, says so. ``views=True`` always
+returns views (a caller may then hold at most ``credits`` results at a time; a call waits
+for one to be dropped, TimeoutError after ``timeout``), and ``views=False`` always
+copies. The lease's worker writes into a slot only while it serves a request there, and
+a slot that views pin gets no request.
 
 On the rings a call costs no system call while the worker is busy or spinning (see
-``ring``), and the client adds up its calls, bytes and latencies and hands them to the
-metrics every ``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric
-update takes a lock).
+``ring``); ``submit`` first reads the replies that are there already; and the client
+adds up its calls, bytes and latencies and hands them to the metrics every
+``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric update takes a
+lock).
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ class RemoteGPU:
             if self.arena is None or views is False
             else self.credits
             if views
-            else self.credits // 2
+            else self.credits - 1
         )
         self._viewed: list[int] = []
         self._pins: list[_Pin] = []
@@ -389,6 +390,18 @@ class RemoteGPU:
         except IndexError:
             slot = self._take_slot()
         seq = next(self._seq) & 0xFFFFFFFF
+        # The replies that are here already: read them now, while this thread's caches
+        # still hold what reading needs (after a large copy, they would not).
+        if self._read_lock.acquire(blocking=False):
+            ring = self._ring
+            assert ring is not None
+            try:
+                while ring.ready():
+                    self._read_ring_entry(ring.take())
+            except (RemoteGPUError, OSError, ValueError) as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+            finally:
+                self._read_lock.release()
         try:
             mem = self._mem
             base = cursor = slot * self.slot_size
