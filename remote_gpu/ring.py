@@ -59,7 +59,7 @@ _FENCE = threading.Lock()
 # ``wait``: a gap this long between two looks at the counter means the spinner lost its
 # CPU to another task; it then sleeps instead of spinning for _BACKOFF seconds.
 _PREEMPTED = 200e-6
-_BACKOFF = 0.05
+_BACKOFF = 0.005
 _LENGTH = struct.Struct("<I")
 
 
