@@ -385,8 +385,11 @@ class RemoteGPU:
             raise MemoryQuotaExceeded(
                 f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
             )
+        free = self._free
+        if not free and self._viewed:
+            self._reclaim()  # the slots whose views are gone
         try:
-            slot = self._free.pop()
+            slot = free.pop()
         except IndexError:
             slot = self._take_slot()
         seq = next(self._seq) & 0xFFFFFFFF
