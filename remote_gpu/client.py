@@ -844,6 +844,9 @@ class RemoteGPU:
             self._flush_metrics(time.perf_counter())
             self._ring.close()
         if self.arena is not None:
+            # Unmapped now unless the caller still holds result views (then once they go).
+            self._mem.release()
+            self._pins = []
             self.arena.close()
 
     def __enter__(self) -> RemoteGPU:

@@ -344,3 +344,15 @@ def test_a_worker_that_never_spins_is_woken_for_every_request() -> None:
             assert [f.result(10)[0][0] for f in futures] == list(range(40))
     finally:
         stop_donor(running, thread)
+
+
+def test_close_unmaps_the_arena_unless_views_are_held(donor: Running) -> None:
+    gpu = RemoteGPU(donor.endpoint, donor.token(), transport="shm")
+    gpu.invoke("echo", np.arange(4))
+    gpu.close()
+    assert gpu.arena is not None and gpu.arena._mmap.closed
+    gpu = RemoteGPU(donor.endpoint, donor.token(), transport="shm")
+    (kept,) = gpu.invoke("echo", np.arange(4))
+    assert _is_view(kept, gpu)
+    gpu.close()
+    assert kept.tolist() == [0, 1, 2, 3]  # still mapped: the view holds the mapping
