@@ -46,6 +46,7 @@ class Arena:
         finally:
             os.close(fd)
         self.buf = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.address: int = self.buf.ctypes.data
 
     @classmethod
     def create(cls, quota_bytes: int, slots: int, ctl_size: int = 0) -> Arena:
@@ -88,15 +89,13 @@ class Arena:
         return memoryview(self._mmap)[offset : offset + length]
 
     def array(self, offset: int, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
-        dt = numpy_dtype(dtype)
-        count = math.prod(shape)
-        return self.buf[offset : offset + count * dt.itemsize].view(dt).reshape(shape)
+        return np.frombuffer(self.buf, numpy_dtype(dtype), math.prod(shape), offset).reshape(shape)
 
     def contains(self, array: np.ndarray, start: int, end: int) -> int | None:
         """Offset of ``array`` if it is a contiguous view inside [start, end), else None."""
         if not array.flags.c_contiguous:
             return None
-        base = self.buf.ctypes.data
+        base = self.address
         lo = array.__array_interface__["data"][0]
         hi = lo + array.nbytes
         if base + start <= lo and hi <= base + end:

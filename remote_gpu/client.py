@@ -17,9 +17,21 @@ it (call ``drain()``). On a stream transport (TCP, UCX), the first payload of ``
 bytes or more starts a receiver thread that reads from then on, so that large transfers
 go both ways at once; ``receiver=True``/``False`` fixes the choice.
 
-With shared memory, results are copies by default. ``views=True`` returns them as views
-of the lease's arena instead (no copy): the request's slot stays pinned until every view
-of it is gone, so a caller may hold at most ``credits`` results at a time.
+With shared memory, results are views of the lease's arena by default (no copy), as
+long as views leave a slot free (they pin at most ``credits - 1`` slots); past that they
+are copies, so that holding any number of results never stalls the calls that follow. A
+slot stays out of use while any view of it (or of a view of it) is alive: the reference
+count of the slot's pin, which every view leads back to, says so. ``views=True`` always
+returns views (a caller may then hold at most ``credits`` results at a time; a call waits
+for one to be dropped, TimeoutError after ``timeout``), and ``views=False`` always
+copies. The lease's worker writes into a slot only while it serves a request there, and
+a slot that views pin gets no request.
+
+On the rings a call costs no system call while the worker is busy or spinning (see
+``ring``); ``submit`` first reads the replies that are there already; and the client
+adds up its calls, bytes and latencies and hands them to the metrics every
+``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric update takes a
+lock).
 """
 
 from __future__ import annotations
@@ -30,9 +42,9 @@ import json
 import os
 import secrets
 import select
+import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -42,21 +54,24 @@ import numpy as np
 
 from composable_dra import logs
 from remote_gpu import metrics
-from remote_gpu.arena import Arena, align
-from remote_gpu.errors import FrameError, RemoteGPUError, from_code
+from remote_gpu.arena import ALIGN, Arena, align
+from remote_gpu.errors import FrameError, MemoryQuotaExceeded, RemoteGPUError, from_code
 from remote_gpu.protocol import (
     HEADER_SIZE,
     HELLO_KEY,
     MAX_META,
     VERSION,
+    ArraySpec,
     DType,
     Flags,
     Header,
     Op,
     dtype_code,
     numpy_dtype,
+    pack_message,
     session_key,
     unpack,
+    unpack_arrays,
 )
 from remote_gpu.ring import Ring
 from remote_gpu.tokens import Token, read
@@ -67,6 +82,8 @@ log = logs.get(__name__)
 Result = tuple[np.ndarray, ...]
 
 LARGE = 4 << 20
+_INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
+METRICS_INTERVAL = 0.25
 
 
 def _connect(endpoint: str, timeout: float) -> ClientTransport:
@@ -88,27 +105,42 @@ def _bytes_of(a: np.ndarray) -> memoryview:
 
 
 class _Call(Future[tuple[np.ndarray, ...]]):
-    """A pending invocation; on the ring, waiting for it drives the client's connection."""
+    """A pending invocation; without a receiver thread, waiting for it drives the client's
+    connection. ``_over`` is set once it has completed (a cheap check, no lock)."""
 
     def __init__(self, client: RemoteGPU) -> None:
         super().__init__()
         self._client = client
+        self._over = False
+
+    def _finished(self) -> bool:
+        return self._over or super().done()
+
+    def set_result(self, result: tuple[np.ndarray, ...]) -> None:
+        super().set_result(result)
+        self._over = True
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._over = True
 
     def result(self, timeout: float | None = None) -> tuple[np.ndarray, ...]:
         if self._client._receiver is not None:
             return super().result(timeout)
-        self._client._progress(super().done, timeout)
+        if not self._over:
+            self._client._await(self, timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._client._receiver is not None:
             return super().exception(timeout)
-        self._client._progress(super().done, timeout)
+        if not self._over:
+            self._client._await(self, timeout)
         return super().exception(0)
 
     def done(self) -> bool:
-        if not super().done() and self._client._receiver is None:
-            self._client._progress(super().done, 0.0, quiet=True)
+        if not self._finished() and self._client._receiver is None:
+            self._client._progress(self._finished, 0.0, quiet=True)
         return super().done()
 
 
@@ -139,7 +171,8 @@ class _Entry:
 
 
 class _Pin(np.ndarray):
-    """Bytes of one arena slot; result views keep it alive, and the slot with it."""
+    """All of one arena slot. Result views are slices of it: while one is alive, so is a
+    reference to the pin, and the slot is not used again."""
 
 
 class RemoteGPU:
@@ -154,7 +187,7 @@ class RemoteGPU:
         target_rate: float = 0.0,
         versions: tuple[int, ...] = (VERSION,),
         timeout: float = 30.0,
-        views: bool = False,
+        views: bool | None = None,
         receiver: bool | None = None,
     ) -> None:
         self.lease = token.lease
@@ -164,7 +197,7 @@ class RemoteGPU:
         self._seq = itertools.count(1)
         self._send_lock = threading.Lock()
         self._read_lock = threading.Lock()
-        self._slot_freed = threading.Condition(threading.RLock())
+        self._slot_lock = threading.Lock()
         self._pending: dict[int, tuple[Future[Result], float, int]] = {}
         self._closed = False
         self._failure: BaseException | None = None
@@ -179,10 +212,35 @@ class RemoteGPU:
             raise
         # One token per credit; with shared memory it is also the slot the request uses.
         self._free: list[int] = list(range(self.credits))
+        # Shared memory: how many slots result views may pin (see the module docstring),
+        # the slots that results were handed out of as views, and the pins themselves.
+        self._max_pins = (
+            0
+            if self.arena is None or views is False
+            else self.credits
+            if views
+            else self.credits - 1
+        )
+        self._viewed: list[int] = []
+        self._pins: list[_Pin] = []
+        self._unpinned = 0
+        self._mem = memoryview(b"")
+        if self.arena is not None:
+            self._mem = memoryview(self.arena.buf)
+            size = self.slot_size
+            self._pins = [
+                self.arena.buf[i * size : (i + 1) * size].view(_Pin) for i in range(self.credits)
+            ]
+            self._unpinned = sys.getrefcount(self._pins[0])  # the list's and the argument's
         self._m_out = metrics.BYTES.labels("client", "out", self.transport)
         self._m_in = metrics.BYTES.labels("client", "in", self.transport)
         self._m_latency = metrics.LATENCY.labels("client")
         self._m_calls = metrics.INVOCATIONS.labels("client")
+        # On the rings, calls, latencies and bytes are noted here and added to the metrics
+        # every METRICS_INTERVAL seconds and on close: a metric update costs a lock.
+        self._out = self._in = 0
+        self._latencies: list[float] = []
+        self._flush_at = 0.0
         # Callers read their own replies: no thread hand-off per call. On a stream
         # transport, the first payload of LARGE bytes or more starts a receiver thread
         # instead: a single thread alternates between sending and receiving, while
@@ -270,6 +328,8 @@ class RemoteGPU:
     # ---- calls
 
     def submit(self, name: str, *arrays: np.ndarray) -> Future[Result]:
+        if self._ring is not None:
+            return self._submit_ring(name, arrays)
         if self._failure is not None:
             raise self._failure
         arrs = [
@@ -281,8 +341,6 @@ class RemoteGPU:
         if need >= LARGE and self._auto_receiver and self._receiver is None:
             self._start_receiver()
         if need > self.slot_size:
-            from remote_gpu.errors import MemoryQuotaExceeded
-
             raise MemoryQuotaExceeded(
                 f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
             )
@@ -310,6 +368,76 @@ class RemoteGPU:
         self._m_out.inc(sum(a.nbytes for a in arrs))
         return fut
 
+    def _submit_ring(self, name: str, arrays: tuple[np.ndarray, ...]) -> Future[Result]:
+        """``submit`` on a shared-memory lease with rings: copy the arrays into a free
+        slot, post the request's frames in the ring, ring the worker's doorbell."""
+        if self._failure is not None:
+            raise self._failure
+        arrs: list[np.ndarray] = []
+        need = 0
+        for x in arrays:
+            a = np.asarray(x)
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            arrs.append(a)
+            need += -(-a.nbytes // ALIGN) * ALIGN
+        if need > self.slot_size:
+            raise MemoryQuotaExceeded(
+                f"arguments of {need} bytes exceed the lease's {self.slot_size}-byte slot"
+            )
+        free = self._free
+        if not free and self._viewed:
+            self._reclaim()  # the slots whose views are gone
+        try:
+            slot = free.pop()
+        except IndexError:
+            slot = self._take_slot()
+        seq = next(self._seq) & 0xFFFFFFFF
+        # The replies that are here already: read them now, while this thread's caches
+        # still hold what reading needs (after a large copy, they would not).
+        if self._read_lock.acquire(blocking=False):
+            ring = self._ring
+            assert ring is not None
+            try:
+                while ring.ready():
+                    self._read_ring_entry(ring.take())
+            except (RemoteGPUError, OSError, ValueError) as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+            finally:
+                self._read_lock.release()
+        try:
+            mem = self._mem
+            base = cursor = slot * self.slot_size
+            specs: list[ArraySpec] = []
+            nbytes = 0
+            for a in arrs:
+                n = a.nbytes
+                nbytes += n
+                if n:
+                    mem[cursor : cursor + n] = memoryview(a).cast("B")  # type: ignore[arg-type]
+                specs.append((dtype_code(a.dtype), a.shape, cursor, n))
+                cursor += -(-n // ALIGN) * ALIGN
+            entry = pack_message(self._key, _INVOKE, self.lease, seq, base, name.encode(), specs)
+        except BaseException:
+            self._release(slot)
+            raise
+        fut = _Call(self)
+        pending = self._pending
+        try:
+            with self._send_lock:
+                pending[seq] = (fut, time.perf_counter(), slot)
+                if self._failure is not None:
+                    raise self._failure
+                self._ring.post(entry)  # type: ignore[union-attr]
+                self._out += nbytes
+        except BaseException as exc:
+            if pending.pop(seq, None) is not None:
+                self._release(slot)
+            if exc is not self._failure:
+                self._fail(exc)
+            raise
+        return fut
+
     def invoke(self, name: str, *arrays: np.ndarray) -> Result:
         return self.submit(name, *arrays).result(self.timeout)
 
@@ -319,25 +447,44 @@ class RemoteGPU:
 
     def _take_slot(self) -> int:
         deadline = time.monotonic() + self.timeout
+        delay = 1e-4
         while True:
             try:
                 return self._free.pop()
             except IndexError:
                 pass
+            if self._viewed and self._reclaim():
+                continue
             if self._failure is not None:
                 raise self._failure
             if self._pending:
-                self._progress(lambda: bool(self._free), deadline - time.monotonic())
+                self._progress(
+                    lambda: bool(self._free) or not self._pending, deadline - time.monotonic()
+                )
                 continue
-            # Nothing in flight: every slot is pinned by result views the caller holds.
-            with self._slot_freed:
-                if not self._free and not self._pending:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not self._slot_freed.wait(left):
-                        raise TimeoutError(
-                            f"all {self.credits} slots are held by result views; "
-                            "drop some results (or use views=False)"
-                        )
+            # Nothing in flight: every slot is pinned by result views the caller holds,
+            # maybe in another thread. Look again now and then.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"all {self.credits} slots are held by result views; "
+                    "drop some results (or use views=False)"
+                )
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.01)
+
+    def _reclaim(self) -> int:
+        """Free the slots none of whose result views is alive any more; returns how many.
+        (Readers append to ``_viewed`` without the lock, once a slot's views exist.)"""
+        pins, unpinned, viewed = self._pins, self._unpinned, self._viewed
+        freed = 0
+        with self._slot_lock:
+            for i in list(viewed):
+                if sys.getrefcount(pins[i]) <= unpinned:
+                    viewed.remove(i)
+                    self._free.append(i)
+                    freed += 1
+        return freed
 
     def _invoke_frames(
         self, seq: int, slot: int | None, name: str, arrs: list[np.ndarray]
@@ -437,10 +584,20 @@ class RemoteGPU:
         if slot >= 0:
             self._free.append(slot)
 
-    def _unpin(self, slot: int) -> None:
-        with self._slot_freed:
-            self._free.append(slot)
-            self._slot_freed.notify()
+    def _await(self, fut: _Call, timeout: float | None) -> None:
+        """Wait for ``fut``: on the ring, first read the replies that are there already
+        (one lock, no clock), then wait the general way."""
+        ring = self._ring
+        if ring is not None and self._read_lock.acquire(blocking=False):
+            try:
+                while not fut._over and ring.ready():
+                    self._read_ring_entry(ring.take())
+            except (RemoteGPUError, OSError, ValueError) as exc:
+                self._fail(exc if not self._closed else RemoteGPUError("client closed"))
+            finally:
+                self._read_lock.release()
+        if not fut._over:
+            self._progress(fut._finished, timeout)
 
     def _progress(
         self, until: Callable[[], bool], timeout: float | None, quiet: bool = False
@@ -487,7 +644,7 @@ class RemoteGPU:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if ring.ready():
-                self._read_reply(_Entry(ring.take()))
+                self._read_ring_entry(ring.take())
                 return True
             if self._tr.wait_readable(0):  # the control channel: heartbeats, refusals
                 self._read_reply(self._tr)
@@ -512,8 +669,8 @@ class RemoteGPU:
         fut, start, slot = entry
         # With views, the pin returns the slot once the caller has dropped every result.
         pin = (
-            self._pin(slot)
-            if self.views and self.arena is not None and head.parts and slot >= 0
+            self._pins[slot]
+            if head.parts and slot >= 0 and head.op == Op.RESULT and self._view_results()
             else None
         )
         try:
@@ -526,6 +683,8 @@ class RemoteGPU:
             return
         if pin is None:
             self._release(slot)
+        else:
+            self._viewed.append(slot)
         del pin
         if head.op == Op.RESULT:
             self._m_latency.observe(time.perf_counter() - start)
@@ -540,12 +699,71 @@ class RemoteGPU:
         else:
             raise FrameError(f"unexpected {head.op.name} from the donor")
 
-    def _pin(self, slot: int) -> _Pin:
-        assert self.arena is not None
-        base = self.arena.slot_base(slot)
-        pin = self.arena.buf[base : base + self.arena.slot_size].view(_Pin)
-        weakref.finalize(pin, self._unpin, slot)
-        return pin
+    def _view_results(self) -> bool:
+        """Whether the next result should be a view of its slot rather than a copy."""
+        if len(self._viewed) >= self._max_pins and self._viewed:
+            self._reclaim()
+        return len(self._viewed) < self._max_pins
+
+    def _read_ring_entry(self, data: bytes) -> None:
+        """One reply from the ring: RESULT here; anything else the general way."""
+        head = unpack(data[:HEADER_SIZE], self._key, MAX_META)
+        entry = self._pending.pop(head.seq, None) if head.op == _RESULT else None
+        if entry is None:
+            self._read_reply(_Entry(data))
+            return
+        fut, start, slot = entry
+        size = self.slot_size
+        base = slot * size
+        end = base + size
+        try:
+            specs = unpack_arrays(data, HEADER_SIZE + head.length, self._key, head, size)
+            for _, _, at, n in specs:
+                if not (base <= at and at + n <= end):
+                    raise FrameError("SHM result outside the request's slot")
+                self._in += n
+        except BaseException:
+            self._pending[head.seq] = entry  # failed below: _fail completes it
+            raise
+        viewed = self._viewed
+        if specs and (len(viewed) < self._max_pins or (viewed and self._view_results())):
+            pin = self._pins[slot]  # the slot is free again once every view is gone
+            # Slices of the pin, not frombuffer: a view must keep the pin itself alive.
+            views: list[np.ndarray] = []
+            for dtype, shape, at, n in specs:
+                v = pin[at - base : at - base + n].view(numpy_dtype(dtype), np.ndarray)
+                views.append(v if len(shape) == 1 else v.reshape(shape))
+            arrays = tuple(views)
+            viewed.append(slot)  # after the views exist: _reclaim sees them
+        else:
+            mem = self._mem
+            out: list[np.ndarray] = []
+            for dtype, shape, at, n in specs:
+                a = np.empty(shape, numpy_dtype(dtype))
+                if n:
+                    memoryview(a).cast("B")[:] = mem[at : at + n]  # type: ignore[arg-type]
+                out.append(a)
+            self._free.append(slot)
+            arrays = tuple(out)
+        now = time.perf_counter()
+        latencies = self._latencies
+        latencies.append(now - start)
+        if now >= self._flush_at or len(latencies) >= 256:
+            self._flush_metrics(now)
+        fut.set_result(arrays)
+
+    def _flush_metrics(self, now: float) -> None:
+        """Add the calls, latencies and bytes counted since the last flush to the metrics."""
+        with self._send_lock:
+            out, self._out = self._out, 0
+        latencies, self._latencies = self._latencies, []
+        got, self._in = self._in, 0
+        self._m_out.inc(out)
+        self._m_calls.inc(len(latencies))
+        self._m_in.inc(got)
+        for seconds in latencies:
+            self._m_latency.observe(seconds)
+        self._flush_at = now + METRICS_INTERVAL
 
     def _recv_array(self, src: _Source, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
         h = unpack(src.recv_header(), self._key, 1 << 40)
@@ -560,7 +778,7 @@ class RemoteGPU:
             if pin is None:
                 return self.arena.array(h.offset, h.dtype, h.shape).copy()
             raw = pin[h.offset - base : h.offset - base + h.length]
-            return np.asarray(raw.view(numpy_dtype(h.dtype)).reshape(h.shape))
+            return raw.view(numpy_dtype(h.dtype), np.ndarray).reshape(h.shape)
         out = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
         if h.length:
             src.recv_payload_into(_bytes_of(out))
@@ -623,8 +841,12 @@ class RemoteGPU:
             self._receiver.join(self.timeout)
         self._fail(RemoteGPUError("client closed"))
         if self._ring is not None:
+            self._flush_metrics(time.perf_counter())
             self._ring.close()
         if self.arena is not None:
+            # Unmapped now unless the caller still holds result views (then once they go).
+            self._mem.release()
+            self._pins = []
             self.arena.close()
 
     def __enter__(self) -> RemoteGPU:

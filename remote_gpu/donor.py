@@ -38,6 +38,7 @@ from remote_gpu.protocol import (
     MAX_META,
     SUPPORTED_VERSIONS,
     VERSION,
+    ArraySpec,
     DType,
     Flags,
     Header,
@@ -50,7 +51,7 @@ from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import Token, verify
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import ArraySpec, Session, Stats
+from remote_gpu.worker import Session, Stats
 
 log = logs.get(__name__)
 
@@ -76,6 +77,8 @@ class DonorConfig:
     direct: bool = True
     # Shared-memory rings: how long (seconds) a worker keeps watching its request ring
     # after a request before it sleeps; trades a core's time for wake-ups under load.
+    # A worker that loses its CPU to another task while it spins stops spinning for a
+    # while (``ring.Ring.wait``).
     ring_spin: float = 250e-6
 
 

@@ -35,7 +35,7 @@ import hmac
 import math
 import struct
 from enum import IntEnum, IntFlag
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +52,7 @@ HELLO_KEY = b"remote-gpu/hello/v1"
 
 _STRUCT = struct.Struct("<4sBBBBQIHHB3x4IQQ")
 HEADER_SIZE = _STRUCT.size + MAC_SIZE
+_BODY = _STRUCT.size
 assert HEADER_SIZE == 76
 
 
@@ -87,7 +88,7 @@ class DType(IntEnum):
     COMPLEX128 = 14
 
 
-_NUMPY: dict[DType, np.dtype[np.generic]] = {
+_NUMPY: dict[int, np.dtype[np.generic]] = {
     DType.BOOL: np.dtype("bool"),
     DType.INT8: np.dtype("<i1"),
     DType.UINT8: np.dtype("<u1"),
@@ -103,22 +104,23 @@ _NUMPY: dict[DType, np.dtype[np.generic]] = {
     DType.COMPLEX64: np.dtype("<c8"),
     DType.COMPLEX128: np.dtype("<c16"),
 }
-_CODES: dict[np.dtype[np.generic], DType] = {v: k for k, v in _NUMPY.items()}
+_CODES: dict[np.dtype[np.generic], DType] = {v: DType(k) for k, v in _NUMPY.items()}
 _ITEMSIZE: dict[int, int] = {int(k): v.itemsize for k, v in _NUMPY.items()}
 # Plain lookups instead of enum construction: the parser runs once per frame.
 _OPS: dict[int, Op] = {int(o): o for o in Op}
 _DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _FLAGS: dict[int, Flags] = {0: Flags.NONE, 1: Flags.SHM}
+_SHM = int(Flags.SHM)  # plain ints in the hot paths: an enum member costs a class lookup
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> DType:
-    code = _CODES.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
-    if code is None or dtype.byteorder == ">":
+    code = _CODES.get(dtype)  # a big-endian dtype equals none of these
+    if code is None:
         raise FrameError(f"unsupported dtype {dtype}")
     return code
 
 
-def numpy_dtype(code: DType) -> np.dtype[np.generic]:
+def numpy_dtype(code: int) -> np.dtype[np.generic]:
     return _NUMPY[code]
 
 
@@ -136,25 +138,20 @@ class Header(NamedTuple):
     length: int = 0
 
     def pack(self, key: bytes) -> bytes:
-        if len(self.shape) > MAX_NDIM or any(not 0 <= d < 2**32 for d in self.shape):
-            raise FrameError(f"shape {self.shape} does not fit the header")
-        dims = (*self.shape, 0, 0, 0, 0)[:MAX_NDIM]
-        body = _STRUCT.pack(
-            MAGIC,
-            self.version,
+        return pack(
+            key,
             self.op,
-            self.flags,
-            self.dtype,
             self.lease,
             self.seq,
+            self.flags,
+            self.dtype,
             self.part,
             self.parts,
-            len(self.shape),
-            *dims,
+            self.shape,
             self.offset,
             self.length,
+            self.version,
         )
-        return body + mac(key, body)
 
     @property
     def nbytes_expected(self) -> int:
@@ -162,8 +159,137 @@ class Header(NamedTuple):
         return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
 
+def pack(
+    key: bytes,
+    op: int,
+    lease: int,
+    seq: int,
+    flags: int = 0,
+    dtype: int = 0,
+    part: int = 0,
+    parts: int = 0,
+    shape: tuple[int, ...] = (),
+    offset: int = 0,
+    length: int = 0,
+    version: int = VERSION,
+) -> bytes:
+    """One header, MACed with ``key`` (what ``Header.pack`` does, without the tuple)."""
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise FrameError(f"shape {shape} does not fit the header")
+    dims = (*shape, 0, 0, 0, 0)
+    try:
+        body = _STRUCT.pack(
+            MAGIC, version, op, flags, dtype, lease, seq, part, parts, ndim,
+            dims[0], dims[1], dims[2], dims[3], offset, length,
+        )  # fmt: skip
+    except struct.error:
+        raise FrameError(f"header fields out of range (shape {shape})") from None
+    h = (_KEYED.get(key) or _keyed(key)).copy()
+    h.update(body)
+    return body + h.digest()  # type: ignore[no-any-return]
+
+
+# An array of a message whose payload lies in the arena: dtype code, shape, offset, length.
+ArraySpec = tuple[int, tuple[int, ...], int, int]
+
+
+def pack_message(
+    key: bytes, op: int, lease: int, seq: int, offset: int, meta: bytes, arrays: list[ArraySpec]
+) -> bytes:
+    """The frames of one message whose arrays lie in the lease's arena, joined: the head
+    frame (``offset``: on an INVOKE, the slot's base), its metadata, then one SHM header
+    per array. This is what a shared-memory ring entry holds."""
+    keyed = _KEYED.get(key) or _keyed(key)
+    parts = len(arrays)
+    body = _STRUCT.pack(
+        MAGIC, VERSION, op, 0, 0, lease, seq, 0, parts, 0, 0, 0, 0, 0, offset, len(meta)
+    )
+    h = keyed.copy()
+    h.update(body)
+    chunks = [body, h.digest(), meta]
+    for part, (dtype, shape, at, length) in enumerate(arrays, start=1):
+        ndim = len(shape)
+        if ndim > MAX_NDIM:
+            raise FrameError(f"shape {shape} does not fit the header")
+        dims = (*shape, 0, 0, 0, 0)
+        try:
+            body = _STRUCT.pack(
+                MAGIC, VERSION, op, _SHM, dtype, lease, seq, part, parts, ndim,
+                dims[0], dims[1], dims[2], dims[3], at, length,
+            )  # fmt: skip
+        except struct.error:
+            raise FrameError(f"header fields out of range (shape {shape})") from None
+        h = keyed.copy()
+        h.update(body)
+        chunks += (body, h.digest())
+    return b"".join(chunks)
+
+
+def unpack_arrays(
+    data: bytes, pos: int, key: bytes, head: Header, max_length: int
+) -> list[ArraySpec]:
+    """The array frames of a ring entry: the ``head.parts`` headers at ``pos`` (after the
+    head frame and its metadata), each checked as ``unpack`` checks one and as part of
+    the message (same op, lease, seq and parts, in order, payload in the arena), with
+    nothing after them. Any defect raises :class:`FrameError`."""
+    keyed = _KEYED.get(key) or _keyed(key)
+    op, lease, seq, parts = head.op, head.lease, head.seq, head.parts
+    out: list[ArraySpec] = []
+    for part in range(1, parts + 1):
+        end = pos + HEADER_SIZE
+        raw = data[pos:end]
+        if len(raw) != HEADER_SIZE:
+            raise FrameError("truncated ring entry")
+        body = raw[:_BODY]
+        h = keyed.copy()
+        h.update(body)
+        if not hmac.compare_digest(raw[_BODY:], h.digest()):
+            raise FrameError("bad MAC" if raw[:4] == MAGIC else "bad magic")
+        (magic, _, op_, flags, dtype, lease_, seq_, part_, parts_, ndim, d0, d1, d2, d3, at, n) = (
+            _STRUCT.unpack(body)
+        )
+        if magic != MAGIC:
+            raise FrameError("bad magic")
+        if op_ != op or lease_ != lease or seq_ != seq or part_ != part or parts_ != parts:
+            raise FrameError("array frame out of sequence")
+        if flags != _SHM:
+            raise FrameError("inline payload in a ring entry" if not flags else "unknown flags")
+        itemsize = _ITEMSIZE.get(dtype)
+        if itemsize is None:
+            raise FrameError(f"unknown dtype {dtype}")
+        if ndim > MAX_NDIM:
+            raise FrameError(f"ndim {ndim} > {MAX_NDIM}")
+        dims = (d0, d1, d2, d3)
+        if ndim < MAX_NDIM and any(dims[ndim:]):
+            raise FrameError("shape has dimensions beyond ndim")
+        if n > max_length:
+            raise FrameError(f"payload length {n} exceeds limit {max_length}")
+        shape = dims[:ndim]
+        if math.prod(shape) * itemsize != n:
+            raise FrameError(f"length {n} does not match dtype and shape")
+        out.append((dtype, shape, at, n))
+        pos = end
+    if pos != len(data):
+        raise FrameError("truncated ring entry, or bytes after its frames")
+    return out
+
+
+# Keyed BLAKE2b states, one per key: copying one is cheaper than keying a new one.
+_KEYED: dict[bytes, Any] = {}
+
+
+def _keyed(key: bytes) -> Any:
+    if len(_KEYED) >= 1024:  # keys are per session: forget old ones now and then
+        _KEYED.clear()
+    keyed = _KEYED[key] = hashlib.blake2b(key=key, digest_size=MAC_SIZE)
+    return keyed
+
+
 def mac(key: bytes, body: bytes) -> bytes:
-    return hashlib.blake2b(body, key=key, digest_size=MAC_SIZE).digest()
+    h = (_KEYED.get(key) or _keyed(key)).copy()
+    h.update(body)
+    return h.digest()  # type: ignore[no-any-return]
 
 
 def session_key(token_mac: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
@@ -172,13 +298,18 @@ def session_key(token_mac: bytes, client_nonce: bytes, server_nonce: bytes) -> b
     ).digest()
 
 
+_new = tuple.__new__  # builds a Header from its fields without the keyword machinery
+
+
 def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) -> Header:
     """Parse and check one header; any defect raises :class:`FrameError`, nothing else."""
     if len(data) != HEADER_SIZE:
         raise FrameError(f"header is {len(data)} bytes, want {HEADER_SIZE}")
-    raw = bytes(data)
-    body, tag = raw[:-MAC_SIZE], raw[-MAC_SIZE:]
-    if not hmac.compare_digest(tag, mac(key, body)):
+    raw = data if type(data) is bytes else bytes(data)
+    body = raw[:_BODY]
+    h = (_KEYED.get(key) or _keyed(key)).copy()
+    h.update(body)
+    if not hmac.compare_digest(raw[_BODY:], h.digest()):
         raise FrameError("bad MAC" if raw[:4] == MAGIC else "bad magic")
     (
         magic,
@@ -212,33 +343,23 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
     if ndim > MAX_NDIM:
         raise FrameError(f"ndim {ndim} > {MAX_NDIM}")
     dims = (d0, d1, d2, d3)
-    if any(dims[ndim:]):
+    if ndim < MAX_NDIM and any(dims[ndim:]):
         raise FrameError("shape has dimensions beyond ndim")
     if parts > MAX_PARTS or (part > parts and part != 0):
         raise FrameError(f"part {part} of {parts}")
     if length > max_length:
         raise FrameError(f"payload length {length} exceeds limit {max_length}")
-    header = Header(
-        op=op_,
-        lease=lease,
-        seq=seq,
-        version=version,
-        flags=flags_,
-        dtype=dtype_,
-        part=part,
-        parts=parts,
-        shape=dims[:ndim],
-        offset=offset,
-        length=length,
-    )
+    shape = dims[:ndim]
     if part == 0:
-        if dtype_ != DType.NONE or ndim or flags_:
+        if dtype or ndim or flags:
             raise FrameError("a head frame carries no array")
         if length > MAX_META:
             raise FrameError(f"metadata of {length} bytes exceeds {MAX_META}")
     else:
-        if dtype_ == DType.NONE:
+        if not dtype:
             raise FrameError("an array frame needs a dtype")
-        if header.nbytes_expected != length:
+        if math.prod(shape) * _ITEMSIZE[dtype] != length:
             raise FrameError(f"length {length} does not match dtype and shape")
-    return header
+    return _new(
+        Header, (op_, lease, seq, version, flags_, dtype_, part, parts, shape, offset, length)
+    )

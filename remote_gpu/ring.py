@@ -8,6 +8,8 @@ after the arena's slots holds::
     offset                 size                 content
     0                      8                    requests posted (client's counter)
     64                     8                    responses posted (worker's counter)
+    128                    8                    the worker may be asleep (its flag)
+    192                    8                    the client may be asleep (its flag)
     PAGE                   entries x ENTRY      request ring
     PAGE + entries x ENTRY entries x ENTRY      response ring
 
@@ -19,34 +21,52 @@ trusted. Message n goes into entry ``n % entries``; there are as many entries as
 and a credit comes back with its response, so a well-behaved client never overwrites an
 entry the worker has not read (a misbehaving one can only break its own lease).
 
-Doorbells: after posting, each side writes a byte to the other side's FIFO (never
-blocking: a full FIFO already means "wake up"). A side about to sleep first drains its
-own FIFO, then looks at the counter again, and only then waits in ``poll``; the write
-follows the counter's store in the poster and the drain precedes the load in the
-sleeper, and both are system calls, so no wake-up is lost. A side that is busy finds new
-messages by reading the counter, without any system call.
+Doorbells: a side about to sleep raises its flag, looks at the counter again, drains its
+own FIFO, looks once more and only then waits in ``poll``; it lowers the flag when it
+wakes. After posting, a side writes a byte to the other side's FIFO (never blocking: a
+full FIFO already means "wake up") only if the other side's flag is up, so a call costs
+no system call while both sides are busy (or the worker spins, ``wait``). No wake-up is
+lost: each side stores (the counter; the flag), then a full fence, then loads (the
+other's flag; the counter), so at least one of them sees the other's store: either the
+sleeper sees the message and does not sleep, or the poster sees the flag and rings.
 
-The counters and entries are plain stores and loads: this relies on the stores of one
-process becoming visible to another in program order (x86-64's memory model), which is
-why the donor offers the rings only there (``supported``).
+The counters, flags and entries are plain stores and loads: this relies on the stores
+of one process becoming visible to another in program order (x86-64's memory model),
+which is why the donor offers the rings only there (``supported``). The fence is a round
+trip of a lock, whose atomic read-modify-write instructions (``lock``-prefixed on
+x86-64) order every store before them ahead of every load after them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import select
-import time
+import struct
+import threading
 from pathlib import Path
-
-import numpy as np
+from time import perf_counter as _clock
 
 from remote_gpu.arena import PAGE, Arena
 from remote_gpu.errors import FrameError
 
 ENTRY = 8192
-_REQUESTS, _RESPONSES = 0, 8  # u64 indices, a cache line apart
+# u64 indices, a cache line apart: the counters, then the flags "may be asleep".
+_REQUESTS, _RESPONSES, _WORKER_ASLEEP, _CLIENT_ASLEEP = 0, 8, 16, 24
+_FENCE = threading.Lock()
+# ``wait``: a gap this long between two looks at the counter means the spinner lost its
+# CPU to another task; it then sleeps instead of spinning for _BACKOFF seconds.
+_PREEMPTED = 200e-6
+_BACKOFF = 0.005
+_LENGTH = struct.Struct("<I")
+
+
+def _fence() -> None:
+    """A full memory fence: acquiring and releasing a lock are atomic instructions."""
+    _FENCE.acquire()
+    _FENCE.release()
 
 
 def ctl_size(entries: int) -> int:
@@ -67,17 +87,19 @@ class Ring:
             raise ValueError("the arena has no control block for this many entries")
         base = arena.ctl_offset
         self.entries = entries
-        self._counters = arena.buf[base : base + 128].view(np.uint64)
+        self._counters = arena.view(base, 256).cast("Q")
         requests = arena.view(base + PAGE, entries * ENTRY)
         responses = arena.view(base + PAGE + entries * ENTRY, entries * ENTRY)
         req_fifo, rsp_fifo = arena.doorbells()
         if side == "client":
             self._out, self._in = requests, responses
             self._out_i, self._in_i = _REQUESTS, _RESPONSES
+            self._asleep, self._peer_asleep = _CLIENT_ASLEEP, _WORKER_ASLEEP
             out_path, in_path = req_fifo, rsp_fifo
         else:
             self._out, self._in = responses, requests
             self._out_i, self._in_i = _RESPONSES, _REQUESTS
+            self._asleep, self._peer_asleep = _WORKER_ASLEEP, _CLIENT_ASLEEP
             out_path, in_path = rsp_fifo, req_fifo
         self._out_fd = _open_fifo(out_path)
         try:
@@ -88,31 +110,39 @@ class Ring:
         # A fresh arena's counters are zero; the other side may have posted already.
         self.posted = 0
         self.taken = 0
+        self._calm_after = 0.0  # when ``wait`` may spin again (see there)
 
     # ---- sending
 
-    def post(self, chunks: list[bytes]) -> None:
-        """Write one message into the next entry, publish it and ring the doorbell."""
-        data = b"".join(chunks)
+    def post(self, message: bytes | list[bytes]) -> None:
+        """Write one message (or its chunks) into the next entry, publish it and ring the
+        doorbell."""
+        data = message if isinstance(message, bytes) else b"".join(message)
         size = len(data)
         if size + 4 > ENTRY:
             raise FrameError(f"a {size}-byte message does not fit a {ENTRY}-byte ring entry")
         at = self.posted % self.entries * ENTRY
-        self._out[at : at + 4 + size] = size.to_bytes(4, "little") + data
+        out = self._out
+        _LENGTH.pack_into(out, at, size)
+        out[at + 4 : at + 4 + size] = data
         self.posted += 1
-        self._counters[self._out_i] = self.posted
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._out_fd, b"\0")
+        counters = self._counters
+        counters[self._out_i] = self.posted
+        _FENCE.acquire()  # see the module docstring: no wake-up is lost
+        _FENCE.release()
+        if counters[self._peer_asleep]:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._out_fd, b"\0")
 
     # ---- receiving
 
     def ready(self) -> bool:
-        return int(self._counters[self._in_i]) != self.taken
+        return bool(self._counters[self._in_i] != self.taken)
 
     def take(self) -> bytes:
         """The next message (call only when ``ready()``)."""
         at = self.taken % self.entries * ENTRY
-        size = int.from_bytes(self._in[at : at + 4], "little")
+        (size,) = _LENGTH.unpack_from(self._in, at)
         if size > ENTRY - 4:
             raise FrameError(f"ring entry claims {size} bytes")
         self.taken += 1
@@ -122,26 +152,46 @@ class Ring:
         """Sleep until a message is ready or one of ``others`` is readable.
 
         With ``spin``, first watch the counter for that many seconds: a message that
-        comes meanwhile costs neither side a wake-up. Returns the readable ``others``; an
-        empty list means a message may be ready (or the time ran out: check ``ready()``).
+        comes meanwhile costs neither side a wake-up (which, between the vCPUs of a
+        virtual machine, can cost the waker tens of microseconds). But if this side lost
+        its CPU to another task while it spun, it does not spin for the next ``_BACKOFF``
+        seconds: the CPU is wanted, maybe by the peer. Returns the readable ``others``;
+        an empty list means a message may be ready (or the time ran out: check
+        ``ready()``).
         """
         if self.ready():
             return []
-        if spin > 0:
-            until = time.perf_counter() + spin
+        if spin > 0 and (now := _clock()) >= self._calm_after:
+            until = now + spin
             counters, i, taken = self._counters, self._in_i, self.taken
-            while time.perf_counter() < until:
+            last = now
+            while now < until:
                 if counters[i] != taken:
                     return []
-        self._drain()
-        if self.ready():
-            return []
-        poller = select.poll()
-        poller.register(self._in_fd, select.POLLIN)
-        for fd in others:
-            poller.register(fd, select.POLLIN)
-        ms = None if timeout is None else max(0, int(timeout * 1000))
-        return [fd for fd, _ in poller.poll(ms) if fd != self._in_fd]
+                now = _clock()
+                if now - last > _PREEMPTED:
+                    # Another task took this CPU while we spun: spinning now only delays
+                    # whoever shares it (maybe the peer). Sleep instead for a while.
+                    self._calm_after = now + _BACKOFF
+                    break
+                last = now
+        counters = self._counters
+        counters[self._asleep] = 1
+        try:
+            _fence()
+            if self.ready():
+                return []
+            self._drain()
+            if self.ready():
+                return []
+            poller = select.poll()
+            poller.register(self._in_fd, select.POLLIN)
+            for fd in others:
+                poller.register(fd, select.POLLIN)
+            ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+            return [fd for fd, _ in poller.poll(ms) if fd != self._in_fd]
+        finally:
+            counters[self._asleep] = 0
 
     def _drain(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -149,7 +199,7 @@ class Ring:
                 pass
 
     def close(self) -> None:
-        for view in (self._out, self._in):
+        for view in (self._out, self._in, self._counters):
             view.release()  # the arena's mapping can go once no view is left
         for fd in (self._out_fd, self._in_fd):
             with contextlib.suppress(OSError):

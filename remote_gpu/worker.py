@@ -51,21 +51,23 @@ from remote_gpu.errors import Code, FrameError
 from remote_gpu.protocol import (
     HEADER_SIZE,
     MAX_META,
+    ArraySpec,
     DType,
     Flags,
     Header,
     Op,
     dtype_code,
+    pack_message,
     unpack,
+    unpack_arrays,
 )
 from remote_gpu.quotas import TokenBucket
 from remote_gpu.ring import Ring
 from remote_gpu.transports import Frame
 from remote_gpu.transports.tcp import Reader, send_all
 
-ArraySpec = tuple[int, tuple[int, ...], int, int]
-
 STATS_INTERVAL = 0.25
+_INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 
 
 @dataclass(frozen=True)
@@ -119,27 +121,41 @@ def _run_one(
     base = arena.slot_base(slot)
     end = base + arena.slot_size
     args = [arena.array(off, dtype, shape) for dtype, shape, off, _ in specs]  # type: ignore[arg-type]
+    dtypes = [a.dtype for a in args]
     out = fn(*args)
-    results = list(out) if isinstance(out, tuple | list) else [out]
+    results = out if isinstance(out, tuple | list) else (out,)
     free = align(max((off + n for _, _, off, n in specs), default=base))
     replies: list[ArraySpec] = []
     for r in results:
-        arr = np.asarray(r)
-        code = int(dtype_code(arr.dtype))
-        shape = tuple(int(d) for d in arr.shape)
-        offset = arena.contains(arr, base, end)
-        if offset is None:
-            if free + arr.nbytes > end:
-                raise MemoryError(
-                    f"results need more than the {arena.slot_size}-byte slot of this lease"
-                )
-            arena.buf[free : free + arr.nbytes] = (
-                np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            )
-            offset = free
-            free = align(free + arr.nbytes)
-        replies.append((code, shape, offset, arr.nbytes))
+        for a, spec, dt in zip(args, specs, dtypes, strict=True):
+            # An argument returned as it is (echo) lies where it was: nothing to check.
+            if r is a and a.shape == spec[1] and a.dtype == dt:
+                replies.append(spec)
+                break
+        else:
+            free = _place(arena, r, base, end, free, replies)
     return replies
+
+
+def _place(
+    arena: Arena, r: object, base: int, end: int, free: int, replies: list[ArraySpec]
+) -> int:
+    """Add the reply of result ``r``: in place if it is a view of the slot, else copied
+    into the slot at ``free``. Returns where the slot's free space now starts."""
+    arr = np.asarray(r)
+    code = int(dtype_code(arr.dtype))
+    shape = tuple(int(d) for d in arr.shape)
+    offset = arena.contains(arr, base, end)
+    if offset is None:
+        if free + arr.nbytes > end:
+            raise MemoryError(
+                f"results need more than the {arena.slot_size}-byte slot of this lease"
+            )
+        arena.buf[free : free + arr.nbytes] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        offset = free
+        free = align(free + arr.nbytes)
+    replies.append((code, shape, offset, arr.nbytes))
+    return free
 
 
 def _call(
@@ -181,21 +197,14 @@ class _Source(Protocol):
     def read_into(self, dst: memoryview) -> None: ...
 
 
-class _Entry:
-    """One ring entry read as a stream of frames; it cannot carry inline payloads."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
+class _NoStream:
+    """The reader of a ring lease's server: its requests come whole, from the ring."""
 
     def read(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise _Fatal(Code.BAD_FRAME, "truncated ring entry")
-        self.pos += n
-        return self.data[self.pos - n : self.pos]
+        raise _Fatal(Code.BAD_FRAME, "no stream on a ring lease")
 
     def read_into(self, dst: memoryview) -> None:
-        raise _Fatal(Code.BAD_FRAME, "inline payload in a ring entry")
+        raise _Fatal(Code.BAD_FRAME, "no stream on a ring lease")
 
 
 class DirectServer:
@@ -209,9 +218,11 @@ class DirectServer:
         arena: Arena,
         functions: dict[str, Callable[..., Any]],
         session: Session,
+        ring: Ring | None = None,
     ) -> None:
         self.reader = reader
         self.send = send
+        self.ring = ring
         self.arena = arena
         self.functions = functions
         self.s = session
@@ -292,6 +303,42 @@ class DirectServer:
                 self.reader.read_into(arena.view(offset, h.length))
                 cursor = align(offset + h.length)
             specs.append((int(h.dtype), h.shape, offset, h.length))
+        self._execute(seq, name, slot, specs)
+
+    def ring_step(self, data: bytes) -> None:
+        """Answer one request taken from the ring: the checks of ``step`` on the frames
+        of one entry, whose arrays must lie in the slot the head frame names."""
+        s, arena = self.s, self.arena
+        key, size = s.key, arena.slot_size
+        try:
+            head = unpack(data[:HEADER_SIZE], key, self._limit)
+        except FrameError as exc:
+            raise _Fatal(Code.BAD_FRAME, str(exc)) from None
+        seq = head.seq
+        if head.lease != s.lease:
+            raise _Fatal(Code.BAD_FRAME, "frame for another lease", seq)
+        if head.part != 0:
+            raise _Fatal(Code.BAD_FRAME, "array frame outside a message", seq)
+        if head.op != _INVOKE:
+            raise _Fatal(Code.BAD_FRAME, f"{head.op.name} in the request ring", seq)
+        slot = arena.slot_of(head.offset)
+        if slot is None:
+            raise _Fatal(Code.BAD_FRAME, "INVOKE names no slot of this lease", seq)
+        pos = HEADER_SIZE + head.length
+        name = data[HEADER_SIZE:pos].decode("utf-8", "replace")
+        try:
+            specs = unpack_arrays(data, pos, key, head, size)
+        except FrameError as exc:
+            raise _Fatal(Code.BAD_FRAME, str(exc), seq) from None
+        base = slot * size
+        end = base + size
+        for _, _, at, n in specs:
+            if not (base <= at and at + n <= end):
+                raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
+        self._execute(seq, name, slot, specs)
+
+    def _execute(self, seq: int, name: str, slot: int, specs: list[ArraySpec]) -> None:
+        """Run a checked request (allow-list, rate quota) and send its answer."""
         self.stats.bytes_in += sum(s[3] for s in specs)
         if name not in self.functions:
             self._refuse(seq, Code.NOT_ALLOWED, f"{name!r} is not on this donor's allow-list")
@@ -299,7 +346,7 @@ class DirectServer:
         if not self.bucket.take():
             self._refuse(seq, Code.RATE_LIMITED, f"lease exceeds {self.s.rate_limit}/s")
             return
-        outcome = _call(arena, self.functions, name, slot, specs)
+        outcome = _call(self.arena, self.functions, name, slot, specs)
         if isinstance(outcome[0], Code):
             code, message = outcome
             self._refuse(seq, code, str(message))
@@ -307,7 +354,11 @@ class DirectServer:
         results, seconds = outcome
         self.stats.invocations += 1
         self.stats.seconds.append(seconds)
-        self.send(self._result_frames(seq, results))
+        if self.ring is not None:
+            self.stats.bytes_out += sum(r[3] for r in results)
+            self.ring.post(pack_message(self.s.key, _RESULT, self.s.lease, seq, 0, b"", results))
+        else:
+            self.send(self._result_frames(seq, results))
 
     def _refuse(self, seq: int, code: Code, message: str) -> None:
         self.stats.error(code)
@@ -424,7 +475,7 @@ def _serve_ring(
                 chunks.append(bytes(payload))
         ring.post(chunks)
 
-    server = DirectServer(_Entry(b""), send, arena, functions, session)
+    server = DirectServer(_NoStream(), send, arena, functions, session, ring)
     pipe = conn.fileno()
     serving = True
     last = time.monotonic()
@@ -432,11 +483,7 @@ def _serve_ring(
         while True:
             if serving and ring.ready():
                 try:
-                    entry = _Entry(ring.take())
-                    server.reader = entry
-                    server.step()
-                    if entry.pos != len(entry.data):
-                        raise _Fatal(Code.BAD_FRAME, "trailing bytes in a ring entry")
+                    server.ring_step(ring.take())
                 except (_Fatal, FrameError) as exc:
                     fatal = exc if isinstance(exc, _Fatal) else _Fatal(Code.BAD_FRAME, str(exc))
                     server.stats.error(fatal.code)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,132 @@ def test_large_payloads_in_flight_both_ways_do_not_deadlock(receiver: bool | Non
             assert gpu.invoke("echo", np.arange(3))[0].tolist() == [0, 1, 2]
     finally:
         stop_donor(running, thread)
+
+
+def _is_view(result: np.ndarray, gpu: RemoteGPU) -> bool:
+    assert gpu.arena is not None
+    return bool(np.shares_memory(result, gpu.arena.buf))
+
+
+def test_results_are_views_while_few_are_held_then_copies(donor: Running) -> None:
+    """By default a shared-memory result is a view of its slot as long as views leave a
+    slot free; past that, copies, so that holding any number of results never stalls the
+    calls that follow."""
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", credits=4) as gpu:
+        held = [gpu.invoke("echo", np.full(8, i, dtype=np.int64))[0] for i in range(10)]
+        assert [_is_view(r, gpu) for r in held] == [True] * 3 + [False] * 7
+        assert [r.tolist() for r in held] == [[i] * 8 for i in range(10)]
+        futures = [gpu.submit("echo", np.full(4, i, dtype=np.int64)) for i in range(20)]
+        assert [f.result(10)[0][0] for f in futures] == list(range(20))
+        assert [r.tolist() for r in held] == [[i] * 8 for i in range(10)]  # untouched
+        del held, futures
+        gc.collect()
+        (again,) = gpu.invoke("echo", np.arange(3))
+        assert _is_view(again, gpu) and again.tolist() == [0, 1, 2]
+
+
+def test_views_false_always_copies(donor: Running) -> None:
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", views=False) as gpu:
+        results = [gpu.invoke("echo", np.arange(i + 1))[0] for i in range(6)]
+        assert not any(_is_view(r, gpu) for r in results)
+        assert [r.tolist() for r in results] == [list(range(i + 1)) for i in range(6)]
+
+
+def test_threads_share_a_ring_client(donor: Running) -> None:
+    """Several threads submit, wait and hold results on one client at once."""
+    errors: list[BaseException] = []
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", credits=4) as gpu:
+
+        def work(k: int) -> None:
+            try:
+                kept: list[np.ndarray] = []
+                for i in range(150):
+                    a = np.full(1000, k * 1000 + i, dtype=np.int32)
+                    if i % 3:
+                        (out,) = gpu.invoke("echo", a)
+                    else:
+                        (out,) = gpu.submit("add", a, np.ones_like(a)).result(10)
+                        a = a + 1
+                    assert (out == a).all()
+                    kept = [*kept[-2:], out]  # hold a few results a while
+                    assert all((r == r[0]).all() for r in kept)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+
+
+def test_client_metrics_count_every_ring_call(donor: Running) -> None:
+    """Ring clients add up calls, bytes and latencies and hand them to the metrics now
+    and then and when they close: none is lost."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    calls = sample("remote_gpu_invocations_total", side="client")
+    latencies = sample("remote_gpu_invoke_seconds_count", side="client")
+    out = sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm")
+    back = sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm")
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
+        for _ in range(700):
+            gpu.invoke("echo", np.zeros(100, dtype=np.uint8))
+    assert sample("remote_gpu_invocations_total", side="client") - calls == 700
+    assert sample("remote_gpu_invoke_seconds_count", side="client") - latencies == 700
+    assert sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm") == (
+        out + 70_000
+    )
+    assert sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm") == (
+        back + 70_000
+    )
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_results_that_are_arguments_keep_their_own_shape(transport: str) -> None:
+    allow = {
+        **ALLOW,
+        "reshape": "tests.unit.remote_gpu.functions:reshape_in_place",
+        "both": "tests.unit.remote_gpu.functions:both",
+    }
+    running, thread = start_donor(DonorConfig(name="shapes", secret=SECRET, allow=allow))
+    try:
+        with RemoteGPU(running.endpoint, running.token(), transport=transport) as gpu:
+            (out,) = gpu.invoke("reshape", np.arange(6, dtype=np.float32))
+            assert out.shape == (2, 3) and out.tolist() == [[0, 1, 2], [3, 4, 5]]
+            same, more = gpu.invoke("both", np.arange(4, dtype=np.int16))
+            assert same.tolist() == [0, 1, 2, 3] and more.tolist() == [1, 2, 3, 4]
+    finally:
+        stop_donor(running, thread)
+
+
+def test_a_worker_that_never_spins_is_woken_for_every_request() -> None:
+    """With no spinning, the worker sleeps after each request: every one of them must
+    wake it through the doorbell."""
+    config = DonorConfig(name="sleepy", secret=SECRET, allow=ALLOW, ring_spin=0.0)
+    running, thread = start_donor(config)
+    try:
+        with RemoteGPU(running.endpoint, running.token(), transport="shm", timeout=10) as gpu:
+            for i in range(300):
+                assert gpu.invoke("echo", np.array([i]))[0][0] == i
+            futures = [gpu.submit("echo", np.array([i])) for i in range(40)]
+            assert [f.result(10)[0][0] for f in futures] == list(range(40))
+    finally:
+        stop_donor(running, thread)
+
+
+def test_close_unmaps_the_arena_unless_views_are_held(donor: Running) -> None:
+    gpu = RemoteGPU(donor.endpoint, donor.token(), transport="shm")
+    gpu.invoke("echo", np.arange(4))
+    gpu.close()
+    assert gpu.arena is not None and gpu.arena._mmap.closed
+    gpu = RemoteGPU(donor.endpoint, donor.token(), transport="shm")
+    (kept,) = gpu.invoke("echo", np.arange(4))
+    assert _is_view(kept, gpu)
+    gpu.close()
+    assert kept.tolist() == [0, 1, 2, 3]  # still mapped: the view holds the mapping

@@ -11,14 +11,17 @@ from remote_gpu.errors import FrameError
 from remote_gpu.protocol import (
     HEADER_SIZE,
     HELLO_KEY,
+    ArraySpec,
     DType,
     Flags,
     Header,
     Op,
     dtype_code,
     numpy_dtype,
+    pack_message,
     session_key,
     unpack,
+    unpack_arrays,
 )
 
 KEY = b"k" * 32
@@ -96,3 +99,71 @@ def test_any_header_corruption_is_detected(index: int, xor: int) -> None:
     raw[index] ^= xor
     with pytest.raises(FrameError):
         unpack(raw, HELLO_KEY, 1 << 20)
+
+
+ARRAYS: list[ArraySpec] = [(DType.FLOAT32, (3, 4), 4096, 48), (DType.UINT8, (), 4160, 1)]
+
+
+def _ring_message(seq: int = 9) -> bytes:
+    return pack_message(KEY, Op.RESULT, 7, seq, 0, b"meta", ARRAYS)
+
+
+def test_ring_messages_are_the_frames_joined_and_parse_back() -> None:
+    data = _ring_message()
+    frames = [Header(Op.RESULT, 7, 9, parts=2, length=4).pack(KEY), b"meta"]
+    for part, (dtype, shape, offset, length) in enumerate(ARRAYS, start=1):
+        h = Header(
+            Op.RESULT,
+            7,
+            9,
+            flags=Flags.SHM,
+            dtype=DType(dtype),
+            part=part,
+            parts=2,
+            shape=shape,
+            offset=offset,
+            length=length,
+        )
+        frames.append(h.pack(KEY))
+    assert data == b"".join(frames)
+    head = unpack(data[:HEADER_SIZE], KEY, 1 << 16)
+    assert unpack_arrays(data, HEADER_SIZE + head.length, KEY, head, 1 << 20) == ARRAYS
+
+
+def test_ring_message_defects_are_frame_errors() -> None:
+    data = _ring_message()
+    head = unpack(data[:HEADER_SIZE], KEY, 1 << 16)
+    at = HEADER_SIZE + head.length
+    first, second = data[at : at + HEADER_SIZE], data[at + HEADER_SIZE :]
+    other = _ring_message(seq=10)
+    cases = {
+        "trailing": (data + b"x", "bytes after"),
+        "truncated": (data[:-1], "truncated"),
+        "swapped": (data[:at] + second + first, "out of sequence"),
+        "foreign": (data[:at] + other[at : at + HEADER_SIZE] + second, "out of sequence"),
+    }
+    for name, (bad, match) in cases.items():
+        with pytest.raises(FrameError, match=match):
+            unpack_arrays(bad, at, KEY, head, 1 << 20)
+            pytest.fail(name)
+    with pytest.raises(FrameError, match="MAC"):
+        unpack_arrays(data, at, b"other" * 8, head, 1 << 20)
+    with pytest.raises(FrameError, match="exceeds"):
+        unpack_arrays(data, at, KEY, head, 47)
+    inline = Header(
+        Op.RESULT, 7, 9, dtype=DType.FLOAT32, part=1, parts=1, shape=(3, 4), length=48
+    ).pack(KEY)
+    one = head._replace(parts=1)
+    with pytest.raises(FrameError, match="inline"):
+        unpack_arrays(data[:at] + inline, at, KEY, one, 1 << 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2 * HEADER_SIZE - 1), st.integers(1, 255))
+def test_any_corruption_of_ring_array_frames_is_detected(index: int, xor: int) -> None:
+    data = bytearray(_ring_message())
+    at = HEADER_SIZE + 4
+    data[at + index] ^= xor
+    head = unpack(bytes(data[:HEADER_SIZE]), KEY, 1 << 16)
+    with pytest.raises(FrameError):
+        unpack_arrays(bytes(data), at, KEY, head, 1 << 20)
