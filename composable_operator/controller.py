@@ -44,8 +44,10 @@ from composable_operator.reconcile import (
     AttachObservation,
     ClaimResult,
     DetachObservation,
+    DeviceHolder,
     decide_attach,
     decide_detach,
+    first_holder,
     referencing_claims,
 )
 
@@ -234,6 +236,19 @@ async def wait_visible(
 def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     """Add the ComposableResource handlers to a kopf registry."""
 
+    @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="resources_by_device")
+    def resources_by_device(
+        name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+    ) -> dict[tuple[str, str], DeviceHolder]:
+        """Every resource under (fabric, device): who else holds a device (kept by kopf)."""
+        return {
+            (str(spec.get("fabric", "")), str(spec.get("deviceID", ""))): DeviceHolder(
+                name,
+                bool(meta.get("deletionTimestamp")),
+                str(meta.get("creationTimestamp") or ""),
+            )
+        }
+
     @kopf.daemon(
         GROUP,
         VERSION,
@@ -242,17 +257,19 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         cancellation_timeout=10,
         when=lambda meta, **_: not meta.get("deletionTimestamp"),
     )
-    async def attach(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    async def attach(
+        name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any
+    ) -> None:
+        # kopf passes each index by its handler's name.
+        by_device: kopf.Index[tuple[str, str], DeviceHolder] = kwargs["resources_by_device"]
         rlog = log.bind(resource=name)
         started = time.monotonic()
         backoff = 1.0
         created = body.meta.get("creationTimestamp")
-        # What the last pass read, when the next one may decide on it: the node's host
-        # stays good right after our own operation ended (only the device is read
-        # again), and the read that showed the device attached stays good for the step
-        # that only waited for the node to see it (nothing is read again).
+        # The node's host as the last pass found it, when the next pass may keep it: right
+        # after our own operation ended or the node reported the device. The device
+        # itself is always read again before a decision.
         reuse: tuple[FabricSpec, FabricBackend, str | None] | None = None
-        reuse_device: tuple[Device | None] | None = None
         while not stopped:
             if body.meta.get("deletionTimestamp"):
                 return
@@ -265,11 +282,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             try:
                 if reuse is not None:
                     fabric, backend, host = reuse
-                    if reuse_device is not None:
-                        (device,) = reuse_device
-                    else:
-                        device = await asyncio.to_thread(backend.device, spec.device_id)
-                    reuse, reuse_device = None, None
+                    reuse = None
+                    device = await asyncio.to_thread(backend.device, spec.device_id)
                 else:
                     fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
                     device, hosts, node = await read_fabric(ctl, backend, spec)
@@ -280,8 +294,10 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     and normalize_uuid(status.get("deviceUUID") or "")
                     == normalize_uuid(device.uuid)
                 )
+                holders = list(by_device.get((spec.fabric, spec.device_id), []))
                 action = decide_attach(
                     AttachObservation(
+                        held_by=first_holder(name, str(created or ""), holders),
                         phase=phase,
                         device=device,
                         host=host,
@@ -341,7 +357,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     # The fabric has done its part: wait for the node's plugin to report,
                     # watching the live object rather than reading the fabric again.
                     if await wait_visible(body, stopped, action.device_uuid or "", 5.0):
-                        reuse, reuse_device = (fabric, backend, host), (device,)
+                        reuse = (fabric, backend, host)
                     continue
                 elif action.kind == "online":
                     if phase != "Online":

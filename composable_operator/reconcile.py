@@ -41,10 +41,44 @@ class AttachObservation:
     visible: bool  # DeviceVisible=True on the resource
     elapsed: float  # seconds since the attach began
     timeout: float
+    # Another ComposableResource for the same device that goes first: one being deleted
+    # (its detach may still be under way) or an older live one. None: no other.
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    name: str
+    deleting: bool
+    created: str  # creationTimestamp (RFC 3339 sorts as text)
+
+
+def first_holder(me: str, my_created: str, holders: list[DeviceHolder]) -> str | None:
+    """The other resource for the same device that this one must wait for, if any.
+
+    A resource being deleted goes first: its detach may still be running, and a device it
+    still has attached must not be taken for ours. Among live ones the oldest wins (name
+    breaks a tie), so two resources for one device never both go Online.
+    """
+    for h in sorted(holders, key=lambda h: (not h.deleting, h.created, h.name)):
+        if h.name == me:
+            continue
+        if h.deleting or (h.created, h.name) < (my_created, me):
+            return h.name
+    return None
 
 
 def decide_attach(o: AttachObservation) -> Action:
     late = o.elapsed > o.timeout
+    if o.held_by is not None and o.phase != "Online":
+        if late:
+            return Action("fail", "DeviceHeld", f"the device stayed held by resource {o.held_by}")
+        return Action(
+            "wait",
+            "DeviceHeld",
+            f"waiting for resource {o.held_by}, which holds the device",
+            delay=1,
+        )
     if o.host is None:
         if late:
             return Action("fail", "NodeNotOnFabric", "the target node matches no fabric host")

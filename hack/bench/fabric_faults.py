@@ -82,6 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
+    keep = False  # the logs stay when the result is not clean
     procs: list[Any] = []
     try:
         with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
@@ -247,6 +248,8 @@ def main() -> int:
                 "restarts": restarts,
                 "leaked": len(leaked) + len(stuck),
                 "double_attached": len(double),
+                "leaked_items": sorted(leaked + stuck),
+                "double_items": sorted(double),
                 "resources_online": len(final),
                 "blocks_attached": len(attached),
                 "operations_s": round(ops_s, 1),
@@ -258,12 +261,17 @@ def main() -> int:
             for p in reversed(procs):
                 p.stop()
             procs.clear()
+            clean = not leaked and not stuck and not double
+            if not clean:
+                keep = True
+                print(f"logs kept in {work}", file=sys.stderr)
             print(json.dumps(result), flush=True)
-            return 0 if not leaked and not stuck and not double else 1
+            return 0 if clean else 1
     finally:
         for p in reversed(procs):
             p.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -232,3 +233,31 @@ class TestRedfishErrors:
 
     def test_uuids_compare_across_sources(self) -> None:
         assert b.normalize_uuid("GPU-ABC") == b.normalize_uuid("abc")
+
+
+def test_a_device_held_by_another_resource_waits_for_it() -> None:
+    from composable_operator.reconcile import DeviceHolder, first_holder
+
+    me = DeviceHolder("new", False, "2026-01-01T00:00:10Z")
+    going = DeviceHolder("old", True, "2026-01-01T00:00:00Z")
+    older = DeviceHolder("older", False, "2026-01-01T00:00:05Z")
+    younger = DeviceHolder("younger", False, "2026-01-01T00:00:20Z")
+    assert first_holder("new", me.created, [me]) is None
+    assert first_holder("new", me.created, [me, going]) == "old"  # its detach may be running
+    assert first_holder("new", me.created, [me, older]) == "older"
+    assert first_holder("new", me.created, [me, younger]) is None  # it waits for us
+    assert first_holder("younger", younger.created, [me, younger]) == "new"
+    # Attached to our host by the other one: still not ours to go Online with.
+    held = AttachObservation(
+        phase="Attaching",
+        device=dev(state="attached", host="h1"),
+        host="h1",
+        visible=True,
+        elapsed=1,
+        timeout=60,
+        held_by="old",
+    )
+    assert decide_attach(held).kind == "wait"
+    assert decide_attach(replace(held, elapsed=61)).kind == "fail"
+    assert decide_attach(replace(held, phase="Online")).kind == "online"  # already ours
+    assert decide_attach(replace(held, held_by=None)).kind == "online"
