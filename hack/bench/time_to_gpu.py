@@ -12,7 +12,11 @@ that takes L seconds (Redfish task monitor, Retry-After 1 s).
 
 The difference between the two is the scheduler's PreBind wait: kube-scheduler v1.37
 re-checks binding conditions every 5 s (a fixed poll in the DynamicResources plugin), so a
-pod is bound at the first 5 s tick after its claim is ready.
+pod is bound at the first 5 s tick after its claim is ready, and the overhead cannot go
+below (allocated - created) + 5 - L: ``overhead_floor_s``. ``bound_at_first_recheck``
+counts the pods whose claim was ready in time for that first tick; ``stages_p50_s`` is
+the median of each step (scheduler, scaler, operator and fabric, plugin, operator,
+scaler).
 
 A pod counts as rescheduled when its claim's allocation changed or was removed before the
 pod was bound, or when it got more than one Scheduled event; failed when it did not run by
