@@ -185,6 +185,7 @@ class RedfishCompositionBackend:
         )
         self._lock = threading.Lock()  # guards logging in (the session's state)
         self._session_epoch = 0
+        # The readers are looked up at each read, so that a test may wrap them.
         self._inventory = _SingleFlight(lambda: self._read_inventory())
         self._hosts = _SingleFlight(lambda: self._read_hosts())
         self._logged_in = False
