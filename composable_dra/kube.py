@@ -79,13 +79,10 @@ class Kube:
         """
         if kubeconfig:
             cfg = client.Configuration()
-            if pool_size:
-                cfg.connection_pool_maxsize = pool_size
-            return cls(
-                config.new_client_from_config(config_file=kubeconfig, client_configuration=cfg)
-            )
-        config.load_incluster_config()
-        cfg = client.Configuration.get_default_copy()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config()
+            cfg = client.Configuration.get_default_copy()
         if pool_size:
             cfg.connection_pool_maxsize = pool_size
         return cls(client.ApiClient(cfg))

@@ -200,29 +200,10 @@ def pack_message(
     """The frames of one message whose arrays lie in the lease's arena, joined: the head
     frame (``offset``: on an INVOKE, the slot's base), its metadata, then one SHM header
     per array. This is what a shared-memory ring entry holds."""
-    keyed = _KEYED.get(key) or _keyed(key)
     parts = len(arrays)
-    body = _STRUCT.pack(
-        MAGIC, VERSION, op, 0, 0, lease, seq, 0, parts, 0, 0, 0, 0, 0, offset, len(meta)
-    )
-    h = keyed.copy()
-    h.update(body)
-    chunks = [body, h.digest(), meta]
+    chunks = [pack(key, op, lease, seq, parts=parts, offset=offset, length=len(meta)), meta]
     for part, (dtype, shape, at, length) in enumerate(arrays, start=1):
-        ndim = len(shape)
-        if ndim > MAX_NDIM:
-            raise FrameError(f"shape {shape} does not fit the header")
-        dims = (*shape, 0, 0, 0, 0)
-        try:
-            body = _STRUCT.pack(
-                MAGIC, VERSION, op, _SHM, dtype, lease, seq, part, parts, ndim,
-                dims[0], dims[1], dims[2], dims[3], at, length,
-            )  # fmt: skip
-        except struct.error:
-            raise FrameError(f"header fields out of range (shape {shape})") from None
-        h = keyed.copy()
-        h.update(body)
-        chunks += (body, h.digest())
+        chunks.append(pack(key, op, lease, seq, _SHM, dtype, part, parts, shape, at, length))
     return b"".join(chunks)
 
 

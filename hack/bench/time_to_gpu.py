@@ -105,7 +105,7 @@ class Recorder:
             except Gone:
                 continue
             except Exception:
-                time.sleep(0.2)
+                self._stop.wait(0.2)  # a broken watch: back off, then list again
 
     def _stage(self, claim: str, stage: str, now: float) -> None:
         self.stages.setdefault(claim, {}).setdefault(stage, now)
