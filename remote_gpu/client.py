@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import secrets
 import select
@@ -53,9 +52,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from composable_dra import logs
-from remote_gpu import metrics
-from remote_gpu.arena import ALIGN, Arena, align
-from remote_gpu.errors import FrameError, MemoryQuotaExceeded, RemoteGPUError, from_code
+from remote_gpu import handshake, metrics
+from remote_gpu.arena import ALIGN, PAGE, SEAL_SIZE, Arena, align
+from remote_gpu.errors import (
+    DeadlineExceeded,
+    FrameError,
+    MemoryQuotaExceeded,
+    RemoteGPUError,
+    VersionError,
+)
 from remote_gpu.protocol import (
     HEADER_SIZE,
     HELLO_KEY,
@@ -73,7 +78,7 @@ from remote_gpu.protocol import (
     unpack,
     unpack_arrays,
 )
-from remote_gpu.ring import Ring
+from remote_gpu.ring import Ring, ctl_size
 from remote_gpu.tokens import Token, read
 from remote_gpu.transports import ClientTransport, Frame, host_id
 
@@ -275,43 +280,64 @@ class RemoteGPU:
         target_rate: float,
         versions: tuple[int, ...],
     ) -> None:
-        nonce = secrets.token_bytes(16)
-        meta = json.dumps(
-            {
-                "versions": list(versions),
-                "token": token.to_json(),
-                "nonce": nonce.hex(),
-                "transport": transport,
-                "host": host_id(),
-                "credits": credits,
-                "frame_bytes": frame_bytes,
-                "target_rate": target_rate,
-                "ring": True,
-            }
-        ).encode()
-        head = Header(Op.HELLO, token.lease, 0, version=max(versions), length=len(meta))
-        self._tr.send_frames([(head.pack(HELLO_KEY), meta)])
-        reply = unpack(self._tr.recv_header(), HELLO_KEY, MAX_META)
-        body = json.loads(self._recv_meta(reply))
-        if reply.op == Op.ERROR:
-            raise from_code(body.get("code", ""), body.get("message", ""))
-        if reply.op != Op.HELLO:
-            raise FrameError(f"donor answered HELLO with {reply.op.name}")
-        self.version = int(body["version"])
-        self.donor = str(body["donor"])
-        self.credits = int(body["credits"])
-        self.slot_size = int(body["slot_size"])
-        self.transport = str(body["transport"])
-        self.functions = list(body.get("functions", []))
-        if transport != "auto" and self.transport != transport:
-            raise RemoteGPUError(f"donor cannot use transport {transport!r} for this client")
-        if self.transport == "shm":
-            self.arena = Arena.attach(
-                body["arena"], int(body["arena_size"]), self.credits, self.slot_size
+        """CHALLENGE, HELLO with the proof of possession, the donor's proven reply; all
+        within ``timeout``. The token's MAC never leaves this process."""
+        deadline = time.monotonic() + self.timeout
+        header, _, meta = self._recv_handshake(deadline)
+        challenge, server_nonce = handshake.parse_challenge(header, meta)
+        if not set(versions).intersection(challenge.versions):
+            raise VersionError(
+                f"client speaks {sorted(versions)}, donor {sorted(challenge.versions)}"
             )
-            if "ring" in body:
-                self._ring = Ring(self.arena, int(body["ring"]["entries"]), "client")
-        self._key = session_key(token.mac_bytes, nonce, bytes.fromhex(body["nonce"]))
+        nonce = secrets.token_bytes(handshake.NONCE_SIZE)
+        try:
+            hello = handshake.Hello(
+                versions=list(versions),
+                lease=token.lease,
+                donor=token.donor,
+                expiry=token.expiry,
+                nonce=nonce.hex(),
+                transport=transport,  # type: ignore[arg-type]
+                host=host_id(),
+                credits=credits,
+                frame_bytes=frame_bytes,
+                target_rate=target_rate,
+                ring=True,
+            )
+        except ValueError as exc:
+            raise RemoteGPUError(f"cannot say HELLO: {exc}") from None
+        secret = token.mac_bytes
+        self._tr.send_frames([handshake.hello_frame(hello, secret, server_nonce)])
+        key = session_key(secret, nonce, server_nonce)
+        header, raw, meta = self._recv_handshake(deadline)
+        if header.lease != token.lease and header.op != Op.ERROR:
+            raise FrameError("the donor answered for another lease")
+        body = handshake.parse_accept(header, raw, meta, key, nonce)
+        if body.version not in versions:
+            raise VersionError(f"donor chose version {body.version}, not one of {versions}")
+        if body.credits > credits:
+            raise FrameError(f"donor granted {body.credits} credits, more than asked")
+        if transport != "auto" and body.transport != transport:
+            raise RemoteGPUError(f"donor cannot use transport {transport!r} for this client")
+        self.version = body.version
+        self.donor = body.donor
+        self.credits = body.credits
+        self.slot_size = body.slot_size
+        self.transport = body.transport
+        self.functions = list(body.functions)
+        if body.transport == "shm":
+            assert body.arena is not None and body.arena_size is not None  # parse_accept
+            ctl = ctl_size(body.credits) if body.ring is not None else 0
+            if body.slot_size % PAGE or body.arena_size != (
+                body.credits * body.slot_size + align(ctl, PAGE) + SEAL_SIZE
+            ):
+                raise FrameError("the arena's size does not match its slots")
+            self.arena = Arena.open_sealed(
+                token.lease, body.arena, body.arena_size, body.credits, body.slot_size, key
+            )
+            if body.ring is not None:
+                self._ring = Ring(self.arena, body.ring.entries, "client")
+        self._key = key
         log.info(
             "lease connected",
             lease=self.lease,
@@ -319,6 +345,15 @@ class RemoteGPU:
             transport=self.transport,
             credits=self.credits,
         )
+
+    def _recv_handshake(self, deadline: float) -> tuple[Header, bytes, bytes]:
+        """The next handshake frame (header, its raw bytes, metadata) before ``deadline``."""
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._tr.wait_readable(left):
+            raise DeadlineExceeded("the donor did not answer the handshake in time")
+        raw = bytes(self._tr.recv_header())
+        header = unpack(raw, HELLO_KEY, MAX_META)
+        return header, raw, self._recv_meta(header)
 
     def _recv_meta(self, header: Header, src: _Source | None = None) -> bytes:
         buf = bytearray(header.length)
@@ -392,7 +427,6 @@ class RemoteGPU:
             slot = free.pop()
         except IndexError:
             slot = self._take_slot()
-        seq = next(self._seq) & 0xFFFFFFFF
         # The replies that are here already: read them now, while this thread's caches
         # still hold what reading needs (after a large copy, they would not).
         if self._read_lock.acquire(blocking=False):
@@ -417,25 +451,33 @@ class RemoteGPU:
                     mem[cursor : cursor + n] = memoryview(a).cast("B")  # type: ignore[arg-type]
                 specs.append((dtype_code(a.dtype), a.shape, cursor, n))
                 cursor += -(-n // ALIGN) * ALIGN
-            entry = pack_message(self._key, _INVOKE, self.lease, seq, base, name.encode(), specs)
+            meta = name.encode()
         except BaseException:
             self._release(slot)
             raise
         fut = _Call(self)
         pending = self._pending
-        try:
-            with self._send_lock:
+        with self._send_lock:
+            # Numbered where posted: requests enter the ring in order (the worker refuses
+            # any other order, see ``protocol.seq_after``).
+            seq = next(self._seq) & 0xFFFFFFFF
+            try:
+                entry = pack_message(self._key, _INVOKE, self.lease, seq, base, meta, specs)
+            except BaseException:
+                self._release(slot)
+                raise
+            try:
                 pending[seq] = (fut, time.perf_counter(), slot)
                 if self._failure is not None:
                     raise self._failure
                 self._ring.post(entry)  # type: ignore[union-attr]
                 self._out += nbytes
-        except BaseException as exc:
-            if pending.pop(seq, None) is not None:
-                self._release(slot)
-            if exc is not self._failure:
-                self._fail(exc)
-            raise
+            except BaseException as exc:
+                if pending.pop(seq, None) is not None:
+                    self._release(slot)
+                if exc is not self._failure:
+                    self._fail(exc)
+                raise
         return fut
 
     def invoke(self, name: str, *arrays: np.ndarray) -> Result:
@@ -466,7 +508,7 @@ class RemoteGPU:
             # maybe in another thread. Look again now and then.
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(
+                raise DeadlineExceeded(
                     f"all {self.credits} slots are held by result views; "
                     "drop some results (or use views=False)"
                 )
@@ -607,7 +649,7 @@ class RemoteGPU:
             with self._changed:
                 held = self._changed.wait_for(lambda: until() or self._failure is not None, timeout)
             if not held and not quiet:
-                raise TimeoutError("no reply from the donor in time")
+                raise DeadlineExceeded("no reply from the donor in time")
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not until():
@@ -631,7 +673,7 @@ class RemoteGPU:
             if not ready:
                 if quiet:
                     return
-                raise TimeoutError("no reply from the donor in time")
+                raise DeadlineExceeded("no reply from the donor in time")
 
     def _read_some(self, timeout: float | None) -> bool:
         """Read one reply, waiting up to ``timeout``; False if none came."""
@@ -663,8 +705,7 @@ class RemoteGPU:
             for _ in range(head.parts):
                 self._recv_array(src, head, -1, None)
             if head.op == Op.ERROR:
-                body = json.loads(meta)
-                raise from_code(body.get("code", ""), body.get("message", ""))
+                raise handshake.parse_error(meta)
             return
         fut, start, slot = entry
         # With views, the pin returns the slot once the caller has dropped every result.
@@ -692,8 +733,7 @@ class RemoteGPU:
             self._m_in.inc(sum(a.nbytes for a in arrays))
             fut.set_result(arrays)
         elif head.op == Op.ERROR:
-            body = json.loads(meta)
-            err = from_code(body.get("code", ""), body.get("message", ""))
+            err = handshake.parse_error(meta)
             metrics.ERRORS.labels("client", err.code.value).inc()
             fut.set_exception(err)
         else:
@@ -766,7 +806,7 @@ class RemoteGPU:
         self._flush_at = now + METRICS_INTERVAL
 
     def _recv_array(self, src: _Source, head: Header, slot: int, pin: _Pin | None) -> np.ndarray:
-        h = unpack(src.recv_header(), self._key, 1 << 40)
+        h = unpack(src.recv_header(), self._key, self.slot_size)  # results fit their slot
         if h.seq != head.seq or h.part == 0 or h.op != head.op:
             raise FrameError("array frame out of sequence")
         if h.flags & Flags.SHM:

@@ -1,21 +1,29 @@
 """The donor server: asyncio front end, one worker process per lease.
 
-A connection opens with HELLO (token, versions, wanted transport, declared load); the
-donor checks the token, admission and the lease's uniqueness, creates the lease's arena
-and worker, and answers HELLO with the negotiated version, credits and transport. Then
-INVOKE messages flow, at most ``credits`` in flight, each answered by RESULT or ERROR.
-Malformed frames get an ERROR and the connection is closed; other leases carry on.
+A connection opens with the donor's CHALLENGE and the client's HELLO (the token's claims
+and a proof of possession of its MAC, versions, wanted transport, declared load; see
+``protocol``); the donor checks the proof, the claims, admission and the lease's
+uniqueness, creates the lease's arena and worker, and answers HELLO with the negotiated
+version, credits and transport. Then INVOKE messages flow, at most ``credits`` in
+flight, each answered by RESULT or ERROR. Malformed frames get an ERROR and the
+connection is closed; other leases carry on.
+
+Before a connection has authenticated, it costs the donor a descriptor and a task only:
+it must complete its HELLO within ``handshake_timeout``, one peer address holds at most
+``max_connections_per_peer`` connections, and a failing ``accept`` (out of descriptors)
+makes the listener back off and retry, never stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import errno
 import multiprocessing
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
@@ -24,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from composable_dra import logs
-from remote_gpu import metrics
+from remote_gpu import handshake, metrics
 from remote_gpu.admission import AdmissionController
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import (
@@ -43,12 +51,13 @@ from remote_gpu.protocol import (
     Flags,
     Header,
     Op,
+    seq_after,
     session_key,
     unpack,
 )
 from remote_gpu.quotas import TokenBucket
 from remote_gpu.ring import ctl_size, supported
-from remote_gpu.tokens import Token, verify
+from remote_gpu.tokens import check_claims, mac_for
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
 from remote_gpu.worker import Session, Stats
@@ -80,6 +89,20 @@ class DonorConfig:
     # A worker that loses its CPU to another task while it spins stops spinning for a
     # while (``ring.Ring.wait``).
     ring_spin: float = 250e-6
+    # Unauthenticated connections: seconds to complete the HELLO, and how many
+    # connections (handshaking or serving a lease) one peer address may hold.
+    handshake_timeout: float = 10.0
+    max_connections_per_peer: int = 64
+
+
+# ``accept`` failures (out of descriptors or memory): first pause, and the longest.
+ACCEPT_BACKOFF = (0.01, 1.0)
+
+
+def accept_backoff(previous: float) -> float:
+    """The pause after an ``accept`` failure that followed a pause of ``previous``."""
+    first, longest = ACCEPT_BACKOFF
+    return min(longest, max(first, previous * 2))
 
 
 class _Fatal(Exception):
@@ -91,8 +114,12 @@ class _Fatal(Exception):
 
 
 class Lease:
-    def __init__(self, lease: int, arena: Arena, credits: int, bucket: TokenBucket) -> None:
+    def __init__(
+        self, lease: int, arena: Arena, credits: int, bucket: TokenBucket, expiry: float
+    ) -> None:
         self.id = lease
+        self.expiry = expiry  # the token's: until then, a closed lease's token stays dead
+        self.opened = False
         self.arena = arena
         self.credits = credits
         self.bucket = bucket
@@ -123,6 +150,8 @@ class Donor:
         self._listeners: list[socket.socket] = []
         self._accept_tasks: list[asyncio.Task[None]] = []
         self._host = host_id()
+        self._peers: dict[str, int] = {}  # connections held per peer address
+        self._closed: dict[int, float] = {}  # closed leases and their tokens' expiry
 
     # ---- listening
 
@@ -140,9 +169,53 @@ class Donor:
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        pause = 0.0
         while True:
-            conn, _ = await loop.sock_accept(listener)
-            self.serve(TcpServerTransport(conn))
+            try:
+                conn, addr = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED...
+                pause = accept_backoff(pause)
+                metrics.ERRORS.labels("donor", "accept_failed").inc()
+                log.warning(
+                    "accept failed; backing off",
+                    error=errno.errorcode.get(exc.errno or 0, str(exc)),
+                    retry_in_s=pause,
+                )
+                await asyncio.sleep(pause)
+                continue
+            pause = 0.0
+            try:
+                self._admit(conn, str(addr[0]))
+            except Exception:
+                conn.close()
+                log.exception("cannot serve an accepted connection")
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        """Serve ``conn`` unless its peer address holds too many connections already."""
+        held = self._peers.get(peer, 0)
+        if held >= self.config.max_connections_per_peer:
+            metrics.ERRORS.labels("donor", "too_many_connections").inc()
+            log.debug("too many connections from one address", peer=peer, held=held)
+            body = handshake.error_body(
+                Code.RATE_LIMITED.value, "too many connections from this address"
+            )
+            with contextlib.suppress(OSError):  # best effort, never waits
+                frame = Header(Op.ERROR, 0, 0, length=len(body)).pack(HELLO_KEY) + body
+                conn.send(frame, socket.MSG_DONTWAIT)
+            conn.close()
+            return
+        self._peers[peer] = held + 1
+        try:
+            task = self.serve(TcpServerTransport(conn))
+        except BaseException:
+            self._release_peer(peer)
+            raise
+        task.add_done_callback(lambda _: self._release_peer(peer))
+
+    def _release_peer(self, peer: str) -> None:
+        held = self._peers.pop(peer, 0) - 1
+        if held > 0:
+            self._peers[peer] = held
 
     def serve(self, transport: ServerTransport) -> asyncio.Task[None]:
         """Serve one connection (from any transport's listener) in its own task."""
@@ -176,11 +249,13 @@ class Donor:
                 await self._serve_lease(tr, lease, key, shm, send_lock)
         except _Fatal as exc:
             metrics.ERRORS.labels("donor", exc.code.value).inc()
-            log.warning(
+            # A peer that never said HELLO is not worth a warning each (floods).
+            quiet = exc.code is Code.DEADLINE_EXCEEDED and lease is None
+            (log.debug if quiet else log.warning)(
                 "refusing connection", peer=tr.peer, code=exc.code.value, reason=exc.message
             )
             with contextlib.suppress(Exception):
-                async with send_lock:
+                async with asyncio.timeout(self.config.handshake_timeout), send_lock:
                     await tr.send_frames(
                         [_error(lease.id if lease else 0, exc.seq, exc.code, exc.message, key)]
                     )
@@ -201,90 +276,109 @@ class Donor:
         return bytes(buf)
 
     async def _hello(self, tr: ServerTransport) -> tuple[Lease, bytes, bool]:
+        server_nonce = secrets.token_bytes(handshake.NONCE_SIZE)
         try:
-            header = unpack(await tr.recv_header(), HELLO_KEY, MAX_META)
+            async with asyncio.timeout(self.config.handshake_timeout):
+                await tr.send_frames(
+                    [handshake.challenge_frame(sorted(SUPPORTED_VERSIONS), server_nonce)]
+                )
+                raw = bytes(await tr.recv_header())
+                try:
+                    header = unpack(raw, HELLO_KEY, MAX_META)
+                except FrameError as exc:
+                    raise _Fatal(Code.BAD_FRAME, str(exc)) from None
+                if header.op != Op.HELLO:
+                    raise _Fatal(Code.BAD_FRAME, "the first frame must be a HELLO")
+                meta = await self._read_meta(tr, header)
+        except TimeoutError:
+            raise _Fatal(Code.DEADLINE_EXCEEDED, "no HELLO in time") from None
+        try:
+            hello, covered, proof = handshake.parse_hello(header, raw, meta)
         except FrameError as exc:
             raise _Fatal(Code.BAD_FRAME, str(exc)) from None
-        if header.op != Op.HELLO or header.parts:
-            raise _Fatal(Code.BAD_FRAME, "the first frame must be a HELLO")
-        try:
-            hello = json.loads(await self._read_meta(tr, header))
-            versions = [int(v) for v in hello.get("versions", [header.version])]
-            token = Token.from_json(hello.get("token"))
-            client_nonce = bytes.fromhex(str(hello["nonce"]))
-            wanted = str(hello.get("transport", "auto"))
-            credits = int(hello.get("credits", self.config.max_credits))
-            frame_bytes = int(hello.get("frame_bytes", 0))
-            target_rate = float(hello.get("target_rate", 0.0))
-        except AuthError as exc:
-            raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise _Fatal(Code.BAD_FRAME, f"malformed HELLO: {type(exc).__name__}") from None
-        common = SUPPORTED_VERSIONS.intersection(versions)
+        common = SUPPORTED_VERSIONS.intersection(hello.versions)
         if not common:
             raise _Fatal(
                 Code.UNSUPPORTED_VERSION,
-                f"client speaks {sorted(versions)}, donor {sorted(SUPPORTED_VERSIONS)}",
+                f"client speaks {sorted(hello.versions)}, donor {sorted(SUPPORTED_VERSIONS)}",
             )
+        secret = mac_for(self.config.secret, hello.lease, hello.donor, hello.expiry)
         try:
-            verify(self.config.secret, token, self.config.name)
+            handshake.check_hello_proof(secret, server_nonce, covered, proof)
+            check_claims(hello.donor, hello.expiry, self.config.name)
         except AuthError as exc:
             raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
-        if header.lease != token.lease:
-            raise _Fatal(Code.AUTH_FAILED, "frame lease does not match the token")
-        if token.lease in self.leases:
-            raise _Fatal(Code.LEASE_BUSY, f"lease {token.lease} already has a connection")
+        if self._lease_closed(hello.lease):
+            raise _Fatal(Code.AUTH_FAILED, f"lease {hello.lease} has closed; its token is spent")
+        if hello.lease in self.leases:
+            raise _Fatal(Code.LEASE_BUSY, f"lease {hello.lease} already has a connection")
         offers = [t for t in self.config.transports if t in ("shm", tr.name)]
         try:
-            wanted = choose(wanted, offers, hello.get("host") == self._host)
+            wanted = choose(hello.transport, offers, hello.host == self._host)
         except ValueError:
             wanted = tr.name
-        demand = AdmissionController.demand(frame_bytes, target_rate)
-        if not self.admission.try_admit(token.lease, demand):
+        demand = AdmissionController.demand(hello.frame_bytes, hello.target_rate)
+        if not self.admission.try_admit(hello.lease, demand):
             metrics.ADMISSION_REFUSALS.inc()
             raise _Fatal(
                 Code.ADMISSION_REFUSED,
                 f"link would saturate: {self.admission.load + demand:.0f} B/s wanted, "
                 f"{self.admission.capacity:.0f} B/s available",
             )
-        credits = max(1, min(credits, self.config.max_credits))
-        use_ring = (
-            wanted == "shm" and self.config.direct and hello.get("ring") is True and supported()
-        )
-        arena = Arena.create(
-            self.config.memory_quota, credits, ctl_size(credits) if use_ring else 0
-        )
+        credits = max(1, min(hello.credits, self.config.max_credits))
+        use_ring = wanted == "shm" and self.config.direct and hello.ring and supported()
+        try:
+            arena = Arena.create(
+                self.config.memory_quota,
+                credits,
+                ctl_size(credits) if use_ring else 0,
+                lease=hello.lease,
+            )
+        except BaseException:
+            self.admission.release(hello.lease)
+            raise
         lease = Lease(
-            token.lease, arena, credits, TokenBucket(self.config.rate_limit, self.config.rate_burst)
+            hello.lease,
+            arena,
+            credits,
+            TokenBucket(self.config.rate_limit, self.config.rate_burst),
+            hello.expiry,
         )
         lease.shm, lease.transport, lease.ring = wanted == "shm", wanted, use_ring
-        self.leases[token.lease] = lease
+        self.leases[hello.lease] = lease
         try:
             await self._start_worker(lease)
         except BaseException:
             await self._end_lease(lease)
             raise
-        server_nonce = secrets.token_bytes(16)
-        reply: dict[str, Any] = {
-            "version": max(common),
-            "donor": self.config.name,
-            "credits": credits,
-            "transport": wanted,
-            "nonce": server_nonce.hex(),
-            "slot_size": arena.slot_size,
-            "functions": sorted(self.config.allow),
-        }
+        client_nonce = bytes.fromhex(hello.nonce)
+        key = session_key(secret, client_nonce, server_nonce)
+        accept = handshake.Accept(
+            version=max(common),
+            donor=self.config.name,
+            credits=credits,
+            transport=wanted,  # type: ignore[arg-type]
+            slot_size=arena.slot_size,
+            functions=sorted(self.config.allow),
+        )
         if wanted == "shm":
-            reply.update(arena=str(arena.path), arena_size=arena.size)
+            arena.seal(key, lease.id)
+            accept = accept.model_copy(update={"arena": arena.path.name, "arena_size": arena.size})
         if use_ring:
-            reply.update(ring={"entries": credits})
-        meta = json.dumps(reply).encode()
-        head = Header(Op.HELLO, token.lease, header.seq, version=max(common), length=len(meta))
-        await tr.send_frames([(head.pack(HELLO_KEY), meta)])
+            accept = accept.model_copy(update={"ring": handshake.RingInfo(entries=credits)})
+        await tr.send_frames([handshake.accept_frame(accept, lease.id, key, client_nonce)])
+        lease.opened = True
         metrics.LEASES.inc()
         metrics.LEASES_TOTAL.labels(wanted).inc()
-        log.info("lease opened", lease=token.lease, peer=tr.peer, transport=wanted, credits=credits)
-        return lease, session_key(token.mac_bytes, client_nonce, server_nonce), wanted == "shm"
+        log.info("lease opened", lease=lease.id, peer=tr.peer, transport=wanted, credits=credits)
+        return lease, key, wanted == "shm"
+
+    def _lease_closed(self, lease: int) -> bool:
+        """Whether ``lease`` has been open and closed (forgetting the expired ones)."""
+        now = time.time()
+        if self._closed and min(self._closed.values()) <= now:
+            self._closed = {k: t for k, t in self._closed.items() if t > now}
+        return lease in self._closed
 
     async def _start_worker(self, lease: Lease) -> None:
         parent, child = _MP.Pipe()
@@ -395,9 +489,12 @@ class Donor:
         )
 
     async def _end_lease(self, lease: Lease) -> None:
+        if lease.opened:  # its token opens nothing any more
+            self._closed[lease.id] = lease.expiry
         if self.leases.get(lease.id) is lease:
             del self.leases[lease.id]
-            metrics.LEASES.dec()
+            if lease.opened:
+                metrics.LEASES.dec()
         self.admission.release(lease.id)
         if lease.pipe is not None:
             with contextlib.suppress(Exception):
@@ -427,6 +524,7 @@ class Donor:
     ) -> None:
         tasks: set[asyncio.Task[None]] = set()
         limit = lease.arena.slot_size
+        last = 0  # the last request's sequence number on this channel
         try:
             while True:
                 try:
@@ -439,6 +537,11 @@ class Donor:
                     raise _Fatal(Code.BAD_FRAME, "array frame outside a message", header.seq)
                 if header.op == Op.CLOSE:
                     return
+                if not seq_after(header.seq, last):
+                    raise _Fatal(
+                        Code.BAD_SEQUENCE, f"request {header.seq} after {last}", header.seq
+                    )
+                last = header.seq
                 if header.op == Op.HEARTBEAT:
                     await self._read_meta(tr, header)
                     reply = Header(Op.HEARTBEAT, lease.id, header.seq)
@@ -592,7 +695,7 @@ def _export(lease: Lease, stats: Stats) -> None:
 
 
 def _error(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
-    meta = json.dumps({"code": code.value, "message": message}).encode()
+    meta = handshake.error_body(code.value, message)
     return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
 
 

@@ -37,6 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=250.0,
         help="how long a shared-memory lease's worker watches its ring before sleeping",
     )
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a new connection has to authenticate (HELLO) before it is dropped",
+    )
+    parser.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=64,
+        help="connections (handshaking or serving a lease) one peer address may hold",
+    )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
 
@@ -76,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         headroom=args.headroom,
         transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
         ring_spin=args.ring_spin_us * 1e-6,
+        handshake_timeout=args.handshake_timeout,
+        max_connections_per_peer=args.max_connections_per_peer,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port)

@@ -17,6 +17,8 @@ class Code(StrEnum):
     ADMISSION_REFUSED = "admission_refused"
     FUNCTION_FAILED = "function_failed"
     WORKER_DIED = "worker_died"
+    BAD_SEQUENCE = "bad_sequence"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal"
 
 
@@ -34,6 +36,19 @@ class RemoteGPUError(Exception):
 
 class FrameError(RemoteGPUError):
     code = Code.BAD_FRAME
+
+
+class SequenceError(FrameError):
+    """A request's sequence number does not follow the previous one's: replayed or out
+    of order."""
+
+    code = Code.BAD_SEQUENCE
+
+
+class DeadlineExceeded(RemoteGPUError, TimeoutError):
+    """No answer in time (also a :class:`TimeoutError`)."""
+
+    code = Code.DEADLINE_EXCEEDED
 
 
 class VersionError(RemoteGPUError):
@@ -80,6 +95,8 @@ _BY_CODE: dict[Code, type[RemoteGPUError]] = {
     cls.code: cls
     for cls in (
         FrameError,
+        SequenceError,
+        DeadlineExceeded,
         VersionError,
         AuthError,
         LeaseBusy,

@@ -5,7 +5,7 @@ Every frame starts with a fixed 76-byte little-endian header::
     offset size field
     0      4    magic      b"RGPU"
     4      1    version    protocol version (HELLO: the sender's highest)
-    5      1    op         HELLO, INVOKE, RESULT, ERROR, HEARTBEAT, CLOSE
+    5      1    op         HELLO, INVOKE, RESULT, ERROR, HEARTBEAT, CLOSE, CHALLENGE
     6      1    flags      SHM: the payload lies in the lease's shared arena, not inline
     7      1    dtype      array element type (NONE for the head frame)
     8      8    lease      lease id
@@ -19,13 +19,43 @@ Every frame starts with a fixed 76-byte little-endian header::
     52     8    length     payload length in bytes
     60     16   mac        keyed BLAKE2b-128 over bytes 0..59
 
-A message is a head frame (part 0) whose payload is small metadata (JSON for HELLO and
-ERROR, the function name for INVOKE, empty otherwise) followed by ``parts`` array frames.
-Until HELLO completes the MAC key is a fixed public constant (integrity against corruption
-only); afterwards both sides use a session key derived from the lease token's MAC and two
-nonces, so a frame cannot be forged or replayed into another session without the token.
+A message is a head frame (part 0) whose payload is small metadata (JSON for the
+handshake and ERROR, the function name for INVOKE, empty otherwise) followed by ``parts``
+array frames. An array's shape must be one numpy can build within the receiver's payload
+limit (the product of its non-zero dimensions times the item size); its length must be
+exactly that product.
+
+The handshake (``remote_gpu.handshake``) runs under a fixed public MAC key (integrity
+against corruption only) and proves everything that matters with secrets instead:
+
+1. donor -> client, as soon as the connection is accepted: CHALLENGE, JSON
+   ``{"versions": [...], "nonce": <16 random bytes, hex>}`` (the server nonce).
+2. client -> donor: HELLO, JSON ``{"versions", "lease", "donor", "expiry"`` (the token's
+   claims, not its MAC) ``, "nonce"`` (the client nonce) ``, "transport", "host",
+   "credits", "frame_bytes", "target_rate", "ring"}`` followed by a 32-byte proof of
+   possession: keyed BLAKE2b (key: the token's MAC, person ``rgpu-hello``) over the server
+   nonce, the HELLO's header bytes 0..59 and the JSON. The token's MAC never travels; a
+   proof is good for one challenge only. The donor answers within ``handshake_timeout``
+   or drops the connection, and refuses the token of a lease that has closed until the
+   token expires.
+3. donor -> client: HELLO (the reply), JSON ``{"version", "donor", "credits",
+   "transport", "slot_size", "functions"}`` plus, for shared memory, ``"arena"`` (a file
+   name, ``remote-gpu-<lease as 16 hex digits>-<16 hex digits>``, never a path),
+   ``"arena_size"`` and ``"ring": {"entries"}``; then a 32-byte proof keyed with the
+   session key (person ``rgpu-accept``) over the client nonce, the reply's header bytes
+   0..59 and the JSON. Or ERROR, JSON ``{"code", "message"}``, and the connection ends.
+
+Afterwards both sides MAC every header with the session key, derived from the token's MAC
+and the two nonces, so a frame cannot be forged or moved into another session without the
+token. The client maps a shared-memory arena only from the shm directory, by the name
+checked against its lease, without following links, and only after the seal the donor
+wrote into the arena's last page verifies with the session key (``remote_gpu.arena``).
 The MAC covers the header, which includes the payload length; payload bytes themselves
 are not MACed (that would cost more than the transfer on fast links).
+
+Within a session the requests on one channel (a connection, or a shared-memory lease's
+request ring) carry increasing sequence numbers (modulo 2**32, ``seq_after``): a replayed
+or reordered request is refused with ``bad_sequence`` and ends the session.
 """
 
 from __future__ import annotations
@@ -42,13 +72,14 @@ import numpy as np
 from remote_gpu.errors import FrameError
 
 MAGIC = b"RGPU"
-VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+VERSION = 2  # 2: challenge-response handshake, sealed arenas, sequence checks
+SUPPORTED_VERSIONS = frozenset({2})
 MAX_NDIM = 4
 MAX_PARTS = 64
 MAX_META = 64 * 1024
 MAC_SIZE = 16
 HELLO_KEY = b"remote-gpu/hello/v1"
+SEQ_MOD = 1 << 32
 
 _STRUCT = struct.Struct("<4sBBBBQIHHB3x4IQQ")
 HEADER_SIZE = _STRUCT.size + MAC_SIZE
@@ -63,6 +94,7 @@ class Op(IntEnum):
     ERROR = 4
     HEARTBEAT = 5
     CLOSE = 6
+    CHALLENGE = 7
 
 
 class Flags(IntFlag):
@@ -111,6 +143,18 @@ _OPS: dict[int, Op] = {int(o): o for o in Op}
 _DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _FLAGS: dict[int, Flags] = {0: Flags.NONE, 1: Flags.SHM}
 _SHM = int(Flags.SHM)  # plain ints in the hot paths: an enum member costs a class lookup
+
+
+def seq_after(seq: int, last: int) -> bool:
+    """Whether ``seq`` comes after ``last`` (serial number arithmetic modulo 2**32: less
+    than half the sequence space ahead)."""
+    return 0 < (seq - last) % SEQ_MOD < SEQ_MOD >> 1
+
+
+def _buildable(shape: tuple[int, ...], itemsize: int, max_length: int) -> bool:
+    """A shape with a zero dimension has no payload, but numpy still refuses one whose
+    other dimensions multiply past its limits; bound them by the payload limit."""
+    return math.prod(d or 1 for d in shape) * itemsize <= max_length
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> DType:
@@ -249,6 +293,8 @@ def unpack_arrays(
         shape = dims[:ndim]
         if math.prod(shape) * itemsize != n:
             raise FrameError(f"length {n} does not match dtype and shape")
+        if not n and not _buildable(shape, itemsize, max_length):
+            raise FrameError(f"shape {shape} exceeds the payload limit")
         out.append((dtype, shape, at, n))
         pos = end
     if pos != len(data):
@@ -339,8 +385,11 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
     else:
         if not dtype:
             raise FrameError("an array frame needs a dtype")
-        if math.prod(shape) * _ITEMSIZE[dtype] != length:
+        itemsize = _ITEMSIZE[dtype]
+        if math.prod(shape) * itemsize != length:
             raise FrameError(f"length {length} does not match dtype and shape")
+        if not length and not _buildable(shape, itemsize, max_length):
+            raise FrameError(f"shape {shape} exceeds the payload limit")
     return _new(
         Header, (op_, lease, seq, version, flags_, dtype_, part, parts, shape, offset, length)
     )

@@ -83,7 +83,7 @@ class Ring:
     def __init__(self, arena: Arena, entries: int, side: str) -> None:
         if side not in ("client", "worker"):
             raise ValueError(side)
-        if arena.ctl_offset + ctl_size(entries) > arena.size:
+        if arena.ctl_offset + ctl_size(entries) > arena.seal_offset:
             raise ValueError("the arena has no control block for this many entries")
         base = arena.ctl_offset
         self.entries = entries
@@ -209,7 +209,7 @@ class Ring:
 def _open_fifo(path: Path) -> int:
     # Read-write so that opening never blocks and a write never fails for want of a
     # reader; liveness comes from the lease's control channel and the donor's pipe.
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     if not _is_fifo(fd):
         os.close(fd)
         raise FrameError(f"{path} is not a FIFO")

@@ -1,8 +1,10 @@
 """Per-lease tokens: HMAC-SHA256 over (lease, donor, expiry) with the donor's secret.
 
 The token file (mounted 0400 into the pod) is JSON: ``{"lease", "donor", "expiry", "mac"}``.
-The MAC doubles as the secret both sides derive the session key from, so it must never be
-logged; :class:`Token`'s repr hides it.
+The MAC doubles as the lease's secret: the client proves it holds it (the handshake's
+proof of possession) and both sides derive the session key from it, so it never goes on
+the wire and must never be logged; :class:`Token`'s repr hides it. The donor recomputes
+it from the claims (``mac_for``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,13 +43,21 @@ class Token:
             raise AuthError(f"malformed token: missing {exc}") from None
         if not (
             isinstance(lease, int)
+            and not isinstance(lease, bool)
             and 0 <= lease < 2**64
             and isinstance(donor, str)
             and isinstance(expiry, int | float)
+            and not isinstance(expiry, bool)
             and isinstance(mac, str)
         ):
             raise AuthError("malformed token: wrong field types")
-        return cls(lease=lease, donor=donor, expiry=float(expiry), mac=mac)
+        try:
+            when = float(expiry)
+        except OverflowError:
+            when = math.inf
+        if not math.isfinite(when):
+            raise AuthError("malformed token: expiry is not a finite number")
+        return cls(lease=lease, donor=donor, expiry=when, mac=mac)
 
     @property
     def mac_bytes(self) -> bytes:
@@ -71,10 +82,20 @@ def verify(secret: bytes, token: Token, donor: str, now: float | None = None) ->
     want = _digest(secret, token.lease, token.donor, token.expiry)
     if not hmac.compare_digest(want, token.mac):
         raise AuthError("token signature does not verify")
-    if token.donor != donor:
+    check_claims(token.donor, token.expiry, donor, now)
+
+
+def check_claims(token_donor: str, expiry: float, donor: str, now: float | None = None) -> None:
+    """Raise :class:`AuthError` unless the claims are for this donor and unexpired."""
+    if token_donor != donor:
         raise AuthError("token is for another donor")
-    if (time.time() if now is None else now) >= token.expiry:
+    if (time.time() if now is None else now) >= expiry:
         raise AuthError("token has expired")
+
+
+def mac_for(secret: bytes, lease: int, donor: str, expiry: float) -> bytes:
+    """The MAC of the token with these claims: the lease's secret, as the donor knows it."""
+    return bytes.fromhex(_digest(secret, lease, donor, expiry))
 
 
 def write(path: Path, token: Token) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import select
 import socket
 import time
@@ -48,6 +47,7 @@ import numpy as np
 
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError
+from remote_gpu.handshake import error_body
 from remote_gpu.protocol import (
     HEADER_SIZE,
     MAX_META,
@@ -58,6 +58,7 @@ from remote_gpu.protocol import (
     Op,
     dtype_code,
     pack_message,
+    seq_after,
     unpack,
     unpack_arrays,
 )
@@ -187,7 +188,7 @@ class _Fatal(Exception):
 
 
 def error_frame(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
-    meta = json.dumps({"code": code.value, "message": message[:2000]}).encode()
+    meta = error_body(code.value, message)
     return (Header(Op.ERROR, lease, seq, length=len(meta)).pack(key), meta)
 
 
@@ -229,6 +230,13 @@ class DirectServer:
         self.bucket = TokenBucket(session.rate_limit, session.rate_burst)
         self.stats = Stats()
         self._limit = max(arena.slot_size, MAX_META)
+        self._last = 0  # the last request's sequence number (see ``protocol.seq_after``)
+
+    def _sequence(self, seq: int) -> None:
+        """Refuse a request that does not come after the previous one (a replay)."""
+        if not seq_after(seq, self._last):
+            raise _Fatal(Code.BAD_SEQUENCE, f"request {seq} after {self._last}", seq)
+        self._last = seq
 
     def _header(self, limit: int) -> Header:
         raw = self.reader.read(HEADER_SIZE)
@@ -251,6 +259,7 @@ class DirectServer:
             raise _Fatal(Code.BAD_FRAME, f"{header.op.name} in the request ring", header.seq)
         if header.op == Op.CLOSE:
             return False
+        self._sequence(header.seq)
         if header.op == Op.HEARTBEAT:
             self._meta(header)
             self.send([(Header(Op.HEARTBEAT, self.s.lease, header.seq).pack(self.s.key), None)])
@@ -321,6 +330,7 @@ class DirectServer:
             raise _Fatal(Code.BAD_FRAME, "array frame outside a message", seq)
         if head.op != _INVOKE:
             raise _Fatal(Code.BAD_FRAME, f"{head.op.name} in the request ring", seq)
+        self._sequence(seq)
         slot = arena.slot_of(head.offset)
         if slot is None:
             raise _Fatal(Code.BAD_FRAME, "INVOKE names no slot of this lease", seq)

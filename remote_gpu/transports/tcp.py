@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import select
 import socket
+import struct
 from collections.abc import Callable, Sequence
 
+from remote_gpu.errors import DeadlineExceeded
 from remote_gpu.protocol import HEADER_SIZE
 from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
 
@@ -122,13 +125,26 @@ def tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
 
 
+def _timeval(seconds: float) -> bytes:
+    whole = math.floor(seconds)
+    return struct.pack("@ll", whole, max(1, round((seconds - whole) * 1e6)))
+
+
 class TcpClientTransport(ClientTransport):
+    """Every wait is bounded by ``timeout``: reads by the kernel (``SO_RCVTIMEO``: no
+    system call added per read), waits for room to send by ``poll``; either raises
+    :class:`DeadlineExceeded` once the donor has been silent (or not reading) that long."""
+
     name = "tcp"
 
     def __init__(self, host: str, port: int, timeout: float | None = 30.0) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         tune(self.sock)
         self.sock.settimeout(None)
+        self._ms: int | None = None
+        if timeout is not None:
+            self._ms = max(1, math.ceil(timeout * 1000))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
         self._reader = Reader(self.sock)
         self._poll = select.poll()
         self._poll.register(self.sock.fileno(), select.POLLIN)
@@ -146,21 +162,33 @@ class TcpClientTransport(ClientTransport):
                 sent = self.sock.sendmsg(bufs[:_IOV_MAX], [], socket.MSG_DONTWAIT)
             except BlockingIOError:
                 if drain is None:
-                    self._poll_out.poll()
+                    self._wait_writable()
                     continue
-                events = self._poll_both.poll()
+                events = self._poll_both.poll(self._ms)
                 if any(ev & select.POLLOUT for _, ev in events):
                     continue
+                if not events:
+                    raise DeadlineExceeded("the donor has not read what was sent in time") from None
                 if not drain():
-                    self._poll_out.poll()
+                    self._wait_writable()
                 continue
             bufs = _advance(bufs, sent)
 
+    def _wait_writable(self) -> None:
+        if not self._poll_out.poll(self._ms):
+            raise DeadlineExceeded("the donor has not read what was sent in time")
+
     def recv_into(self, view: memoryview) -> None:
-        self._reader.read_into(view)
+        try:
+            self._reader.read_into(view)
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise DeadlineExceeded("the donor stopped sending mid-frame") from None
 
     def recv_header(self) -> bytes:
-        return self._reader.read(HEADER_SIZE)
+        try:
+            return self._reader.read(HEADER_SIZE)
+        except BlockingIOError:
+            raise DeadlineExceeded("the donor stopped sending mid-frame") from None
 
     def fileno(self) -> int | None:
         return self.sock.fileno()

@@ -11,12 +11,14 @@ on a private event loop thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib.util
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from remote_gpu.errors import DeadlineExceeded
 from remote_gpu.transports import ClientTransport, Frame, ServerTransport
 
 if TYPE_CHECKING:
@@ -88,7 +90,14 @@ class UcxClientTransport(ClientTransport):
         self.ep = self._call(self._ucxx.create_endpoint(host, port))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        """Run ``coro`` on the private loop; :class:`DeadlineExceeded` after ``timeout``
+        (the operation is cancelled: the endpoint is then of no further use)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(self._timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise DeadlineExceeded("the donor did not answer over UCX in time") from None
 
     def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
         async def send() -> None:

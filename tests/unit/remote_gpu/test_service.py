@@ -120,7 +120,7 @@ def test_version_negotiation(donor: Running) -> None:
     with pytest.raises(VersionError):
         RemoteGPU(donor.endpoint, donor.token(), versions=(99,))
     with RemoteGPU(donor.endpoint, donor.token(), versions=(1, 2, 7)) as gpu:
-        assert gpu.version == 1
+        assert gpu.version == 2
 
 
 def test_from_env(donor: Running, tmp_path: Path) -> None:
@@ -155,19 +155,34 @@ def test_exceeding_credits_is_a_flow_control_error(relayed: Running) -> None:
 
 
 def _raw_hello_reply(donor: Running, data: bytes) -> Header | None:
+    """The donor's answer to ``data`` sent as the HELLO (after its CHALLENGE)."""
     with socket.create_connection((donor.host, donor.port), timeout=10) as s:
+        challenge = _read_frame(s)
+        assert challenge is not None and challenge.op == Op.CHALLENGE
         s.sendall(data)
         # The donor may have answered and closed already (it reads no further than a bad
         # header, so the rest resets the connection): its answer is still to be read.
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_WR)
-        buf = b""
-        while len(buf) < HEADER_SIZE:
-            chunk = s.recv(HEADER_SIZE - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return unpack(buf, HELLO_KEY, 1 << 16)
+        return _read_frame(s)
+
+
+def _read_frame(s: socket.socket) -> Header | None:
+    """One frame's header (its metadata skipped), or None if the connection ended."""
+    buf = b""
+    while len(buf) < HEADER_SIZE:
+        chunk = s.recv(HEADER_SIZE - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    header = unpack(buf, HELLO_KEY, 1 << 16)
+    left = header.length
+    while left:
+        chunk = s.recv(left)
+        if not chunk:
+            return None
+        left -= len(chunk)
+    return header
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
