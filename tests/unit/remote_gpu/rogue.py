@@ -37,7 +37,7 @@ class Rogue:
         self.script = script
         self.token = token
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = "127.0.0.1:{}".format(self.listener.getsockname()[1])
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.hello_bytes = b""
         self.received = b""  # what the client sent after its HELLO, if the script reads
         self.done = threading.Event()

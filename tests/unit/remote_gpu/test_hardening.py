@@ -361,7 +361,7 @@ def test_hostile_hello_bodies_get_a_typed_error(donor: Running, body: bytes) -> 
 def test_a_silent_donor_times_the_handshake_out() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     try:
-        endpoint = "127.0.0.1:{}".format(listener.getsockname()[1])
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
         tok = tokens.issue(SECRET, 7, "silent", 60)
         start = time.monotonic()
         with pytest.raises(DeadlineExceeded):
