@@ -43,7 +43,7 @@ KEY = b"k" * 32
 LIMIT = 1 << 16  # payload limit: whatever passes must be cheap to build
 
 
-def _fuzz(n: int) -> Any:
+def _fuzz(n: int) -> settings:
     return settings(
         max_examples=n,
         deadline=None,
