@@ -103,7 +103,7 @@ HEADERS = st.fixed_dictionaries(
 def _consistent_length(f: dict[str, Any]) -> int:
     ndim, dims = _dims(f)
     if f["length"] >= 0 or not 1 <= f["dtype"] <= 14 or ndim > 4:
-        return max(0, f["length"])
+        return max(0, int(f["length"]))
     return math.prod(dims[:ndim]) * numpy_dtype(f["dtype"]).itemsize
 
 
