@@ -334,6 +334,9 @@ class Donor:
                 ctl_size(credits) if use_ring else 0,
                 lease=hello.lease,
             )
+        except OSError as exc:  # out of descriptors or shared memory: say so
+            self.admission.release(hello.lease)
+            raise _Fatal(Code.INTERNAL, f"cannot open the lease: {exc.strerror}") from None
         except BaseException:
             self.admission.release(hello.lease)
             raise
@@ -348,6 +351,11 @@ class Donor:
         self.leases[hello.lease] = lease
         try:
             await self._start_worker(lease)
+        except OSError as exc:
+            await self._end_lease(lease)
+            raise _Fatal(
+                Code.INTERNAL, f"cannot start the lease's worker: {exc.strerror}"
+            ) from None
         except BaseException:
             await self._end_lease(lease)
             raise
