@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import heapq
 import multiprocessing
 import os
 import secrets
@@ -151,7 +152,9 @@ class Donor:
         self._accept_tasks: list[asyncio.Task[None]] = []
         self._host = host_id()
         self._peers: dict[str, int] = {}  # connections held per peer address
-        self._closed: dict[int, float] = {}  # closed leases and their tokens' expiry
+        # Closed leases until their tokens expire: the ids, and (expiry, id) in a heap.
+        self._closed: dict[int, float] = {}
+        self._expiries: list[tuple[float, int]] = []
 
     # ---- listening
 
@@ -289,6 +292,8 @@ class Donor:
                     raise _Fatal(Code.BAD_FRAME, str(exc)) from None
                 if header.op != Op.HELLO:
                     raise _Fatal(Code.BAD_FRAME, "the first frame must be a HELLO")
+                if header.length > handshake.MAX_HELLO:
+                    raise _Fatal(Code.BAD_FRAME, f"a HELLO of {header.length} bytes")
                 meta = await self._read_meta(tr, header)
         except TimeoutError:
             raise _Fatal(Code.DEADLINE_EXCEEDED, "no HELLO in time") from None
@@ -384,8 +389,10 @@ class Donor:
     def _lease_closed(self, lease: int) -> bool:
         """Whether ``lease`` has been open and closed (forgetting the expired ones)."""
         now = time.time()
-        if self._closed and min(self._closed.values()) <= now:
-            self._closed = {k: t for k, t in self._closed.items() if t > now}
+        while self._expiries and self._expiries[0][0] <= now:
+            _, gone = heapq.heappop(self._expiries)
+            if self._closed.get(gone, now + 1) <= now:
+                del self._closed[gone]
         return lease in self._closed
 
     async def _start_worker(self, lease: Lease) -> None:
@@ -499,6 +506,7 @@ class Donor:
     async def _end_lease(self, lease: Lease) -> None:
         if lease.opened:  # its token opens nothing any more
             self._closed[lease.id] = lease.expiry
+            heapq.heappush(self._expiries, (lease.expiry, lease.id))
         if self.leases.get(lease.id) is lease:
             del self.leases[lease.id]
             if lease.opened:

@@ -21,6 +21,7 @@ from remote_gpu.protocol import HELLO_KEY, MAX_META, Header, Op
 
 NONCE_SIZE = 16
 PROOF_SIZE = 32
+MAX_HELLO = 4096  # bytes of a HELLO's metadata: a few hundred when well-formed
 _BODY = 60  # the header's bytes a proof covers (all but its MAC)
 
 Nonce = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]

@@ -32,12 +32,14 @@ against corruption only) and proves everything that matters with secrets instead
    ``{"versions": [...], "nonce": <16 random bytes, hex>}`` (the server nonce).
 2. client -> donor: HELLO, JSON ``{"versions", "lease", "donor", "expiry"`` (the token's
    claims, not its MAC) ``, "nonce"`` (the client nonce) ``, "transport", "host",
-   "credits", "frame_bytes", "target_rate", "ring"}`` followed by a 32-byte proof of
+   "credits", "frame_bytes", "target_rate", "ring"}``, then a 32-byte proof of
    possession: keyed BLAKE2b (key: the token's MAC, person ``rgpu-hello``) over the server
    nonce, the HELLO's header bytes 0..59 and the JSON. The token's MAC never travels; a
-   proof is good for one challenge only. The donor answers within ``handshake_timeout``
-   or drops the connection, and refuses the token of a lease that has closed until the
-   token expires.
+   proof is good for one challenge only. The metadata is 4 KiB at most and parsed
+   strictly (no unknown fields, no non-finite or out-of-range numbers, bounded nesting).
+   A client that has not sent its HELLO within the donor's ``handshake_timeout`` gets
+   ERROR ``deadline_exceeded`` and is dropped; the token of a lease that has closed is
+   refused until it expires.
 3. donor -> client: HELLO (the reply), JSON ``{"version", "donor", "credits",
    "transport", "slot_size", "functions"}`` plus, for shared memory, ``"arena"`` (a file
    name, ``remote-gpu-<lease as 16 hex digits>-<16 hex digits>``, never a path),

@@ -320,9 +320,11 @@ def test_a_closed_leases_token_opens_nothing(donor: Running, transport: str) -> 
 
 def test_closed_leases_are_forgotten_once_their_tokens_expire(own_donor: Running) -> None:
     donor = own_donor.donor
-    donor._closed = {1: time.time() - 1, 2: time.time() + 60}
+    for lease, expiry in ((1, time.time() - 1), (2, time.time() + 60)):
+        donor._closed[lease] = expiry
+        donor._expiries.append((expiry, lease))
     assert not donor._lease_closed(1) and donor._lease_closed(2)
-    assert donor._closed.keys() == {2}
+    assert donor._closed.keys() == {2} and [lease for _, lease in donor._expiries] == [2]
 
 
 # ---- 6. HELLOs that once raised before authentication
@@ -334,6 +336,7 @@ HOSTILE = {
     "overflow": b'{"versions": [2], "target_rate": 1e999}',
     "huge-int": b'{"versions": [' + b"9" * 5000 + b"]}",
     "deep": b"[" * 30_000 + b"]" * 30_000,
+    "deep-but-short": b"[" * 2000 + b"]" * 2000,
     "deep-object": b'{"a":' * 20_000 + b"1" + b"}" * 20_000,
     "not-utf8": b'{"versions": "\xff\xfe"}',
     "not-an-object": b"[2, 3]",
@@ -344,7 +347,7 @@ HOSTILE = {
 def test_hostile_hello_bodies_get_a_typed_error(donor: Running, body: bytes) -> None:
     meta = body + bytes(32)  # and a proof
     if len(meta) > MAX_META:
-        meta = meta[:MAX_META]
+        meta = meta[:MAX_META]  # (the donor refuses it by its length alone)
     head = Header(Op.HELLO, 1, 0, length=len(meta)).pack(HELLO_KEY)
     with socket.create_connection((donor.host, donor.port), timeout=10) as s:
         assert _frame(s) is not None
