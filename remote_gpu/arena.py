@@ -7,12 +7,14 @@ may also carry a control block after the slots (see ``ring``) and two FIFOs besi
 file, its doorbells.
 
 The file lives in the shm directory under a name the client can check against its lease
-(``remote-gpu-<lease as 16 hex digits>-<16 random hex digits>``), and its last page holds
-the donor's seal: a MAC keyed with the lease's session key over the name, the lease and
-the layout. The client maps an arena only by a name that passes that check (never a path
-it is told), opens it without following links, and checks that it is a regular file of
-the announced size with one link, and that the seal verifies, before it writes anything
-there (``open_sealed``).
+(``remote-gpu-<lease as 16 hex digits>-<16 random hex digits>``). Layout: the slots, the
+control block if any (page-aligned), and a last page whose first 40 bytes are the donor's
+seal: ``b"RGPUSEAL"`` and a keyed BLAKE2b-256 (key: the lease's session key, person
+``rgpu-arena``) over the name and the little-endian u64s lease, size, slots, slot size.
+The client maps an arena only by a name that passes that check (never a path it is told),
+opens it without following links, and checks that it is a regular file of the announced
+size with one link, and that the seal verifies, before it writes anything there
+(``open_sealed``).
 """
 
 from __future__ import annotations

@@ -214,6 +214,10 @@ class RemoteGPU:
             self._hello(token, transport, credits, frame_bytes, target_rate, versions)
         except BaseException:
             self._tr.close()
+            if self._ring is not None:
+                self._ring.close()
+            if self.arena is not None:
+                self.arena.close()
             raise
         # One token per credit; with shared memory it is also the slot the request uses.
         self._free: list[int] = list(range(self.credits))

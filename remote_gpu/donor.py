@@ -90,7 +90,7 @@ class DonorConfig:
     # A worker that loses its CPU to another task while it spins stops spinning for a
     # while (``ring.Ring.wait``).
     ring_spin: float = 250e-6
-    # Unauthenticated connections: seconds to complete the HELLO, and how many
+    # Unauthenticated connections: seconds to complete the HELLO, and how many TCP
     # connections (handshaking or serving a lease) one peer address may hold.
     handshake_timeout: float = 10.0
     max_connections_per_peer: int = 64
