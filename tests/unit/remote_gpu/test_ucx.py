@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +107,51 @@ def test_invoke_over_ucx(ucx_donor: tuple[int, int]) -> None:
         with pytest.raises(NotAllowed):
             gpu.invoke("os:system", np.zeros(1))
         assert gpu.heartbeat() < 5
+
+
+def test_a_silent_ucx_donor_times_the_client_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every wait of a UCX client ends after its ``timeout`` (it once waited for ever)."""
+    import asyncio
+    import threading
+    import time
+
+    import ucxx
+
+    from remote_gpu.errors import DeadlineExceeded
+
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    quiet = asyncio.Event()
+
+    async def handler(endpoint: object) -> None:
+        await quiet.wait()  # accepts, and never says a word
+
+    async def start() -> object:
+        return ucxx.create_listener(handler, 0)
+
+    listener: Any = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    endpoint = f"ucx://127.0.0.1:{listener.port}"
+    outcome: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            RemoteGPU(endpoint, _token(502), transport="ucx", timeout=1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    try:
+        started = time.monotonic()
+        client = threading.Thread(target=connect, daemon=True)
+        client.start()
+        client.join(30)
+        assert not client.is_alive(), "the client still waits"
+        assert len(outcome) == 1 and isinstance(outcome[0], DeadlineExceeded), outcome
+        assert time.monotonic() - started < 15
+    finally:
+        loop.call_soon_threadsafe(quiet.set)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), loop).result(10)  # handler ends
+        del listener
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
