@@ -3,7 +3,7 @@
 
 The definitions below are the registries' own (Base 1.19, Composition 1.1, TaskEvent 1.0):
 MessageId, text, severity and resolution must match the published registries, which a
-unit test checks against ``shared/redfish/registries``. Only the messages this service
+unit test checks against ``tests/data/redfish/registries``. Only the messages this service
 emits are listed.
 """
 
