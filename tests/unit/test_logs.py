@@ -62,7 +62,7 @@ def test_stdlib_and_kopf_records_carry_tracebacks_too(
     try:
         _fail_with_a_secret_local()
     except ValueError:
-        logging.getLogger("kopf.objects").exception(
+        logging.getLogger("kopf.test").exception(
             "handler failed", extra={"k8s_ref": {"name": "cr-2"}, "settings": object()}
         )
     (line,) = lines(capsys.readouterr().err)
