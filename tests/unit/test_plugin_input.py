@@ -148,7 +148,7 @@ _claims = st.lists(st.tuples(_fields, _fields, _fields), min_size=1, max_size=4)
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     database=None,
