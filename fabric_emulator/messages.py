@@ -69,6 +69,18 @@ MESSAGES: dict[tuple[str, str], _Def] = {
         0,
         "Ensure that the request body is valid JSON and resubmit the request.",
     ),
+    ("Base", "PayloadTooLarge"): _Def(
+        "The supplied payload exceeds the maximum size supported by the service.",
+        "Critical",
+        0,
+        "Check that the supplied payload is correct and supported by this service.",
+    ),
+    ("Base", "HeaderInvalid"): _Def(
+        "Header '%1' is invalid.",
+        "Critical",
+        1,
+        "Resubmit the request with a valid request header.",
+    ),
     ("Base", "ActionNotSupported"): _Def(
         "The action %1 is not supported by the resource.",
         "Critical",
