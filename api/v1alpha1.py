@@ -9,9 +9,10 @@ merge patches of plain dicts (never whole objects).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "composable.dra.io"
@@ -20,6 +21,12 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Redfish resource Id that is one URL path segment as it stands: no '/', '?', '#', '%',
+# space, and never '.' or '..' (it cannot start with a dot).
+DEVICE_ID = r"^[A-Za-z0-9_-][A-Za-z0-9._:-]*$"
+# http(s)://host[:port][/path]: no userinfo (credentials belong in credentialsSecret).
+ENDPOINT = r"^https?://[^\s/?#@]+([/?#]\S*)?$"
+_ENDPOINT_USERINFO = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
 
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -70,9 +77,17 @@ class FabricSpec(_Model):
         "managers without those actions. Both read ResourceZones for reachability."
     )
     endpoint: str = Field(
-        pattern=r"^https?://[^\s/]+(/.*)?$",
+        pattern=ENDPOINT,
         max_length=2048,
-        description="Base URL of the fabric manager, e.g. https://fabric.example:8443",
+        description="Base URL of the fabric manager, e.g. https://fabric.example:8443; "
+        "no user:password@ (credentials go in credentialsSecret).",
+        json_schema_extra=_rules(
+            (
+                f"!self.matches('{_ENDPOINT_USERINFO}')",
+                "endpoint must not carry credentials (user:password@host): put them in "
+                "credentialsSecret",
+            )
+        ),
     )
     credentials_secret: SecretRef = Field(
         description="Secret with keys 'username' and 'password' for the fabric manager."
@@ -100,6 +115,17 @@ class FabricSpec(_Model):
         "(back to the pool, after the usual taint and allocation check), or Ignore.",
     )
     orphan_grace_period_seconds: int = Field(default=300, ge=0, le=86400)
+
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _no_credentials(cls, value: Any) -> Any:
+        # Before the pattern, so the message says what is wrong.
+        if isinstance(value, str) and re.match(_ENDPOINT_USERINFO, value):
+            raise ValueError(
+                "endpoint must not carry credentials (user:password@host): put them in "
+                "credentialsSecret"
+            )
+        return value
 
 
 class Condition(_Model):
@@ -148,6 +174,7 @@ class ComposableResourceSpec(_Model):
         alias="deviceID",
         min_length=1,
         max_length=253,
+        pattern=DEVICE_ID,
         description="The fabric's id of the device (Redfish ResourceBlock Id).",
         json_schema_extra=_immutable("deviceID"),
     )

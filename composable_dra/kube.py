@@ -43,6 +43,17 @@ class Gone(KubeError):
 _ERRORS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
 
+def segment(value: str) -> str:
+    """``value`` as one URL path segment; ValueError for the dot segments.
+
+    '.' and '..' survive percent-encoding and are collapsed by URL normalisation (the
+    API server refuses such names too).
+    """
+    if value in (".", ".."):
+        raise ValueError(f"{value!r} cannot be an object name")
+    return urllib.parse.quote(value, safe="")
+
+
 def path(
     api_version: str,
     plural: str,
@@ -51,14 +62,18 @@ def path(
     namespace: str | None = None,
     subresource: str | None = None,
 ) -> str:
-    """The URL path of a collection or object: path("resource.k8s.io/v1", "resourceclaims", ...)."""
+    """The URL path of a collection or object: path("resource.k8s.io/v1", "resourceclaims", ...).
+
+    ``name`` and ``namespace`` may come from outside (a claim reference, a spec): each is
+    one percent-encoded path segment, so no value can change which path is requested.
+    """
     prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     parts = [prefix]
     if namespace:
-        parts.append(f"namespaces/{namespace}")
+        parts.append(f"namespaces/{segment(namespace)}")
     parts.append(plural)
     if name:
-        parts.append(name)
+        parts.append(segment(name))
     if subresource:
         parts.append(subresource)
     return "/".join(parts)

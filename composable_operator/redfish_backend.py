@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import logging
+import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +30,7 @@ import certifi
 import redfish
 from redfish.rest.v1 import RetriesExhaustedError
 
+from api.v1alpha1 import DEVICE_ID
 from composable_operator.backend import (
     AuthError,
     BusyError,
@@ -48,6 +51,20 @@ from composable_operator.backend import (
 
 ROOT = "/redfish/v1"
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
+_DEVICE_ID = re.compile(DEVICE_ID)
+
+
+def block_uri(device_id: str) -> str:
+    """The ResourceBlock URI of a device; FabricError for an id that is not one segment.
+
+    The CRD's pattern refuses such ids already; this is the second line, where the URL
+    is built, so that no id can name another resource (``../Systems/x``) or add a query.
+    """
+    if not _DEVICE_ID.fullmatch(device_id):  # fullmatch: '$' alone lets a final '\n' by
+        raise FabricError(f"invalid device id {device_id!r}: not a Redfish resource Id")
+    return f"{BLOCKS}/{urllib.parse.quote(device_id, safe=':')}"
+
+
 T = TypeVar("T")
 # The DMTF client logs every request at info level (and headers at debug): keep it quiet.
 logging.getLogger("redfish").setLevel(logging.WARNING)
@@ -270,11 +287,12 @@ class RedfishCompositionBackend:
 
     def device(self, device_id: str) -> Device | None:
         """One GPU block read now (one request once its GPU's facts are known)."""
-        status, body, headers = self._call("GET", f"{BLOCKS}/{device_id}")
+        uri = block_uri(device_id)
+        status, body, headers = self._call("GET", uri)
         if status == 404:
             return None
         if status != 200 or not isinstance(body, dict):
-            raise error_for(status, body, headers, f"GET {BLOCKS}/{device_id}")
+            raise error_for(status, body, headers, f"GET {uri}")
         return self._device_of(body)
 
     def _read_hosts(self) -> dict[str, Host]:
@@ -361,7 +379,7 @@ class RedfishCompositionBackend:
 
     def _change(self, action: str, device_id: str, host_id: str) -> Operation | None:
         target = self._action(host_id, action)
-        body = {"ResourceBlock": {"@odata.id": f"{BLOCKS}/{device_id}"}}
+        body = {"ResourceBlock": {"@odata.id": block_uri(device_id)}}
         status, payload, headers = self._call("POST", target, body)
         return self._accepted(status, payload, headers, f"{action} {device_id} on {host_id}")
 

@@ -14,16 +14,17 @@ re-reads and decides again.
 from __future__ import annotations
 
 from composable_operator.backend import BusyError, Operation, OperationFailedError
-from composable_operator.redfish_backend import BLOCKS, ROOT, RedfishCompositionBackend, error_for
-
-
-def _block_uri(device_id: str) -> str:
-    return f"{BLOCKS}/{device_id}"
+from composable_operator.redfish_backend import (
+    ROOT,
+    RedfishCompositionBackend,
+    block_uri,
+    error_for,
+)
 
 
 def new_block_list(current: list[str], device_id: str, add: bool) -> list[str] | None:
     """The system's block list after the change, or None when there is nothing to change."""
-    uri = _block_uri(device_id)
+    uri = block_uri(device_id)
     present = uri in current
     if add == present:
         return None

@@ -7,12 +7,14 @@ spec is removed with its claim without touching anyone else's.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 
 CDI_VERSION = "0.6.0"
@@ -80,7 +82,17 @@ class CdiWriter:
         self.durable = durable
 
     def path_for(self, claim_uid: str) -> Path:
-        return self.cdi_dir / spec_file_name(claim_uid)
+        """The claim's spec file; InvalidClaimRef for a UID that would lead elsewhere.
+
+        The gRPC edge refuses such UIDs already; this is the second line, where the path
+        is built.
+        """
+        path = self.cdi_dir / spec_file_name(check_uid(claim_uid))
+        # Normalised, not resolved: a spec file that is a symlink is replaced or
+        # unlinked itself, never followed.
+        if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.cdi_dir):
+            raise InvalidClaimRef(f"claim UID {claim_uid!r} leads outside {self.cdi_dir}")
+        return path
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         path = self.path_for(claim_uid)

@@ -21,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: no trailing newline
+# A NUL cannot be in a process's environment; a line break would split the CDI spec's
+# "NAME=value" entry for any runtime that reads it line by line.
+_BAD_VALUE_CHARS = ("\x00", "\n", "\r")
 _RESERVED_PREFIXES = ("COMPOSABLE_GPU_", "NVIDIA_VISIBLE_DEVICES")
 
 
@@ -40,11 +43,13 @@ class GpuConfig(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
+        for name, val in value.items():
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             if name.startswith(_RESERVED_PREFIXES):
                 raise ValueError(f"{name!r} is set by the driver and cannot be overridden")
+            if any(c in val for c in _BAD_VALUE_CHARS):
+                raise ValueError(f"the value of {name} contains a NUL or a line break")
         return value
 
 
@@ -92,6 +97,8 @@ def claim_configs(allocation_configs: Sequence[dict[str, Any]], driver: str) -> 
 
     Configs from the class come before configs from the claim, so the claim wins.
     """
+    if not all(isinstance(cfg, dict) for cfg in allocation_configs):
+        raise ConfigError("every device config must be an object")
     ordered = sorted(
         enumerate(allocation_configs),
         key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0]),
@@ -99,9 +106,10 @@ def claim_configs(allocation_configs: Sequence[dict[str, Any]], driver: str) -> 
     entries = []
     for _, cfg in ordered:
         opaque = cfg.get("opaque") or {}
-        if opaque.get("driver") != driver:
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
             continue
-        entries.append(
-            (tuple(cfg.get("requests") or ()), parse_parameters(opaque.get("parameters")))
-        )
+        requests = cfg.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise ConfigError("config requests must be a list of request names")
+        entries.append((tuple(requests), parse_parameters(opaque.get("parameters"))))
     return RequestConfigs(entries)

@@ -23,7 +23,8 @@ from api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from composable_dra import logs
-from dra_driver.prepare import ClaimRef, Preparer
+from dra_driver import claimref
+from dra_driver.prepare import ClaimRef, Preparer, PrepareResult
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 PLUGIN_TYPE = "DRAPlugin"
@@ -64,8 +65,34 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-def _refs(claims: Any) -> list[ClaimRef]:
-    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+def _refs(claims: Any) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The well-formed claim references, and an error for each other one by its UID.
+
+    A malformed reference is answered in its own entry and goes no further: no API
+    call, no file.
+    """
+    refs: list[ClaimRef] = []
+    refused: dict[str, str] = {}
+    for c in claims:
+        why = claimref.problem(c.namespace, c.name, c.uid)
+        if why is None:
+            refs.append(ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid))
+        else:
+            refused[c.uid] = why
+    if refused:
+        logs.get(__name__).warning("claim references refused", errors=list(refused.values()))
+    return refs, refused
+
+
+def _prepare(preparer: Preparer, claims: Any) -> dict[str, PrepareResult]:
+    refs, refused = _refs(claims)
+    results = preparer.prepare(refs)
+    return {**results, **{uid: PrepareResult(error=why) for uid, why in refused.items()}}
+
+
+def _unprepare(preparer: Preparer, claims: Any) -> dict[str, str]:
+    refs, refused = _refs(claims)
+    return {**preparer.unprepare(refs), **refused}
 
 
 class DRAServicerV1(v1_grpc.DRAPluginServicer):
@@ -76,7 +103,7 @@ class DRAServicerV1(v1_grpc.DRAPluginServicer):
         self, request: v1.NodePrepareResourcesRequest, context: Any
     ) -> v1.NodePrepareResourcesResponse:
         resp = v1.NodePrepareResourcesResponse()
-        for uid, result in self._preparer.prepare(_refs(request.claims)).items():
+        for uid, result in _prepare(self._preparer, request.claims).items():
             entry = resp.claims[uid]
             if result.error:
                 entry.error = result.error
@@ -96,7 +123,7 @@ class DRAServicerV1(v1_grpc.DRAPluginServicer):
         self, request: v1.NodeUnprepareResourcesRequest, context: Any
     ) -> v1.NodeUnprepareResourcesResponse:
         resp = v1.NodeUnprepareResourcesResponse()
-        for uid, error in self._preparer.unprepare(_refs(request.claims)).items():
+        for uid, error in _unprepare(self._preparer, request.claims).items():
             resp.claims[uid].error = error
         return resp
 
@@ -111,7 +138,7 @@ class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
         self, request: v1beta1.NodePrepareResourcesRequest, context: Any
     ) -> v1beta1.NodePrepareResourcesResponse:
         resp = v1beta1.NodePrepareResourcesResponse()
-        for uid, result in self._preparer.prepare(_refs(request.claims)).items():
+        for uid, result in _prepare(self._preparer, request.claims).items():
             entry = resp.claims[uid]
             if result.error:
                 entry.error = result.error
@@ -129,7 +156,7 @@ class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
         self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
     ) -> v1beta1.NodeUnprepareResourcesResponse:
         resp = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, error in self._preparer.unprepare(_refs(request.claims)).items():
+        for uid, error in _unprepare(self._preparer, request.claims).items():
             resp.claims[uid].error = error
         return resp
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composable_dra import logs
-from dra_driver import cdi, metrics
+from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.config import ConfigError, GpuConfig, claim_configs
 from dra_driver.device_source import DeviceInfo
@@ -234,6 +234,9 @@ class Preparer:
         return out
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        why = claimref.problem(ref.namespace, ref.name, ref.uid)
+        if why is not None:  # the gRPC edge refuses these first; callers may not be it
+            raise ClaimError(why)
         existing = self._checkpoint.get(ref.uid)
         if existing is not None and existing.state == "prepared":
             if (existing.namespace, existing.name) != (ref.namespace, ref.name):
@@ -271,6 +274,11 @@ class Preparer:
         with self._lock:
             for ref in refs:
                 start = time.perf_counter()
+                why = claimref.problem(ref.namespace, ref.name, ref.uid)
+                if why is not None:
+                    out[ref.uid] = why
+                    metrics.UNPREPARE_SECONDS.labels("error").observe(time.perf_counter() - start)
+                    continue
                 try:
                     removed_spec = self._cdi.remove(ref.uid)
                     removed_entry = self._checkpoint.remove(ref.uid)

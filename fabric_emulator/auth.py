@@ -24,6 +24,15 @@ def is_public(method: str, path: str) -> bool:
     return method == "POST" and p == SESSIONS
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as bytes for comparison, whatever it holds.
+
+    Header bytes that are not UTF-8 arrive as lone surrogates, and JSON strings may carry
+    them: encoded as such (bytes no valid UTF-8 text has), they simply match nothing.
+    """
+    return text.encode("utf-8", "surrogatepass")
+
+
 class Auth:
     def __init__(self, user: str, password: str) -> None:
         self.user = user
@@ -34,8 +43,8 @@ class Auth:
     def credentials_ok(self, user: object, password: object) -> bool:
         if not isinstance(user, str) or not isinstance(password, str):
             return False
-        ok_user = hmac.compare_digest(user.encode(), self.user.encode())
-        ok_pass = hmac.compare_digest(password.encode(), self._password.encode())
+        ok_user = hmac.compare_digest(_utf8(user), self.user.encode())
+        ok_pass = hmac.compare_digest(_utf8(password), self._password.encode())
         return ok_user and ok_pass
 
     def login(self, user: object, password: object) -> tuple[str, SessionInfo] | None:
@@ -58,8 +67,9 @@ class Auth:
         """The session of an X-Auth-Token, the user name of valid Basic credentials, or None."""
         token = headers.get("X-Auth-Token")
         if token:
+            given = _utf8(token)
             for known, info in self._by_token.items():
-                if hmac.compare_digest(known.encode(), token.encode()):
+                if hmac.compare_digest(known.encode(), given):
                     return info
             return None
         header = headers.get("Authorization", "")
@@ -67,7 +77,8 @@ class Auth:
         if scheme.lower() != "basic":
             return None
         try:
-            user, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+            raw = base64.b64decode(_utf8(value), validate=True)
+            user, sep, password = raw.decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None
         if sep and self.credentials_ok(user, password):

@@ -8,7 +8,26 @@ README.md, "Fabric emulator"). Logs the base URL once listening and, with
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+
+from fabric_emulator.limits import SETTING_MAX
+
+
+def _bounded(setting: str) -> Callable[[str], int]:
+    """An argparse type: an integer from 0 to the setting's maximum (as /admin/config)."""
+    top = SETTING_MAX[setting]
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not 0 <= value <= top:
+            raise argparse.ArgumentTypeError(f"must be from 0 to {top}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,15 +41,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--async-polls",
-        type=int,
+        type=_bounded("async_polls"),
         default=0,
         help="0: composition changes answer at once; N: 202 and a task that completes "
         "after N polls",
     )
-    parser.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds on 202")
+    parser.add_argument(
+        "--retry-after",
+        type=_bounded("retry_after"),
+        default=1,
+        help="Retry-After seconds on 202",
+    )
     parser.add_argument(
         "--task-seconds",
-        type=int,
+        type=_bounded("task_seconds"),
         default=10,
         help="a task also ends on its own this long after it started, polled or not",
     )

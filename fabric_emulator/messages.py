@@ -3,7 +3,7 @@
 
 The definitions below are the registries' own (Base 1.19, Composition 1.1, TaskEvent 1.0):
 MessageId, text, severity and resolution must match the published registries, which a
-unit test checks against ``shared/redfish/registries``. Only the messages this service
+unit test checks against ``tests/data/redfish/registries``. Only the messages this service
 emits are listed.
 """
 
@@ -68,6 +68,18 @@ MESSAGES: dict[tuple[str, str], _Def] = {
         "Critical",
         0,
         "Ensure that the request body is valid JSON and resubmit the request.",
+    ),
+    ("Base", "PayloadTooLarge"): _Def(
+        "The supplied payload exceeds the maximum size supported by the service.",
+        "Critical",
+        0,
+        "Check that the supplied payload is correct and supported by this service.",
+    ),
+    ("Base", "HeaderInvalid"): _Def(
+        "Header '%1' is invalid.",
+        "Critical",
+        1,
+        "Resubmit the request with a valid request header.",
     ),
     ("Base", "ActionNotSupported"): _Def(
         "The action %1 is not supported by the resource.",

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from composable_dra import logs
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import messages, persistence, resources, state, tasks
+from fabric_emulator import limits, messages, persistence, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, View
 from fabric_emulator.state import Composition, RedfishError
@@ -46,6 +46,34 @@ class Config:
     state_file: Path | None = None
     # When set, /admin (but its health check) needs "Authorization: Bearer <token>".
     admin_token: str | None = None
+
+
+class BodyRefused(Exception):
+    """A request body this service will not read: status and why."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+async def read_json(request: web.Request) -> Any:
+    """The JSON body of ``request`` (None when it has none), or BodyRefused.
+
+    415 for a body that is not ``application/json``, 413 over ``limits.MAX_BODY`` bytes,
+    400 for anything :func:`limits.parse_json` refuses.
+    """
+    if not request.can_read_body:
+        return None
+    if request.content_type != JSON_TYPE:
+        raise BodyRefused(415, f"Content-Type must be {JSON_TYPE}, not {request.content_type}")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyRefused(413, f"bodies are limited to {limits.MAX_BODY} bytes") from None
+    try:
+        return limits.parse_json(raw)
+    except ValueError as exc:
+        raise BodyRefused(400, f"malformed JSON: {exc}") from None
 
 
 def etag_of(payload: dict[str, Any]) -> str:
@@ -147,7 +175,7 @@ class Emulator:
     # ---- application -----------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware])
+        app = web.Application(middlewares=[self._middleware], client_max_size=limits.MAX_BODY)
         app.router.add_route("*", "/redfish", self._redfish)
         app.router.add_route("*", "/redfish/{tail:.*}", self._redfish)
         app.router.add_get("/admin/faults", self._admin_faults_get)
@@ -172,7 +200,10 @@ class Emulator:
                     status=401,
                     headers={"WWW-Authenticate": 'Bearer realm="fabric-emulator-admin"'},
                 )
-            return await handler(request)
+            try:
+                return await handler(request)
+            except BodyRefused as exc:
+                return self._admin_error(str(exc), exc.status)
         decision = self.faults.decide(request.method, request.path, faults_mod.REQUEST_KINDS)
         if decision.latency:
             log.info("fault: latency", path=request.path, seconds=decision.latency)
@@ -222,7 +253,9 @@ class Emulator:
         if not token or request.path == "/admin/healthz":
             return True
         given = request.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+        # Header bytes that are not UTF-8 arrive as surrogates: never a match.
+        given_bytes = given.encode("utf-8", "surrogatepass")
+        return hmac.compare_digest(given_bytes, f"Bearer {token}".encode())
 
     async def _authenticated(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not is_public(request.method, request.path):
@@ -340,9 +373,16 @@ class Emulator:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await request.json() if request.can_read_body else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RedfishError(400, messages.base("MalformedJSON")) from exc
+            body = await read_json(request)
+        except BodyRefused as exc:
+            log.info("request body refused", path=request.path, status=exc.status, error=str(exc))
+            if exc.status == 415:
+                raise RedfishError(415, messages.base("HeaderInvalid", "Content-Type")) from None
+            if exc.status == 413:
+                raise RedfishError(413, messages.base("PayloadTooLarge")) from None
+            raise RedfishError(400, messages.base("MalformedJSON")) from None
+        if body is None:
+            return {}
         if not isinstance(body, dict):
             raise RedfishError(400, messages.base("MalformedJSON"))
         return body
@@ -513,12 +553,11 @@ class Emulator:
     # ---- admin ---------------------------------------------------------------------------
 
     async def _admin_json(self, request: web.Request) -> Any:
-        try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise web.HTTPBadRequest(
-                text=json.dumps({"error": f"malformed JSON: {exc}"}), content_type=JSON_TYPE
-            ) from exc
+        """The body of an admin request; BodyRefused (answered by the middleware) if none."""
+        raw = await read_json(request)
+        if raw is None:
+            raise BodyRefused(400, "a JSON body is required")
+        return raw
 
     def _admin_error(self, text: str, status: int = 400) -> web.Response:
         return web.json_response({"error": text}, status=status)
@@ -573,6 +612,8 @@ class Emulator:
                 return self._admin_error(f"unknown setting {key!r}")
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 return self._admin_error(f"{key} must be a non-negative integer")
+            if value > limits.SETTING_MAX[key]:
+                return self._admin_error(f"{key} must be at most {limits.SETTING_MAX[key]}")
         self.config.async_polls = raw.get("async_polls", self.config.async_polls)
         self.config.retry_after = raw.get("retry_after", self.config.retry_after)
         self.config.task_seconds = raw.get("task_seconds", self.config.task_seconds)

@@ -46,6 +46,11 @@ def test_valid_resource_gets_defaults(crds: Kube, unique: str) -> None:
         ({"targetNode": None}, "targetNode"),
         ({"targetNode": "Not_A_Node"}, "targetNode"),
         ({"deviceID": ""}, "deviceID"),
+        # A device id goes into a Redfish URL: one path segment, never a traversal.
+        ({"deviceID": "../../Systems/node-1"}, "deviceID"),
+        ({"deviceID": ".."}, "deviceID"),
+        ({"deviceID": "gpu-1?x=1"}, "deviceID"),
+        ({"deviceID": "gpu 1"}, "deviceID"),
         ({"forceDetach": "yes"}, "forceDetach"),
     ],
 )
@@ -91,6 +96,16 @@ def test_fabric_defaults_and_refusals(crds: Kube, unique: str) -> None:
         crds, "fabrics", fabric(f"g-{unique}", nodeMapping={"by": "annotation"})
     )
     assert "endpoint" in refused(crds, "fabrics", fabric(f"h-{unique}", endpoint="fm:8443"))
+    for endpoint in ("https://admin:secret@fm.example:8443", "https://token@fm.example/"):
+        assert "endpoint must not carry credentials" in refused(
+            crds, "fabrics", fabric(f"k-{unique}", endpoint=endpoint)
+        )
+    # An '@' after the host is part of the path, not credentials.
+    with_at = crds.create(
+        path(API_VERSION, "fabrics"), fabric(f"l-{unique}", endpoint="https://fm.example/a@b")
+    )
+    assert with_at["spec"]["endpoint"] == "https://fm.example/a@b"
+    crds.delete(path(API_VERSION, "fabrics", f"l-{unique}"))
     assert "backend" in refused(crds, "fabrics", fabric(f"i-{unique}", backend="vendor-x"))
     assert "pollIntervalSeconds" in refused(
         crds, "fabrics", fabric(f"j-{unique}", pollIntervalSeconds=1)

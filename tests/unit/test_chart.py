@@ -128,6 +128,12 @@ def test_schema_refuses_bad_values() -> None:
         chart.render(values={"plugin": {"deviceSource": "cuda"}})
     with pytest.raises(chart.HelmError, match="additional properties 'replica' not allowed"):
         chart.render(values={"scaler": {"replica": 3}})
+    # Fabric manager credentials belong in the Secret, never in an endpoint URL.
+    leaky = "https://admin:secret@fabric.example:8443"
+    with pytest.raises(chart.HelmError, match="endpoint"):
+        chart.render(values={"fabric": {"create": True, "endpoint": leaky}})
+    with pytest.raises(chart.HelmError, match="endpoint"):
+        chart.render(values={"plugin": {"deviceSource": "redfish", "redfish": {"endpoint": leaky}}})
 
 
 def test_controllers_are_leader_elected(default: list[Obj]) -> None:

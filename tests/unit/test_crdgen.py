@@ -45,3 +45,49 @@ def test_models_read_camel_case_objects() -> None:
     assert fabric.insecure_skip_tls_verify is False
     with pytest.raises(ValidationError):
         FabricSpec.model_validate({"backend": "vendor-x", "endpoint": "https://fm"})
+
+
+@pytest.mark.parametrize(
+    "device_id",
+    ["../../Systems/node-1", "..", ".", "a/b", "gpu-1?x=1", "gpu#1", "g 1", "g\n", "%2e"],
+)
+def test_device_ids_are_one_url_segment(device_id: str) -> None:
+    with pytest.raises(ValidationError, match="deviceID"):
+        ComposableResourceSpec.model_validate(
+            {"fabric": "f", "deviceID": device_id, "targetNode": "n1"}
+        )
+
+
+@pytest.mark.parametrize("device_id", ["gpu-1", "Block_7", "blk.1", "1:2", "-x"])
+def test_ordinary_device_ids_pass(device_id: str) -> None:
+    spec = ComposableResourceSpec.model_validate(
+        {"fabric": "f", "deviceID": device_id, "targetNode": "n1"}
+    )
+    assert spec.device_id == device_id
+
+
+def _fabric(endpoint: str) -> FabricSpec:
+    return FabricSpec.model_validate(
+        {
+            "backend": "redfish-composition",
+            "endpoint": endpoint,
+            "credentialsSecret": {"name": "fm", "namespace": "ops"},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["https://admin:secret@fm:8443", "http://token@fm", "https://a:b@c@fm/", "HTTPS://u:p@fm"],
+)
+def test_fabric_endpoints_carry_no_credentials(endpoint: str) -> None:
+    with pytest.raises(ValidationError, match="must not carry credentials"):
+        _fabric(endpoint)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["https://fm.example:8443", "http://10.0.0.1/redfish", "https://fm/a@b", "https://[::1]:8443"],
+)
+def test_ordinary_fabric_endpoints_pass(endpoint: str) -> None:
+    assert _fabric(endpoint).endpoint == endpoint

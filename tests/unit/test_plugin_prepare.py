@@ -246,6 +246,10 @@ def test_config_env_applied_per_request(env: Env) -> None:
         (gpu_config(bogus=1), "bogus"),
         (gpu_config(env={"1BAD": "x"}), "not a valid environment variable"),
         (gpu_config(env={"COMPOSABLE_GPU_UUIDS": "x"}), "set by the driver"),
+        (gpu_config(env={"GOOD\n": "x"}), "not a valid environment variable"),
+        (gpu_config(env={"A": "x\x00y"}), "contains a NUL or a line break"),
+        (gpu_config(env={"A": "x\ny"}), "contains a NUL or a line break"),
+        (gpu_config(env={"A": "x\r"}), "contains a NUL or a line break"),
         ("not an object", "must be an object"),
     ],
 )

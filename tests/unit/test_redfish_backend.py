@@ -115,3 +115,21 @@ def test_concurrent_reads_share_one_fresh_read(
         t.join(30)
     assert len(results) == 8
     assert 1 <= len(reads) <= 3  # one read, and at most one more for those who asked during it
+
+
+@pytest.mark.parametrize(
+    "device_id",
+    ["../../../Systems/node-1", "gpu-1/../gpu-2", "gpu-1?$expand=*", "gpu-1#x", "gpu 1", ".."],
+)
+def test_a_device_id_cannot_name_another_resource(
+    fabric: RedfishCompositionBackend, emu: EmulatorProcess, device_id: str
+) -> None:
+    # The CRD refuses such ids; the backend refuses them again before building a URL.
+    for call in (
+        lambda: fabric.device(device_id),
+        lambda: fabric.attach(device_id, "node-1"),
+        lambda: fabric.detach(device_id, "node-1"),
+    ):
+        with pytest.raises(b.FabricError, match="invalid device id"):
+            call()
+    assert all(blk["system"] is None for blk in emu.state()["blocks"].values())

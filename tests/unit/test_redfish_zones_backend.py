@@ -79,3 +79,14 @@ def test_a_change_in_between_is_refused_not_overwritten(
     both = zones.inventory()
     assert {both.devices["gpu-1"].host, both.devices["gpu-2"].host} == {"node-1"}
     other.close()
+
+
+def test_a_device_id_cannot_name_another_resource(
+    zones: RedfishZonesBackend, emu: EmulatorProcess
+) -> None:
+    for device_id in ("../../../Systems/node-1", "gpu-1?x", ".."):
+        with pytest.raises(b.FabricError, match="invalid device id"):
+            zones.attach(device_id, "node-1")
+        with pytest.raises(b.FabricError, match="invalid device id"):
+            new_block_list([], device_id, add=True)
+    assert emu.state()["systems"]["node-1"]["blocks"] == []

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,9 @@ ROOT = "/redfish/v1"
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
 
 
-def shared_dir() -> Path:
-    """shared/ beside the repository (CI's fresh clone), or $COMPOSABLE_DRA_SHARED_DIR."""
-    return Path(os.environ.get("COMPOSABLE_DRA_SHARED_DIR", REPO.parent / "shared"))
+# DMTF's CSDL schemas and message registries, carried in the repository (BSD-3-Clause,
+# tests/data/redfish/LICENSE.md): the tests read nothing from outside the clone.
+REDFISH_DATA = REPO / "tests" / "data" / "redfish"
 
 
 class Client:

@@ -177,7 +177,9 @@ def test_action_parameter_errors(client: Client) -> None:
         {"ResourceBlock": {"@odata.id": f"{BLOCKS}/gpu-1"}, "ComputerSystemETag": 'W/"old"'},
     )
     assert stale.status_code == 428
-    bad_json = client.s.post(client.url + target, data=b"{", timeout=10)
+    bad_json = client.s.post(
+        client.url + target, data=b"{", headers={"Content-Type": "application/json"}, timeout=10
+    )
     assert message_ids(bad_json) == ["Base.1.19.MalformedJSON"]
     assert client.get(f"{ROOT}/Nope").status_code == 404
     not_allowed = client.s.delete(client.url + f"{ROOT}/Systems/node-1", timeout=10)

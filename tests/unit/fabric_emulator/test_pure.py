@@ -9,7 +9,7 @@ import pytest
 from fabric_emulator import faults, messages, state, topology
 from fabric_emulator.state import Composition, RedfishError
 
-from .conftest import shared_dir
+from .conftest import REDFISH_DATA
 
 
 def test_default_topology_shape_and_stable_uuids() -> None:
@@ -189,7 +189,7 @@ def test_fault_probability_is_seeded() -> None:
 
 
 def test_messages_match_the_published_registries() -> None:
-    reg_dir = shared_dir() / "redfish" / "registries"
+    reg_dir = REDFISH_DATA / "registries"
     for prefix, full in messages.FULL_VERSIONS.items():
         registry = json.loads((reg_dir / f"{prefix}.{full}.json").read_text())
         assert registry["RegistryVersion"] == full

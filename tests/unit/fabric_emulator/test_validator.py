@@ -1,5 +1,5 @@
 """The DMTF Redfish Service Validator reports zero failures: pristine, after attaches and
-after detaches. Schemas come from shared/redfish/csdl only (no internet)."""
+after detaches. Schemas come from tests/data/redfish/csdl only (no internet)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 from fabric_emulator.testing import EmulatorProcess
 
-from .conftest import Client, shared_dir
+from .conftest import REDFISH_DATA, Client
 
 VALIDATOR = Path(sys.executable).parent / "rf_service_validator"
 
 
 def _validate(url: str, logdir: Path) -> None:
-    csdl = shared_dir() / "redfish" / "csdl"
+    csdl = REDFISH_DATA / "csdl"
     assert (csdl / "ResourceBlock_v1.xml").is_file(), f"no CSDL schemas in {csdl}"
     proc = subprocess.run(
         [
