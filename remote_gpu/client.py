@@ -13,7 +13,10 @@ waits (``Future.result``/``exception``/``done`` on a returned future, ``invoke``
 lock, reads one reply, completes whichever future it belongs to, and lets go. This saves
 two thread hand-offs per call; the cost is that a future completes only while some thread
 waits on this client: ``concurrent.futures.wait`` and done-callbacks alone do not drive
-it (call ``drain()``). On a stream transport (TCP, UCX), the first payload of ``LARGE``
+it (call ``drain()``). No wait is endless: without a timeout of its own, each lasts at most
+the client's ``timeout``, then raises :class:`DeadlineExceeded` (a ``TimeoutError``), as
+does a donor that stops sending in the middle of a reply or stops reading requests. On a
+stream transport (TCP, UCX), the first payload of ``LARGE``
 bytes or more starts a receiver thread that reads from then on, so that large transfers
 go both ways at once; ``receiver=True``/``False`` fixes the choice.
 
@@ -36,6 +39,7 @@ lock).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -129,19 +133,27 @@ class _Call(Future[tuple[np.ndarray, ...]]):
         super().set_exception(exception)
         self._over = True
 
+    # Without a ``timeout``, a wait lasts at most the client's: no wait is endless.
+
     def result(self, timeout: float | None = None) -> tuple[np.ndarray, ...]:
         if self._client._receiver is not None:
-            return super().result(timeout)
-        if not self._over:
-            self._client._await(self, timeout)
+            self._wait(timeout)
+        elif not self._over:
+            self._client._await(self, self._client.timeout if timeout is None else timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if self._client._receiver is not None:
-            return super().exception(timeout)
-        if not self._over:
-            self._client._await(self, timeout)
+            self._wait(timeout)
+        elif not self._over:
+            self._client._await(self, self._client.timeout if timeout is None else timeout)
         return super().exception(0)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Wait for the receiver thread to complete this call."""
+        wait = self._client.timeout if timeout is None else timeout
+        if not concurrent.futures.wait([self], wait).done:
+            raise DeadlineExceeded("no reply from the donor in time")
 
     def done(self) -> bool:
         if not self._finished() and self._client._receiver is None:

@@ -454,3 +454,24 @@ def test_a_replayed_ring_entry_is_refused(donor: Running) -> None:
         gpu._ring.post(entry)  # the same request again
         refused = wait_for(lambda: _refusal(gpu), 10, "the donor to refuse the replay")
         assert refused.code.value == "bad_sequence"
+
+
+@pytest.mark.parametrize("receiver", [False, True])
+def test_a_future_waits_at_most_the_clients_timeout(receiver: bool) -> None:
+    """``Future.result()`` without a timeout of its own once waited for ever."""
+    tok = tokens.issue(SECRET, 0xF00D, "rogue", 60)
+    rogue = _stalling(tok, lambda sock: None)
+    try:
+        gpu = _bounded(
+            lambda: RemoteGPU(rogue.endpoint, tok, transport="tcp", timeout=1, receiver=receiver),
+            30,
+        )
+        future = gpu.submit("echo", np.arange(3))
+        with pytest.raises(DeadlineExceeded):
+            _bounded(future.result, 30)
+        with pytest.raises(DeadlineExceeded):
+            _bounded(future.exception, 30)
+        gpu.close()
+    finally:
+        rogue.release.set()  # type: ignore[attr-defined]
+        rogue.close()
