@@ -126,8 +126,9 @@ def tune(sock: socket.socket) -> None:
 
 
 def _timeval(seconds: float) -> bytes:
-    whole = math.floor(seconds)
-    return struct.pack("@ll", whole, max(1, round((seconds - whole) * 1e6)))
+    """A ``struct timeval`` of ``seconds`` (at least 1 us: zero would mean no timeout)."""
+    whole, micros = divmod(max(1, round(seconds * 1e6)), 1_000_000)
+    return struct.pack("@ll", whole, micros)
 
 
 class TcpClientTransport(ClientTransport):

@@ -475,3 +475,15 @@ def test_a_future_waits_at_most_the_clients_timeout(receiver: bool) -> None:
     finally:
         rogue.release.set()  # type: ignore[attr-defined]
         rogue.close()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "timeval"),
+    [(30, (30, 0)), (0.5, (0, 500_000)), (0.9999999, (1, 0)), (0, (0, 1))],
+)
+def test_read_deadlines_are_valid_timevals(seconds: float, timeval: tuple[int, int]) -> None:
+    import struct
+
+    from remote_gpu.transports.tcp import _timeval
+
+    assert struct.unpack("@ll", _timeval(seconds)) == timeval
