@@ -11,6 +11,7 @@ host paths would. The binaries come from ``hack/node/build.sh`` (``NODE_BIN_DIR`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -241,6 +242,7 @@ class RealNode:
         self._holder: subprocess.Popen[bytes] | None = None
         self._ns: str | None = None
         self.plugin: PluginProcess | None = None
+        self._registered = False  # the kubelet may have created the Node object
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -252,6 +254,7 @@ class RealNode:
         self.stop()
 
     def start(self) -> None:
+        atexit.register(self.stop)  # an interrupted test run still cleans up
         try:
             self._start()
         except BaseException:
@@ -301,6 +304,7 @@ class RealNode:
         archive = testimage.build(self.workdir / "image.tar", self.image)
         self.ctr("images", "import", str(archive))
         archive.unlink()
+        self._registered = True
         self._spawn(
             "kubelet",
             [
@@ -368,9 +372,11 @@ class RealNode:
         if self.plugin is not None:
             self.plugin.stop()
         self._stop_proc("kubelet")
-        if self._proc("containerd") is not None and self.socket.exists():
+        containerd = self._proc("containerd")
+        if containerd is not None and containerd.popen.poll() is None:
             self._remove_containers()
         self._stop_proc("containerd")
+        self._procs.clear()
         self._sweep_runc()
         if self._ns is not None:
             holder_pid = self._holder.pid if self._holder is not None else -1
@@ -391,6 +397,13 @@ class RealNode:
             raise RealNodeError(f"mounts left under {self.workdir}: {leftover}")
         if os.environ.get("KEEP_NODE_DIR") is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._registered:
+            # Its ResourceSlices are owned by the Node and go with it.
+            admin = config.new_client_from_config(config_file=str(self.control_plane.kubeconfig))
+            with contextlib.suppress(client.ApiException):
+                client.CoreV1Api(admin).delete_node(self.name)
+            self._registered = False
+        atexit.unregister(self.stop)
 
     # -- containers --------------------------------------------------------------------
 
