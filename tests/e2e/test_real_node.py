@@ -85,7 +85,7 @@ def test_example_pod_runs_with_cdi_env(
     assert real_node.plugin is not None
     write_static_devices(real_node.plugin.static_file, devices)
     real_node.start_plugin()
-    mark("plugin started")
+    mark("plugin registered with the kubelet")
 
     for obj in kept:
         ns = None if obj["kind"] == "DeviceClass" else namespace
@@ -134,17 +134,17 @@ def test_example_pod_runs_with_cdi_env(
 
     # Deleting the pod: the kubelet stops the container and calls NodeUnprepareResources.
     mark("container output read")
+    plugin = real_node.plugin
+    assert not plugin.logged("claim unprepared")
     kube_json.delete(pod_path)
     wait_for(
-        lambda: not spec_file.exists(),
+        lambda: not spec_file.exists() and plugin.logged("claim unprepared"),
         60,
-        "the CDI spec to be removed after the pod's deletion",
+        "NodeUnprepareResources (the CDI spec removed) after the pod's deletion",
         interval=0.3,
         describe=real_node.logs_tail,
     )
-
-    mark("CDI spec removed")
-    assert real_node.plugin.logged("claim unprepared")
+    mark("claim unprepared, CDI spec removed")
 
     def pod_gone() -> bool:
         try:
