@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit e2e bench control-plane install protos fmt clean
+.PHONY: demo test lint unit e2e bench control-plane node install protos fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 ## control-plane: build or reuse etcd and the Kubernetes control plane; prints their directory last
 control-plane:
 	@bash hack/control-plane/build.sh
+
+## node: build or reuse the kubelet, containerd, its runc shim, ctr and the CNI loopback plugin
+## (and install runc where missing); prints their directory last
+node:
+	@bash hack/node/build.sh
 
 ## demo: the local demo on a real control plane (see README)
 demo: install

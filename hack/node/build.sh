@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Build (or reuse) what a real node needs: the upstream kubelet, containerd v2 with its
+# runc shim and ctr, and the CNI loopback plugin, all from source through the Go module
+# proxy; install Debian's runc where it is missing. The binaries are cached by version
+# outside the work tree; the last line printed is the directory that holds them.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The versions come from the wrapper modules, so a version bump is a go.mod edit.
+module_version() { grep -oE "^\s*(require )?$2 v[^ ]+" "$1" | awk '{print $NF}'; }
+k8s_version=$(module_version "$here/kubelet/go.mod" k8s.io/kubernetes)
+containerd_version=$(module_version "$here/containerd/go.mod" github.com/containerd/containerd/v2)
+cni_version=$(module_version "$here/cni/go.mod" github.com/containernetworking/plugins)
+[[ -n $k8s_version && -n $containerd_version && -n $cni_version ]] || {
+  echo "cannot read versions from $here/*/go.mod" >&2
+  exit 1
+}
+cache_root=${COMPOSABLE_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/composable-dra}
+out="$cache_root/node/kubelet-${k8s_version}_containerd-${containerd_version}_cni-${cni_version}"
+binaries=(kubelet containerd containerd-shim-runc-v2 ctr loopback)
+
+log() { printf '[node] %s\n' "$*" >&2; }
+
+# runc is a C/Go program with its own release cycle; Debian's package is the simplest
+# source, and containerd finds it on PATH.
+if ! command -v runc >/dev/null 2>&1; then
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "ERROR: runc is not installed; install it (Debian/Ubuntu: apt-get install runc) and retry."
+    exit 1
+  fi
+  log "installing runc with apt-get ..."
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc >&2; then
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc >&2
+  fi
+fi
+
+missing=()
+for b in "${binaries[@]}"; do [[ -x "$out/$b" ]] || missing+=("$b"); done
+if ((${#missing[@]} == 0)); then
+  log "reusing cached binaries (kubelet $k8s_version, containerd $containerd_version, cni $cni_version)"
+  echo "$out"
+  exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  log "ERROR: Go is not installed or not on PATH; Go >= 1.26 is needed to build the node binaries."
+  log "Install it from your distribution or https://go.dev/dl, or set COMPOSABLE_DRA_CACHE to a"
+  log "directory whose node/ subdirectory already holds: ${binaries[*]}"
+  exit 1
+fi
+
+mkdir -p "$out"
+tmp=$(mktemp -d "$out/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -trimpath"
+
+minor=${k8s_version#v1.}
+minor=${minor%%.*}
+build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+k8s_stamp=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_stamp+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  k8s_stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+done
+containerd_stamp="-X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+# The graph drivers need C libraries or kernel features this project never uses.
+containerd_tags="no_btrfs no_devmapper no_zfs no_aufs"
+
+start=$SECONDS
+for b in "${missing[@]}"; do
+  t0=$SECONDS
+  log "building $b (a cold build takes minutes) ..."
+  case $b in
+    kubelet)
+      (cd "$here/kubelet" && nice -n 10 go build -ldflags "-s -w $k8s_stamp" -o "$tmp/$b" k8s.io/kubernetes/cmd/kubelet)
+      ;;
+    containerd | containerd-shim-runc-v2 | ctr)
+      (cd "$here/containerd" && nice -n 10 go build -tags "$containerd_tags" -ldflags "-s -w $containerd_stamp" \
+        -o "$tmp/$b" "github.com/containerd/containerd/v2/cmd/$b")
+      ;;
+    loopback)
+      (cd "$here/cni" && nice -n 10 go build -ldflags "-s -w" -o "$tmp/$b" github.com/containernetworking/plugins/plugins/main/loopback)
+      ;;
+  esac
+  mv "$tmp/$b" "$out/$b"
+  log "built $b in $((SECONDS - t0))s"
+done
+log "node binaries ready in $((SECONDS - start))s"
+"$out/kubelet" --version >&2
+"$out/containerd" --version >&2
+echo "$out"
