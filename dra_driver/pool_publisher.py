@@ -433,6 +433,7 @@ class PoolPublisher(InformerDriven):
         self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
+        self._live: set[tuple[str, str]] = set()
         self.slice_informer = Informer(
             kube,
             path(RESOURCE_API, "resourceslices"),
@@ -520,6 +521,12 @@ class PoolPublisher(InformerDriven):
         if attachments != self._attachments:
             force, self._attachments = True, attachments
         live = live_allocations(claims, self.driver)
+        # An allocation that ended lets its block go back to "free and held by nobody":
+        # decide that from the fabric as it is now, not from an inventory read before the
+        # attach (which would put an attached GPU back in the pool).
+        if self._live - live:
+            force = True
+        self._live = live
         desired: dict[str, PoolSpec] = {}
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]
