@@ -47,6 +47,7 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import Gone, Kube, path
 from dra_driver.device_source import device_name_for
+from hack.bench.goals import all_met, goal
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.wait import wait_for
@@ -189,36 +190,35 @@ def breakdown(created: dict[str, float], rec: Recorder) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in steps.items()}
 
 
-def shared_gpus(allocations: dict[str, list[tuple[str, str]]], block_uuids: dict[str, str]) -> int:
-    """Physical GPUs allocated to more than one claim.
+def shared_gpus(
+    allocations: dict[str, list[tuple[str, str]]], block_uuids: dict[str, str]
+) -> dict[str, list[str]]:
+    """Physical GPU (block) -> the claims allocated it, where more than one is.
 
     ``allocations``: claim -> its (pool, device) results; a pool device is named after its
     block, a node's local device after its UUID (``device_name_for``).
     """
     by_local_name = {device_name_for(u): b for b, u in block_uuids.items()}
-    holders: dict[str, set[str]] = {}
-    for claim, results in allocations.items():
+    holders: dict[str, list[str]] = {}
+    for claim, results in sorted(allocations.items()):
         for pool, device in results:
             block = device if "/" in pool else by_local_name.get(device, f"{pool}/{device}")
-            holders.setdefault(block, set()).add(claim)
-    return sum(1 for claims in holders.values() if len(claims) > 1)
+            holders.setdefault(block, []).append(f"{claim} ({pool}/{device})")
+    return {b: claims for b, claims in holders.items() if len(claims) > 1}
 
 
 def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each goal of issue 16 that applies at this size: figure, floor or ceiling, met."""
+    """Each goal of issue 16 that applies at this size."""
     claims = int(out["claims"])
-    found: dict[str, dict[str, Any]] = {
-        "failed": {"value": out["failed"], "ceiling": 0},
-        "shared_gpus": {"value": out["shared_gpus"], "ceiling": 0},
-        "bound_at_first_recheck": {"value": out["bound_at_first_recheck"], "floor": claims},
+    found = {
+        "failed": goal(out["failed"], ceiling=0),
+        "shared_gpus": goal(out["shared_gpus"], ceiling=0),
+        "bound_at_first_recheck": goal(out["bound_at_first_recheck"], floor=claims),
     }
     if claims <= 20:
-        found["ready_overhead_p50_s"] = {"value": out["ready_overhead_p50_s"], "ceiling": 0.5}
+        found["ready_overhead_p50_s"] = goal(out["ready_overhead_p50_s"], ceiling=0.5)
     if claims <= 100:
-        found["ready_overhead_p99_s"] = {"value": out["ready_overhead_p99_s"], "ceiling": 3.0}
-    for g in found.values():
-        v = g["value"]
-        g["met"] = v is not None and (v <= g["ceiling"] if "ceiling" in g else v >= g["floor"])
+        found["ready_overhead_p99_s"] = goal(out["ready_overhead_p99_s"], ceiling=3.0)
     return found
 
 
@@ -314,11 +314,11 @@ def main(argv: list[str] | None = None) -> int:
                 "bound_at_first_recheck": first_recheck,
                 "rescheduled": rescheduled,
                 "failed": failed,
-                "shared_gpus": shared_gpus(final_allocations(kube, ns), block_uuids(suite)),
+                "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
                 "stages_p50_s": breakdown(created, rec),
             }
             out["goals"] = goals(out)
-            out["goals_met"] = all(g["met"] for g in out["goals"].values())
+            out["goals_met"] = all_met(out["goals"])
         finally:
             rec.stop()
             suite.stop()

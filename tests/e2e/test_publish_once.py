@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
-from dra_driver.device_source import device_name_for
+from composable_dra.kube import Kube, path
+from hack.bench.time_to_gpu import block_uuids, final_allocations, shared_gpus
 from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
 from hack.suite import Suite, SuiteOptions
@@ -64,34 +64,13 @@ def suite(kube_json: Kube, control_plane: ControlPlane, short_tmp: Path) -> Iter
         s.stop()
 
 
-def claims(suite: Suite, ns: str) -> list[JSON]:
-    items: list[JSON] = suite.kube.get(path("resource.k8s.io/v1", "resourceclaims", namespace=ns))[
-        "items"
-    ]
-    return items
+def allocated(suite: Suite, ns: str) -> dict[str, list[tuple[str, str]]]:
+    return final_allocations(suite.kube, ns)
 
 
-def results(claim: JSON) -> list[tuple[str, str]]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return [
-        (str(r["pool"]), str(r["device"]))
-        for r in (allocation.get("devices") or {}).get("results") or []
-    ]
-
-
-def shared_gpus(suite: Suite, ns: str) -> dict[str, list[str]]:
-    """Physical GPU (block) -> the claims allocated it, where more than one is.
-
-    A pool device is named after its block; a node's local device after its UUID.
-    """
-    blocks = suite.emulator.state()["blocks"]
-    by_local_name = {device_name_for(str(b["uuid"])): bid for bid, b in blocks.items()}
-    holders: dict[str, list[str]] = {}
-    for c in claims(suite, ns):
-        for pool, device in results(c):
-            block = device if "/" in pool else by_local_name.get(device, f"{pool}/{device}")
-            holders.setdefault(block, []).append(f"{c['metadata']['name']} ({pool}/{device})")
-    return {b: cs for b, cs in holders.items() if len(cs) > 1}
+def shared(suite: Suite, ns: str) -> dict[str, list[str]]:
+    """Physical GPU -> the claims allocated it, where more than one is."""
+    return shared_gpus(allocated(suite, ns), block_uuids(suite))
 
 
 def prepare_failures(suite: Suite, ns: str) -> list[str]:
@@ -113,15 +92,12 @@ def test_concurrent_pool_claims_never_get_one_gpu_twice(suite: Suite, namespace:
         suite.create_pod(namespace, name)
 
     wait_for(
-        lambda: (
-            all(results(c) for c in claims(suite, namespace))
-            and len(claims(suite, namespace)) == len(pods)
-        ),
+        lambda: len(a := allocated(suite, namespace)) == len(pods) and all(a.values()),
         90,
         "every claim allocated",
         describe=suite.describe,
     )
-    assert shared_gpus(suite, namespace) == {}
+    assert shared(suite, namespace) == {}
     wait_for(
         lambda: (
             all(suite.running(namespace, p) for p in pods) or prepare_failures(suite, namespace)
@@ -133,8 +109,8 @@ def test_concurrent_pool_claims_never_get_one_gpu_twice(suite: Suite, namespace:
         ),
     )
     assert prepare_failures(suite, namespace) == []
-    assert shared_gpus(suite, namespace) == {}
+    assert shared(suite, namespace) == {}
     assert all(suite.running(namespace, p) for p in pods)
-    # Every pool claim was attached: the fabric has exactly the pool allocations composed.
-    pool_blocks = {d for c in claims(suite, namespace) for p, d in results(c) if "/" in p}
+    # Every pool claim's GPU is attached.
+    pool_blocks = {d for rs in allocated(suite, namespace).values() for p, d in rs if "/" in p}
     assert set(suite.composed()) >= pool_blocks
