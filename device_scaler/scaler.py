@@ -27,6 +27,8 @@ from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_operator.backend import normalize_uuid
 from device_scaler.decide import (
+    ANN_POOL,
+    ANN_POOL_DEVICE,
     API_VERSION,
     QUARANTINE_LABEL,
     ClaimRef,
@@ -45,6 +47,9 @@ from device_scaler.decide import (
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
+# The pool publisher's label on its slices (dra_driver.pool_publisher.MANAGED_LABEL).
+POOL_MANAGED_LABEL = f"{names.PREFIX}/managed-by"
+POOL_MANAGED_VALUE = "pool-publisher"
 FIELD_MANAGER = "composable-dra-scaler"
 COMPONENT = "composable-dra-scaler"
 
@@ -168,7 +173,7 @@ class Scaler(InformerDriven):
 
     def reconcile(self) -> int:
         snap = self.snapshot()
-        actions = decide(snap, self.settings)
+        actions = self._confirm_releases(decide(snap, self.settings), snap)
         # decide's order matters between kinds (a device is quarantined before its claim
         # is marked failed, and that before its resource is deleted), not within one: a
         # run of creates or of claim status writes, one per claim, goes out at once.
@@ -193,6 +198,44 @@ class Scaler(InformerDriven):
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
         return len(actions)
+
+    def _confirm_releases(self, actions: list[Any], snap: Snapshot) -> list[Any]:
+        """Drop the releases whose device a consistent read still finds in a pool.
+
+        ``decide`` releases a GPU once the slice cache no longer shows it in its pool; a
+        cache can lag (or catch a device between two slices of a rewritten pool), and a
+        released GPU is published by its node at once. So the pool publisher's drop is
+        checked against the API server itself before the claimRef goes.
+        """
+        releases = [a for a in actions if isinstance(a, PatchResource) and a.reason == "Released"]
+        if not releases:
+            return actions
+        try:
+            listed = self.kube.get(
+                path(RESOURCE_API, "resourceslices"),
+                fieldSelector=f"spec.driver={self.settings.driver}",
+                labelSelector=f"{POOL_MANAGED_LABEL}={POOL_MANAGED_VALUE}",
+            )
+        except KubeError as exc:
+            log.warning("could not confirm releases; trying again", error=str(exc))
+            self._wake.set()
+            skipped = {id(a) for a in releases}
+            return [a for a in actions if id(a) not in skipped]
+        in_pools = {
+            (str(((sl.get("spec") or {}).get("pool") or {}).get("name", "")), str(d.get("name")))
+            for sl in listed.get("items") or []
+            for d in (sl.get("spec") or {}).get("devices") or []
+        }
+        by_name = {cr["metadata"]["name"]: cr for cr in snap.resources}
+        held = []
+        for a in releases:
+            ann = (by_name.get(a.name, {}).get("metadata") or {}).get("annotations") or {}
+            if (ann.get(ANN_POOL, ""), ann.get(ANN_POOL_DEVICE, "")) in in_pools:
+                held.append(a)
+        if held:
+            self._wake.set()  # look again: the pool publisher drops it soon
+        dropped = {id(a) for a in held}
+        return [a for a in actions if id(a) not in dropped]
 
     def _try(self, action: Any) -> None:
         try:

@@ -146,13 +146,12 @@ def run(args: argparse.Namespace) -> int:
     )
     publisher = SlicePublisher(kube, args.node_name, node["metadata"]["uid"], args.driver_name)
     # Devices serving a pool allocation keep their pool identity: the attachment watcher
-    # filters them out of what the node's slices publish.
+    # decides what the node's slices publish (nothing until it knows the node's resources).
     attachments: AttachmentWatcher | None = None
 
-    def publish(devices: list[DeviceInfo]) -> None:
-        local = attachments.local_devices(devices) if attachments else None
-        if local is not None:  # None: not yet known which devices serve the pool
-            publisher.set_devices(local)
+    def publish(_devices: list[DeviceInfo]) -> None:
+        if attachments is not None:
+            attachments.republish()
 
     watcher = SourceWatcher(_make_source(args, node), publish)
     attachments = AttachmentWatcher(

@@ -158,6 +158,22 @@ def attachment_states(resources: Iterable[JSON]) -> frozenset[tuple[str, str, bo
     )
 
 
+def read_again(
+    attachments_before: frozenset[tuple[str, str, bool]] | None,
+    attachments: frozenset[tuple[str, str, bool]],
+    live_before: set[tuple[str, str]],
+    live: set[tuple[str, str]],
+) -> bool:
+    """Whether to read the fabric again before deciding, whatever its poll interval.
+
+    When an attach or detach moved on (not on every status write: a resource sees half a
+    dozen on its way to Online). And when an allocation ended: its block may go back to
+    "free and held by nobody", which must be decided from the fabric as it is now, not from
+    an inventory read before the attach (that would put an attached GPU back in the pool).
+    """
+    return attachments != attachments_before or bool(live_before - live)
+
+
 def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, PoolSpec]:
     """The pools of one fabric: per zone that reaches at least one node, its devices.
 
@@ -433,6 +449,7 @@ class PoolPublisher(InformerDriven):
         self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
+        self._live: set[tuple[str, str]] = set()
         self.slice_informer = Informer(
             kube,
             path(RESOURCE_API, "resourceslices"),
@@ -514,12 +531,11 @@ class PoolPublisher(InformerDriven):
         nodes = self.node_informer.items()
         claims = self.claim_informer.items()
         resources = self.cr_informer.items()
-        # Read the fabric again when an attach or detach moved on, not on every status
-        # write (a resource sees half a dozen on its way to Online).
         attachments = attachment_states(resources)
-        if attachments != self._attachments:
-            force, self._attachments = True, attachments
         live = live_allocations(claims, self.driver)
+        if read_again(self._attachments, attachments, self._live, live):
+            force = True
+        self._attachments, self._live = attachments, live
         desired: dict[str, PoolSpec] = {}
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]

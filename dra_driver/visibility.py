@@ -6,10 +6,18 @@ Two jobs, both driven by a watch on the resources whose ``spec.targetNode`` is t
   rescan, then a fresh read of the device source), look for that UUID among the node's
   devices, and report the answer as the ``DeviceVisible`` condition (server-side apply
   with this plugin's own field manager, so the operator's conditions stay its own).
-- Publishing once: a device whose resource has a ``claimRef`` and is Attaching or Online
-  serves an allocation made through the fabric pool; it keeps that identity, so it is
-  left out of the node's local slice. Without a claimRef an attached GPU is an idle local
-  device and is published as one.
+- Publishing once: a device whose resource has a ``claimRef`` serves (or is about to
+  serve) an allocation made through the fabric pool; it keeps that identity, so it is left
+  out of the node's local slice. Without a claimRef an attached GPU is an idle local device
+  and is published as one.
+
+The fabric shows a GPU on the node before the operator has written its UUID to the
+resource, so "no resource names this UUID" does not make a GPU local: while a resource
+with a claimRef and no UUID yet targets the node, GPUs not already published stay out
+(``publishable``). And a GPU is added to the local slice only after a consistent read of the
+node's resources (not the watch cache) agrees: the scaler creates the resource before the
+operator can attach anything, so that read always sees it (docs/attach-flow.md, Publishing
+each GPU once).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import datetime
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from api.v1alpha1 import API_VERSION
@@ -28,25 +37,54 @@ from composable_dra.names import normalize_uuid
 from dra_driver.device_source import DeviceInfo
 
 PLURAL = "composableresources"
-_SERVING_PHASES = ("Attaching", "Online")
 
 
-def serving_uuids(resources: Iterable[JSON]) -> set[str]:
-    """UUIDs of the devices that serve a pool allocation on this node."""
-    out = set()
+@dataclass(frozen=True)
+class Reservations:
+    """What the node's ComposableResources say about its GPUs."""
+
+    serving: frozenset[str]  # UUIDs that serve (or are about to serve) a pool allocation
+    released: frozenset[str]  # UUIDs of released GPUs: idle, free for local use
+    pending: bool  # a pool attach whose GPU is not identified yet (no deviceUUID)
+
+
+def reservations(resources: Iterable[JSON]) -> Reservations:
+    serving, released, pending = set(), set(), False
     for r in resources:
         status = r.get("status") or {}
-        if (
-            r.get("spec", {}).get("claimRef")
-            and status.get("phase") in _SERVING_PHASES
-            and status.get("deviceUUID")
-        ):
-            out.add(normalize_uuid(status["deviceUUID"]))
+        if status.get("phase") == "Detached":
+            continue
+        uuid = normalize_uuid(str(status.get("deviceUUID") or ""))
+        if (r.get("spec") or {}).get("claimRef"):
+            # Any phase: a Failed attach may have attached the GPU all the same, and it
+            # stays the pool allocation's until the resource is gone.
+            if uuid:
+                serving.add(uuid)
+            else:
+                pending = True
+        elif uuid and status.get("phase") == "Online":
+            released.add(uuid)
+    return Reservations(frozenset(serving), frozenset(released), pending)
+
+
+def publishable(
+    devices: Sequence[DeviceInfo], res: Reservations, published: Collection[str]
+) -> list[DeviceInfo]:
+    """The devices the node's local slice may show.
+
+    Never one that serves a pool allocation. While a pool attach on this node is not
+    identified yet, no device joins the slice unless it is known: already published, or a
+    released GPU (its resource names it); the unknown one may be that attach's GPU.
+    """
+    out = []
+    for d in devices:
+        uuid = normalize_uuid(d.uuid)
+        if uuid in res.serving:
+            continue
+        if res.pending and uuid not in published and uuid not in res.released:
+            continue
+        out.append(d)
     return out
-
-
-def local_devices(devices: Sequence[DeviceInfo], serving: set[str]) -> list[DeviceInfo]:
-    return [d for d in devices if normalize_uuid(d.uuid) not in serving]
 
 
 def visibility_updates(resources: Iterable[JSON], present: set[str]) -> dict[str, bool]:
@@ -103,8 +141,10 @@ class AttachmentWatcher:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._serving: set[str] = set()
-        self._published = False
+        # The last list handed to ``publish`` (None: none yet). A decision and its hand-over
+        # happen under one lock, so an older decision never overwrites a newer one.
+        self._last: list[DeviceInfo] | None = None
+        self._publish_lock = threading.Lock()
         # Set once the resources of this node are known (or there are none to know: no
         # CRD). Until then nothing is published: a restarted plugin must not offer a GPU
         # that serves a pool allocation as a free local device, even for a moment.
@@ -112,12 +152,47 @@ class AttachmentWatcher:
         self._log = logs.get(__name__, node=node)
         self.manager = "composable-dra-plugin"
 
-    def local_devices(self, devices: Sequence[DeviceInfo]) -> list[DeviceInfo] | None:
-        """What the node's slices may publish; None until the resources are known."""
+    def republish(self) -> None:
+        """Hand the node's slices the devices they may show now, if that changed.
+
+        Nothing until the resources are known. A device joins the slice only when a
+        consistent read of the node's resources agrees with the watch cache: a resource
+        the cache has not seen yet may be the one this GPU was just attached for.
+        """
         if not self.synced.is_set():
+            return
+        with self._publish_lock:
+            devices = self._devices()
+            with self._lock:
+                cached = list(self._resources.values())
+            published = {normalize_uuid(d.uuid) for d in self._last or []}
+            out = publishable(devices, reservations(cached), published)
+            if {normalize_uuid(d.uuid) for d in out} - published:
+                fresh = self._read_resources()
+                if fresh is None and self._last is None:
+                    return  # not known yet: publish nothing rather than an empty slice
+                if fresh is None:  # unknown: the slice may shrink, not grow
+                    out = [d for d in out if normalize_uuid(d.uuid) in published]
+                else:
+                    out = publishable(devices, reservations(fresh), published)
+            if out != self._last:
+                self._last = out
+                self._publish(out)
+
+    def _read_resources(self) -> list[JSON] | None:
+        """The node's resources as the API server has them now (a quorum list); None when
+        that cannot be read."""
+        try:
+            listed = self.kube.get(
+                path(API_VERSION, PLURAL), fieldSelector=f"spec.targetNode={self.node}"
+            )
+        except NotFound:
+            return []  # no CRD: nothing serves a pool allocation
+        except Exception as exc:
+            self._log.warning("could not read the node's resources", error=str(exc))
             return None
-        with self._lock:
-            return local_devices(devices, self._serving)
+        items: list[JSON] = listed.get("items") or []
+        return items
 
     def start(self) -> None:
         for target, name in (
@@ -143,7 +218,6 @@ class AttachmentWatcher:
                     listed = self.kube.get(url, fieldSelector=selector)
                     with self._lock:
                         self._resources = {r["metadata"]["name"]: r for r in listed["items"]}
-                        self._serving = serving_uuids(self._resources.values())
                     rv = listed["metadata"]["resourceVersion"]
                     self.synced.set()
                     self._wake.set()
@@ -203,13 +277,7 @@ class AttachmentWatcher:
             resources = list(self._resources.values())
         if not self.synced.is_set():
             return
-        serving = serving_uuids(resources)
-        with self._lock:
-            changed = serving != self._serving or not self._published
-            self._serving = serving
-            self._published = True
-        if changed:
-            self._publish(local_devices(self._devices(), serving))
+        self.republish()
         present = self._present()
         if awaiting(resources, present):
             # The fabric attached a device the node does not show yet: host-side step,

@@ -51,6 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from hack.bench.goals import all_met, goal  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
@@ -380,13 +381,13 @@ def shaped_part(rate_mbit: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main() -> int:
     from composable_dra import logs
 
     logs.configure("bench", "warning", "json")
     if len(sys.argv) > 2 and sys.argv[1] == "--shaped":
         print(json.dumps(shaped_part(int(sys.argv[2]))))
-        return
+        return 0
     out: dict[str, object] = {}
     donor = DonorProcess()
     try:
@@ -413,16 +414,25 @@ def main() -> None:
     else:
         out["shaped_error"] = shaped.stderr.strip().splitlines()[-1:]
     knee_p, knee_m = out.get("fps_knee_predicted"), out.get("fps_knee_workers")
-    out["targets"] = {
-        "tcp_vs_raw_1mib>=0.8": out["tcp_vs_raw_1mib"] >= 0.8,  # type: ignore[operator]
-        "shm_vs_tcp_1mib>=5": out["shm_vs_tcp_1mib"] >= 5,  # type: ignore[operator]
-        "fps_4_workers>=55": out["fps_4_workers"] >= 55,  # type: ignore[operator]
-        "knee_within_one": isinstance(knee_p, int)
-        and isinstance(knee_m, int)
-        and abs(knee_p - knee_m) <= 1,
+    goals = {
+        "tcp_vs_raw_1mib": goal(_num(out.get("tcp_vs_raw_1mib")), floor=0.8),
+        "shm_vs_tcp_1mib": goal(_num(out.get("shm_vs_tcp_1mib")), floor=5),
+        "fps_4_workers": goal(_num(out.get("fps_4_workers")), floor=55),
+        # How far admission control's predicted knee is from the measured one, in workers.
+        "knee_error_workers": goal(
+            abs(knee_p - knee_m) if isinstance(knee_p, int) and isinstance(knee_m, int) else None,
+            ceiling=1,
+        ),
     }
+    out["goals"] = goals
+    out["goals_met"] = met = all_met(goals)
     print(json.dumps(out))
+    return 0 if met else 1
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

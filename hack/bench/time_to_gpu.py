@@ -20,7 +20,14 @@ scaler).
 
 A pod counts as rescheduled when its claim's allocation changed or was removed before the
 pod was bound, or when it got more than one Scheduled event; failed when it did not run by
-the deadline or its claim saw FabricDeviceFailed. The last line is JSON.
+the deadline or its claim saw FabricDeviceFailed. ``shared_gpus`` counts physical GPUs
+that two claims were allocated at once (as a pool device and as a node's local device).
+
+Goals (issue 16), in ``goals`` with the figure, its floor or ceiling and whether it was met;
+the exit status is 1 when any is missed: ``failed`` = 0, ``shared_gpus`` = 0 and
+``bound_at_first_recheck`` = ``claims`` at any size; the suite's own share
+``ready_overhead_p50_s`` <= 0.5 s up to 20 claims and ``ready_overhead_p99_s`` <= 3 s up to
+100 claims. The last line is JSON.
 
     python -m hack.bench.time_to_gpu --claims 20 --attach-latency 2
 """
@@ -39,6 +46,8 @@ from typing import Any
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import Gone, Kube, path
+from dra_driver.device_source import device_name_for
+from hack.bench.goals import all_met, goal
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.wait import wait_for
@@ -181,6 +190,38 @@ def breakdown(created: dict[str, float], rec: Recorder) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in steps.items()}
 
 
+def shared_gpus(
+    allocations: dict[str, list[tuple[str, str]]], block_uuids: dict[str, str]
+) -> dict[str, list[str]]:
+    """Physical GPU (block) -> the claims allocated it, where more than one is.
+
+    ``allocations``: claim -> its (pool, device) results; a pool device is named after its
+    block, a node's local device after its UUID (``device_name_for``).
+    """
+    by_local_name = {device_name_for(u): b for b, u in block_uuids.items()}
+    holders: dict[str, list[str]] = {}
+    for claim, results in sorted(allocations.items()):
+        for pool, device in results:
+            block = device if "/" in pool else by_local_name.get(device, f"{pool}/{device}")
+            holders.setdefault(block, []).append(f"{claim} ({pool}/{device})")
+    return {b: claims for b, claims in holders.items() if len(claims) > 1}
+
+
+def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each goal of issue 16 that applies at this size."""
+    claims = int(out["claims"])
+    found = {
+        "failed": goal(out["failed"], ceiling=0),
+        "shared_gpus": goal(out["shared_gpus"], ceiling=0),
+        "bound_at_first_recheck": goal(out["bound_at_first_recheck"], floor=claims),
+    }
+    if claims <= 20:
+        found["ready_overhead_p50_s"] = goal(out["ready_overhead_p50_s"], ceiling=0.5)
+    if claims <= 100:
+        found["ready_overhead_p99_s"] = goal(out["ready_overhead_p99_s"], ceiling=3.0)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--claims", type=int, default=20)
@@ -273,13 +314,34 @@ def main(argv: list[str] | None = None) -> int:
                 "bound_at_first_recheck": first_recheck,
                 "rescheduled": rescheduled,
                 "failed": failed,
+                "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
                 "stages_p50_s": breakdown(created, rec),
             }
+            out["goals"] = goals(out)
+            out["goals_met"] = all_met(out["goals"])
         finally:
             rec.stop()
             suite.stop()
     print(json.dumps(out))
-    return 0
+    return 0 if out["goals_met"] else 1
+
+
+def final_allocations(kube: Kube, ns: str) -> dict[str, list[tuple[str, str]]]:
+    claims = kube.get(path("resource.k8s.io/v1", "resourceclaims", namespace=ns))["items"]
+    return {
+        c["metadata"]["name"]: [
+            (str(r.get("pool")), str(r.get("device")))
+            for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                "results"
+            )
+            or []
+        ]
+        for c in claims
+    }
+
+
+def block_uuids(suite: Suite) -> dict[str, str]:
+    return {b: str(v.get("uuid", "")) for b, v in suite.emulator.state()["blocks"].items()}
 
 
 if __name__ == "__main__":

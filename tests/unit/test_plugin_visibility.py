@@ -6,7 +6,13 @@ from typing import Any
 
 from composable_dra import names
 from dra_driver.device_source import DeviceInfo
-from dra_driver.visibility import awaiting, local_devices, serving_uuids, visibility_updates
+from dra_driver.visibility import (
+    AttachmentWatcher,
+    awaiting,
+    publishable,
+    reservations,
+    visibility_updates,
+)
 
 
 def resource(
@@ -31,16 +37,39 @@ def gpu(uuid: str) -> DeviceInfo:
     return DeviceInfo(name=f"gpu-{uuid.lower()}", uuid=uuid)
 
 
+def uuids(devices: list[DeviceInfo] | None) -> list[str]:
+    return [d.uuid for d in devices or []]
+
+
 def test_devices_serving_a_claim_are_not_published_locally() -> None:
     resources = [
         resource("a", "GPU-AAA", "Online", claim=True),
         resource("b", "bbb", "Online"),  # idle: published as local
         resource("c", "ccc", "Detached", claim=True),
+        resource("d", "ddd", "Failed", claim=True),  # may be attached all the same
     ]
-    serving = serving_uuids(resources)
-    assert serving == {"aaa"}
-    kept = local_devices([gpu("aaa"), gpu("bbb"), gpu("ccc")], serving)
-    assert [d.uuid for d in kept] == ["bbb", "ccc"]
+    res = reservations(resources)
+    assert res.serving == {"aaa", "ddd"}
+    assert res.released == {"bbb"}
+    assert not res.pending
+    kept = publishable([gpu("aaa"), gpu("bbb"), gpu("ccc"), gpu("ddd")], res, ())
+    assert uuids(kept) == ["bbb", "ccc"]
+
+
+def test_a_gpu_attached_for_a_claim_before_its_uuid_is_known_is_not_published() -> None:
+    # The fabric shows the GPU on the node before the operator writes its UUID: the
+    # resource has a claimRef and no UUID yet. A device the slice does not show yet stays
+    # out (it may be that GPU); one already shown, and released GPUs, stay in.
+    resources = [
+        resource("attaching", None, "Attaching", claim=True),
+        resource("idle", "bbb", "Online"),
+    ]
+    res = reservations(resources)
+    assert res.pending
+    devices = [gpu("aaa"), gpu("bbb"), gpu("new")]
+    assert uuids(publishable(devices, res, {"aaa"})) == ["aaa", "bbb"]
+    # A resource without a claimRef (a ComposabilityRequest's) serves no pool allocation.
+    assert not reservations([resource("req", None, "Attaching")]).pending
 
 
 def test_visibility_is_written_only_when_it_changes() -> None:
@@ -64,24 +93,83 @@ def test_awaiting_lists_attached_devices_the_node_does_not_show() -> None:
     assert awaiting(resources, {"aaa"}) == ["b"]
 
 
-def test_nothing_is_published_before_the_nodes_resources_are_known() -> None:
-    from dra_driver.visibility import AttachmentWatcher
+class FreshKube:
+    """The API server's answer to the watcher's consistent list of the node's resources."""
 
+    def __init__(self, items: list[dict[str, Any]] | None) -> None:
+        self.items, self.reads = items, 0
+
+    def get(self, url: str, **_: Any) -> dict[str, Any]:
+        self.reads += 1
+        if self.items is None:
+            raise ConnectionError("API server unreachable")
+        return {"items": self.items}
+
+
+def make_watcher(
+    kube: FreshKube, devices: list[DeviceInfo]
+) -> tuple[AttachmentWatcher, list[list[DeviceInfo]]]:
     published: list[list[DeviceInfo]] = []
-    devices = [gpu("aaa"), gpu("bbb")]
     watcher = AttachmentWatcher(
-        kube=None,  # type: ignore[arg-type]  # not started: no API calls
+        kube=kube,  # type: ignore[arg-type]  # not started: only the consistent list
         node="n1",
         devices=lambda: devices,
         refresh=lambda: None,
         publish=published.append,
     )
+    return watcher, published
+
+
+def test_nothing_is_published_before_the_nodes_resources_are_known() -> None:
+    devices = [gpu("aaa"), gpu("bbb")]
+    serving = resource("a", "aaa", "Online", claim=True, visible="True")
+    watcher, published = make_watcher(FreshKube([serving]), devices)
     # A restarted plugin must not offer a GPU that serves a pool allocation as local.
-    assert watcher.local_devices(devices) is None
+    watcher.republish()
     watcher.sync()
     assert published == []
-    watcher._resources = {"a": resource("a", "aaa", "Online", claim=True, visible="True")}
+    watcher._resources = {"a": serving}
     watcher.synced.set()
     watcher.sync()
-    assert [[d.uuid for d in p] for p in published] == [["bbb"]]
-    assert [d.uuid for d in watcher.local_devices(devices) or []] == ["bbb"]
+    assert [uuids(p) for p in published] == [["bbb"]]
+    watcher.republish()  # nothing changed: nothing handed over again
+    assert len(published) == 1
+
+
+def test_a_new_device_is_published_only_when_a_consistent_read_agrees() -> None:
+    # The watch cache has not seen the resource created for a pool claim; the fabric has
+    # already attached its GPU. The consistent read has the resource: the GPU stays out.
+    devices = [gpu("aaa")]
+    kube = FreshKube([resource("x", None, "Attaching", claim=True)])
+    watcher, published = make_watcher(kube, devices)
+    watcher.synced.set()
+    watcher.republish()
+    assert kube.reads == 1
+    assert [uuids(p) for p in published] == [[]]
+    # The operator writes the UUID: still the pool allocation's.
+    kube.items = [resource("x", "aaa", "Attaching", claim=True)]
+    watcher.republish()
+    assert [uuids(p) for p in published] == [[]]
+    # Released: now a local device.
+    kube.items = [resource("x", "aaa", "Online")]
+    watcher.republish()
+    assert [uuids(p) for p in published] == [[], ["aaa"]]
+    reads = kube.reads
+    watcher.republish()  # nothing new to add: no read
+    assert kube.reads == reads
+
+
+def test_an_unreadable_api_server_never_grows_the_local_slice() -> None:
+    devices = [gpu("aaa")]
+    kube = FreshKube(None)
+    watcher, published = make_watcher(kube, devices)
+    watcher.synced.set()
+    watcher.republish()
+    assert published == []  # nothing known: nothing published, not even an empty slice
+    kube.items = []
+    watcher.republish()
+    assert [uuids(p) for p in published] == [["aaa"]]
+    devices.append(gpu("bbb"))
+    kube.items = None
+    watcher.republish()
+    assert [uuids(p) for p in published] == [["aaa"]]  # bbb waits for a read

@@ -18,6 +18,7 @@ from dra_driver.pool_publisher import (
     live_allocations,
     plan_pools,
     pool_slices,
+    read_again,
     same_slice,
 )
 
@@ -242,3 +243,13 @@ def test_the_fabric_is_read_again_when_an_attachment_moves_on_not_on_every_write
     assert attachment_states([cr("Online", deviceUUID="u")]) != attaching
     assert attachment_states([cr("Online", deleting=True)]) != attachment_states([cr("Online")])
     assert attachment_states([]) != attaching
+
+
+def test_the_fabric_is_read_again_when_an_allocation_ends() -> None:
+    # An inventory read before the attach still says "free": when the allocation that kept
+    # the block in the pool ends, only a fresh read keeps the attached GPU out of it.
+    states = frozenset({("r1", "Online", False)})
+    a, b = ("fab/zone-1", "gpu-1"), ("fab/zone-1", "gpu-2")
+    assert read_again(states, states, {a}, {a, b}) is False  # a new allocation: no
+    assert read_again(states, states, {a, b}, {b}) is True  # one ended
+    assert read_again(None, states, set(), set()) is True  # the first pass

@@ -340,3 +340,44 @@ def test_a_block_another_resource_holds_is_never_attached_twice():
     assert not only(actions, CreateResource)
     [st] = only(actions, SetDeviceStatus)
     assert st.failed[0][1] == "DeviceInUse"
+
+
+class SlicesKube:
+    """The API server's answer to the scaler's consistent read of the pools."""
+
+    def __init__(self, devices: list[str] | None) -> None:
+        self.devices, self.queries = devices, []  # type: ignore[var-annotated]
+
+    def get(self, url: str, **query: Any) -> JSON:
+        from composable_dra.kube import KubeError
+
+        self.queries.append(query)
+        if self.devices is None:
+            raise KubeError(503, "ServiceUnavailable", "API server unreachable")
+        return {
+            "items": [
+                {"spec": {"pool": {"name": POOL}, "devices": [{"name": d} for d in self.devices]}}
+            ]
+        }
+
+
+def test_a_release_waits_until_a_consistent_read_shows_the_pool_dropped_the_device():
+    from device_scaler.scaler import Scaler, ScalerConfig
+
+    # The slice cache no longer shows gpu-1, so decide releases it; the API server still
+    # has it in the pool (the cache caught the pool between two slices, or lags): wait.
+    online = resource(phase="Online", uuid="U-1")
+    s = snap([], [online], pool=("gpu-2",))
+    actions = run(s)
+    assert [a.reason for a in only(actions, PatchResource)] == ["Released"]
+    kube = SlicesKube(["gpu-1", "gpu-2"])
+    scaler = Scaler(kube, ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
+    try:
+        assert scaler._confirm_releases(actions, s) == []
+        assert kube.queries[0]["labelSelector"] == "composable.dra.io/managed-by=pool-publisher"
+        kube.devices = None  # unknown: no release either
+        assert scaler._confirm_releases(actions, s) == []
+        kube.devices = ["gpu-2"]
+        assert scaler._confirm_releases(actions, s) == actions
+    finally:
+        scaler.stop()
