@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,10 @@ class RealNode:
     plugin_args: list[str] = field(default_factory=list)
     start_timeout: float = 90.0
     image: str = testimage.IMAGE
+    # The systemUUID the kubelet reports. Without DMI (this machine has no
+    # /sys/class/dmi) the kubelet reports the machine ID, so the node's namespace gets
+    # its own /etc/machine-id; None keeps the host's.
+    system_uuid: str | None = None
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -503,12 +508,19 @@ class RealNode:
         for d in ("var-lib-kubelet", "var-log-containers", "run-containerd"):
             (private / d).mkdir(parents=True, exist_ok=True)
         ready = self.workdir / "namespace-ready"
+        machine_id = ""
+        if self.system_uuid is not None:
+            # Checked: it is written into a file that the kubelet reads as an ID.
+            (private / "machine-id").write_text(f"{uuid.UUID(self.system_uuid)}\n")
+            for target in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+                if Path(target).is_file():
+                    machine_id += f'mount --bind "$1/machine-id" {target}; '
         script = (
             "set -e; mkdir -p /var/lib/kubelet /var/log/containers /run/containerd; "
             'mount --bind "$1/var-lib-kubelet" /var/lib/kubelet; '
             'mount --bind "$1/var-log-containers" /var/log/containers; '
             'mount --bind "$1/run-containerd" /run/containerd; '
-            'touch "$2"; exec sleep infinity'
+            f'{machine_id}touch "$2"; exec sleep infinity'
         )
         log = self.logs_dir / "namespace.log"
         with log.open("ab") as out:
