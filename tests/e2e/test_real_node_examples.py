@@ -119,9 +119,13 @@ def test_shared_claim_on_a_real_node(real_node: RealNode, kube_json: Kube, names
     for p in pods:
         wait_running(kube_json, real_node, namespace, p)
     printed = {p: printed_gpus(real_node, namespace, p) for p in pods}
-    # Both containers got the same one GPU, from one prepare call for the claim.
+    # Both containers got the same one GPU. The claim was prepared once: the kubelet may
+    # call NodePrepareResources for each pod (both pods synced at once), and a repeated
+    # call is answered from the plugin's checkpoint.
     assert printed["shared-gpu-a"] == printed["shared-gpu-b"] and printed["shared-gpu-a"] in gpus
-    assert real_node.plugin_metric(PREPARED_OK, result="ok") == 1
+    assert real_node.plugin_events("claim prepared") == 1
+    assert real_node.plugin_metric(PREPARED_OK, result="ok") >= 1
+    assert real_node.plugin_metric(PREPARED_OK, result="error") == 0
     claim = kube_json.get(path(RESOURCE, "resourceclaims", "shared-gpu", namespace=namespace))
     spec_file = real_node.cdi_dir / spec_file_name(claim["metadata"]["uid"])
     assert spec_file.exists()
