@@ -34,6 +34,7 @@ from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, path
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from hack import examples
 from hack.localcluster.controlplane import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
@@ -46,6 +47,7 @@ from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CR_API = "composable.dra.io/v1alpha1"
+HOSTNAME = "kubernetes.io/hostname"
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
 
 
@@ -416,6 +418,30 @@ class Suite:
             pod = for_real_node(pod, real.name, real.image)
             pod["spec"]["containers"][0]["command"] = ["sh", "-c", "env; exec sleep 3600"]
         return self.kube.create(path("v1", "pods", namespace=namespace), pod)
+
+    def apply_example(self, name: str, namespace: str, host: str) -> list[str]:
+        """Create an example of deploy/examples with its pods on ``host``'s node (made to
+        run there when it is a real node); the pods' names."""
+        node = self.node_of(host)
+        real = self.real_nodes.get(host)
+        pods = []
+        for obj in examples.load(name):
+            if obj["kind"] == "DeviceClass":
+                continue  # the suite's own, of the same name
+            if obj["kind"] == "Pod":
+                pod = (
+                    for_real_node(obj, node, real.image)
+                    if real is not None
+                    else {**obj, "spec": {**obj["spec"], "nodeSelector": {HOSTNAME: node}}}
+                )
+                self.kube.create(path("v1", "pods", namespace=namespace), pod)
+                pods.append(obj["metadata"]["name"])
+                continue
+            plural = {"ResourceClaimTemplate": "resourceclaimtemplates"}.get(
+                obj["kind"], "resourceclaims"
+            )
+            self.kube.create(path(RESOURCE, plural, namespace=namespace), obj)
+        return pods
 
     # -- observations -----------------------------------------------------------------
 

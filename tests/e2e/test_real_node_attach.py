@@ -2,7 +2,8 @@
 runs as a real node (the upstream kubelet, containerd, runc) whose kubelet reports the
 systemUUID of an emulator host; a pod's claim is served from the fabric's pool, the
 operator attaches the GPU to that host, the plugin (redfish device source) sees it and
-prepares the claim, and the container's own output shows the attached GPU's UUID.
+prepares the claim, and the container's own output shows the attached GPU's UUID. The
+examples that only the pool can serve (pool-only, two-gpus) run there the same way.
 """
 
 from __future__ import annotations
@@ -80,3 +81,30 @@ def test_pool_gpu_attached_to_a_real_node(suite: Suite, namespace: str) -> None:
         describe=node.logs_tail,
     )
     assert result["driver"] == names.DRIVER
+
+
+def test_pool_examples_on_a_real_node(suite: Suite, namespace: str) -> None:
+    """deploy/examples/pool-only and two-gpus: every GPU attached to the real node's host
+    through the fabric, and each container prints the UUIDs it received."""
+    pods = [
+        *suite.apply_example("pool-only", namespace, HOST),
+        *suite.apply_example("two-gpus", namespace, HOST),
+    ]
+    assert sorted(pods) == ["gpu-from-pool", "two-gpus"]
+    node = suite.real_nodes[HOST]
+    composed: set[str] = set()
+    for name in pods:
+        pod = wait_running(suite.kube, node, namespace, name, timeout=120)
+        (ref,) = pod["status"]["resourceClaimStatuses"]
+        claim = suite.claim(namespace, ref["resourceClaimName"])
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert all(r["pool"].startswith(f"{suite.fabric}/") for r in results)
+        attached = suite.composed()
+        assert all(attached[r["device"]] == HOST for r in results)
+        composed.update(r["device"] for r in results)
+        want = {d["data"]["uuid"] for d in claim["status"]["devices"]}
+        assert len(want) == len(results) == (2 if name == "two-gpus" else 1)
+        out = wait_output(node, namespace, name, "GPUs: ")
+        (line,) = [ln for ln in out.splitlines() if ln.startswith("GPUs: ")]
+        assert set(line.removeprefix("GPUs: ").split(",")) == want
+    assert len(composed) == 3
