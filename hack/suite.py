@@ -48,6 +48,10 @@ from hack.localcluster.wait import wait_for
 RESOURCE = "resource.k8s.io/v1"
 CR_API = "composable.dra.io/v1alpha1"
 HOSTNAME = "kubernetes.io/hostname"
+_CLAIM_PLURALS = {
+    "ResourceClaim": "resourceclaims",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+}
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
 
 
@@ -437,9 +441,9 @@ class Suite:
                 self.kube.create(path("v1", "pods", namespace=namespace), pod)
                 pods.append(obj["metadata"]["name"])
                 continue
-            plural = {"ResourceClaimTemplate": "resourceclaimtemplates"}.get(
-                obj["kind"], "resourceclaims"
-            )
+            plural = _CLAIM_PLURALS.get(obj["kind"])
+            if plural is None:  # plugin-static: a DaemonSet of its own, not for the suite
+                raise ValueError(f"example {name}: a {obj['kind']} has no place in the suite")
             self.kube.create(path(RESOURCE, plural, namespace=namespace), obj)
         return pods
 
