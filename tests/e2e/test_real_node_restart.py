@@ -1,7 +1,8 @@
 """What only a real kubelet shows about restarts (issue 15, item 5).
 
 - The kubelet deletes every ResourceSlice of its node when it starts; the plugin, still
-  running, publishes the same devices again.
+  running, publishes the same devices again. It deletes a driver's slices 30 s after the
+  driver unregisters; the plugin, back, publishes them again.
 - A kubelet restart does not prepare a running pod's claim again: the kubelet keeps its
   own checkpoint of prepared claims, the container keeps running, the CDI spec stays.
 """
@@ -101,6 +102,38 @@ def test_slices_wiped_at_kubelet_start_are_republished(
     print(f"slices republished {time.monotonic() - t0:.1f}s after the kubelet restart")
     assert {s["spec"]["driver"] for s in after} == {names.DRIVER}
     assert real_node.plugin is not None and real_node.plugin.starts == 1
+
+
+def test_slices_wiped_after_unregistration_are_republished(
+    real_node: RealNode, kube_json: Kube
+) -> None:
+    """The plugin away (a DaemonSet rollout): the kubelet unregisters it and, 30 s later,
+    deletes its slices; the plugin back publishes the same devices again."""
+    start_plugin(real_node, gpus(2))
+    before = wait_for(
+        lambda: node_slices(kube_json, real_node.name) or None, 30, "the plugin's slices"
+    )
+    devices = slice_devices(before)
+    plugin = real_node.plugin
+    assert plugin is not None and len(devices) == 2
+    assert plugin.stop() == 0  # it leaves its slices behind; the kubelet removes them
+    t0 = time.monotonic()
+    wait_for(
+        lambda: not node_slices(kube_json, real_node.name),
+        60,
+        "the kubelet to delete the slices of the unregistered driver",
+        interval=0.5,
+        describe=real_node.logs_tail,
+    )
+    print(f"slices deleted {time.monotonic() - t0:.1f}s after the plugin stopped")
+    real_node.start_plugin()
+    after = wait_for(
+        lambda: node_slices(kube_json, real_node.name) or None,
+        30,
+        "the plugin to publish its slices again",
+        describe=real_node.logs_tail,
+    )
+    assert slice_devices(after) == devices
 
 
 def test_kubelet_restart_does_not_prepare_again(
