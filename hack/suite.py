@@ -13,6 +13,9 @@ time-to-GPU benchmark::
 Nodes are fake (hack.localcluster.nodes) with the systemUUID of a fabric host, so the
 operator and the pool publisher map them to the emulator's hosts; each node's plugin
 reads the GPUs attached to its host from the emulator (the redfish device source).
+The hosts named in ``SuiteOptions.real_hosts`` run as real nodes instead
+(hack.localcluster.realnode: the upstream kubelet, containerd, runc), whose kubelet
+reports the host's systemUUID; their pods run real containers.
 """
 
 from __future__ import annotations
@@ -31,15 +34,24 @@ from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, path
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from hack import examples
+from hack.localcluster.controlplane import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
 from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.process import ComponentProcess
+from hack.localcluster.realnode import RealNode
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CR_API = "composable.dra.io/v1alpha1"
+HOSTNAME = "kubernetes.io/hostname"
+_CLAIM_PLURALS = {
+    "ResourceClaim": "resourceclaims",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+}
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
 
 
@@ -68,6 +80,10 @@ class SuiteOptions:
     run_operator: bool = True
     operator_args: list[str] = field(default_factory=list)
     scaler_args: list[str] = field(default_factory=list)
+    # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
+    # and the node binaries (hack.localcluster.realnode.find_node_binaries).
+    real_hosts: tuple[str, ...] = ()
+    node_bin_dir: Path | None = None
 
 
 class Suite:
@@ -78,7 +94,9 @@ class Suite:
         workdir: Path,
         options: SuiteOptions | None = None,
         suffix: str | None = None,
+        control_plane: ControlPlane | None = None,
     ) -> None:
+        self.control_plane = control_plane
         self.kube = kube
         self.kubeconfig = kubeconfig
         self.workdir = workdir
@@ -93,6 +111,7 @@ class Suite:
             workdir=workdir / "emulator",
         )
         self.nodes: dict[str, SuiteNode] = {}  # host id -> node
+        self.real_nodes: dict[str, RealNode] = {}  # host id -> real node
         self.operator: ComponentProcess | None = None
         self.publisher: ComponentProcess | None = None
         self.scaler: ComponentProcess | None = None
@@ -124,7 +143,10 @@ class Suite:
         self.kube.create(path("v1", "namespaces"), {"metadata": {"name": self.system_namespace}})
         self._fabric_objects()
         for host in self.opts.hosts:
-            self.add_node(host)
+            if host in self.opts.real_hosts:
+                self.add_real_node(host)
+            else:
+                self.add_node(host)
         common = [f"--kubeconfig={self.kubeconfig}"]
         lease = [
             f"--leader-elect-namespace={self.system_namespace}",
@@ -215,6 +237,8 @@ class Suite:
             n.kubelet.stop()
             with contextlib.suppress(Exception):
                 delete_node(self.kube.api, n.name)
+        for real in self.real_nodes.values():
+            real.stop()  # its plugin too; deletes its Node
         self.emulator.close()
         with contextlib.suppress(Exception):
             self.kube.delete(path(CR_API, "fabrics", self.fabric))
@@ -281,12 +305,6 @@ class Suite:
         root = self.workdir / name
         kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        creds = root / "redfish-credentials.yaml"
-        root.mkdir(parents=True, exist_ok=True)
-        creds.write_text(
-            yaml.safe_dump({"username": self.emulator.user, "password": self.emulator.password})
-        )
-        os.chmod(creds, 0o600)
         plugin = PluginProcess(
             node=name,
             kubeconfig=self.kubeconfig,
@@ -294,17 +312,47 @@ class Suite:
             plugins_dir=kubelet.plugins_dir,
             cdi_dir=kubelet.cdi_dir,
             workdir=root / "plugin",
-            extra_args=[
-                "--device-source=redfish",
-                f"--redfish-endpoint={self.emulator.url}",
-                f"--redfish-credentials-file={creds}",
-                f"--poll-interval={self.opts.plugin_poll}",
-                "--no-fsync",
-            ],
+            extra_args=self._plugin_args(root),
         )
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)
         self.nodes[host] = node
+        return node
+
+    def _plugin_args(self, root: Path) -> list[str]:
+        """The plugin's flags for the redfish device source on this suite's emulator."""
+        creds = root / "redfish-credentials.yaml"
+        root.mkdir(parents=True, exist_ok=True)
+        creds.write_text(
+            yaml.safe_dump({"username": self.emulator.user, "password": self.emulator.password})
+        )
+        os.chmod(creds, 0o600)
+        return [
+            "--device-source=redfish",
+            f"--redfish-endpoint={self.emulator.url}",
+            f"--redfish-credentials-file={creds}",
+            f"--poll-interval={self.opts.plugin_poll}",
+            "--no-fsync",
+        ]
+
+    def add_real_node(self, host: str) -> RealNode:
+        """A real node on ``host``: its kubelet registers the Node with the host's
+        systemUUID; its plugin runs once the kubelet is up and is registered on return."""
+        if self.control_plane is None or self.opts.node_bin_dir is None:
+            raise ValueError("real nodes need Suite(control_plane=...) and node_bin_dir")
+        name = f"{host}-{self.suffix}"
+        root = self.workdir / f"r-{host}"  # short: unix socket paths are limited
+        node = RealNode(
+            name,
+            self.opts.node_bin_dir,
+            self.control_plane,
+            root / "n",
+            plugin_args=self._plugin_args(root),
+            system_uuid=host_uuid(host),
+        )
+        self.real_nodes[host] = node
+        node.start()
+        node.start_plugin()
         return node
 
     def wait_registered(self, n: SuiteNode) -> None:
@@ -367,9 +415,37 @@ class Suite:
         meta: JSON = {"name": name}
         if run_seconds is not None:
             meta["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
-        return self.kube.create(
-            path("v1", "pods", namespace=namespace), {"metadata": meta, "spec": spec}
-        )
+        pod: JSON = {"metadata": meta, "spec": spec}
+        real = next((r for r in self.real_nodes.values() if r.name == node), None)
+        if real is not None:
+            # A real container: it prints its environment (the CDI edits) and waits.
+            pod = for_real_node(pod, real.name, real.image)
+            pod["spec"]["containers"][0]["command"] = ["sh", "-c", "env; exec sleep 3600"]
+        return self.kube.create(path("v1", "pods", namespace=namespace), pod)
+
+    def apply_example(self, name: str, namespace: str, host: str) -> list[str]:
+        """Create an example of deploy/examples with its pods on ``host``'s node (made to
+        run there when it is a real node); the pods' names."""
+        node = self.node_of(host)
+        real = self.real_nodes.get(host)
+        pods = []
+        for obj in examples.load(name):
+            if obj["kind"] == "DeviceClass":
+                continue  # the suite's own, of the same name
+            if obj["kind"] == "Pod":
+                pod = (
+                    for_real_node(obj, node, real.image)
+                    if real is not None
+                    else {**obj, "spec": {**obj["spec"], "nodeSelector": {HOSTNAME: node}}}
+                )
+                self.kube.create(path("v1", "pods", namespace=namespace), pod)
+                pods.append(obj["metadata"]["name"])
+                continue
+            plural = _CLAIM_PLURALS.get(obj["kind"])
+            if plural is None:  # plugin-static: a DaemonSet of its own, not for the suite
+                raise ValueError(f"example {name}: a {obj['kind']} has no place in the suite")
+            self.kube.create(path(RESOURCE, plural, namespace=namespace), obj)
+        return pods
 
     # -- observations -----------------------------------------------------------------
 
@@ -397,7 +473,7 @@ class Suite:
         }
 
     def local_devices(self, host: str) -> list[JSON]:
-        node = self.nodes[host].name
+        node = self.node_of(host)
         slices = self.kube.get(
             path(RESOURCE, "resourceslices"),
             fieldSelector=f"spec.nodeName={node},spec.driver={names.DRIVER}",
@@ -428,10 +504,13 @@ class Suite:
         return items
 
     def node_of(self, host: str) -> str:
-        return self.nodes[host].name
+        real = self.real_nodes.get(host)
+        return real.name if real is not None else self.nodes[host].name
 
     def host_of_node(self, node: str) -> str:
-        return next(h for h, n in self.nodes.items() if n.name == node)
+        every = {h: n.name for h, n in self.nodes.items()}
+        every.update({h: r.name for h, r in self.real_nodes.items()})
+        return next(h for h, n in every.items() if n == node)
 
     def describe(self) -> str:
         parts = []

@@ -17,12 +17,15 @@ import os
 import shutil
 import signal
 import subprocess
+import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import testimage
 from hack.localcluster.controlplane import ControlPlane, free_port
@@ -228,6 +231,10 @@ class RealNode:
     plugin_args: list[str] = field(default_factory=list)
     start_timeout: float = 90.0
     image: str = testimage.IMAGE
+    # The systemUUID the kubelet reports. Without DMI (this machine has no
+    # /sys/class/dmi) the kubelet reports the machine ID, so the node's namespace gets
+    # its own /etc/machine-id; None keeps the host's.
+    system_uuid: str | None = None
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -243,6 +250,8 @@ class RealNode:
         self._ns: str | None = None
         self.plugin: PluginProcess | None = None
         self._registered = False  # the kubelet may have created the Node object
+        self._kubelet_argv: list[str] = []
+        self.plugin_metrics_port = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -305,18 +314,16 @@ class RealNode:
         self.ctr("images", "import", str(archive))
         archive.unlink()
         self._registered = True
-        self._spawn(
-            "kubelet",
-            [
-                str(self.bin_dir / "kubelet"),
-                f"--config={kubelet_yaml}",
-                f"--kubeconfig={kubeconfig}",
-                f"--root-dir={self.kubelet_root}",
-                f"--cert-dir={self.kubelet_root / 'pki'}",
-                f"--hostname-override={self.name}",
-                "--v=2",
-            ],
-        )
+        self._kubelet_argv = [
+            str(self.bin_dir / "kubelet"),
+            f"--config={kubelet_yaml}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.kubelet_root}",
+            f"--cert-dir={self.kubelet_root / 'pki'}",
+            f"--hostname-override={self.name}",
+            "--v=2",
+        ]
+        self._spawn("kubelet", self._kubelet_argv)
         core = client.CoreV1Api(admin)
         wait_for(
             lambda: _ready(core.read_node(self.name)),
@@ -325,6 +332,7 @@ class RealNode:
             interval=0.3,
             describe=self.logs_tail,
         )
+        self.plugin_metrics_port = free_port()
         self.plugin = PluginProcess(
             node=self.name,
             kubeconfig=cp.kubeconfig,
@@ -332,7 +340,7 @@ class RealNode:
             plugins_dir=self.plugins_dir,
             cdi_dir=self.cdi_dir,
             workdir=self.workdir / "plugin",
-            extra_args=list(self.plugin_args),
+            extra_args=[f"--metrics-port={self.plugin_metrics_port}", *self.plugin_args],
         )
 
     def start_plugin(self, timeout: float = 30.0) -> PluginProcess:
@@ -348,20 +356,54 @@ class RealNode:
         assert plugin is not None, "the node is not started"
         plugin.start()
 
+        self.wait_plugin_registered(1, timeout)
+        return plugin
+
+    def wait_plugin_registered(self, times: int, timeout: float = 30.0) -> None:
+        """Wait until the kubelet has registered the running plugin ``times`` times (once
+        per kubelet start since the plugin started)."""
+        plugin = self.plugin
+        assert plugin is not None, "the node is not started"
+
         def registered() -> bool:
             self.check_alive()
             if not plugin.alive():
                 raise RealNodeError(f"the plugin of {self.name} exited\n{plugin.log_tail()}")
-            return plugin.logged("registered with the kubelet")
+            return self.plugin_events("registered with the kubelet") >= times
 
         wait_for(
             registered,
             timeout,
-            f"the kubelet of {self.name} to register the plugin",
+            f"the kubelet of {self.name} to register the plugin ({times}x)",
             interval=0.1,
             describe=self.logs_tail,
         )
-        return plugin
+
+    def plugin_events(self, event: str) -> int:
+        """How often the running plugin logged ``event``."""
+        assert self.plugin is not None, "the node is not started"
+        events = self.plugin.process.log_events(current_only=True)
+        return sum(1 for e in events if e.get("event") == event)
+
+    def plugin_metric(self, name: str, **labels: str) -> float:
+        """One sample of the running plugin's Prometheus metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.plugin_metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                wanted = all(sample.labels.get(k) == v for k, v in labels.items())
+                if sample.name == name and wanted:
+                    return float(sample.value)
+        return 0.0
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM) and start it again with the same flags, as a
+        kubelet upgrade or crash does; containerd and the containers keep running."""
+        assert self._kubelet_argv, "the node is not started"
+        self._stop_proc("kubelet")
+        self._procs = [p for p in self._procs if p.name != "kubelet"]
+        self._spawn("kubelet", self._kubelet_argv)
 
     def stop(self) -> None:
         """Stop everything this node started and delete its work directory.
@@ -466,12 +508,19 @@ class RealNode:
         for d in ("var-lib-kubelet", "var-log-containers", "run-containerd"):
             (private / d).mkdir(parents=True, exist_ok=True)
         ready = self.workdir / "namespace-ready"
+        machine_id = ""
+        if self.system_uuid is not None:
+            # Checked: it is written into a file that the kubelet reads as an ID.
+            (private / "machine-id").write_text(f"{uuid.UUID(self.system_uuid)}\n")
+            for target in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+                if Path(target).is_file():
+                    machine_id += f'mount --bind "$1/machine-id" {target}; '
         script = (
             "set -e; mkdir -p /var/lib/kubelet /var/log/containers /run/containerd; "
             'mount --bind "$1/var-lib-kubelet" /var/lib/kubelet; '
             'mount --bind "$1/var-log-containers" /var/log/containers; '
             'mount --bind "$1/run-containerd" /run/containerd; '
-            'touch "$2"; exec sleep infinity'
+            f'{machine_id}touch "$2"; exec sleep infinity'
         )
         log = self.logs_dir / "namespace.log"
         with log.open("ab") as out:
