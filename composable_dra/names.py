@@ -34,3 +34,9 @@ def normalize_uuid(value: str) -> str:
     """One GPU's identity across sources: NVML says 'GPU-<uuid>', Redfish the bare UUID."""
     value = value.strip().lower()
     return value[4:] if value.startswith("gpu-") else value
+
+
+def nvidia_gpu_id(value: str) -> str:
+    """The name the NVIDIA container runtime knows a GPU by (NVML's 'GPU-<uuid>'), whichever
+    source reported it: Redfish gives the bare UUID, which NVIDIA_VISIBLE_DEVICES would miss."""
+    return "GPU-" + normalize_uuid(value)

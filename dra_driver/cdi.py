@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from composable_dra import names
 from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 
@@ -58,11 +59,12 @@ def build_spec(claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
     device nodes the source reported.
     """
     uuids = ",".join(d.uuid for d in devices)
+    nvidia_ids = ",".join(names.nvidia_gpu_id(d.uuid) for d in devices)
     spec_devices = []
     for dev in devices:
         env = {
             "COMPOSABLE_GPU_UUIDS": uuids,
-            "NVIDIA_VISIBLE_DEVICES": uuids,
+            "NVIDIA_VISIBLE_DEVICES": nvidia_ids,
             "COMPOSABLE_GPU_CLAIM_UID": claim_uid,
             f"COMPOSABLE_GPU_{_env_suffix(dev.device_name)}_UUID": dev.uuid,
             **dev.env,

@@ -66,7 +66,7 @@ def test_pool_gpu_attached_to_a_real_node(suite: Suite, namespace: str) -> None:
     out = wait_output(node, namespace, "p1", "COMPOSABLE_GPU_UUIDS=")
     env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     assert env["COMPOSABLE_GPU_UUIDS"] == gpu_uuid
-    assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{gpu_uuid}"  # Redfish: bare UUID
     assert env["COMPOSABLE_GPU_CLAIM_UID"] == claim["metadata"]["uid"]
 
     # The pod goes: the real kubelet unprepares the claim.

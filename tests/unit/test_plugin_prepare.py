@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.cdi import CdiWriter, cdi_device_id, resolve
+from composable_dra import names
+from dra_driver.cdi import CdiDevice, CdiWriter, build_spec, cdi_device_id, resolve
 from dra_driver.checkpoint import Checkpoint, CheckpointError
 from dra_driver.config import ConfigError, parse_parameters
 from dra_driver.prepare import ClaimError, ClaimNotFound, ClaimRef, Preparer, plan_claim
@@ -92,6 +93,8 @@ def test_prepare_writes_spec_and_returns_resolvable_ids(env: Env) -> None:
     env_vars = dict(e.split("=", 1) for e in edits["containerEdits"]["env"])
     assert env_vars["COMPOSABLE_GPU_UUIDS"] == f"{DEVICES[0].uuid},{DEVICES[2].uuid}"
     assert env_vars["COMPOSABLE_GPU_GPU_2_UUID"] == DEVICES[2].uuid
+    nvidia = [names.nvidia_gpu_id(DEVICES[0].uuid), names.nvidia_gpu_id(DEVICES[2].uuid)]
+    assert env_vars["NVIDIA_VISIBLE_DEVICES"] == ",".join(nvidia)
     assert edits["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia2"},
         {"path": "/dev/nvidiactl"},
@@ -349,3 +352,12 @@ def test_metrics_observe_prepare_and_unprepare(env: Env) -> None:
     )
     assert value("composable_dra_plugin_unprepare_seconds_count", {"result": "ok"}) == un_before + 1
     assert value("composable_dra_plugin_prepared_claims", {}) == 0
+
+
+def test_nvidia_visible_devices_names_gpus_as_nvml_does() -> None:
+    # Redfish reports a GPU's bare UUID; the NVIDIA runtime matches 'GPU-<uuid>' only.
+    bare = "E7F1F5A7-0000-4000-8000-000000000001"
+    spec = build_spec("uid-1", [CdiDevice("gpu-0", bare), CdiDevice("gpu-1", "GPU-abc")])
+    env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{bare.lower()},GPU-abc"
+    assert env["COMPOSABLE_GPU_UUIDS"] == f"{bare},GPU-abc"
