@@ -169,23 +169,29 @@ def test_deleted_after_the_task_completed_but_before_online(
     assert_back_in_pool(suite, block)
 
 
-def test_deleted_mid_attach_while_the_operator_is_down(make_suite: MakeSuite, unique: str) -> None:
-    # The operator dies with its attach request unanswered, the resource is deleted while
-    # it is down; the restarted operator finds the request in status.pendingAttach and
-    # waits for it to land before it trusts a "free" read.
-    suite = make_suite(attach_latency=0)
-    rule = suite.emulator.add_fault(
-        {"kind": "latency", "method": "POST", "path": ATTACH_POST, "latency": 8, "count": 1}
+def test_deleted_while_the_fabric_task_runs_and_the_operator_is_down(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # The operator dies while it follows the attach task, and the resource is deleted while
+    # it is down: the restarted operator finds the task again in status.pendingAttach and
+    # follows it, rather than wait for the fabric to end it on its own (40 s).
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite.emulator.configure(task_seconds=40)
+    # A rule that changes nothing noticeable: it counts the polls of task monitors.
+    polls = suite.emulator.add_fault(
+        {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
     )
     block = block_for(suite, "node-1")
     name = f"cancel-d-{unique}"
     create_resource(suite, name, block, "node-1")
-    wait_for(lambda: fired(suite, rule["id"]) >= 1, 30, "the attach request to reach the fabric")
+    wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    assert suite.emulator.state()["blocks"][block]["state"] == "Composing"
     assert suite.operator is not None
     suite.operator.kill()
-    delete_resource(suite, name)
+    deleted = delete_resource(suite, name)
     suite.operator.start()
-    assert_back_in_pool(suite, block, deadline=90)
+    assert_back_in_pool(suite, block, deadline=30)
+    assert time.monotonic() - deleted < 30
 
 
 def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
