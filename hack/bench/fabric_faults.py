@@ -3,12 +3,14 @@
 Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
 on the emulator's hosts with the plugin (redfish source) each, and the operator as its
 own process. Then OPERATIONS random operations: create a ComposableResource for a free
-block and a node its zone reaches, or delete one; meanwhile the emulator injects 503s,
+block and a node its zone reaches, delete one, or cancel one mid-attach (create it, and
+delete it as soon as its attach request is under way: phase Attaching, or the fabric
+composing the block); meanwhile the emulator injects 503s,
 500s, dropped connections before and after the change, failed tasks and latency, and
 the operator is SIGKILLed and restarted at KILLS random moments. At the end faults stop,
 everything settles, and the emulator's composition is compared with the resources.
 
-The last line printed is JSON: operations, restarts, leaked (a block attached with no
+The last line printed is JSON: operations, cancelled, restarts, leaked (a block attached with no
 resource, or a resource Online without its attachment), double_attached (a block named
 by two live resources, or attached where its resource does not say), settle_s, and the
 fault counts the emulator reports.
@@ -79,6 +81,9 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--in-flight", type=int, default=4, help="changes under way at once")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--cancel", type=float, default=0.2, help="share of creates cancelled mid-attach"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
@@ -155,6 +160,7 @@ def main() -> int:
             kills = set(rng.sample(range(10, args.operations), args.kills))
             restarts = 0
             created = 0
+            cancelled = 0
 
             def resources() -> list[JSON]:
                 items: list[JSON] = kube.get(RESOURCES)["items"]
@@ -180,15 +186,29 @@ def main() -> int:
                     block = rng.choice(free)
                     node = rng.choice(reach[zones[block]])
                     created += 1
+                    name = f"r{created}-{block}"
                     kube.create(
                         RESOURCES,
                         {
                             "apiVersion": API_VERSION,
                             "kind": "ComposableResource",
-                            "metadata": {"name": f"r{created}-{block}"},
+                            "metadata": {"name": name},
                             "spec": {"fabric": FABRIC, "deviceID": block, "targetNode": node},
                         },
                     )
+                    if rng.random() < args.cancel:
+                        r_path = path(API_VERSION, "composableresources", name)
+
+                        def under_way(r_path: str = r_path, block: str = block) -> bool:
+                            r = kube.get_or_none(r_path) or {}
+                            return phase(r) not in ("", "Online") or (
+                                emulator.state()["blocks"][block]["state"] != "Unused"
+                            )
+
+                        # An operator killed meanwhile may take a while to come back.
+                        wait_for(under_way, 120, f"the attach of {name} to start", interval=0.05)
+                        kube.delete(r_path)
+                        cancelled += 1
                 elif deletable:
                     victim = rng.choice(deletable)
                     kube.delete(
@@ -245,6 +265,7 @@ def main() -> int:
             ]
             result = {
                 "operations": args.operations,
+                "cancelled": cancelled,
                 "restarts": restarts,
                 "leaked": len(leaked) + len(stuck),
                 "double_attached": len(double),

@@ -55,9 +55,9 @@ def block_for(suite: Suite, host: str) -> str:
     """A free block that the host's zones reach."""
     state = suite.emulator.state()
     zones = set(state["systems"][host]["zones"])
-    return sorted(
-        b for b, s in state["blocks"].items() if s["zone"] in zones and s["state"] == "Unused"
-    )[0]
+    return min(
+        str(b) for b, s in state["blocks"].items() if s["zone"] in zones and s["state"] == "Unused"
+    )
 
 
 def create_resource(suite: Suite, name: str, block: str, host: str) -> None:
