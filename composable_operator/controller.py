@@ -183,9 +183,7 @@ class Controller:
             except FabricError:
                 await self._record(name, None, {})  # answered: nothing is in flight
                 raise
-            if op is None:
-                await self._record(name, None, {})
-            else:
+            if op is not None:  # done at once: end_attach clears the record
                 await self._record(
                     name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}
                 )
