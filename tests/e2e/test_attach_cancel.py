@@ -243,3 +243,44 @@ def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
         f"{block} back in the pool",
         describe=suite.describe,
     )
+
+
+def test_pods_and_claims_deleted_while_their_gpus_attach(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The probe: pool GPUs attach slowly (here 5 s of latency); the pods and their claims
+    # are deleted once every attach request has reached the fabric.
+    suite = make_suite(attach_latency=5)
+    [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
+    pods = [f"p{i}" for i in range(4)]
+    for p in pods:
+        suite.create_pod(namespace, p)
+    wait_for(
+        lambda: fired(suite, latency["id"]) >= len(pods),
+        60,
+        "every attach request to reach the fabric",
+        describe=suite.describe,
+    )
+    blocks = {r["spec"]["deviceID"] for r in suite.resources()}
+    assert len(blocks) == len(pods)
+    for p in pods:
+        suite.kube.delete(path("v1", "pods", p, namespace=namespace))
+        suite.kube.delete(path("resource.k8s.io/v1", "resourceclaims", p, namespace=namespace))
+
+    def quiet() -> bool:
+        # Every attach request has become a task (none is still on its way), all ended.
+        tasks = suite.emulator.state()["tasks"]
+        return (
+            not suite.resources()
+            and len(tasks) >= len(pods)
+            and all(t != "Running" for t in tasks.values())
+        )
+
+    wait_for(quiet, 60, "every resource gone and every task ended", describe=suite.describe)
+    assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
+    wait_for(
+        lambda: blocks <= {d for _, d in suite.pool_devices()},
+        30,
+        "every block back in the pool",
+        describe=suite.describe,
+    )
