@@ -3,17 +3,18 @@
 Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
 on the emulator's hosts with the plugin (redfish source) each, and the operator as its
 own process. Then OPERATIONS random operations: create a ComposableResource for a free
-block and a node its zone reaches, delete one, or cancel one mid-attach (create it, and
-delete it as soon as its attach request is under way: phase Attaching, or the fabric
-composing the block); meanwhile the emulator injects 503s,
-500s, dropped connections before and after the change, failed tasks and latency, and
-the operator is SIGKILLed and restarted at KILLS random moments. At the end faults stop,
-everything settles, and the emulator's composition is compared with the resources.
+block and a node its zone reaches, delete one, or cancel one mid-attach (create it and
+delete it as soon as its attach is under way; every attach request takes
+--attach-latency seconds to reach the fabric, so a cancelled one is often still on its
+way); meanwhile the emulator injects 503s, 500s, dropped connections before and after
+the change, failed tasks and latency, and the operator is SIGKILLed and restarted at
+KILLS random moments. At the end faults stop, everything settles (every fabric task
+ended), and the emulator's composition is compared with the resources.
 
-The last line printed is JSON: operations, cancelled, restarts, leaked (a block attached with no
-resource, or a resource Online without its attachment), double_attached (a block named
-by two live resources, or attached where its resource does not say), settle_s, and the
-fault counts the emulator reports.
+The last line printed is JSON: operations, cancelled, restarts, leaked (a block attached
+with no resource, or a resource Online without its attachment), double_attached (a block
+named by two live resources, or attached where its resource does not say), settle_s, and
+the fault counts the emulator reports.
 
 Usage: KUBE_BIN_DIR=... python hack/bench/fabric_faults.py [--operations 200] [--kills 5]
 """
@@ -83,6 +84,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--cancel", type=float, default=0.2, help="share of creates cancelled mid-attach"
+    )
+    parser.add_argument(
+        "--attach-latency", type=float, default=1.0, help="seconds added to each attach request"
     )
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -156,7 +160,21 @@ def main() -> int:
 
             zones = {b: s["zone"] for b, s in emulator.state()["blocks"].items()}
             reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
-            emulator.set_faults(faults(args.seed))
+            # Every attach request takes a while to reach the fabric (issue 12's probe): a
+            # cancelled one is then still on its way when its resource is deleted.
+            emulator.set_faults(
+                [
+                    *faults(args.seed),
+                    {
+                        "kind": "latency",
+                        "method": "POST",
+                        "path": "AddResourceBlock",
+                        "latency": args.attach_latency,
+                    },
+                ]
+                if args.attach_latency > 0
+                else faults(args.seed)
+            )
             kills = set(rng.sample(range(10, args.operations), args.kills))
             restarts = 0
             created = 0
@@ -230,7 +248,8 @@ def main() -> int:
 
             def settled() -> bool:
                 items = resources()
-                return all(
+                tasks = emulator.state()["tasks"].values()
+                return all(t != "Running" for t in tasks) and all(
                     phase(r) == "Online" and not r["metadata"].get("deletionTimestamp")
                     for r in items
                 )
