@@ -242,12 +242,14 @@ def main() -> int:
             fault_state = emulator.faults()
             emulator.clear_faults()
             t0 = time.monotonic()
-            for r in resources():
-                if phase(r) == "Failed":  # given up under faults: clean up as a user would
-                    kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
 
             def settled() -> bool:
                 items = resources()
+                for r in items:
+                    # Given up (under faults, or on a block someone else holds): clean up
+                    # as a user would.
+                    if phase(r) == "Failed" and not r["metadata"].get("deletionTimestamp"):
+                        kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
                 tasks = emulator.state()["tasks"].values()
                 return all(t != "Running" for t in tasks) and all(
                     phase(r) == "Online" and not r["metadata"].get("deletionTimestamp")
