@@ -116,6 +116,8 @@ class Controller:
     settings: Settings = field(default_factory=Settings)
     # Attach requests of this process, by resource uid.
     attaches: dict[str, AttachCall] = field(default_factory=dict)
+    # The last write of status.pendingAttach under way, by resource uid (kept in order).
+    record_writes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     # -- status writes --------------------------------------------------------------
 
@@ -149,13 +151,45 @@ class Controller:
 
     # -- attach requests --------------------------------------------------------------
 
-    async def _record(self, name: str, record: AttachRecord | None, extra: JSON) -> None:
-        with contextlib.suppress(NotFound):  # the resource is gone: nothing to record
-            await asyncio.to_thread(
-                self.set_status,
-                name,
-                {**extra, "pendingAttach": record.to_json() if record else None},
-            )
+    def _record(
+        self, uid: str, name: str, record: AttachRecord | None, extra: JSON
+    ) -> asyncio.Task[None]:
+        """Write status.pendingAttach after any earlier write of it for this resource.
+
+        Only the record made before a request goes out is awaited; the others (the task,
+        the end) stay off the attach's path: this process knows them from memory, and a
+        restart that misses one only waits longer.
+        """
+        previous = self.record_writes.get(uid)
+
+        async def write() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])  # in order, whatever became of it
+            with contextlib.suppress(NotFound):  # the resource is gone: nothing to record
+                await asyncio.to_thread(
+                    self.set_status,
+                    name,
+                    {**extra, "pendingAttach": record.to_json() if record else None},
+                )
+
+        task = asyncio.ensure_future(write())
+        self.record_writes[uid] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self.record_writes.get(uid) is t:
+                del self.record_writes[uid]
+            if not t.cancelled() and t.exception() is not None:
+                log.warning(
+                    "status.pendingAttach not written", resource=name, exc_info=t.exception()
+                )
+
+        task.add_done_callback(done)
+        return task
+
+    async def records_written(self, uid: str) -> None:
+        """Until the writes of status.pendingAttach under way for a resource are done."""
+        while (task := self.record_writes.get(uid)) is not None:
+            await asyncio.wait([task])
 
     def start_attach(
         self,
@@ -174,18 +208,20 @@ class Controller:
 
         async def run() -> Operation | None:
             record = AttachRecord(host, time.time())
-            await self._record(name, record, {"phase": "Attaching", "error": None})
+            # Recorded before it goes out: a detach after a restart then knows of it. A
+            # record that cannot be written stops the attach (the next pass tries again).
+            await self._record(uid, name, record, {"phase": "Attaching", "error": None})
             if stopped:  # deleted (or shutting down) meanwhile: send nothing
-                await self._record(name, None, {})
+                self._record(uid, name, None, {})
                 return None
             try:
                 op = await asyncio.to_thread(backend.attach, device_id, host)
             except FabricError:
-                await self._record(name, None, {})  # answered: nothing is in flight
+                self._record(uid, name, None, {})  # answered: nothing is in flight
                 raise
             if op is not None:  # done at once: end_attach clears the record
-                await self._record(
-                    name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}
+                self._record(
+                    uid, name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}
                 )
             return op
 
@@ -211,15 +247,15 @@ class Controller:
         except FabricNotFoundError:
             pass  # monitor and task gone: it ended; the fabric shows how
         except OperationFailedError:
-            await self._forget(uid, name)
+            self._forget(uid, name)
             raise
-        await self._forget(uid, name)
+        self._forget(uid, name)
 
-    async def _forget(self, uid: str, name: str) -> None:
+    def _forget(self, uid: str, name: str) -> None:
         call = self.attaches.get(uid)
         if call is not None:
             call.ended = True
-        await self._record(name, None, {})
+        self._record(uid, name, None, {})
 
     # -- observations -----------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from composable_operator.backend import (
     OperationStatus,
 )
 from composable_operator.controller import Controller
-from composable_operator.reconcile import parse_attach_record
+from composable_operator.reconcile import AttachRecord, parse_attach_record
 
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
 
@@ -82,6 +83,7 @@ def test_the_request_is_recorded_before_it_goes_out_and_its_task_after() -> None
         call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
         assert ctl.attaches["uid"] is call and call.state() == "running"
         op = await call.request
+        await ctl.records_written("uid")
         assert backend.seen_record is not None and backend.seen_record["host"] == "h1"
         assert kube.status["phase"] == "Attaching"
         record = parse_attach_record(kube.status)
@@ -89,6 +91,7 @@ def test_the_request_is_recorded_before_it_goes_out_and_its_task_after() -> None
         assert call.state() == "task" and call.operation() == op
         backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
         await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
         assert call.state() == "ended" and "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -104,6 +107,7 @@ def test_a_failed_task_is_forgotten_and_reported() -> None:
         backend.states = [OperationStatus("failed", "no")]
         with pytest.raises(OperationFailedError):
             await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
         assert call.state() == "ended" and "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -116,6 +120,7 @@ def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
         backend = FakeBackend(kube, None)
         backend.states = [NotFoundError("gone")]
         await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
         assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -129,6 +134,7 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
         with pytest.raises(InUseError):
             await call.request
+        await ctl.records_written("uid")
         assert call.state() == "ended" and "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -144,6 +150,7 @@ def test_a_daemon_stopped_while_recording_sends_nothing() -> None:
         stopped.value = True  # deletion begins while the record is being written
         assert await call.request is None
         assert not any(e.startswith("attach") for e in kube.log)
+        await ctl.records_written("uid")
         assert call.state() == "ended" and "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -171,5 +178,30 @@ def test_the_request_outlives_the_daemon_that_started_it() -> None:
         backend.release.set()
         await asyncio.wait([call.request], timeout=5)
         assert call.state() == "task"
+
+    asyncio.run(main())
+
+
+def test_record_writes_land_in_the_order_they_were_made() -> None:
+    # The record of a task, written slowly, must not land after the clear made later.
+    class SlowFirstKube(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = threading.Event()
+
+        def merge_patch(self, _path: str, body: JSON) -> JSON:
+            if not self.first.is_set():
+                self.first.set()
+                time.sleep(0.3)
+            return super().merge_patch(_path, body)
+
+    async def main() -> None:
+        kube = SlowFirstKube()
+        ctl = controller(kube)
+        ctl._record("uid", "r1", AttachRecord("h1", 1.0, MONITOR), {})
+        ctl._record("uid", "r1", None, {})
+        await ctl.records_written("uid")
+        assert "pendingAttach" not in kube.status
+        assert len(kube.log) == 2
 
     asyncio.run(main())
