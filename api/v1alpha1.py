@@ -169,7 +169,7 @@ class ComposableResourceSpec(_Model):
 
 
 class PendingAttach(_Model):
-    """An attach request the operator sent, recorded before it goes out (docs/attach-flow.md)."""
+    """An attach request the operator sent, recorded as it goes out (docs/attach-flow.md)."""
 
     host: str = Field(max_length=1024, description="The fabric host the request names")
     requested_at: str = Field(json_schema_extra={"format": "date-time"})

@@ -154,12 +154,9 @@ class Controller:
     def _record(
         self, uid: str, name: str, record: AttachRecord | None, extra: JSON
     ) -> asyncio.Task[None]:
-        """Write status.pendingAttach after any earlier write of it for this resource.
-
-        Only the record made before a request goes out is awaited; the others (the task,
-        the end) stay off the attach's path: this process knows them from memory, and a
-        restart that misses one only waits longer.
-        """
+        """Write status.pendingAttach after any earlier write of it for this resource, in
+        the background: these writes stay off the attach's path (this process knows all
+        of it from memory; a restart that misses a task's record only waits longer)."""
         previous = self.record_writes.get(uid)
 
         async def write() -> None:
@@ -198,22 +195,22 @@ class Controller:
         backend: FabricBackend,
         device_id: str,
         host: str,
-        stopped: kopf.DaemonStopped,
     ) -> AttachCall:
-        """Record the request in status, send it, record the fabric's task.
+        """Record the request in status and send it; record the fabric's task.
 
-        Call with no await between the caller's check of ``stopped`` and this: a detach
-        that starts later then finds the call here.
+        Call with no await between the daemon's check that it is not stopped and this:
+        a detach (which starts after the daemon is stopped) then finds the call here.
         """
 
         async def run() -> Operation | None:
             record = AttachRecord(host, time.time())
-            # Recorded before it goes out: a detach after a restart then knows of it. A
-            # record that cannot be written stops the attach (the next pass tries again).
-            await self._record(uid, name, record, {"phase": "Attaching", "error": None})
-            if stopped:  # deleted (or shutting down) meanwhile: send nothing
-                self._record(uid, name, None, {})
-                return None
+            # The record and the request go out together, as the phase did before: an
+            # attach waits for no API write. This process knows of the request from
+            # memory; the record is for a restart, where it almost always landed first
+            # (the one write against the fabric's whole request), and where it did not,
+            # the fabric shows the block being composed, or a block composed later is
+            # adopted as an orphan and detached when idle.
+            self._record(uid, name, record, {"phase": "Attaching", "error": None})
             try:
                 op = await asyncio.to_thread(backend.attach, device_id, host)
             except FabricError:
@@ -465,9 +462,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     if stopped:
                         break  # deletion began: from here the detach handler decides
                     # No await between the check above and this: a detach finds the call.
-                    call = ctl.start_attach(
-                        uid, name, backend, spec.device_id, action.host, stopped
-                    )
+                    call = ctl.start_attach(uid, name, backend, spec.device_id, action.host)
                     if phase != "Attaching":
                         # The condition goes out with the request; the phase and the
                         # record of the request went first (start_attach).

@@ -1,6 +1,6 @@
 """The operator's bookkeeping of its own attach requests (controller.AttachCall): recorded
-in status before they go out, their task recorded once answered, forgotten once ended;
-a stopped daemon sends nothing. Kube and the fabric are fakes."""
+in status as they go out, their task recorded once answered, forgotten once ended; the
+request outlives the daemon that sent it. Kube and the fabric are fakes."""
 
 from __future__ import annotations
 
@@ -25,14 +25,6 @@ from composable_operator.reconcile import AttachRecord, parse_attach_record
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
 
 
-class Stopped:
-    def __init__(self, value: bool = False) -> None:
-        self.value = value
-
-    def __bool__(self) -> bool:
-        return self.value
-
-
 class FakeKube:
     def __init__(self) -> None:
         self.status: JSON = {}
@@ -51,14 +43,12 @@ class FakeKube:
 class FakeBackend:
     def __init__(self, kube: FakeKube, answer: Operation | Exception | None) -> None:
         self.kube, self.answer = kube, answer
-        self.seen_record: JSON | None = None
         self.states: list[OperationStatus | Exception] = []
         self.release = threading.Event()
         self.release.set()
 
     def attach(self, device_id: str, host_id: str) -> Operation | None:
         self.release.wait(5)
-        self.seen_record = dict(self.kube.status.get("pendingAttach") or {})
         self.kube.log.append(f"attach {device_id} {host_id}")
         if isinstance(self.answer, Exception):
             raise self.answer
@@ -75,16 +65,15 @@ def controller(kube: FakeKube) -> Controller:
     return Controller(kube, fabrics=None)  # type: ignore[arg-type]
 
 
-def test_the_request_is_recorded_before_it_goes_out_and_its_task_after() -> None:
+def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> None:
     async def main() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         assert ctl.attaches["uid"] is call and call.state() == "running"
         op = await call.request
         await ctl.records_written("uid")
-        assert backend.seen_record is not None and backend.seen_record["host"] == "h1"
         assert kube.status["phase"] == "Attaching"
         record = parse_attach_record(kube.status)
         assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
@@ -102,7 +91,7 @@ def test_a_failed_task_is_forgotten_and_reported() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         op = await call.request
         backend.states = [OperationStatus("failed", "no")]
         with pytest.raises(OperationFailedError):
@@ -131,25 +120,9 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, InUseError("taken"))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         with pytest.raises(InUseError):
             await call.request
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
-
-    asyncio.run(main())
-
-
-def test_a_daemon_stopped_while_recording_sends_nothing() -> None:
-    async def main() -> None:
-        kube = FakeKube()
-        ctl = controller(kube)
-        stopped = Stopped()
-        backend = FakeBackend(kube, None)
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", stopped)  # type: ignore[arg-type]
-        stopped.value = True  # deletion begins while the record is being written
-        assert await call.request is None
-        assert not any(e.startswith("attach") for e in kube.log)
         await ctl.records_written("uid")
         assert call.state() == "ended" and "pendingAttach" not in kube.status
 
@@ -164,7 +137,7 @@ def test_the_request_outlives_the_daemon_that_started_it() -> None:
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
         backend.release.clear()
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", Stopped())  # type: ignore[arg-type]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
 
         async def daemon() -> Any:
             return await asyncio.shield(call.request)
