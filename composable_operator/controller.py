@@ -411,6 +411,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         by_device: kopf.Index[tuple[str, str], DeviceHolder] = kwargs["resources_by_device"]
         rlog = log.bind(resource=name)
         uid = str(body.meta.get("uid") or name)
+        followed: set[str] = set()  # recorded tasks this daemon followed to their end
         started = time.monotonic()
         backoff = 1.0
         created = body.meta.get("creationTimestamp")
@@ -444,6 +445,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 )
                 holders = list(by_device.get((spec.fabric, spec.device_id), []))
                 open_task = pending_task(ctl.attaches.get(uid), parse_attach_record(status))
+                if open_task is not None and open_task.monitor in followed:
+                    open_task = None  # followed to its end already; its record is going
                 action = decide_attach(
                     AttachObservation(
                         held_by=first_holder(name, str(created or ""), holders),
@@ -488,6 +491,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 if action.kind == "follow":
                     # A task recorded before a restart: follow it rather than wait for the
                     # fabric to end it on its own.
+                    assert open_task is not None
+                    followed.add(open_task.monitor)
                     await ctl.end_attach(uid, name, backend, open_task, limit)
                     reuse = (fabric, backend, host)
                     continue

@@ -194,6 +194,39 @@ def test_deleted_while_the_fabric_task_runs_and_the_operator_is_down(
     assert time.monotonic() - deleted < 30
 
 
+def test_a_restarted_operator_follows_the_attach_task_it_had_recorded(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # Not deleted this time: the restarted operator's daemon follows the recorded task, so
+    # the resource goes Online long before the fabric would end the task on its own (40 s).
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite.emulator.configure(task_seconds=40)
+    polls = suite.emulator.add_fault(
+        {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
+    )
+    block = block_for(suite, "node-1")
+    name = f"restart-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    assert suite.operator is not None
+    suite.operator.kill()
+    killed = time.monotonic()
+    suite.operator.start()
+    wait_for(
+        lambda: ((resource(suite, name) or {}).get("status") or {}).get("phase") == "Online",
+        30,
+        "the resource to go Online",
+        describe=suite.describe,
+    )
+    assert time.monotonic() - killed < 30
+    assert suite.composed() == {block: "node-1"}
+    wait_for(
+        lambda: "pendingAttach" not in ((resource(suite, name) or {}).get("status") or {}),
+        10,
+        "the record of the ended task to go",
+    )
+
+
 def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
     make_suite: MakeSuite,
 ) -> None:
