@@ -195,6 +195,17 @@ class ComposableResourceSpec(_Model):
     )
 
 
+class PendingAttach(_Model):
+    """An attach request the operator sent, recorded as it goes out (docs/attach-flow.md)."""
+
+    host: str = Field(max_length=1024, description="The fabric host the request names")
+    requested_at: str = Field(json_schema_extra={"format": "date-time"})
+    task_monitor: str | None = Field(
+        default=None, max_length=2048, description="The fabric's task monitor, once answered"
+    )
+    task: str | None = Field(default=None, max_length=2048, description="The fabric's task")
+
+
 class ComposableResourceStatus(_Model):
     phase: Phase | None = None
     device_uuid: str | None = Field(
@@ -206,6 +217,7 @@ class ComposableResourceStatus(_Model):
     detached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     last_used_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     observed_generation: int | None = None
+    pending_attach: PendingAttach | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 

@@ -5,6 +5,10 @@
 - The deletion handler (behind the finalizer composable.dra.io/detach) detaches: taint
   the device NoSchedule with a DeviceTaintRule, re-check claim allocations, then call the
   fabric. A failed detach leaves the device tainted and attached.
+- An attach request is recorded in status.pendingAttach before it is sent (and its task
+  once the fabric answers), and kept in memory while it runs: a resource deleted
+  mid-attach is detached only after that attach landed or ended, in this process or,
+  from the record, after a restart.
 Blocking calls (the fabric, the API server) run in threads, off the event loop.
 """
 
@@ -33,6 +37,7 @@ from composable_operator.backend import (
     TransientError,
     normalize_uuid,
 )
+from composable_operator.backend import NotFoundError as FabricNotFoundError
 from composable_operator.fabrics import (
     FabricConfigError,
     FabricGoneError,
@@ -42,12 +47,16 @@ from composable_operator.fabrics import (
 )
 from composable_operator.reconcile import (
     AttachObservation,
+    AttachRecord,
+    CallState,
     ClaimResult,
     DetachObservation,
     DeviceHolder,
+    attach_in_flight,
     decide_attach,
     decide_detach,
     first_holder,
+    parse_attach_record,
     referencing_claims,
 )
 
@@ -79,10 +88,36 @@ class Settings:
 
 
 @dataclass
+class AttachCall:
+    """One attach request of this process: recorded, sent, answered, followed to its end.
+
+    ``request`` runs apart from the daemon that started it, so that neither the daemon's
+    cancellation nor the resource's deletion cuts it off unseen: the detach awaits it.
+    """
+
+    request: asyncio.Task[Operation | None]
+    ended: bool = False  # the operation it started was followed to its end
+
+    def state(self) -> CallState:
+        if not self.request.done():
+            return "running"
+        if self.ended or self.request.cancelled() or self.request.exception() is not None:
+            return "ended"
+        return "task" if self.request.result() is not None else "ended"
+
+    def operation(self) -> Operation | None:
+        return self.request.result() if self.state() == "task" else None
+
+
+@dataclass
 class Controller:
     kube: Kube
     fabrics: Fabrics
     settings: Settings = field(default_factory=Settings)
+    # Attach requests of this process, by resource uid.
+    attaches: dict[str, AttachCall] = field(default_factory=dict)
+    # The last write of status.pendingAttach under way, by resource uid (kept in order).
+    record_writes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     # -- status writes --------------------------------------------------------------
 
@@ -113,6 +148,111 @@ class Controller:
         if conditions:
             writes.append(asyncio.to_thread(self.set_status, name, {}, conditions))
         await asyncio.gather(*writes)
+
+    # -- attach requests --------------------------------------------------------------
+
+    def _record(
+        self, uid: str, name: str, record: AttachRecord | None, extra: JSON
+    ) -> asyncio.Task[None]:
+        """Write status.pendingAttach after any earlier write of it for this resource, in
+        the background: these writes stay off the attach's path (this process knows all
+        of it from memory; a restart that misses a task's record only waits longer)."""
+        previous = self.record_writes.get(uid)
+
+        async def write() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])  # in order, whatever became of it
+            with contextlib.suppress(NotFound):  # the resource is gone: nothing to record
+                await asyncio.to_thread(
+                    self.set_status,
+                    name,
+                    {**extra, "pendingAttach": record.to_json() if record else None},
+                )
+
+        task = asyncio.ensure_future(write())
+        self.record_writes[uid] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self.record_writes.get(uid) is t:
+                del self.record_writes[uid]
+            if not t.cancelled() and t.exception() is not None:
+                log.warning(
+                    "status.pendingAttach not written", resource=name, exc_info=t.exception()
+                )
+
+        task.add_done_callback(done)
+        return task
+
+    async def records_written(self, uid: str) -> None:
+        """Until the writes of status.pendingAttach under way for a resource are done."""
+        while (task := self.record_writes.get(uid)) is not None:
+            await asyncio.wait([task])
+
+    def start_attach(
+        self,
+        uid: str,
+        name: str,
+        backend: FabricBackend,
+        device_id: str,
+        host: str,
+    ) -> AttachCall:
+        """Record the request in status and send it; record the fabric's task.
+
+        Call with no await between the daemon's check that it is not stopped and this:
+        a detach (which starts after the daemon is stopped) then finds the call here.
+        """
+
+        async def run() -> Operation | None:
+            record = AttachRecord(host, time.time())
+            # The record and the request go out together, as the phase did before: an
+            # attach waits for no API write. This process knows of the request from
+            # memory; the record is for a restart, where it almost always landed first
+            # (the one write against the fabric's whole request), and where it did not,
+            # the fabric shows the block being composed, or a block composed later is
+            # adopted as an orphan and detached when idle.
+            self._record(uid, name, record, {"phase": "Attaching", "error": None})
+            try:
+                op = await asyncio.to_thread(backend.attach, device_id, host)
+            except FabricError:
+                self._record(uid, name, None, {})  # answered: nothing is in flight
+                raise
+            if op is not None:  # done at once: end_attach clears the record
+                self._record(
+                    uid, name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}
+                )
+            return op
+
+        call = AttachCall(asyncio.ensure_future(run()))
+        self.attaches[uid] = call
+        return call
+
+    async def end_attach(
+        self,
+        uid: str,
+        name: str,
+        backend: FabricBackend,
+        op: Operation | None,
+        limit: float,
+    ) -> None:
+        """Follow an attach operation to its end, then forget it (here and in status).
+
+        Raises OperationFailedError when the fabric reports the task failed.
+        """
+        try:
+            if op is not None:
+                await follow(backend, op, limit)
+        except FabricNotFoundError:
+            pass  # monitor and task gone: it ended; the fabric shows how
+        except OperationFailedError:
+            self._forget(uid, name)
+            raise
+        self._forget(uid, name)
+
+    def _forget(self, uid: str, name: str) -> None:
+        call = self.attaches.get(uid)
+        if call is not None:
+            call.ended = True
+        self._record(uid, name, None, {})
 
     # -- observations -----------------------------------------------------------------
 
@@ -215,6 +355,13 @@ async def follow(backend: FabricBackend, op: Operation | None, limit: float) -> 
     raise TransientError("the fabric operation did not finish in time")
 
 
+def pending_task(call: AttachCall | None, record: AttachRecord | None) -> Operation | None:
+    """The attach task to follow: this process's own, else the one recorded in status."""
+    if call is not None:
+        return call.operation()
+    return record.operation() if record is not None else None
+
+
 async def wait_visible(
     body: kopf.Body, stopped: kopf.DaemonStopped, uuid: str, limit: float
 ) -> bool:
@@ -263,6 +410,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         # kopf passes each index by its handler's name.
         by_device: kopf.Index[tuple[str, str], DeviceHolder] = kwargs["resources_by_device"]
         rlog = log.bind(resource=name)
+        uid = str(body.meta.get("uid") or name)
+        followed: set[str] = set()  # recorded tasks this daemon followed to their end
         started = time.monotonic()
         backoff = 1.0
         created = body.meta.get("creationTimestamp")
@@ -295,6 +444,9 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     == normalize_uuid(device.uuid)
                 )
                 holders = list(by_device.get((spec.fabric, spec.device_id), []))
+                open_task = pending_task(ctl.attaches.get(uid), parse_attach_record(status))
+                if open_task is not None and open_task.monitor in followed:
+                    open_task = None  # followed to its end already; its record is going
                 action = decide_attach(
                     AttachObservation(
                         held_by=first_holder(name, str(created or ""), holders),
@@ -304,20 +456,23 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                         visible=visible,
                         elapsed=time.monotonic() - started,
                         timeout=float(fabric.operation_timeout_seconds),
+                        task_recorded=open_task is not None,
                     )
                 )
+                limit = float(fabric.operation_timeout_seconds)
                 if action.kind == "attach":
                     assert action.host is not None
-                    # The status write and the fabric call go out together: neither needs
-                    # the other, and the next pass decides from the fabric either way.
-                    writes = []
+                    if stopped:
+                        break  # deletion began: from here the detach handler decides
+                    # No await between the check above and this: a detach finds the call.
+                    call = ctl.start_attach(uid, name, backend, spec.device_id, action.host)
                     if phase != "Attaching":
-                        writes.append(
-                            ctl.write_status(
-                                name,
-                                {"phase": "Attaching", "error": None},
-                                [condition(names.ATTACHED, False, "Attaching", action.message)],
-                            )
+                        # The condition goes out with the request; the phase and the
+                        # record of the request went first (start_attach).
+                        await ctl.write_status(
+                            name,
+                            {},
+                            [condition(names.ATTACHED, False, "Attaching", action.message)],
                         )
                         kopf.info(
                             body,
@@ -328,14 +483,19 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     rlog.info(
                         "attaching", device=spec.device_id, node=spec.target_node, host=action.host
                     )
-                    op: Operation | None
-                    op, *_written = await asyncio.gather(
-                        asyncio.to_thread(backend.attach, spec.device_id, action.host), *writes
-                    )
-                    await follow(backend, op, float(fabric.operation_timeout_seconds))
+                    op = await asyncio.shield(call.request)
+                    await ctl.end_attach(uid, name, backend, op, limit)
                     backoff = 1.0
                     reuse = (fabric, backend, host)
                     continue  # re-read the device: the fabric decides what happened
+                if action.kind == "follow":
+                    # A task recorded before a restart: follow it rather than wait for the
+                    # fabric to end it on its own.
+                    assert open_task is not None
+                    followed.add(open_task.monitor)
+                    await ctl.end_attach(uid, name, backend, open_task, limit)
+                    reuse = (fabric, backend, host)
+                    continue
                 if action.kind == "await_visible":
                     if status.get("deviceUUID") != action.device_uuid or phase != "Attaching":
                         await ctl.write_status(
@@ -460,7 +620,12 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             return
         except FabricConfigError as exc:
             raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
+        uid = str(body.meta.get("uid") or name)
+        record = parse_attach_record(dict(body.status))
+        limit = float(fabric.operation_timeout_seconds)
         while True:
+            call = ctl.attaches.get(uid)
+            in_flight = attach_in_flight(record, call.state() if call else None, time.time())
             try:
                 device, hosts, node = await read_fabric(ctl, backend, spec)
                 host = host_for_node(node, fabric.node_mapping, hosts) if node else None
@@ -480,14 +645,28 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                         tainted=len(rules) >= len(refs) > 0 or (bool(rules) and not refs),
                         referencing_claims=claims,
                         force=spec.force_detach,
+                        attach=in_flight,
                     )
                 )
+                if action.kind == "await_attach":
+                    assert call is not None
+                    rlog.info("attach request in flight; awaiting its answer")
+                    await asyncio.wait([call.request], timeout=limit)
+                    continue
+                if action.kind == "follow_attach":
+                    rlog.info("attach task in flight; following it")
+                    # A failed attach leaves the device free: the re-read shows it.
+                    with contextlib.suppress(OperationFailedError):
+                        await ctl.end_attach(uid, name, backend, pending_task(call, record), limit)
+                    record = None
+                    continue
             except FabricError as exc:
                 metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
                 raise kopf.TemporaryError(
                     str(exc), delay=exc.retry_after or min(30, 2**retry)
                 ) from exc
             if action.kind == "done":
+                ctl.attaches.pop(uid, None)
                 await asyncio.to_thread(ctl.untaint, name)
                 metrics.DETACH_SECONDS.labels(spec.fabric).observe(time.monotonic() - t0)
                 kopf.info(body, reason="Detached", message=f"{spec.device_id} is back in the pool")

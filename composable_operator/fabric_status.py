@@ -4,10 +4,12 @@ Each pass reads the fabric once and:
 - reports it in the Fabric's status: reachable, free devices by model and zone, last sync;
 - finds orphans: devices attached to the host of one of our nodes with no
   ComposableResource saying so. One that stays an orphan longer than the grace period is,
-  per the Fabric's orphanPolicy, adopted (the default: a ComposableResource is created
-  for it, so it is published once and detached when idle like any other) or detached,
-  which is done by adopting it and deleting that resource at once: the detach then goes
-  through the same taint, allocation check and fabric call as any other.
+  per the Fabric's orphanPolicy, adopted (the default) or detached. Adopting creates a
+  ComposableResource annotated composable.dra.io/adopted=adopt, with no claimRef: the
+  node's plugin publishes the GPU as a local device, and the scaler's idle rule (the one
+  owner of that rule, device_scaler.decide.managed) detaches it once idle, as it does any
+  GPU it attached itself. Detaching adopts it and deletes that resource at once: the
+  detach then goes through the same taint, allocation check and fabric call as any other.
 """
 
 from __future__ import annotations

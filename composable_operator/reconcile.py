@@ -9,13 +9,20 @@ not act twice.
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from composable_operator.backend import Device
+from composable_operator.backend import Device, Operation
+
+# How long an attach request whose answer nobody saw (the operator died while it was in
+# flight) may still land: longer than the fabric client's request timeout (15 s).
+REQUEST_SETTLE_SECONDS = 20.0
 
 ActionKind = Literal[
     "attach",  # call the fabric
+    "follow",  # an attach task recorded earlier (before a restart) is running: follow it
     "await_visible",  # attached; wait for the node's plugin to see the device
     "online",  # attached and visible
     "wait",  # nothing to do yet; look again later
@@ -44,6 +51,8 @@ class AttachObservation:
     # Another ComposableResource for the same device that goes first: one being deleted
     # (its detach may still be under way) or an older live one. None: no other.
     held_by: str | None = None
+    # status.pendingAttach names a fabric task of ours that has not been seen to end.
+    task_recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,11 +127,91 @@ def decide_attach(o: AttachObservation) -> Action:
     if d.state == "attached":
         return Action("wait", "DeviceInUse", f"device is attached to host {d.host}", delay=5)
     if d.state == "busy":
+        if o.task_recorded:
+            return Action("follow", "Attaching", "following the fabric's attach task")
         return Action("wait", "FabricBusy", "the fabric is changing this device", delay=1)
     return Action("attach", "Attaching", f"attaching to host {o.host}", host=o.host)
 
 
-DetachKind = Literal["done", "taint", "blocked", "detach", "wait", "fail"]
+# -- attaches in flight ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttachRecord:
+    """status.pendingAttach: an attach request, recorded before it was sent."""
+
+    host: str
+    requested_at: float  # epoch seconds
+    monitor: str | None = None
+    task: str | None = None
+
+    def operation(self) -> Operation | None:
+        if not self.monitor and not self.task:
+            return None
+        return Operation(monitor=self.monitor or str(self.task), task=self.task)
+
+    def to_json(self) -> dict[str, Any]:
+        when = datetime.datetime.fromtimestamp(self.requested_at, datetime.UTC)
+        out: dict[str, Any] = {
+            "host": self.host,
+            "requestedAt": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        }
+        if self.monitor:
+            out["taskMonitor"] = self.monitor
+        if self.task:
+            out["task"] = self.task
+        return out
+
+
+def parse_attach_record(status: Mapping[str, Any]) -> AttachRecord | None:
+    """The record in a resource's status; None when there is none or it is unreadable
+    (the schema keeps it well-formed; an unreadable one cannot be waited for anyway)."""
+    raw = status.get("pendingAttach")
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("host"), str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(str(raw.get("requestedAt")).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return AttachRecord(
+        raw["host"],
+        when.timestamp(),
+        str(raw["taskMonitor"]) if raw.get("taskMonitor") else None,
+        str(raw["task"]) if raw.get("task") else None,
+    )
+
+
+CallState = Literal["running", "task", "ended"]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What may still attach the device behind a detach's back."""
+
+    call_running: bool = False  # this process sent an attach request, not yet answered
+    task: bool = False  # the fabric accepted an attach as a task not yet seen to end
+    unanswered_for: float | None = None  # s since a request whose answer died with its sender
+
+
+def attach_in_flight(record: AttachRecord | None, call: CallState | None, now: float) -> InFlight:
+    """Combine this process's own attach call (None: it made none) with the status record
+    (what survives a restart). The call knows more than the record, so it wins."""
+    if call == "running":
+        return InFlight(call_running=True)
+    if call == "task":
+        return InFlight(task=True)
+    if call == "ended" or record is None:
+        return InFlight()
+    if record.operation() is not None:
+        return InFlight(task=True)
+    return InFlight(unanswered_for=max(0.0, now - record.requested_at))
+
+
+DetachKind = Literal[
+    "done", "taint", "blocked", "detach", "wait", "fail", "await_attach", "follow_attach"
+]
 
 
 @dataclass(frozen=True)
@@ -132,6 +221,8 @@ class DetachObservation:
     tainted: bool
     referencing_claims: tuple[str, ...]  # namespace/name of claims whose allocation uses it
     force: bool
+    attach: InFlight = InFlight()
+    settle: float = REQUEST_SETTLE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -143,11 +234,30 @@ class DetachAction:
 
 
 def decide_detach(o: DetachObservation) -> DetachAction:
+    """Never "done" while an attach of ours may still land: a resource deleted mid-attach
+    would otherwise leave its device composed to the node with nobody to detach it."""
     d = o.device
-    if d is None or d.state == "free" or (d.state == "attached" and d.host != o.host):
+    on_node = d is not None and d.state == "attached" and o.host is not None and d.host == o.host
+    if not on_node:
+        p = o.attach
+        if p.call_running:
+            return DetachAction(
+                "await_attach", "AttachInFlight", "waiting for the answer to the attach request"
+            )
+        if p.task:
+            return DetachAction(
+                "follow_attach", "AttachInFlight", "waiting for the fabric's attach task to end"
+            )
+        if d is not None and d.state == "busy":
+            return DetachAction("wait", "FabricBusy", "the fabric is changing this device", delay=1)
+        if d is not None and p.unanswered_for is not None and p.unanswered_for < o.settle:
+            return DetachAction(
+                "wait",
+                "AttachUnanswered",
+                "an attach request sent before a restart may still land",
+                delay=max(0.5, o.settle - p.unanswered_for),
+            )
         return DetachAction("done", "Detached", "the device is not attached to the node")
-    if d.state == "busy":
-        return DetachAction("wait", "FabricBusy", "the fabric is changing this device", delay=1)
     # Attached to our node: taint first, then re-check allocations, then call the fabric.
     if not o.tainted:
         return DetachAction("taint", "Tainting", "tainting the device NoSchedule before detach")

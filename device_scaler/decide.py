@@ -38,6 +38,9 @@ ANN_POOL_DEVICE = f"{names.PREFIX}/pool-device"
 ANN_LAST_USED = f"{names.PREFIX}/last-used"
 ANN_IN_USE_BY = f"{names.PREFIX}/in-use-by"
 ANN_EXPIRES = f"{names.PREFIX}/expires-at"
+# Set by the operator on the resources it creates for orphans (composable_operator
+# fabric_status.ADOPTED); "adopt": kept, and idle like any GPU the scaler attached.
+ANN_ADOPTED = f"{names.PREFIX}/adopted"
 QUARANTINE_LABEL = f"{names.PREFIX}/quarantine"
 API_VERSION = "composable.dra.io/v1alpha1"
 
@@ -238,7 +241,12 @@ def our_results(claim: JSON, driver: str) -> list[JSON]:
 
 
 def managed(cr: JSON) -> bool:
-    return (_meta(cr).get("labels") or {}).get(MANAGED_LABEL) == MANAGED_VALUE
+    """Resources whose release and idle detach are the scaler's: those it created, and
+    orphans the operator adopted (one owner for the idle rule)."""
+    meta = _meta(cr)
+    return (meta.get("labels") or {}).get(MANAGED_LABEL) == MANAGED_VALUE or (
+        meta.get("annotations") or {}
+    ).get(ANN_ADOPTED) == "adopt"
 
 
 def _fabric_failure(cr: JSON) -> str | None:

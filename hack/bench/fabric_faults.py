@@ -3,15 +3,18 @@
 Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
 on the emulator's hosts with the plugin (redfish source) each, and the operator as its
 own process. Then OPERATIONS random operations: create a ComposableResource for a free
-block and a node its zone reaches, or delete one; meanwhile the emulator injects 503s,
-500s, dropped connections before and after the change, failed tasks and latency, and
-the operator is SIGKILLed and restarted at KILLS random moments. At the end faults stop,
-everything settles, and the emulator's composition is compared with the resources.
+block and a node its zone reaches, delete one, or cancel one mid-attach (create it and
+delete it as soon as its attach is under way; every attach request takes
+--attach-latency seconds to reach the fabric, so a cancelled one is often still on its
+way); meanwhile the emulator injects 503s, 500s, dropped connections before and after
+the change, failed tasks and latency, and the operator is SIGKILLed and restarted at
+KILLS random moments. At the end faults stop, everything settles (every fabric task
+ended), and the emulator's composition is compared with the resources.
 
-The last line printed is JSON: operations, restarts, leaked (a block attached with no
-resource, or a resource Online without its attachment), double_attached (a block named
-by two live resources, or attached where its resource does not say), settle_s, and the
-fault counts the emulator reports.
+The last line printed is JSON: operations, cancelled, restarts, leaked (a block attached
+with no resource, or a resource Online without its attachment), double_attached (a block
+named by two live resources, or attached where its resource does not say), settle_s, and
+the fault counts the emulator reports.
 
 Usage: KUBE_BIN_DIR=... python hack/bench/fabric_faults.py [--operations 200] [--kills 5]
 """
@@ -79,6 +82,12 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--in-flight", type=int, default=4, help="changes under way at once")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--cancel", type=float, default=0.2, help="share of creates cancelled mid-attach"
+    )
+    parser.add_argument(
+        "--attach-latency", type=float, default=1.0, help="seconds added to each attach request"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
@@ -151,10 +160,25 @@ def main() -> int:
 
             zones = {b: s["zone"] for b, s in emulator.state()["blocks"].items()}
             reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
-            emulator.set_faults(faults(args.seed))
+            # Every attach request takes a while to reach the fabric (issue 12's probe): a
+            # cancelled one is then still on its way when its resource is deleted.
+            emulator.set_faults(
+                [
+                    *faults(args.seed),
+                    {
+                        "kind": "latency",
+                        "method": "POST",
+                        "path": "AddResourceBlock",
+                        "latency": args.attach_latency,
+                    },
+                ]
+                if args.attach_latency > 0
+                else faults(args.seed)
+            )
             kills = set(rng.sample(range(10, args.operations), args.kills))
             restarts = 0
             created = 0
+            cancelled = 0
 
             def resources() -> list[JSON]:
                 items: list[JSON] = kube.get(RESOURCES)["items"]
@@ -180,15 +204,29 @@ def main() -> int:
                     block = rng.choice(free)
                     node = rng.choice(reach[zones[block]])
                     created += 1
+                    name = f"r{created}-{block}"
                     kube.create(
                         RESOURCES,
                         {
                             "apiVersion": API_VERSION,
                             "kind": "ComposableResource",
-                            "metadata": {"name": f"r{created}-{block}"},
+                            "metadata": {"name": name},
                             "spec": {"fabric": FABRIC, "deviceID": block, "targetNode": node},
                         },
                     )
+                    if rng.random() < args.cancel:
+                        r_path = path(API_VERSION, "composableresources", name)
+
+                        def under_way(r_path: str = r_path, block: str = block) -> bool:
+                            r = kube.get_or_none(r_path) or {}
+                            return phase(r) not in ("", "Online") or (
+                                emulator.state()["blocks"][block]["state"] != "Unused"
+                            )
+
+                        # An operator killed meanwhile may take a while to come back.
+                        wait_for(under_way, 120, f"the attach of {name} to start", interval=0.05)
+                        kube.delete(r_path)
+                        cancelled += 1
                 elif deletable:
                     victim = rng.choice(deletable)
                     kube.delete(
@@ -204,13 +242,16 @@ def main() -> int:
             fault_state = emulator.faults()
             emulator.clear_faults()
             t0 = time.monotonic()
-            for r in resources():
-                if phase(r) == "Failed":  # given up under faults: clean up as a user would
-                    kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
 
             def settled() -> bool:
                 items = resources()
-                return all(
+                for r in items:
+                    # Given up (under faults, or on a block someone else holds): clean up
+                    # as a user would.
+                    if phase(r) == "Failed" and not r["metadata"].get("deletionTimestamp"):
+                        kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
+                tasks = emulator.state()["tasks"].values()
+                return all(t != "Running" for t in tasks) and all(
                     phase(r) == "Online" and not r["metadata"].get("deletionTimestamp")
                     for r in items
                 )
@@ -245,6 +286,7 @@ def main() -> int:
             ]
             result = {
                 "operations": args.operations,
+                "cancelled": cancelled,
                 "restarts": restarts,
                 "leaked": len(leaked) + len(stuck),
                 "double_attached": len(double),

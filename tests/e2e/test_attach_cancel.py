@@ -1,0 +1,319 @@
+"""Resources deleted mid-attach, and adopted orphans (issue 12), end to end: the real
+control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
+and plugins each a process of their own (hack/suite.py).
+
+Each cancellation ends with the block back in the pool, no ComposableResource left and
+no block composed to any host, once every fabric task has ended (a late attach must not
+land behind the detach's back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.v1alpha1 import API_VERSION
+from composable_dra.kube import JSON, Kube, path
+from composable_operator.fabric_status import ADOPTED
+from composable_operator.redfish_backend import RedfishCompositionBackend
+from hack.localcluster import ControlPlane
+from hack.localcluster.wait import wait_for
+from hack.suite import Suite, SuiteOptions
+
+pytestmark = pytest.mark.e2e
+MakeSuite = Callable[..., Suite]
+RESOURCES = path(API_VERSION, "composableresources")
+ATTACH_POST = r"/Actions/ComputerSystem\.AddResourceBlock$"
+
+
+@pytest.fixture
+def make_suite(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
+) -> Iterator[MakeSuite]:
+    suites: list[Suite] = []
+
+    def make(**options: Any) -> Suite:
+        suite = Suite(
+            kube_json,
+            control_plane.kubeconfig,
+            short_tmp / f"s{len(suites)}",
+            SuiteOptions(**options),
+        )
+        suites.append(suite)
+        return suite.start()
+
+    yield make
+    for s in suites:
+        s.stop()
+
+
+def block_for(suite: Suite, host: str) -> str:
+    """A free block that the host's zones reach."""
+    state = suite.emulator.state()
+    zones = set(state["systems"][host]["zones"])
+    return min(
+        str(b) for b, s in state["blocks"].items() if s["zone"] in zones and s["state"] == "Unused"
+    )
+
+
+def create_resource(suite: Suite, name: str, block: str, host: str) -> None:
+    suite.kube.create(
+        RESOURCES,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ComposableResource",
+            "metadata": {"name": name},
+            "spec": {"fabric": suite.fabric, "deviceID": block, "targetNode": suite.node_of(host)},
+        },
+    )
+
+
+def resource(suite: Suite, name: str) -> JSON | None:
+    return suite.kube.get_or_none(path(API_VERSION, "composableresources", name))
+
+
+def delete_resource(suite: Suite, name: str) -> float:
+    suite.kube.delete(path(API_VERSION, "composableresources", name))
+    return time.monotonic()
+
+
+def fired(suite: Suite, rule_id: str) -> int:
+    return next(int(r.get("fired", 0)) for r in suite.emulator.faults() if r["id"] == rule_id)
+
+
+def assert_back_in_pool(suite: Suite, block: str, deadline: float = 60) -> None:
+    """No resource left; every fabric task ended; nothing composed; the block published."""
+
+    def quiet() -> bool:
+        state = suite.emulator.state()
+        return (
+            not suite.resources()
+            and bool(state["tasks"])
+            and all(t != "Running" for t in state["tasks"].values())
+            and state["blocks"][block]["state"] != "Composing"
+        )
+
+    wait_for(
+        quiet, deadline, "the resource gone and every fabric task ended", describe=suite.describe
+    )
+    assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
+    assert suite.emulator.state()["blocks"][block]["state"] == "Unused"
+    wait_for(
+        lambda: block in {d for _, d in suite.pool_devices()},
+        30,
+        f"{block} back in the pool",
+        describe=suite.describe,
+    )
+
+
+def test_deleted_while_the_attach_request_is_on_its_way_to_the_fabric(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # The issue's case: the attach request is sent but the fabric has not acted on it yet
+    # (latency), so a fresh read shows the block free; it lands after the deletion.
+    suite = make_suite(attach_latency=0)
+    rule = suite.emulator.add_fault(
+        {"kind": "latency", "method": "POST", "path": ATTACH_POST, "latency": 2.5, "count": 1}
+    )
+    block = block_for(suite, "node-1")
+    name = f"cancel-a-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(lambda: fired(suite, rule["id"]) >= 1, 30, "the attach request to reach the fabric")
+    assert suite.emulator.state()["blocks"][block]["state"] == "Unused"
+    delete_resource(suite, name)
+    assert_back_in_pool(suite, block)
+
+
+def test_deleted_while_the_fabric_task_runs(make_suite: MakeSuite, unique: str) -> None:
+    # The task runs while it is polled (3 polls, a second apart) and would otherwise end on
+    # its own only after 40 s: the detach follows it, so the block is back well before.
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite.emulator.configure(task_seconds=40)
+    block = block_for(suite, "node-1")
+    name = f"cancel-b-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(
+        lambda: suite.emulator.state()["blocks"][block]["state"] == "Composing",
+        30,
+        "the attach task to start",
+        interval=0.05,
+    )
+    deleted = delete_resource(suite, name)
+    assert_back_in_pool(suite, block, deadline=25)
+    assert time.monotonic() - deleted < 25
+
+
+def test_deleted_after_the_task_completed_but_before_online(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # node-1's plugin is stopped, so the device is attached but never reported visible: the
+    # resource waits in Attaching with its UUID recorded.
+    suite = make_suite(attach_latency=0)
+    suite.nodes["node-1"].plugin.stop()
+    block = block_for(suite, "node-1")
+    name = f"cancel-c-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(
+        lambda: ((resource(suite, name) or {}).get("status") or {}).get("deviceUUID"),
+        30,
+        "the attach to complete",
+        describe=suite.describe,
+    )
+    assert suite.composed() == {block: "node-1"}
+    assert resource(suite, name)["status"]["phase"] == "Attaching"  # type: ignore[index]
+    delete_resource(suite, name)
+    assert_back_in_pool(suite, block)
+
+
+def test_deleted_while_the_fabric_task_runs_and_the_operator_is_down(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # The operator dies while it follows the attach task, and the resource is deleted while
+    # it is down: the restarted operator finds the task again in status.pendingAttach and
+    # follows it, rather than wait for the fabric to end it on its own (40 s).
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite.emulator.configure(task_seconds=40)
+    # A rule that changes nothing noticeable: it counts the polls of task monitors.
+    polls = suite.emulator.add_fault(
+        {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
+    )
+    block = block_for(suite, "node-1")
+    name = f"cancel-d-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    assert suite.emulator.state()["blocks"][block]["state"] == "Composing"
+    assert suite.operator is not None
+    suite.operator.kill()
+    deleted = delete_resource(suite, name)
+    suite.operator.start()
+    assert_back_in_pool(suite, block, deadline=30)
+    assert time.monotonic() - deleted < 30
+
+
+def test_a_restarted_operator_follows_the_attach_task_it_had_recorded(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # Not deleted this time: the restarted operator's daemon follows the recorded task, so
+    # the resource goes Online long before the fabric would end the task on its own (40 s).
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite.emulator.configure(task_seconds=40)
+    polls = suite.emulator.add_fault(
+        {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
+    )
+    block = block_for(suite, "node-1")
+    name = f"restart-{unique}"
+    create_resource(suite, name, block, "node-1")
+    wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    assert suite.operator is not None
+    suite.operator.kill()
+    killed = time.monotonic()
+    suite.operator.start()
+    wait_for(
+        lambda: ((resource(suite, name) or {}).get("status") or {}).get("phase") == "Online",
+        30,
+        "the resource to go Online",
+        describe=suite.describe,
+    )
+    assert time.monotonic() - killed < 30
+    assert suite.composed() == {block: "node-1"}
+    wait_for(
+        lambda: "pendingAttach" not in ((resource(suite, name) or {}).get("status") or {}),
+        10,
+        "the record of the ended task to go",
+    )
+
+
+def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
+    make_suite: MakeSuite,
+) -> None:
+    suite = make_suite(no_removal=4)
+    suite.kube.merge_patch(
+        path(API_VERSION, "fabrics", suite.fabric), {"spec": {"orphanGracePeriodSeconds": 0}}
+    )
+    block = block_for(suite, "node-3")
+    # An administrator attaches a block through the fabric's own API, behind our back.
+    backend = RedfishCompositionBackend(
+        suite.emulator.url, suite.emulator.user, suite.emulator.password
+    )
+    try:
+        op = backend.attach(block, "node-3")
+        wait_for(
+            lambda: op is None or backend.operation_status(op).state == "done",
+            30,
+            "the out-of-band attach",
+        )
+    finally:
+        backend.close()
+    adopted = wait_for(
+        lambda: next(
+            (
+                r
+                for r in suite.resources()
+                if (r["metadata"].get("annotations") or {}).get(ADOPTED) == "adopt"
+            ),
+            None,
+        ),
+        60,
+        "the operator to adopt the orphan",
+        describe=suite.describe,
+    )
+    assert adopted["spec"]["deviceID"] == block
+    assert adopted["spec"]["targetNode"] == suite.node_of("node-3")
+    # Idle from the start: the scaler's idle rule detaches it after the window (4 s).
+    wait_for(
+        lambda: not suite.resources() and suite.composed() == {},
+        60,
+        "the adopted orphan to be detached when idle",
+        describe=suite.describe,
+    )
+    wait_for(
+        lambda: block in {d for _, d in suite.pool_devices()},
+        30,
+        f"{block} back in the pool",
+        describe=suite.describe,
+    )
+
+
+def test_pods_and_claims_deleted_while_their_gpus_attach(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The issue's probe: pool GPUs attach slowly (here 5 s of latency); the pods and their claims
+    # are deleted once every attach request has reached the fabric.
+    suite = make_suite(attach_latency=5)
+    [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
+    pods = [f"p{i}" for i in range(4)]
+    for p in pods:
+        suite.create_pod(namespace, p)
+    wait_for(
+        lambda: fired(suite, latency["id"]) >= len(pods),
+        60,
+        "every attach request to reach the fabric",
+        describe=suite.describe,
+    )
+    blocks = {r["spec"]["deviceID"] for r in suite.resources()}
+    assert len(blocks) == len(pods)
+    for p in pods:
+        suite.kube.delete(path("v1", "pods", p, namespace=namespace))
+        suite.kube.delete(path("resource.k8s.io/v1", "resourceclaims", p, namespace=namespace))
+
+    def quiet() -> bool:
+        # Every attach request has become a task (none is still on its way), all ended.
+        tasks = suite.emulator.state()["tasks"]
+        return (
+            not suite.resources()
+            and len(tasks) >= len(pods)
+            and all(t != "Running" for t in tasks.values())
+        )
+
+    wait_for(quiet, 60, "every resource gone and every task ended", describe=suite.describe)
+    assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
+    wait_for(
+        lambda: blocks <= {d for _, d in suite.pool_devices()},
+        30,
+        "every block back in the pool",
+        describe=suite.describe,
+    )

@@ -1,0 +1,180 @@
+"""The operator's bookkeeping of its own attach requests (controller.AttachCall): recorded
+in status as they go out, their task recorded once answered, forgotten once ended; the
+request outlives the daemon that sent it. Kube and the fabric are fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from composable_dra.kube import JSON
+from composable_operator.backend import (
+    InUseError,
+    NotFoundError,
+    Operation,
+    OperationFailedError,
+    OperationStatus,
+)
+from composable_operator.controller import Controller
+from composable_operator.reconcile import AttachRecord, parse_attach_record
+
+MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.status: JSON = {}
+        self.log: list[str] = []
+
+    def merge_patch(self, _path: str, body: JSON) -> JSON:
+        for k, v in body["status"].items():
+            if v is None:
+                self.status.pop(k, None)
+            else:
+                self.status[k] = v
+        self.log.append(f"status {sorted(body['status'])}")
+        return {}
+
+
+class FakeBackend:
+    def __init__(self, kube: FakeKube, answer: Operation | Exception | None) -> None:
+        self.kube, self.answer = kube, answer
+        self.states: list[OperationStatus | Exception] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def attach(self, device_id: str, host_id: str) -> Operation | None:
+        self.release.wait(5)
+        self.kube.log.append(f"attach {device_id} {host_id}")
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def operation_status(self, op: Operation) -> OperationStatus:
+        state = self.states.pop(0)
+        if isinstance(state, Exception):
+            raise state
+        return state
+
+
+def controller(kube: FakeKube) -> Controller:
+    return Controller(kube, fabrics=None)  # type: ignore[arg-type]
+
+
+def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        assert ctl.attaches["uid"] is call and call.state() == "running"
+        op = await call.request
+        await ctl.records_written("uid")
+        assert kube.status["phase"] == "Attaching"
+        record = parse_attach_record(kube.status)
+        assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
+        assert call.state() == "task" and call.operation() == op
+        backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
+        await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
+
+
+def test_a_failed_task_is_forgotten_and_reported() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        op = await call.request
+        backend.states = [OperationStatus("failed", "no")]
+        with pytest.raises(OperationFailedError):
+            await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
+
+
+def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, None)
+        backend.states = [NotFoundError("gone")]
+        await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
+        assert "pendingAttach" not in kube.status
+
+    asyncio.run(main())
+
+
+def test_a_refused_request_leaves_nothing_in_flight() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, InUseError("taken"))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        with pytest.raises(InUseError):
+            await call.request
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
+
+
+def test_the_request_outlives_the_daemon_that_started_it() -> None:
+    # kopf cancels a resource's daemon as soon as the resource is deleted; the request
+    # must go on, and its answer stay there for the detach.
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        backend.release.clear()
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+
+        async def daemon() -> Any:
+            return await asyncio.shield(call.request)
+
+        task = asyncio.ensure_future(daemon())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert call.state() == "running"
+        backend.release.set()
+        await asyncio.wait([call.request], timeout=5)
+        assert call.state() == "task"
+
+    asyncio.run(main())
+
+
+def test_record_writes_land_in_the_order_they_were_made() -> None:
+    # The record of a task, written slowly, must not land after the clear made later.
+    class SlowFirstKube(FakeKube):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = threading.Event()
+
+        def merge_patch(self, _path: str, body: JSON) -> JSON:
+            if not self.first.is_set():
+                self.first.set()
+                time.sleep(0.3)
+            return super().merge_patch(_path, body)
+
+    async def main() -> None:
+        kube = SlowFirstKube()
+        ctl = controller(kube)
+        ctl._record("uid", "r1", AttachRecord("h1", 1.0, MONITOR), {})
+        ctl._record("uid", "r1", None, {})
+        await ctl.records_written("uid")
+        assert "pendingAttach" not in kube.status
+        assert len(kube.log) == 2
+
+    asyncio.run(main())
