@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from composable_dra import __version__, logs
 
-# subcommand -> (module, one-line help). Each issue adds its component here.
+# subcommand -> (module, one-line help).
 COMPONENTS: dict[str, tuple[str, str]] = {
     "operator": (
         "composable_operator.main",

@@ -1,7 +1,7 @@
 """A small JSON client for the Kubernetes API, on top of the official client's transport.
 
-The official client's typed models drop fields they do not know (DESIGN.md, Rules for the
-Kubernetes API), so every component reads and writes plain dicts through this module:
+The official client's typed models drop fields they do not know (docs/architecture.md,
+Rules for the Kubernetes API), so every component reads and writes plain dicts through this module:
 GET, LIST, WATCH, create, merge patch, server-side apply and delete, with typed errors.
 Authentication, TLS and kubeconfig handling stay with the official client.
 """

@@ -1,4 +1,4 @@
-"""Names shared by the components (DESIGN.md, Names). Defaults; all are configurable."""
+"""Names shared by the components (docs/architecture.md, Names). Defaults; all are configurable."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One pool per (Fabric, zone), named ``<fabric>/<zone>`` (names.pool_name), one de
 free GPU block, named after the block. Every device carries ``bindsToNode`` and the binding
 (failure) conditions of the attach flow, and the pool's slices select exactly the nodes
 whose fabric host the zone reaches. A block that a live claim allocation names stays
-published until that allocation ends, even once it is attached (DESIGN.md, Invariants);
+published until that allocation ends, even once it is attached (docs/architecture.md, Invariants);
 a free block that a ComposableResource holds (being attached outside a pool allocation) is
 left out.
 

@@ -28,7 +28,7 @@ MANAGED_VALUE = "kubelet-plugin"
 
 
 def device_entry(dev: DeviceInfo) -> dict[str, Any]:
-    """One device of a slice: attributes and capacity per DESIGN.md."""
+    """One device of a slice: attributes and capacity (docs/architecture.md)."""
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": dev.uuid},
         "attachment": {"string": dev.attachment},

@@ -160,7 +160,7 @@ def main() -> int:
 
             zones = {b: s["zone"] for b, s in emulator.state()["blocks"].items()}
             reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
-            # Every attach request takes a while to reach the fabric (issue 12's probe): a
+            # Every attach request takes a while to reach the fabric: a
             # cancelled one is then still on its way when its resource is deleted.
             emulator.set_faults(
                 [

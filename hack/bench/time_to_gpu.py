@@ -23,7 +23,7 @@ pod was bound, or when it got more than one Scheduled event; failed when it did 
 the deadline or its claim saw FabricDeviceFailed. ``shared_gpus`` counts physical GPUs
 that two claims were allocated at once (as a pool device and as a node's local device).
 
-Goals (issue 16), in ``goals`` with the figure, its floor or ceiling and whether it was met;
+Goals, in ``goals`` with the figure, its floor or ceiling and whether it was met;
 the exit status is 1 when any is missed: ``failed`` = 0, ``shared_gpus`` = 0 and
 ``bound_at_first_recheck`` = ``claims`` at any size; the suite's own share
 ``ready_overhead_p50_s`` <= 0.5 s up to 20 claims and ``ready_overhead_p99_s`` <= 3 s up to
@@ -208,7 +208,7 @@ def shared_gpus(
 
 
 def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each goal of issue 16 that applies at this size."""
+    """Each goal that applies at this size."""
     claims = int(out["claims"])
     found = {
         "failed": goal(out["failed"], ceiling=0),

@@ -1,6 +1,6 @@
 """Runs etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local processes.
 
-The flags are the ones fake nodes need (DESIGN.md, Testing): the apiserver advertises
+The flags are the ones fake nodes need (docs/architecture.md, Testing): the apiserver advertises
 127.0.0.1 and skips the ServiceAccount and TaintNodesByCondition admission plugins, and
 the node lifecycle controller is off, so Node objects with a Ready condition and no
 kubelet stay schedulable.

@@ -1,4 +1,4 @@
-"""Resources deleted mid-attach, and adopted orphans (issue 12), end to end: the real
+"""Resources deleted mid-attach, and adopted orphans, end to end: the real
 control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
 and plugins each a process of their own (hack/suite.py).
 

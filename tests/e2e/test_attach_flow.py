@@ -1,4 +1,4 @@
-"""The attach flow end to end (issue 6): real control plane and scheduler, the Redfish
+"""The attach flow end to end: real control plane and scheduler, the Redfish
 emulator as the fabric, and every component as a process of its own (operator, pool
 publisher, scaler, one plugin per node); kubelet emulators in-process.
 """

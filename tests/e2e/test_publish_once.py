@@ -1,4 +1,4 @@
-"""Each GPU published once under load (issue 16): concurrent pool claims, every component a
+"""Each GPU published once under load: concurrent pool claims, every component a
 process of its own on the real control plane, the Redfish emulator as the fabric.
 
 The fabric shows an attached GPU on its node before the operator has recorded the GPU's

@@ -1,4 +1,4 @@
-"""The attach flow with a real kubelet (issue 15, item 2): a node with no GPU of its own
+"""The attach flow with a real kubelet: a node with no GPU of its own
 runs as a real node (the upstream kubelet, containerd, runc) whose kubelet reports the
 systemUUID of an emulator host; a pod's claim is served from the fabric's pool, the
 operator attaches the GPU to that host, the plugin (redfish device source) sees it and

@@ -1,4 +1,4 @@
-"""deploy/examples on a real node (issue 15, item 2): the upstream kubelet, containerd
+"""deploy/examples on a real node: the upstream kubelet, containerd
 and runc run each example's pods, and each container's own output shows the GPU that
 containerd injected from the plugin's CDI spec.
 

@@ -1,4 +1,4 @@
-"""What only a real kubelet shows about restarts (issue 15, item 5).
+"""What only a real kubelet shows about restarts.
 
 - The kubelet deletes every ResourceSlice of its node when it starts; the plugin, still
   running, publishes the same devices again. It deletes a driver's slices 30 s after the

@@ -1,4 +1,4 @@
-"""A resource deleted mid-attach (issue 12): the detach's decisions while an attach of
+"""A resource deleted mid-attach: the detach's decisions while an attach of
 ours may still land, the status record that survives a restart, and the attach daemon
 following a recorded task."""
 

@@ -1,4 +1,4 @@
-"""Adopted orphans follow the scaler's idle rule (issue 12): the resource the operator
+"""Adopted orphans follow the scaler's idle rule: the resource the operator
 creates for an orphan is detached once idle, like any GPU the scaler attached."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile peers on both sides of a lease (issue 12): a donor that survives accept
+"""Hostile peers on both sides of a lease: a donor that survives accept
 failures, half-open and too many connections, and hostile HELLOs; a client that trusts no
 arena it cannot prove is its lease's, never sends its token's secret, and never waits
 forever; requests that cannot be replayed."""
