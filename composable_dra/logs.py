@@ -1,6 +1,6 @@
 """One logging setup for every component: structlog, JSON by default, readable on a TTY.
 
-Bound keys (docs/operations.md): (component, node, claim, resource, fabric, device, phase).
+Bound keys: component, node, claim, resource, fabric, device, phase (docs/operations.md).
 """
 
 from __future__ import annotations
