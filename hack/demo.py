@@ -2,8 +2,11 @@
 
 Run with `make demo` (or `python -m hack.demo --help`). It starts etcd and the
 Kubernetes control plane, the Redfish fabric emulator (3 hosts, 2 zones, 8 GPUs), three
-fake nodes with kubelet emulators and a plugin each, and the operator, the pool publisher
-and the scaler, each as its own process, as the product runs them. It then applies the
+nodes with a plugin each, and the operator, the pool publisher and the scaler, each as its
+own process, as the product runs them. The nodes are real (the upstream kubelet with
+containerd and runc, hack/localcluster/realnode.py) where the machine allows it (root,
+the node binaries built or cached by hack/node/build.sh), otherwise kubelet emulators; the
+demo says which, and why. It then applies the
 examples of deploy/examples, shows the attach flow as it happens, releases one GPU and
 waits until it goes back to the pool, and prints a JSON summary as its last line.
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -32,6 +36,9 @@ from composable_dra.kube import Kube, path
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.realnode import RealNodeError, find_node_binaries
+from hack.localcluster.realnode_pods import for_real_node
+from hack.localcluster.testimage import IMAGE
 from hack.localcluster.wait import wait_for
 from hack.suite import Suite, SuiteOptions
 
@@ -162,6 +169,40 @@ def pool_summary(suite: Suite) -> list[str]:
     return lines
 
 
+def real_node_binaries(choice: str) -> tuple[Path | None, str]:
+    """The node binaries when the demo's nodes are to be real, and why (not)."""
+    if choice == "emulator":
+        return None, "--nodes=emulator"
+    if os.geteuid() != 0:
+        reason = "not root (a real node needs mount namespaces and runc)"
+    else:
+        try:
+            return find_node_binaries(), "root, node binaries and runc present"
+        except RealNodeError as exc:
+            reason = str(exc)
+    if choice == "real":
+        raise SystemExit(f"--nodes=real: {reason}")
+    return None, reason
+
+
+def containers_ran(suite: Suite, pods: list[str]) -> int:
+    """Pods whose container a real runtime started (containerd), not an emulator."""
+    count = 0
+    for name in pods:
+        statuses = suite.pod(NAMESPACE, name).get("status", {}).get("containerStatuses", [])
+        count += any(str(c.get("containerID", "")).startswith("containerd://") for c in statuses)
+    return count
+
+
+def container_output(suite: Suite, pod: str) -> str:
+    node = suite.pod(NAMESPACE, pod)["spec"].get("nodeName")
+    real = next((r for r in suite.real_nodes.values() if r.name == node), None)
+    if real is None:
+        return "(not on a real node)"
+    container = suite.pod(NAMESPACE, pod)["spec"]["containers"][0]["name"]
+    return " | ".join(real.container_log(NAMESPACE, pod, container).split("\n")[:2]).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
     parser.add_argument("--teardown", action="store_true", help="stop everything after the summary")
@@ -172,9 +213,17 @@ def main(argv: list[str] | None = None) -> int:
         default=15.0,
         help="the scaler's no-removal window for idle GPUs (default 15)",
     )
+    parser.add_argument(
+        "--nodes",
+        choices=("auto", "real", "emulator"),
+        default="auto",
+        help="real kubelets with containerd and runc, kubelet emulators, or real where the "
+        "machine allows it (default)",
+    )
     args = parser.parse_args(argv)
     logs.configure("demo", "warning")
     out = Progress()
+    node_bin_dir, why = real_node_binaries(args.nodes)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {
@@ -182,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         "time_to_gpu_s": None,
         "attaches": 0,
         "detaches": 0,
+        "kubelet": "v1.37.1" if node_bin_dir else "emulator",
+        "containers_ran": 0,
     }
     with out.stage(
         "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.37"
@@ -194,15 +245,26 @@ def main(argv: list[str] | None = None) -> int:
         kube,
         cp.kubeconfig,
         workdir / "suite",
-        SuiteOptions(no_removal=args.idle_seconds),
+        SuiteOptions(
+            no_removal=args.idle_seconds,
+            real_hosts=SuiteOptions().hosts if node_bin_dir else (),
+            node_bin_dir=node_bin_dir,
+        ),
         suffix="demo",
+        control_plane=cp,
     )
+    real = node_bin_dir is not None
     watcher = Watcher(suite, out)
     try:
+        kind = "real kubelets v1.37.1 + containerd + runc" if real else "kubelet emulators"
         with out.stage(
-            "the suite: fabric emulator, 3 nodes with kubelet + plugin, operator, "
+            f"the suite: fabric emulator, 3 nodes ({kind}) with a plugin each, operator, "
             "pool publisher, scaler"
         ):
+            if real or args.nodes == "emulator":
+                out.line(f"nodes: {kind} ({why})")
+            else:
+                out.line(f"nodes: falling back to kubelet emulators, no real node here: {why}")
             suite.start()
             out.line(f"fabric emulator at {suite.emulator.url}; Fabric {suite.fabric}")
             for line in pool_summary(suite):
@@ -213,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         with out.stage(f"applying deploy/examples: {', '.join(EXAMPLES)}"):
             pods = []
             for name in EXAMPLES:
-                examples.apply(kube, name, NAMESPACE)
+                # On real nodes the pods run the local test image in the host network
+                # (no registry, only the loopback CNI plugin); the scheduler still picks.
+                adapt = (lambda pod: for_real_node(pod, None, IMAGE)) if real else None
+                examples.apply(kube, name, NAMESPACE, pod=adapt)
                 pods += examples.pods(name)
                 out.line(f"applied {name}.yaml ({', '.join(examples.pods(name))})")
             wait_for(
@@ -231,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             if p in watcher.running_at and p in watcher.created_at
         ]
         summary["time_to_gpu_s"] = round(statistics.median(times), 2) if times else None
+        summary["containers_ran"] = containers_ran(suite, pods)
+        if real:
+            with out.stage("what the containers printed (the GPUs their CDI spec injected)"):
+                for p in pods:
+                    out.line(f"{p}: {container_output(suite, p)}")
         with out.stage(
             f"releasing gpu-from-pool: its GPU stays on the node as an idle local "
             f"GPU, then goes back to the pool after {args.idle_seconds:.0f}s idle"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -23,11 +24,16 @@ def load(name: str) -> list[JSON]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def apply(kube: Kube, name: str, namespace: str) -> list[JSON]:
-    """Create the example's objects in ``namespace``; returns them as created."""
+def apply(
+    kube: Kube, name: str, namespace: str, pod: Callable[[JSON], JSON] | None = None
+) -> list[JSON]:
+    """Create the example's objects in ``namespace`` (each Pod through ``pod`` when given);
+    returns them as created."""
     created = []
     for obj in load(name):
         kind = obj["kind"]
+        if kind == "Pod" and pod is not None:
+            obj = pod(obj)
         ns = None if kind in _CLUSTER_SCOPED else namespace
         created.append(kube.create(path(obj["apiVersion"], _PLURALS[kind], namespace=ns), obj))
     return created

@@ -12,12 +12,17 @@ import copy
 from composable_dra.kube import JSON
 
 
-def for_real_node(pod: JSON, node: str, image: str) -> JSON:
-    """A copy of ``pod`` that runs on the real node ``node`` with ``image``."""
+def for_real_node(pod: JSON, node: str | None, image: str) -> JSON:
+    """A copy of ``pod`` that runs on the real node ``node`` (on whichever node the scheduler
+    picks when None: every node is a real one) with ``image``."""
     out = copy.deepcopy(pod)
     spec = out["spec"]
     spec["hostNetwork"] = True
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "kubernetes.io/hostname": node}
+    if node is not None:
+        spec["nodeSelector"] = {
+            **(spec.get("nodeSelector") or {}),
+            "kubernetes.io/hostname": node,
+        }
     # The test image's shell does not exit on SIGTERM while it waits on a child.
     spec["terminationGracePeriodSeconds"] = 1
     for container in spec.get("containers", []):
