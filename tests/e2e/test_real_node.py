@@ -72,7 +72,7 @@ def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON
 
 
 def test_example_pod_runs_with_cdi_env(
-    real_node: RealNode, kube_json: Kube, namespace: str
+    real_node: RealNode, kube_json: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     t0 = time.monotonic()
 
@@ -125,7 +125,9 @@ def test_example_pod_runs_with_cdi_env(
         return log if "COMPOSABLE_GPU_UUIDS=" in log else None
 
     output = wait_for(printed_env, 30, "the container's output", describe=real_node.logs_tail)
-    print(f"--- output of {namespace}/{pod_name} on real node {real_node.name} ---\n{output}")
+    with capsys.disabled():  # into the test log of every run: what the container saw
+        print(f"\n--- output of {namespace}/{pod_name} on real node {real_node.name} ---")
+        print("\n".join(line for line in output.splitlines() if "GPU" in line or "DEMO" in line))
     env = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
     assert env["COMPOSABLE_GPU_UUIDS"] == gpu_uuid
     assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
