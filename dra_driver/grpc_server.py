@@ -186,7 +186,16 @@ class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
         return resp
 
 
+# gRPC refuses a longer unix socket path (sun_path is 108 bytes, with its own overhead).
+MAX_SOCKET_PATH = 105
+
+
 def _bind_unix(server: grpc.Server, path: Path) -> None:
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise OSError(
+            f"socket path {path} has {len(str(path))} characters, gRPC binds at most"
+            f" {MAX_SOCKET_PATH}: use shorter kubelet directories"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     # A socket file left by a killed plugin would make the bind fail: replace it.
     with contextlib.suppress(FileNotFoundError):

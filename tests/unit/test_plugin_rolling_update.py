@@ -169,3 +169,13 @@ def test_the_checkpoint_lock_excludes_another_process(tmp_path: Path) -> None:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_a_socket_path_too_long_for_grpc_is_refused_clearly(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60)
+    server = PluginServer(
+        _preparer(tmp_path, FakeApi()), DRIVER, deep, deep, rolling_update_uid=UID_A
+    )
+    with pytest.raises(OSError, match="gRPC binds at most 105"):
+        server.start()
+    server.stop(0)
