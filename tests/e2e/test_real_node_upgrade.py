@@ -118,7 +118,7 @@ def test_plugin_replaced_while_pods_run_loses_no_call(
                 "model": "T",
                 "memory": "1Gi",
             }
-            for _ in range(2)
+            for _ in range(3)
         ],
     )
     real_node.start_plugin()
@@ -138,18 +138,24 @@ def test_plugin_replaced_while_pods_run_loses_no_call(
     new_reg = registration_socket(real_node.plugins_registry_dir, names.DRIVER, NEW_UID)
     new_service = service_socket(real_node.plugins_dir, names.DRIVER, NEW_UID)
     assert new_reg.exists() and new_service.exists()
+    # From now on the kubelet calls the newest instance, the old one still running.
+    pod_with_claim(kube_json, real_node, namespace, "between")
+    wait_running(kube_json, real_node, namespace, "between")
+    between_uid = claim_uid(kube_json, namespace, "between")
+    assert new.metric(PREPARE, result="ok") == 1
+    assert real_node.plugin_metric(PREPARE, result="ok") == 1
     # Then the old pod stops: it removes its own sockets and leaves the new ones alone.
     assert old.stop() == 0
     assert not registration_socket(real_node.plugins_registry_dir, names.DRIVER, OLD_UID).exists()
     assert not service_socket(real_node.plugins_dir, names.DRIVER, OLD_UID).exists()
     assert new_reg.exists() and new_service.exists()
 
-    # A pod started now is prepared by the new instance.
+    # With the old instance gone, a new pod is prepared by the new one.
     pod_with_claim(kube_json, real_node, namespace, "second")
     wait_running(kube_json, real_node, namespace, "second")
     wait_output(real_node, namespace, "second", "COMPOSABLE_GPU_UUIDS=")
     second_uid = claim_uid(kube_json, namespace, "second")
-    assert new.metric(PREPARE, result="ok") == 1
+    assert new.metric(PREPARE, result="ok") == 2
     assert new.process.logged("claim prepared")
 
     # The first pod, prepared by the old instance, is unprepared by the new one.
@@ -176,8 +182,8 @@ def test_plugin_replaced_while_pods_run_loses_no_call(
     assert new.metric(UNPREPARE, result="ok") == 1
     assert (real_node.cdi_dir / spec_file_name(second_uid)).exists()
     checkpoint = Checkpoint(old.state_dir / "checkpoint.json", "boot-1")
-    assert list(checkpoint.claims) == [second_uid]
-    assert checkpoint.claims[second_uid].state == "prepared"
+    assert set(checkpoint.claims) == {between_uid, second_uid}
+    assert {c.state for c in checkpoint.claims.values()} == {"prepared"}
     events = kube_json.get(path("v1", "events", namespace=namespace))["items"]
     failed = [e for e in events if e.get("type") == "Warning"]
     assert not failed, [f"{e['reason']}: {e['message']}" for e in failed]
