@@ -5,12 +5,21 @@ each step an atomic replacement of one JSON file carrying a checksum. After a re
 plugin answers a repeated prepare from here (same CDI IDs, no new side effects). A
 checkpoint from another boot is stale (CDI specs under /var/run are gone with the boot)
 and is discarded.
+
+Two plugin instances share the file during a rolling update (the old pod still serving
+while the new one registers), so every prepare and unprepare runs under an exclusive
+``flock`` on ``<checkpoint>.lock`` and starts from the file as it is now, not from what
+this process last saw.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,9 +84,27 @@ class Checkpoint:
 
     def __init__(self, path: Path, boot_id: str, durable: bool = True) -> None:
         self.path = path
+        self.lock_path = path.with_name(path.name + ".lock")
         self.durable = durable
+        self._boot_id = boot_id
         self._log = logs.get(__name__)
-        self._data = self._load(boot_id)
+        with self.exclusive(reload=False):
+            self._data = self._load(boot_id)
+
+    @contextlib.contextmanager
+    def exclusive(self, reload: bool = True) -> Iterator[None]:
+        """Hold the cross-process lock; with ``reload``, first read what another instance
+        may have written since. The lock file is separate because saving replaces the
+        checkpoint's inode, and a lock on a replaced inode excludes nobody."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if reload:
+                self._data = self._load(self._boot_id)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def _load(self, boot_id: str) -> _Data:
         try:

@@ -4,11 +4,17 @@ Two unix sockets, as the kubelet expects: ``<plugins_registry_dir>/<driver>-reg.
 (Registration) and ``<plugins_dir>/<driver>/dra.sock`` (DRAPlugin v1 and v1beta1, plus
 grpc.health.v1 for the liveness probe). Stale socket files are replaced on start and both
 are removed on stop.
+
+For a rolling update both names carry the plugin pod's UID, as the upstream helper's
+``RollingUpdate`` option names them (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``): the
+old and the new instance listen side by side, the kubelet registers both and calls the
+newest connected one, and each instance removes only its own sockets when it stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -30,12 +36,31 @@ SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 PLUGIN_TYPE = "DRAPlugin"
 
 
-def registration_socket(plugins_registry_dir: Path, driver: str) -> Path:
-    return plugins_registry_dir / f"{driver}-reg.sock"
+# A pod UID as the API server generates it; anything else would reach a file name.
+_UID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
-def service_socket(plugins_dir: Path, driver: str) -> Path:
-    return plugins_dir / driver / "dra.sock"
+class InvalidUID(ValueError):
+    pass
+
+
+def check_uid(uid: str) -> str:
+    """``uid`` if it is a pod UID (or empty: no rolling update), else InvalidUID."""
+    if uid and not _UID.fullmatch(uid):
+        raise InvalidUID(f"rolling update UID {uid!r} is not a pod UID")
+    return uid
+
+
+def _uid_part(uid: str) -> str:
+    return f"-{check_uid(uid)}" if uid else ""
+
+
+def registration_socket(plugins_registry_dir: Path, driver: str, uid: str = "") -> Path:
+    return plugins_registry_dir / f"{driver}{_uid_part(uid)}-reg.sock"
+
+
+def service_socket(plugins_dir: Path, driver: str, uid: str = "") -> Path:
+    return plugins_dir / driver / f"dra{_uid_part(uid)}.sock"
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
@@ -161,7 +186,16 @@ class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
         return resp
 
 
+# gRPC refuses a longer unix socket path (sun_path is 108 bytes, with its own overhead).
+MAX_SOCKET_PATH = 105
+
+
 def _bind_unix(server: grpc.Server, path: Path) -> None:
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise OSError(
+            f"socket path {path} has {len(str(path))} characters, gRPC binds at most"
+            f" {MAX_SOCKET_PATH}: use shorter kubelet directories"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     # A socket file left by a killed plugin would make the bind fail: replace it.
     with contextlib.suppress(FileNotFoundError):
@@ -181,9 +215,12 @@ class PluginServer:
         plugins_dir: Path,
         health_port: int = 0,
         workers: int = 8,
+        rolling_update_uid: str = "",
     ) -> None:
-        self.registration_path = registration_socket(plugins_registry_dir, driver)
-        self.service_path = service_socket(plugins_dir, driver)
+        self.registration_path = registration_socket(
+            plugins_registry_dir, driver, rolling_update_uid
+        )
+        self.service_path = service_socket(plugins_dir, driver, rolling_update_uid)
         self.registration = RegistrationServicer(driver, self.service_path)
         self.health = health.HealthServicer()
         self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))

@@ -92,6 +92,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip fsync of CDI specs and the checkpoint (tests and benchmarks only)",
     )
+    _add_rolling_update_arguments(p)
+
+
+def _add_rolling_update_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rolling-update-uid",
+        default=_env("POD_UID", "") or "",
+        help="this plugin pod's UID (env POD_UID, from the downward API): sockets named with"
+        " it let an old and a new instance run side by side during a DaemonSet rolling update"
+        " (needs kubelet 1.33 or later); empty: fixed socket names",
+    )
 
 
 def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
@@ -130,13 +141,17 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
     from dra_driver.device_source import DeviceInfo, SourceWatcher
-    from dra_driver.grpc_server import PluginServer
+    from dra_driver.grpc_server import InvalidUID, PluginServer, check_uid
     from dra_driver.kube import ClaimReader
     from dra_driver.prepare import Preparer
     from dra_driver.slices import SlicePublisher
     from dra_driver.visibility import AttachmentWatcher
 
     log = logs.get(__name__, node=args.node_name)
+    try:
+        rolling_update_uid = check_uid(args.rolling_update_uid)
+    except InvalidUID as exc:
+        raise SystemExit(str(exc)) from None
     kube = Kube.from_config(args.kubeconfig)
     node = kube.get(path("v1", "nodes", args.node_name))
 
@@ -176,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         args.plugins_registry_dir,
         args.plugins_dir,
         health_port=args.health_port,
+        rolling_update_uid=rolling_update_uid,
     )
 
     stop = threading.Event()

@@ -3,7 +3,8 @@
 ``plan_claim`` turns one ResourceClaim (a plain dict, as the API server returned it) into
 the devices to prepare, or a :class:`ClaimError` naming what is wrong with that claim.
 :class:`Preparer` adds the effects (checkpoint, CDI spec) under one lock, so concurrent
-prepare and unprepare calls never interleave.
+prepare and unprepare calls never interleave, in this process or in another instance
+sharing the checkpoint during a rolling update.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ class Preparer:
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
-        with self._lock:
+        with self._lock, self._checkpoint.exclusive():
             for ref in refs:
                 start = time.perf_counter()
                 try:
@@ -271,7 +272,7 @@ class Preparer:
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error ("" for success). Unknown claims succeed."""
         out: dict[str, str] = {}
-        with self._lock:
+        with self._lock, self._checkpoint.exclusive():
             for ref in refs:
                 start = time.perf_counter()
                 why = claimref.problem(ref.namespace, ref.name, ref.uid)

@@ -220,6 +220,29 @@ class _Proc:
     log: Path
 
 
+def metric_sample(port: int, name: str, **labels: str) -> float:
+    """One sample of the Prometheus metrics served on ``port`` (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            wanted = all(sample.labels.get(k) == v for k, v in labels.items())
+            if sample.name == name and wanted:
+                return float(sample.value)
+    return 0.0
+
+
+@dataclass
+class PluginInstance:
+    """A further plugin process of one node and the port of its metrics."""
+
+    process: PluginProcess
+    metrics_port: int
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_sample(self.metrics_port, name, **labels)
+
+
 @dataclass
 class RealNode:
     """One real node. Use as a context manager, or call start() and stop()."""
@@ -252,6 +275,8 @@ class RealNode:
         self._registered = False  # the kubelet may have created the Node object
         self._kubelet_argv: list[str] = []
         self.plugin_metrics_port = 0
+        # More instances of the plugin beside self.plugin (a rolling update's new pods).
+        self.plugin_instances: list[PluginInstance] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -387,15 +412,51 @@ class RealNode:
 
     def plugin_metric(self, name: str, **labels: str) -> float:
         """One sample of the running plugin's Prometheus metrics (0 when absent)."""
-        url = f"http://127.0.0.1:{self.plugin_metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                wanted = all(sample.labels.get(k) == v for k, v in labels.items())
-                if sample.name == name and wanted:
-                    return float(sample.value)
-        return 0.0
+        return metric_sample(self.plugin_metrics_port, name, **labels)
+
+    def start_plugin_instance(self, uid: str, timeout: float = 30.0) -> PluginInstance:
+        """Another instance of the plugin, as a DaemonSet rolling update's new pod starts
+        beside the old one: the same checkpoint, CDI directory and devices as
+        ``self.plugin``, sockets named with ``uid``, its own log and metrics port. Returns
+        once the kubelet has registered it; ``stop()`` stops it with the node."""
+        first = self.plugin
+        assert first is not None, "the node is not started"
+        port = free_port()
+        process = PluginProcess(
+            node=self.name,
+            kubeconfig=self.control_plane.kubeconfig,
+            plugins_registry_dir=self.plugins_registry_dir,
+            plugins_dir=self.plugins_dir,
+            cdi_dir=self.cdi_dir,
+            workdir=self.workdir / f"plugin-{len(self.plugin_instances) + 2}",
+            extra_args=[
+                *self.plugin_args,
+                # Shared with the first instance, as the hostPath volumes share them.
+                f"--state-dir={first.state_dir}",
+                f"--static-file={first.static_file}",
+                f"--boot-id-file={first.boot_id_file}",
+                f"--metrics-port={port}",
+                f"--rolling-update-uid={uid}",
+            ],
+        )
+        instance = PluginInstance(process, port)
+        self.plugin_instances.append(instance)
+        process.start()
+
+        def registered() -> bool:
+            self.check_alive()
+            if not process.alive():
+                raise RealNodeError(f"plugin instance {uid} exited\n{process.log_tail()}")
+            return process.logged("registered with the kubelet")
+
+        wait_for(
+            registered,
+            timeout,
+            f"the kubelet of {self.name} to register plugin instance {uid}",
+            interval=0.1,
+            describe=lambda: f"{self.logs_tail()}\n{process.log_tail()}",
+        )
+        return instance
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet (SIGTERM) and start it again with the same flags, as a
@@ -413,6 +474,8 @@ class RealNode:
         """
         if self.plugin is not None:
             self.plugin.stop()
+        for instance in self.plugin_instances:
+            instance.process.stop()
         self._stop_proc("kubelet")
         containerd = self._proc("containerd")
         if containerd is not None and containerd.popen.poll() is None:

@@ -92,6 +92,12 @@ def test_plugin_daemonset(default: list[Obj]) -> None:
     assert "--device-source=nvml" in c["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # Seamless upgrade: the new pod surges beside the old one, its sockets named by its UID.
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     host_paths = {v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert {
         "/var/lib/kubelet/plugins_registry",
