@@ -2,13 +2,21 @@
 
 Donor A runs the plugin with ``--lend`` (static source, kubelet emulator); borrowers are
 plain nodes in the same network domain. Remote claims wait in binding for
-``RemoteGPUReady`` (the lease controller is later work), so the tests look at the claims'
-``status.allocation``: what the scheduler granted.
+``RemoteGPUReady``; the lease controller that sets it is later work, so the tests set it
+themselves (``lease_ready``) where a lent claim has to bind, as that controller will. What
+the scheduler granted is read from the claims' ``status.allocation``.
+
+Why lent pods are bound before their claims are deleted: a pod still waiting in binding
+holds its allocation in the scheduler until the scheduler next polls the claim (5 s), and
+that release wakes no waiting pod, so a pod refused meanwhile would wait for the
+scheduler's periodic flush of unschedulable pods (minutes). A bound pod's claim is
+released by its deallocation, which does wake them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,8 +176,61 @@ def wait_unschedulable(kube: Kube, ns: str, name: str) -> None:
     assert allocated(kube, ns, name) is None
 
 
+def lease_ready(kube: Kube, ns: str, name: str) -> None:
+    """Stand-in for the lease controller: RemoteGPUReady on the claim's device."""
+    c = get_claim(kube, ns, name) or {}
+    (res,) = c["status"]["allocation"]["devices"]["results"]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.apply(
+        path(RESOURCE, "resourceclaims", name, namespace=ns, subresource="status"),
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": c["metadata"]["uid"]},
+            "status": {
+                "devices": [
+                    {
+                        "driver": res["driver"],
+                        "pool": res["pool"],
+                        "device": res["device"],
+                        "conditions": [
+                            {
+                                "type": "RemoteGPUReady",
+                                "status": "True",
+                                "reason": "LeaseOpen",
+                                "message": "set by the test",
+                                "lastTransitionTime": now,
+                            }
+                        ],
+                    }
+                ]
+            },
+        },
+        "test-lease-controller",
+    )
+
+
+def lend_and_bind(kube: Kube, ns: str, name: str, borrower: str) -> tuple[str, str]:
+    """A remote claim's pod on ``borrower``: allocated, held in binding until ready, bound."""
+    claim_pod(kube, ns, name, borrower, remote=True)
+    granted = wait_allocated(kube, ns, name)
+    pod = kube.get(path("v1", "pods", name, namespace=ns))
+    # bindingConditions: no binding before RemoteGPUReady.
+    assert not pod["spec"].get("nodeName"), pod
+    lease_ready(kube, ns, name)
+    wait_for(
+        lambda: (
+            kube.get(path("v1", "pods", name, namespace=ns))["spec"].get("nodeName") == borrower
+        ),
+        60,
+        f"pod {name} to bind once its lease is ready",
+    )
+    return granted
+
+
 def delete_pod_and_claim(kube: Kube, ns: str, name: str) -> None:
-    kube.delete(path("v1", "pods", name, namespace=ns))
+    # No kubelet runs on a borrower here to confirm a graceful deletion.
+    kube.delete(path("v1", "pods", name, namespace=ns), gracePeriodSeconds=0)
     kube.delete(path(RESOURCE, "resourceclaims", name, namespace=ns))
     wait_for(lambda: get_claim(kube, ns, name) is None, 60, f"claim {name} to go")
 
@@ -178,9 +239,9 @@ def test_donor_publishes_remote_devices_with_counters(
     kube_json: Kube, cluster: Cluster, device_class: str
 ) -> None:
     donor = cluster.donor(gpus=2, max_leases=3)
-    items = kube_json.get(
-        path(RESOURCE, "resourceslices"), fieldSelector=f"spec.driver={DRIVER}"
-    )["items"]
+    items = kube_json.get(path(RESOURCE, "resourceslices"), fieldSelector=f"spec.driver={DRIVER}")[
+        "items"
+    ]
     pool = [s for s in items if s["spec"]["pool"]["name"] == donor]
     counters = {
         c["name"]: c["counters"] for s in pool for c in s["spec"].get("sharedCounters") or []
@@ -204,8 +265,7 @@ def test_one_gpu_is_never_local_and_remote_at_once(
 ) -> None:
     donor = cluster.donor(gpus=1, max_leases=2)
     borrower = cluster.node("borrower")
-    claim_pod(kube_json, namespace, "lent", borrower, remote=True)
-    assert wait_allocated(kube_json, namespace, "lent") == (donor, "gpu-0-remote")
+    assert lend_and_bind(kube_json, namespace, "lent", borrower) == (donor, "gpu-0-remote")
     lent = get_claim(kube_json, namespace, "lent") or {}
     # bindsToNode: the allocation is pinned to the borrower the scheduler chose.
     terms = lent["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
@@ -216,6 +276,17 @@ def test_one_gpu_is_never_local_and_remote_at_once(
 
     delete_pod_and_claim(kube_json, namespace, "lent")
     assert wait_allocated(kube_json, namespace, "local") == (donor, "gpu-0")
+    # The local device of a lending pool prepares as before.
+    wait_for(
+        lambda: (
+            (
+                kube_json.get(path("v1", "pods", "local", namespace=namespace)).get("status") or {}
+            ).get("phase")
+            == "Running"
+        ),
+        60,
+        "the local pod to run",
+    )
 
 
 def test_link_counter_caps_concurrent_leases(
@@ -225,8 +296,7 @@ def test_link_counter_caps_concurrent_leases(
     borrower = cluster.node("borrower")
     granted = set()
     for name in ("r1", "r2"):
-        claim_pod(kube_json, namespace, name, borrower, remote=True)
-        granted.add(wait_allocated(kube_json, namespace, name))
+        granted.add(lend_and_bind(kube_json, namespace, name, borrower))
     assert {pool for pool, _ in granted} == {donor} and len(granted) == 2
     # A third GPU is free, but the link is at its knee.
     claim_pod(kube_json, namespace, "r3", borrower, remote=True)
