@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
