@@ -233,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
         args.node_name,
         devices=lambda: watcher.devices,
         refresh=watcher.poll_once,
-        publish=publisher.set_devices,
+        publish=lambda out: publisher.set_devices(
+            out, keep=attachments.fabric_uuids if attachments is not None else frozenset()
+        ),
         host_step=args.host_rescan_command,
     )
     preparer = Preparer(

@@ -17,12 +17,13 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composable_dra import logs
 from composable_dra.kube import Gone, Kube, path
+from composable_dra.names import normalize_uuid
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 from dra_driver.quantity import format_bytes, parse_bytes
@@ -190,12 +191,23 @@ def remote_entry(dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str)
     return entry
 
 
+def lendable(dev: DeviceInfo, keep: Collection[str]) -> bool:
+    """Only the node's own GPUs: one the fabric attached (a ComposableResource names it,
+    ``keep``) may be taken back by the scaler or the operator, so it is never lent."""
+    return dev.attachment == "local" and normalize_uuid(dev.uuid) not in keep
+
+
 def lend_layout(
-    donor: str, devices: Sequence[DeviceInfo], policy: LendPolicy
+    donor: str,
+    devices: Sequence[DeviceInfo],
+    policy: LendPolicy,
+    keep: Collection[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The specs (without pool and driver) of a lending pool: counter slices, device slices.
 
-    A GPU whose remote name is taken by another device is published, but not lent.
+    Every device carries its node and a GPU counter; a lendable GPU also gets its
+    remote-lease device. A GPU whose remote name is taken by another device is published,
+    but not lent.
     """
     ordered = sorted(devices, key=lambda d: d.name)
     link_set = link_counter_set(ordered)
@@ -210,7 +222,7 @@ def lend_layout(
         local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
         sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
         group = [local]
-        if remote_device_name(dev.name) not in names:
+        if lendable(dev, keep) and remote_device_name(dev.name) not in names:
             group.append(remote_entry(dev, donor, policy, link_set))
         groups.append(group)
     specs: list[dict[str, Any]] = [
@@ -245,13 +257,14 @@ def desired_slices(
     generation: int,
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
     lend: LendPolicy | None = None,
+    keep: Collection[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The full set of slices for the node's pool at ``generation``.
 
     No devices still gives one (empty) slice, so the pool and its generation stay visible.
     """
     if lend is not None:
-        layout = lend_layout(node_name, devices, lend)
+        layout = lend_layout(node_name, devices, lend, keep)
     else:
         ordered = sorted(devices, key=lambda d: d.name)
         chunks = [
@@ -373,6 +386,7 @@ def plan_slices(
     observed: Sequence[dict[str, Any]],
     last_generation: int = 0,
     lend: LendPolicy | None = None,
+    keep: Collection[str] = frozenset(),
 ) -> SlicePlan:
     """What to apply and delete so the observed slices become the desired ones.
 
@@ -386,7 +400,7 @@ def plan_slices(
             *((o.get("spec") or {}).get("pool", {}).get("generation", 0) for o in observed),
         ]
     )
-    at_current = desired_slices(node_name, node_uid, driver, devices, current, lend=lend)
+    at_current = desired_slices(node_name, node_uid, driver, devices, current, lend=lend, keep=keep)
     names = {s["metadata"]["name"] for s in at_current}
     if (
         current > 0
@@ -397,7 +411,9 @@ def plan_slices(
     generation = current + 1
     return SlicePlan(
         generation,
-        apply=desired_slices(node_name, node_uid, driver, devices, generation, lend=lend),
+        apply=desired_slices(
+            node_name, node_uid, driver, devices, generation, lend=lend, keep=keep
+        ),
         delete=sorted(set(observed_by_name) - names),
     )
 
@@ -427,6 +443,7 @@ class SlicePublisher:
         self._label_selector = f"{POOL_LABEL}={pool_label_value(node_name)}"
         self._resync = resync_seconds
         self._devices: list[DeviceInfo] | None = None
+        self._keep: frozenset[str] = frozenset()
         self._generation = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -434,8 +451,11 @@ class SlicePublisher:
         self._log = logs.get(__name__, node=node_name)
         self.synced = threading.Event()
 
-    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
-        self._devices = list(devices)
+    def set_devices(
+        self, devices: Sequence[DeviceInfo], keep: Collection[str] = frozenset()
+    ) -> None:
+        """The devices to publish; ``keep``: UUIDs of GPUs never to lend."""
+        self._devices, self._keep = list(devices), frozenset(keep)
         self._wake.set()
 
     def start(self) -> None:
@@ -478,7 +498,7 @@ class SlicePublisher:
         """One pass; None until the device source has reported once."""
         if self._devices is None:
             return None
-        devices = self._devices
+        devices, keep = self._devices, self._keep
         observed = self._list()
         plan = plan_slices(
             self.node_name,
@@ -488,6 +508,7 @@ class SlicePublisher:
             observed,
             self._generation,
             lend=self.lend,
+            keep=keep,
         )
         for obj in plan.apply:
             self._kube.apply(
