@@ -202,12 +202,15 @@ def lend_layout(
     devices: Sequence[DeviceInfo],
     policy: LendPolicy,
     keep: Collection[str] = frozenset(),
+    max_per_slice: int = MAX_DEVICES_PER_SLICE,
 ) -> list[dict[str, Any]]:
-    """The specs (without pool and driver) of a lending pool: counter slices, device slices.
+    """The specs (without pool and driver) of a lending pool.
 
-    Every device carries its node and a GPU counter; a lendable GPU also gets its
-    remote-lease device. A GPU whose remote name is taken by another device is published,
-    but not lent.
+    Counter slices; per lent GPU its local device (with its node) and its remote-lease
+    device, both consuming the GPU's counter, in slices with per-device node selection;
+    the GPUs not lent in plain slices of the node, as without lending, so whoever finds a
+    node's devices by ``spec.nodeName`` still finds every GPU the fabric may take back.
+    A GPU whose remote name is taken by another device is published, but not lent.
     """
     ordered = sorted(devices, key=lambda d: d.name)
     link_set = link_counter_set(ordered)
@@ -215,32 +218,33 @@ def lend_layout(
     sets: list[dict[str, Any]] = [
         {"name": link_set, "counters": {"leases": {"value": str(policy.max_leases)}}}
     ]
-    groups: list[list[dict[str, Any]]] = []
+    pairs: list[dict[str, Any]] = []
+    plain: list[DeviceInfo] = []
     for dev in ordered:
+        if not lendable(dev, keep) or remote_device_name(dev.name) in names:
+            plain.append(dev)
+            continue
         local = device_entry(dev)
         local["nodeName"] = donor
         local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
         sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
-        group = [local]
-        if lendable(dev, keep) and remote_device_name(dev.name) not in names:
-            group.append(remote_entry(dev, donor, policy, link_set))
-        groups.append(group)
-    specs: list[dict[str, Any]] = [
-        {"nodeName": donor, "sharedCounters": sets[i : i + MAX_COUNTER_SETS_PER_SLICE]}
-        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        pairs.extend([local, remote_entry(dev, donor, policy, link_set)])
+    # Even sizes keep a GPU's two devices in one slice.
+    step = MAX_COUNTER_DEVICES_PER_SLICE
+    return [
+        *(
+            {"nodeName": donor, "sharedCounters": sets[i : i + MAX_COUNTER_SETS_PER_SLICE]}
+            for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        ),
+        *(
+            {"perDeviceNodeSelection": True, "devices": pairs[i : i + step]}
+            for i in range(0, len(pairs), step)
+        ),
+        *(
+            {"nodeName": donor, "devices": [device_entry(d) for d in plain[i : i + max_per_slice]]}
+            for i in range(0, len(plain), max_per_slice)
+        ),
     ]
-    # A GPU's local and remote devices stay in one slice.
-    current: list[dict[str, Any]] = []
-    device_slices: list[list[dict[str, Any]]] = []
-    for group in groups:
-        if len(current) + len(group) > MAX_COUNTER_DEVICES_PER_SLICE:
-            device_slices.append(current)
-            current = []
-        current.extend(group)
-    if current:
-        device_slices.append(current)
-    specs.extend({"perDeviceNodeSelection": True, "devices": d} for d in device_slices)
-    return specs
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:
@@ -264,7 +268,7 @@ def desired_slices(
     No devices still gives one (empty) slice, so the pool and its generation stay visible.
     """
     if lend is not None:
-        layout = lend_layout(node_name, devices, lend, keep)
+        layout = lend_layout(node_name, devices, lend, keep, max_per_slice)
     else:
         ordered = sorted(devices, key=lambda d: d.name)
         chunks = [

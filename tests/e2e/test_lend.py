@@ -67,7 +67,7 @@ class Cluster:
         self.nodes.append(name)
         return name
 
-    def donor(self, gpus: int, max_leases: int) -> str:
+    def donor(self, gpus: int, max_leases: int, fabric: int = 0) -> str:
         name = self.node("donor")
         self.kubelet = KubeletEmulator(self.kube, name, self.root / "kubelet", self.root / "cdi")
         self.kubelet.start()
@@ -80,7 +80,10 @@ class Cluster:
             workdir=self.root / "plugin",
             extra_args=["--lend", "--link-gbps=100", f"--max-leases={max_leases}"],
         )
-        write_static_devices(self.plugin.static_file, [gpu(name, i) for i in range(gpus)])
+        devices = [gpu(name, i) for i in range(gpus)]
+        # GPUs the fabric attached: published as local devices, never lent.
+        devices += [{**gpu(name, gpus + i), "attachment": "fabric"} for i in range(fabric)]
+        write_static_devices(self.plugin.static_file, devices)
         self.plugin.start()
         plugin = self.plugin
         wait_for(
@@ -305,3 +308,20 @@ def test_link_counter_caps_concurrent_leases(
     delete_pod_and_claim(kube_json, namespace, "r1")
     pool, device = wait_allocated(kube_json, namespace, "r3")
     assert pool == donor and device.endswith("-remote")
+
+
+def test_fabric_gpus_stay_in_the_nodes_plain_slice_and_lending_still_works(
+    kube_json: Kube, cluster: Cluster, device_class: str, namespace: str
+) -> None:
+    # One lent GPU (per-device slice) and one fabric GPU (a plain slice with spec.nodeName,
+    # where the operator's detach check finds it) in one pool: the scheduler sees the
+    # pool complete from a borrower and from the donor.
+    donor = cluster.donor(gpus=1, max_leases=1, fabric=1)
+    by_node = kube_json.get(
+        path(RESOURCE, "resourceslices"), fieldSelector=f"spec.nodeName={donor}"
+    )["items"]
+    assert {d["name"] for s in by_node for d in s["spec"].get("devices") or []} == {"gpu-1"}
+    borrower = cluster.node("borrower")
+    assert lend_and_bind(kube_json, namespace, "lent", borrower) == (donor, "gpu-0-remote")
+    claim_pod(kube_json, namespace, "local", donor, remote=False)
+    assert wait_allocated(kube_json, namespace, "local") == (donor, "gpu-1")

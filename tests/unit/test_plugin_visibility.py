@@ -210,3 +210,10 @@ def test_only_local_gpus_are_lent() -> None:
     layout = lend_layout("n1", [fabric, local], LendPolicy("d", 10, 1))
     names = {d["name"] for s in layout for d in s.get("devices") or []}
     assert names == {"gpu-f", "gpu-l", "gpu-l-remote"}
+    # A GPU not lent stays in a plain slice of the node, where a reader of spec.nodeName
+    # (the operator's detach check) finds it, and takes no counter.
+    (plain,) = [s for s in layout if s.get("nodeName") and s.get("devices")]
+    assert [d["name"] for d in plain["devices"]] == ["gpu-f"]
+    assert "consumesCounters" not in plain["devices"][0]
+    counter_sets = {c["name"] for s in layout for c in s.get("sharedCounters") or []}
+    assert counter_sets == {"link", "gpu-l"}

@@ -399,13 +399,14 @@ def test_snapshot_reads_a_lending_nodes_pool():
     # Per-device node selection: the GPU is node-a's local device (idle bookkeeping finds
     # it), its remote-lease device is nobody's pool device.
     gpu = DeviceInfo(name="gpu-0", uuid="GPU-U-1", model="H100")
+    attached = DeviceInfo(name="gpu-1", uuid="GPU-U-2", model="H100", attachment="fabric")
     policy = LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=2)
-    slices = desired_slices("node-a", "uid-a", DRIVER, [gpu], 1, lend=policy)
+    slices = desired_slices("node-a", "uid-a", DRIVER, [gpu, attached], 1, lend=policy)
     scaler = Scaler(SlicesKube([]), ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
     try:
         scaler.slices.items = lambda: slices  # type: ignore[method-assign]
         s = scaler.snapshot()
     finally:
         scaler.stop()
-    assert s.local_devices == {("node-a", "u-1"): "gpu-0"}
+    assert s.local_devices == {("node-a", "u-1"): "gpu-0", ("node-a", "u-2"): "gpu-1"}
     assert s.pool_devices == {}
