@@ -262,6 +262,26 @@ def test_donor_publishes_remote_devices_with_counters(
     assert remote["bindingConditions"] == ["RemoteGPUReady"]
     assert devices["gpu-0"]["nodeName"] == donor
 
+    # A new GPU: one rewrite of the pool at the next generation, and no rewrite loop
+    # (the plugin finds its per-device slices, which have no spec.nodeName, by label).
+    generation = pool[0]["spec"]["pool"]["generation"]
+    assert cluster.plugin is not None
+    write_static_devices(cluster.plugin.static_file, [gpu(donor, i) for i in range(3)])
+
+    def grown() -> list[JSON] | None:
+        items = kube_json.get(
+            path(RESOURCE, "resourceslices"), labelSelector=f"composable.dra.io/pool-node={donor}"
+        )["items"]
+        names = {d["name"] for s in items for d in s["spec"].get("devices") or []}
+        return items if "gpu-2-remote" in names else None
+
+    after = wait_for(grown, 30, "the third GPU to be lent")
+    assert {s["spec"]["pool"]["generation"] for s in after} == {generation + 1}
+    published = [
+        e for e in cluster.plugin.process.log_events() if e.get("event") == "slices published"
+    ]
+    assert len(published) == 2, published
+
 
 def test_one_gpu_is_never_local_and_remote_at_once(
     kube_json: Kube, cluster: Cluster, device_class: str, namespace: str

@@ -351,3 +351,14 @@ def test_pool_label_value_for_long_node_names() -> None:
     long = "n" * 70 + ".example.com"
     value = pool_label_value(long)
     assert len(value) <= 63 and value != pool_label_value(long + "x")
+
+
+def test_slices_of_an_older_plugin_without_the_pool_label_are_rewritten() -> None:
+    # The publisher watches its slices by the pool label: one written before the label
+    # existed is rewritten with it (and found meanwhile by spec.nodeName).
+    devices = [gpu(0)]
+    observed = [_as_server_returns(s) for s in desired_slices(NODE, UID, DRIVER, devices, 3)]
+    del observed[0]["metadata"]["labels"][POOL_LABEL]
+    plan = plan_slices(NODE, UID, DRIVER, devices, observed)
+    assert plan.generation == 4
+    assert plan.apply[0]["metadata"]["labels"][POOL_LABEL] == NODE
