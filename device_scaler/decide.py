@@ -324,7 +324,12 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
             continue
         ref = ClaimRef(meta.get("namespace", ""), meta["name"], meta.get("uid", ""))
         node = allocation_node(allocation)
-        ours = [r for r in our_results(claim, cfg.driver) if r.get("bindingConditions")]
+        # Fabric pool devices only: a remote-lease device (RemoteGPUReady) is a donor's.
+        ours = [
+            r
+            for r in our_results(claim, cfg.driver)
+            if names.FABRIC_DEVICE_READY in (r.get("bindingConditions") or [])
+        ]
         if not ours:
             continue
         entries: list[JSON] = []

@@ -154,8 +154,16 @@ class Scaler(InformerDriven):
             spec = sl.get("spec") or {}
             pool = str((spec.get("pool") or {}).get("name", ""))
             node = spec.get("nodeName")
+            per_device = bool(spec.get("perDeviceNodeSelection"))
             for dev in spec.get("devices") or []:
-                if node:
+                if per_device:
+                    # A lending node's pool: its GPUs carry their node; a remote-lease
+                    # device (a nodeSelector) is no fabric pool's and not a local GPU.
+                    dev_node = dev.get("nodeName")
+                    uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
+                    if dev_node and uuid_attr:
+                        local[(str(dev_node), normalize_uuid(uuid_attr))] = dev["name"]
+                elif node:
                     uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
                     if uuid_attr:
                         local[(node, normalize_uuid(uuid_attr))] = dev["name"]

@@ -11,7 +11,10 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dra_driver.slices import LendPolicy
 
 DRIVER = "gpu.composable.dra.io"
 
@@ -87,6 +90,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run before looking for a device the fabric just attached, e.g. "
         "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
     )
+    lend = p.add_argument_group(
+        "lending (remote GPUs; default off)",
+        "publish, beside each local GPU, a remote-lease device other nodes may be allocated",
+    )
+    lend.add_argument(
+        "--lend",
+        action="store_true",
+        default=(_env("LEND", "") or "").lower() in {"1", "true", "yes"},
+        help="lend this node's published GPUs (env LEND=true)",
+    )
+    lend.add_argument(
+        "--network-domain",
+        default=_env("NETWORK_DOMAIN"),
+        help="this node's network domain (env NETWORK_DOMAIN; default: the node's label "
+        "composable.dra.io/network-domain)",
+    )
+    lend.add_argument(
+        "--link-gbps",
+        type=int,
+        default=_env("LINK_GBPS"),
+        help="the donor link's speed in Gbit/s (env LINK_GBPS; required with --lend)",
+    )
+    lend.add_argument(
+        "--max-leases",
+        type=int,
+        default=_env("MAX_LEASES"),
+        help="concurrent leases the link carries before it congests, its knee "
+        "(env MAX_LEASES; required with --lend)",
+    )
+    lend.add_argument(
+        "--lend-transports",
+        default=_env("LEND_TRANSPORTS", "tcp"),
+        help="comma-separated: tcp, ucx (env LEND_TRANSPORTS; default tcp)",
+    )
+    lend.add_argument(
+        "--borrowers",
+        default=_env("BORROWERS", ""),
+        help="node labels key=value[,key=value] a borrower must have (env BORROWERS; "
+        "default: every other node in the same network domain)",
+    )
     p.add_argument(
         "--no-fsync",
         action="store_true",
@@ -103,6 +146,34 @@ def _add_rolling_update_arguments(p: argparse.ArgumentParser) -> None:
         " it let an old and a new instance run side by side during a DaemonSet rolling update"
         " (needs kubelet 1.33 or later); empty: fixed socket names",
     )
+
+
+def lend_policy(args: argparse.Namespace, node: dict[str, Any]) -> LendPolicy | None:
+    """The lending policy from flags and the node's labels; None when lending is off.
+
+    Raises SystemExit with the reason when the flags do not make a policy.
+    """
+    from dra_driver.slices import NETWORK_DOMAIN_LABEL, LendPolicy, LendPolicyError
+
+    if not args.lend:
+        return None
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    domain = args.network_domain or labels.get(NETWORK_DOMAIN_LABEL)
+    if not domain:
+        raise SystemExit(f"--lend needs --network-domain or the node label {NETWORK_DOMAIN_LABEL}")
+    for flag, value in (("--link-gbps", args.link_gbps), ("--max-leases", args.max_leases)):
+        if value is None:
+            raise SystemExit(f"--lend needs {flag}")
+    try:
+        return LendPolicy(
+            network_domain=domain,
+            link_gbps=int(args.link_gbps),
+            max_leases=int(args.max_leases),
+            transports=tuple(t.strip() for t in args.lend_transports.split(",") if t.strip()),
+            borrowers=LendPolicy.parse_borrowers(args.borrowers),
+        )
+    except (LendPolicyError, ValueError) as exc:
+        raise SystemExit(f"lending policy: {exc}") from None
 
 
 def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
@@ -159,7 +230,10 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = Checkpoint(
         args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
     )
-    publisher = SlicePublisher(kube, args.node_name, node["metadata"]["uid"], args.driver_name)
+    lend = lend_policy(args, node)
+    publisher = SlicePublisher(
+        kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
+    )
     # Devices serving a pool allocation keep their pool identity: the attachment watcher
     # decides what the node's slices publish (nothing until it knows the node's resources).
     attachments: AttachmentWatcher | None = None
@@ -174,7 +248,9 @@ def run(args: argparse.Namespace) -> int:
         args.node_name,
         devices=lambda: watcher.devices,
         refresh=watcher.poll_once,
-        publish=publisher.set_devices,
+        publish=lambda out: publisher.set_devices(
+            out, keep=attachments.fabric_uuids if attachments is not None else frozenset()
+        ),
         host_step=args.host_rescan_command,
     )
     preparer = Preparer(
@@ -212,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         "plugin started",
         driver=args.driver_name,
         source=args.device_source,
+        lending=lend is not None,
         prepared_claims=len(checkpoint.claims),
     )
     try:

@@ -1,30 +1,122 @@
 """The node's ResourceSlices: what they should be (pure) and a publisher that makes it so.
 
 One pool named after the node, at most 128 devices a slice, every slice of the pool at
-the same ``generation`` with the right ``resourceSliceCount``. The comparison of desired
+the same ``generation`` with the right ``resourceSliceCount``. With lending on
+(:class:`LendPolicy`), the pool is partitionable: slices of counter sets (one per GPU, one
+for the donor's link) and slices with per-device node selection that hold, for each GPU,
+the local device and one remote-lease device, both consuming the GPU's counter, so the
+scheduler never allocates a GPU locally and remotely at once and never grants more leases
+than the link's knee (docs/architecture.md, Lending a GPU). The comparison of desired
 and observed slices looks only at the fields we set, with quantities compared by value,
 so fields the server adds, drops or reformats never start an update loop.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composable_dra import logs
 from composable_dra.kube import Gone, Kube, path
+from composable_dra.names import normalize_uuid
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 from dra_driver.quantity import format_bytes, parse_bytes
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+# API limits for partitionable pools (resource.k8s.io/v1, Kubernetes v1.37).
+MAX_COUNTER_DEVICES_PER_SLICE = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
 FIELD_MANAGER = "composable-dra-plugin"
 MANAGED_LABEL = "composable.dra.io/managed-by"
 MANAGED_VALUE = "kubelet-plugin"
+# Slices with per-device node selection have no spec.nodeName to select them by.
+POOL_LABEL = "composable.dra.io/pool-node"
+NETWORK_DOMAIN_LABEL = "composable.dra.io/network-domain"
+REMOTE_READY = "RemoteGPUReady"
+REMOTE_FAILED = "RemoteGPUFailed"
+REMOTE_TRANSPORTS = ("tcp", "ucx")  # shm needs the same node, so it is never lent
+
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class LendPolicyError(ValueError):
+    """A lending flag that cannot describe a valid policy."""
+
+
+def _label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_KEY_NAME.match(name)) and (
+        not prefix or (len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.match(prefix)))
+    )
+
+
+@dataclass(frozen=True)
+class LendPolicy:
+    """What a donor lends and to whom.
+
+    ``borrowers`` are node label equalities (all must hold); empty means every node in the
+    donor's network domain. The donor itself never borrows its own GPU.
+    """
+
+    network_domain: str
+    link_gbps: int
+    max_leases: int
+    transports: tuple[str, ...] = ("tcp",)
+    borrowers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.network_domain or not _LABEL_VALUE.match(self.network_domain):
+            raise LendPolicyError(
+                f"network domain {self.network_domain!r} is not a label value "
+                "(at most 63 characters: letters, digits, '-', '_', '.')"
+            )
+        if self.link_gbps < 1:
+            raise LendPolicyError(f"link Gbit/s must be at least 1, not {self.link_gbps}")
+        if self.max_leases < 1:
+            raise LendPolicyError(f"max leases must be at least 1, not {self.max_leases}")
+        if not self.transports or any(t not in REMOTE_TRANSPORTS for t in self.transports):
+            raise LendPolicyError(
+                f"transports {list(self.transports)} must be some of {list(REMOTE_TRANSPORTS)}"
+            )
+        for key, value in self.borrowers:
+            if not _label_key_ok(key) or not _LABEL_VALUE.match(value):
+                raise LendPolicyError(f"borrower selector {key}={value} is not a node label")
+
+    @classmethod
+    def parse_borrowers(cls, text: str) -> tuple[tuple[str, str], ...]:
+        """``key=value[,key=value]`` (equality only) into pairs."""
+        pairs = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise LendPolicyError(f"borrower selector {part!r} is not key=value")
+            pairs.append((key.strip(), value.strip()))
+        return tuple(pairs)
+
+    def borrower_selector(self, donor: str) -> dict[str, Any]:
+        """A node selector term: the borrowers, never the donor."""
+        labels = self.borrowers or ((NETWORK_DOMAIN_LABEL, self.network_domain),)
+        return {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": k, "operator": "In", "values": [v]} for k, v in labels
+                    ],
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": [donor]}
+                    ],
+                }
+            ]
+        }
 
 
 def device_entry(dev: DeviceInfo) -> dict[str, Any]:
@@ -45,6 +137,116 @@ def device_entry(dev: DeviceInfo) -> dict[str, Any]:
     return entry
 
 
+def pool_label_value(node_name: str) -> str:
+    """The node name when it is a label value, else a digest of it (node names reach 253)."""
+    if _LABEL_VALUE.match(node_name):
+        return node_name
+    return "h-" + hashlib.sha256(node_name.encode()).hexdigest()[:40]
+
+
+def remote_device_name(local: str) -> str:
+    suffix = "-remote"
+    if len(local) + len(suffix) <= 63:
+        return local + suffix
+    digest = hashlib.sha256(local.encode()).hexdigest()[:8]
+    return f"{local[:47].rstrip('-')}-{digest}{suffix}"
+
+
+def link_counter_set(devices: Sequence[DeviceInfo]) -> str:
+    """``link``, unless a GPU's counter set (named after the device) already has the name."""
+    taken = {d.name for d in devices}
+    name, i = "link", 0
+    while name in taken:
+        i += 1
+        name = f"link-{i}"
+    return name
+
+
+def remote_entry(dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str) -> dict[str, Any]:
+    """The remote-lease device of one GPU: its model, where it is, how it is reached."""
+    local = device_entry(dev)
+    attributes = {k: v for k, v in local["attributes"].items() if k != "pciBusID"}
+    attributes.update(
+        attachment={"string": "remote"},
+        donorNode={"string": donor[:64]},
+        transports={"string": ",".join(policy.transports)},
+        linkGbps={"int": policy.link_gbps},
+        networkDomain={"string": policy.network_domain},
+    )
+    entry: dict[str, Any] = {
+        "name": remote_device_name(dev.name),
+        "attributes": attributes,
+        "nodeSelector": policy.borrower_selector(donor),
+        "consumesCounters": [
+            {"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}},
+            {"counterSet": link_set, "counters": {"leases": {"value": "1"}}},
+        ],
+        # The pod binds once the lease is open (the lease controller, later work).
+        "bindsToNode": True,
+        "bindingConditions": [REMOTE_READY],
+        "bindingFailureConditions": [REMOTE_FAILED],
+    }
+    if "capacity" in local:
+        entry["capacity"] = local["capacity"]
+    return entry
+
+
+def lendable(dev: DeviceInfo, keep: Collection[str]) -> bool:
+    """Only the node's own GPUs: one the fabric attached (a ComposableResource names it,
+    ``keep``) may be taken back by the scaler or the operator, so it is never lent."""
+    return dev.attachment == "local" and normalize_uuid(dev.uuid) not in keep
+
+
+def lend_layout(
+    donor: str,
+    devices: Sequence[DeviceInfo],
+    policy: LendPolicy,
+    keep: Collection[str] = frozenset(),
+    max_per_slice: int = MAX_DEVICES_PER_SLICE,
+) -> list[dict[str, Any]]:
+    """The specs (without pool and driver) of a lending pool.
+
+    Counter slices; per lent GPU its local device (with its node) and its remote-lease
+    device, both consuming the GPU's counter, in slices with per-device node selection;
+    the GPUs not lent in plain slices of the node, as without lending, so whoever finds a
+    node's devices by ``spec.nodeName`` still finds every GPU the fabric may take back.
+    A GPU whose remote name is taken by another device is published, but not lent.
+    """
+    ordered = sorted(devices, key=lambda d: d.name)
+    link_set = link_counter_set(ordered)
+    names = {d.name for d in ordered}
+    sets: list[dict[str, Any]] = [
+        {"name": link_set, "counters": {"leases": {"value": str(policy.max_leases)}}}
+    ]
+    pairs: list[dict[str, Any]] = []
+    plain: list[DeviceInfo] = []
+    for dev in ordered:
+        if not lendable(dev, keep) or remote_device_name(dev.name) in names:
+            plain.append(dev)
+            continue
+        local = device_entry(dev)
+        local["nodeName"] = donor
+        local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
+        sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
+        pairs.extend([local, remote_entry(dev, donor, policy, link_set)])
+    # Even sizes keep a GPU's two devices in one slice.
+    step = MAX_COUNTER_DEVICES_PER_SLICE
+    return [
+        *(
+            {"nodeName": donor, "sharedCounters": sets[i : i + MAX_COUNTER_SETS_PER_SLICE]}
+            for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        ),
+        *(
+            {"perDeviceNodeSelection": True, "devices": pairs[i : i + step]}
+            for i in range(0, len(pairs), step)
+        ),
+        *(
+            {"nodeName": donor, "devices": [device_entry(d) for d in plain[i : i + max_per_slice]]}
+            for i in range(0, len(plain), max_per_slice)
+        ),
+    ]
+
+
 def slice_name(node_name: str, driver: str, index: int) -> str:
     # A DNS subdomain: node names and driver names are subdomains themselves.
     suffix = f"-{driver}-{index}"
@@ -58,20 +260,30 @@ def desired_slices(
     devices: Sequence[DeviceInfo],
     generation: int,
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
+    lend: LendPolicy | None = None,
+    keep: Collection[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The full set of slices for the node's pool at ``generation``.
 
     No devices still gives one (empty) slice, so the pool and its generation stay visible.
     """
-    ordered = sorted(devices, key=lambda d: d.name)
-    chunks = [ordered[i : i + max_per_slice] for i in range(0, len(ordered), max_per_slice)] or [[]]
+    if lend is not None:
+        layout = lend_layout(node_name, devices, lend, keep, max_per_slice)
+    else:
+        ordered = sorted(devices, key=lambda d: d.name)
+        chunks = [
+            ordered[i : i + max_per_slice] for i in range(0, len(ordered), max_per_slice)
+        ] or [[]]
+        layout = [
+            {"nodeName": node_name, "devices": [device_entry(d) for d in chunk]} for chunk in chunks
+        ]
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
             "metadata": {
                 "name": slice_name(node_name, driver, i),
-                "labels": {MANAGED_LABEL: MANAGED_VALUE},
+                "labels": {MANAGED_LABEL: MANAGED_VALUE, POOL_LABEL: pool_label_value(node_name)},
                 "ownerReferences": [
                     {
                         "apiVersion": "v1",
@@ -84,31 +296,46 @@ def desired_slices(
             },
             "spec": {
                 "driver": driver,
-                "nodeName": node_name,
                 "pool": {
                     "name": node_name,
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": len(layout),
                 },
-                "devices": [device_entry(d) for d in chunk],
+                **spec,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, spec in enumerate(layout)
     ]
 
 
-def _norm_devices(devices: Any) -> list[tuple[str, str, str]]:
-    out = []
+def _norm_counters(counters: Any) -> dict[str, int]:
+    return {k: parse_bytes(str((v or {}).get("value", "0"))) for k, v in (counters or {}).items()}
+
+
+def _norm_devices(devices: Any) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
     for dev in devices or []:
         capacity = {
             k: parse_bytes(str((v or {}).get("value", "0")))
             for k, v in (dev.get("capacity") or {}).items()
+        }
+        placement = {
+            "nodeName": dev.get("nodeName"),
+            "nodeSelector": dev.get("nodeSelector"),
+            "consumesCounters": [
+                (c.get("counterSet"), _norm_counters(c.get("counters")))
+                for c in dev.get("consumesCounters") or []
+            ],
+            "bindsToNode": bool(dev.get("bindsToNode")),
+            "bindingConditions": dev.get("bindingConditions") or [],
+            "bindingFailureConditions": dev.get("bindingFailureConditions") or [],
         }
         out.append(
             (
                 str(dev.get("name")),
                 json.dumps(dev.get("attributes") or {}, sort_keys=True),
                 json.dumps(capacity, sort_keys=True),
+                json.dumps(placement, sort_keys=True),
             )
         )
     return out
@@ -117,17 +344,24 @@ def _norm_devices(devices: Any) -> list[tuple[str, str, str]]:
 def _norm_slice(obj: dict[str, Any]) -> tuple[Any, ...]:
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     pool = spec.get("pool") or {}
+    labels = meta.get("labels") or {}
     owners = sorted(
         (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
     )
     return (
-        (meta.get("labels") or {}).get(MANAGED_LABEL),
+        labels.get(MANAGED_LABEL),
+        labels.get(POOL_LABEL),
         owners,
         spec.get("driver"),
         spec.get("nodeName"),
+        bool(spec.get("perDeviceNodeSelection")),
         pool.get("name"),
         pool.get("generation"),
         pool.get("resourceSliceCount"),
+        [
+            (c.get("name"), _norm_counters(c.get("counters")))
+            for c in spec.get("sharedCounters") or []
+        ],
         _norm_devices(spec.get("devices")),
     )
 
@@ -155,6 +389,8 @@ def plan_slices(
     devices: Sequence[DeviceInfo],
     observed: Sequence[dict[str, Any]],
     last_generation: int = 0,
+    lend: LendPolicy | None = None,
+    keep: Collection[str] = frozenset(),
 ) -> SlicePlan:
     """What to apply and delete so the observed slices become the desired ones.
 
@@ -168,7 +404,7 @@ def plan_slices(
             *((o.get("spec") or {}).get("pool", {}).get("generation", 0) for o in observed),
         ]
     )
-    at_current = desired_slices(node_name, node_uid, driver, devices, current)
+    at_current = desired_slices(node_name, node_uid, driver, devices, current, lend=lend, keep=keep)
     names = {s["metadata"]["name"] for s in at_current}
     if (
         current > 0
@@ -179,7 +415,9 @@ def plan_slices(
     generation = current + 1
     return SlicePlan(
         generation,
-        apply=desired_slices(node_name, node_uid, driver, devices, generation),
+        apply=desired_slices(
+            node_name, node_uid, driver, devices, generation, lend=lend, keep=keep
+        ),
         delete=sorted(set(observed_by_name) - names),
     )
 
@@ -198,12 +436,18 @@ class SlicePublisher:
         node_uid: str,
         driver: str,
         resync_seconds: float = 300.0,
+        lend: LendPolicy | None = None,
     ) -> None:
         self._kube = kube
         self.node_name, self.node_uid, self.driver = node_name, node_uid, driver
+        self.lend = lend
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
+        # Every slice we write carries the pool label; slices of older versions only have
+        # spec.nodeName, so the list looks both ways and the watch by label.
+        self._label_selector = f"{POOL_LABEL}={pool_label_value(node_name)}"
         self._resync = resync_seconds
         self._devices: list[DeviceInfo] | None = None
+        self._keep: frozenset[str] = frozenset()
         self._generation = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -211,8 +455,11 @@ class SlicePublisher:
         self._log = logs.get(__name__, node=node_name)
         self.synced = threading.Event()
 
-    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
-        self._devices = list(devices)
+    def set_devices(
+        self, devices: Sequence[DeviceInfo], keep: Collection[str] = frozenset()
+    ) -> None:
+        """The devices to publish; ``keep``: UUIDs of GPUs never to lend."""
+        self._devices, self._keep = list(devices), frozenset(keep)
         self._wake.set()
 
     def start(self) -> None:
@@ -230,18 +477,42 @@ class SlicePublisher:
 
     # -- reconcile ---------------------------------------------------------------------
 
-    def _list(self) -> tuple[list[dict[str, Any]], str]:
-        body = self._kube.get(path(RESOURCE_API, "resourceslices"), fieldSelector=self._selector)
-        return list(body.get("items") or []), str(body["metadata"].get("resourceVersion", ""))
+    def _list_labelled(self) -> tuple[list[dict[str, Any]], str]:
+        body = self._kube.get(
+            path(RESOURCE_API, "resourceslices"),
+            fieldSelector=f"spec.driver={self.driver}",
+            labelSelector=self._label_selector,
+        )
+        # The label may be a digest: keep only this node's pool.
+        items = [
+            o
+            for o in body.get("items") or []
+            if ((o.get("spec") or {}).get("pool") or {}).get("name") == self.node_name
+        ]
+        return items, str(body["metadata"].get("resourceVersion", ""))
+
+    def _list(self) -> list[dict[str, Any]]:
+        by_node = self._kube.get(path(RESOURCE_API, "resourceslices"), fieldSelector=self._selector)
+        labelled, _ = self._list_labelled()
+        merged = {o["metadata"]["name"]: o for o in by_node.get("items") or []}
+        merged.update((o["metadata"]["name"], o) for o in labelled)
+        return list(merged.values())
 
     def reconcile(self) -> SlicePlan | None:
         """One pass; None until the device source has reported once."""
         if self._devices is None:
             return None
-        devices = self._devices
-        observed, _ = self._list()
+        devices, keep = self._devices, self._keep
+        observed = self._list()
         plan = plan_slices(
-            self.node_name, self.node_uid, self.driver, devices, observed, self._generation
+            self.node_name,
+            self.node_uid,
+            self.driver,
+            devices,
+            observed,
+            self._generation,
+            lend=self.lend,
+            keep=keep,
         )
         for obj in plan.apply:
             self._kube.apply(
@@ -286,12 +557,13 @@ class SlicePublisher:
         """List, then watch from the list's resourceVersion; relist on 410 or an ended watch."""
         while not self._stop.is_set():
             try:
-                _, rv = self._list()
+                _, rv = self._list_labelled()
                 for event in self._kube.watch(
                     path(RESOURCE_API, "resourceslices"),
                     rv,
                     timeout_seconds=300,
-                    fieldSelector=self._selector,
+                    fieldSelector=f"spec.driver={self.driver}",
+                    labelSelector=self._label_selector,
                 ):
                     if self._stop.is_set():
                         return

@@ -67,6 +67,15 @@ def reservations(resources: Iterable[JSON]) -> Reservations:
     return Reservations(frozenset(serving), frozenset(released), pending)
 
 
+def named_uuids(resources: Iterable[JSON]) -> frozenset[str]:
+    """The GPUs the node's resources name, in any phase: the fabric's, never lent."""
+    return frozenset(
+        normalize_uuid(str(u))
+        for r in resources
+        if (u := (r.get("status") or {}).get("deviceUUID"))
+    )
+
+
 def publishable(
     devices: Sequence[DeviceInfo], res: Reservations, published: Collection[str]
 ) -> list[DeviceInfo]:
@@ -145,6 +154,9 @@ class AttachmentWatcher:
         # happen under one lock, so an older decision never overwrites a newer one.
         self._last: list[DeviceInfo] | None = None
         self._publish_lock = threading.Lock()
+        # UUIDs of the GPUs the node's resources name (named_uuids): the fabric's, never
+        # lent. Set with each hand-over to ``publish``.
+        self.fabric_uuids: frozenset[str] = frozenset()
         # Set once the resources of this node are known (or there are none to know: no
         # CRD). Until then nothing is published: a restarted plugin must not offer a GPU
         # that serves a pool allocation as a free local device, even for a moment.
@@ -166,6 +178,7 @@ class AttachmentWatcher:
             with self._lock:
                 cached = list(self._resources.values())
             published = {normalize_uuid(d.uuid) for d in self._last or []}
+            source = cached
             out = publishable(devices, reservations(cached), published)
             if {normalize_uuid(d.uuid) for d in out} - published:
                 fresh = self._read_resources()
@@ -174,8 +187,13 @@ class AttachmentWatcher:
                 if fresh is None:  # unknown: the slice may shrink, not grow
                     out = [d for d in out if normalize_uuid(d.uuid) in published]
                 else:
+                    source = fresh
                     out = publishable(devices, reservations(fresh), published)
-            if out != self._last:
+            fabric = named_uuids(source)
+            # A change of what may be lent matters only for GPUs the slices show.
+            lending_changed = (fabric ^ self.fabric_uuids) & {normalize_uuid(d.uuid) for d in out}
+            self.fabric_uuids = fabric
+            if out != self._last or lending_changed:
                 self._last = out
                 self._publish(out)
 

@@ -390,6 +390,35 @@ def slice_body(name: str, node: str) -> JSON:
     }
 
 
+def lend_slice_body(name: str, pool: str, local_node: str) -> JSON:
+    """A lending pool's device slice: a local device on ``local_node`` and a lent one."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": names.DRIVER,
+            "perDeviceNodeSelection": True,
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "gpu-0", "nodeName": local_node},
+                {
+                    "name": "gpu-0-remote",
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "example.com/x", "operator": "In", "values": ["y"]}
+                                ]
+                            }
+                        ]
+                    },
+                },
+            ],
+        },
+    }
+
+
 def refused(action: Callable[[], object], message: str) -> KubeError:
     with pytest.raises(KubeError) as err:
         action()
@@ -448,6 +477,21 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(
     plugin_a.merge_patch(own_path, {"metadata": {"labels": {"touched": "yes"}}})
     plugin_a.delete(own_path)
     assert kube_json.get_or_none(own_path) is None
+
+    # A lending node's slices: per-device node selection, its own pool, devices on it or
+    # lent by a node selector. Another pool, or a device placed on another node: refused.
+    lend_name = f"{node_a}-lend"
+    release.created.append(path("resource.k8s.io/v1", "resourceslices", lend_name))
+    plugin_a.create(slices, lend_slice_body(lend_name, node_a, node_a))
+    plugin_a.delete(path("resource.k8s.io/v1", "resourceslices", lend_name))
+    refused(
+        lambda: plugin_a.create(slices, lend_slice_body(f"{node_b}-lend", node_b, node_b)),
+        "may write only",
+    )
+    refused(
+        lambda: plugin_a.create(slices, lend_slice_body(f"{node_a}-lend2", node_a, node_b)),
+        "may write only",
+    )
 
     # Another node's slice made by someone else: the plugin may neither change nor delete it.
     release.create(foreign)

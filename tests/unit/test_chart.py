@@ -124,6 +124,35 @@ def test_plugin_device_source(source: str) -> None:
     assert any(o["kind"] == "ConfigMap" for o in objs) == (source == "static")
 
 
+def test_plugin_lending_is_off_by_default_and_flags_follow_values(default: list[Obj]) -> None:
+    args = container(one(default, "DaemonSet"))["args"]
+    assert not any(a.startswith(("--lend", "--max-leases")) for a in args)
+    values = {
+        "plugin": {
+            "lend": {
+                "enabled": True,
+                "linkGbps": 200,
+                "maxLeases": 5,
+                "transports": "tcp,ucx",
+                "borrowers": "example.com/tier=gpu-less",
+            }
+        }
+    }
+    args = container(one(chart.render(values=values), "DaemonSet"))["args"]
+    for flag in (
+        "--lend",
+        "--link-gbps=200",
+        "--max-leases=5",
+        "--lend-transports=tcp,ucx",
+        "--borrowers=example.com/tier=gpu-less",
+    ):
+        assert flag in args
+    assert not any(a.startswith("--network-domain") for a in args)  # the node label
+    for bad in ({"maxLeases": 0}, {"transports": "shm"}, {"networkDomain": "a b"}):
+        with pytest.raises(chart.HelmError, match="lend"):
+            chart.render(values={"plugin": {"lend": bad}})
+
+
 def test_redfish_source_needs_an_endpoint() -> None:
     with pytest.raises(chart.HelmError, match=r"needs plugin\.redfish\.endpoint"):
         chart.render(values={"plugin": {"deviceSource": "redfish"}})

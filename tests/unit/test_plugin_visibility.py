@@ -173,3 +173,47 @@ def test_an_unreadable_api_server_never_grows_the_local_slice() -> None:
     kube.items = None
     watcher.republish()
     assert [uuids(p) for p in published] == [["aaa"]]  # bbb waits for a read
+
+
+def test_a_released_fabric_gpu_is_published_but_never_lent() -> None:
+    from dra_driver.slices import LendPolicy, lend_layout
+
+    devices = [gpu("aaa"), gpu("bbb")]
+    kube = FreshKube([resource("x", "aaa", "Online")])  # released: an idle local device
+    watcher, published = make_watcher(kube, devices)
+    watcher._resources = {"x": resource("x", "aaa", "Online")}
+    watcher.synced.set()
+    watcher.republish()
+    assert [uuids(p) for p in published] == [["aaa", "bbb"]]
+    assert watcher.fabric_uuids == frozenset({"aaa"})
+    policy = LendPolicy(network_domain="d", link_gbps=10, max_leases=1)
+    layout = lend_layout("n1", published[-1], policy, keep=watcher.fabric_uuids)
+    lent = {
+        d["attributes"]["uuid"]["string"]
+        for s in layout
+        for d in s.get("devices") or []
+        if d["attributes"]["attachment"] == {"string": "remote"}
+    }
+    assert lent == {"bbb"}
+    # A resource that comes to name an already published GPU (an adopted orphan): the
+    # same devices are handed over again, with the new set never to lend.
+    watcher._resources["y"] = resource("y", "bbb", "Online")
+    watcher.republish()
+    assert len(published) == 2 and watcher.fabric_uuids == frozenset({"aaa", "bbb"})
+
+
+def test_only_local_gpus_are_lent() -> None:
+    from dra_driver.slices import LendPolicy, lend_layout
+
+    fabric = DeviceInfo(name="gpu-f", uuid="GPU-F", attachment="fabric")
+    local = DeviceInfo(name="gpu-l", uuid="GPU-L")
+    layout = lend_layout("n1", [fabric, local], LendPolicy("d", 10, 1))
+    names = {d["name"] for s in layout for d in s.get("devices") or []}
+    assert names == {"gpu-f", "gpu-l", "gpu-l-remote"}
+    # A GPU not lent stays in a plain slice of the node, where a reader of spec.nodeName
+    # (the operator's detach check) finds it, and takes no counter.
+    (plain,) = [s for s in layout if s.get("nodeName") and s.get("devices")]
+    assert [d["name"] for d in plain["devices"]] == ["gpu-f"]
+    assert "consumesCounters" not in plain["devices"][0]
+    counter_sets = {c["name"] for s in layout for c in s.get("sharedCounters") or []}
+    assert counter_sets == {"link", "gpu-l"}

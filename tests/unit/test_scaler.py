@@ -381,3 +381,32 @@ def test_a_release_waits_until_a_consistent_read_shows_the_pool_dropped_the_devi
         assert scaler._confirm_releases(actions, s) == actions
     finally:
         scaler.stop()
+
+
+def test_remote_lease_allocations_are_not_the_scalers_to_attach():
+    lent = claim(pool="node-d", device="gpu-0-remote", binding=False)
+    (result,) = lent["status"]["allocation"]["devices"]["results"]
+    result["bindingConditions"] = ["RemoteGPUReady"]
+    result["bindingFailureConditions"] = ["RemoteGPUFailed"]
+    assert run(snap([lent]), CFG) == []
+
+
+def test_snapshot_reads_a_lending_nodes_pool():
+    from device_scaler.scaler import Scaler, ScalerConfig
+    from dra_driver.device_source import DeviceInfo
+    from dra_driver.slices import LendPolicy, desired_slices
+
+    # Per-device node selection: the GPU is node-a's local device (idle bookkeeping finds
+    # it), its remote-lease device is nobody's pool device.
+    gpu = DeviceInfo(name="gpu-0", uuid="GPU-U-1", model="H100")
+    attached = DeviceInfo(name="gpu-1", uuid="GPU-U-2", model="H100", attachment="fabric")
+    policy = LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=2)
+    slices = desired_slices("node-a", "uid-a", DRIVER, [gpu, attached], 1, lend=policy)
+    scaler = Scaler(SlicesKube([]), ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
+    try:
+        scaler.slices.items = lambda: slices  # type: ignore[method-assign]
+        s = scaler.snapshot()
+    finally:
+        scaler.stop()
+    assert s.local_devices == {("node-a", "u-1"): "gpu-0", ("node-a", "u-2"): "gpu-1"}
+    assert s.pool_devices == {}
