@@ -10,6 +10,9 @@ local device, untainted, could then be allocated (a GPU that is gone, or one GPU
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,22 @@ def taint_rules(suite: Suite, resource: str) -> list[JSON]:
     return items
 
 
+def polls(suite: Suite) -> int:
+    return next(int(r.get("fired", 0)) for r in suite.emulator.faults() if r["id"] == "polls")
+
+
+def log_events(log: Path, event: str) -> list[tuple[datetime.datetime, JSON]]:
+    """(time, record) of a component's JSON log records of one event."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") == event:
+                when = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+                out.append((when, record))
+    return out
+
+
 def resource(suite: Suite, name: str) -> JSON | None:
     return suite.kube.get_or_none(path(API_VERSION, "composableresources", name))
 
@@ -100,8 +119,6 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
             },
         },
     )
-    # The slice lists it right after a poll of node-3's plugin: deleted now, the detach
-    # ends seconds before the plugin reads the fabric again.
     [stale] = wait_for(
         lambda: local_refs(suite, "node-3", uuid),
         60,
@@ -115,6 +132,22 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
         f"{name} online",
         describe=suite.describe,
     )
+    # Delete right after one of node-3's plugin's polls: the detach ends seconds before the
+    # plugin reads the fabric again. (A latency rule of 1 ms counts the polls; once the
+    # device is visible, only the periodic poll reads node-3's processors.)
+    suite.emulator.add_fault(
+        {
+            "id": "polls",
+            "kind": "latency",
+            "latency": 0.001,
+            "method": "GET",
+            "path": r"/Systems/node-3/Processors$",
+        }
+    )
+    wait_for(lambda: polls(suite) >= 1, 30, "a poll of node-3's plugin", interval=0.02)
+    seen = polls(suite)
+    wait_for(lambda: polls(suite) > seen, 30, "the next poll of node-3's plugin", interval=0.02)
+    deleted = datetime.datetime.now(datetime.UTC)
     suite.kube.delete(path(API_VERSION, "composableresources", name))
 
     # Until the resource is gone: whenever node-3 lists the GPU and the pool offers the
@@ -135,6 +168,26 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
         f"node-3 still lists the detached {block}: {suite.describe()}"
     )
     assert taint_rules(suite, name) == []
+    # The same, in the components' own order (their logs, one clock, whatever this test's
+    # process was doing meanwhile): the plugin dropped the GPU before the detach ended.
+    dropped = wait_for(
+        lambda: next(
+            (
+                t
+                for t, e in log_events(suite.nodes["node-3"].plugin.log_path, "devices changed")
+                if t > deleted and stale[1] not in e.get("devices", [])
+            ),
+            None,
+        ),
+        30,
+        "node-3's plugin to drop the GPU",
+        describe=suite.describe,
+    )
+    assert suite.operator is not None
+    [detached] = [
+        t for t, e in log_events(suite.operator.log_path, "detached") if e.get("resource") == name
+    ]
+    assert dropped < detached, f"detach ended at {detached}, the node dropped the GPU at {dropped}"
     assert suite.composed() == {}
 
     # A claim (local first) for node-3 right then never gets the gone GPU.
