@@ -46,6 +46,7 @@ from composable_operator.fabrics import (
     host_for_node,
 )
 from composable_operator.reconcile import (
+    UNPUBLISH_LIMIT_SECONDS,
     AttachObservation,
     AttachRecord,
     CallState,
@@ -85,6 +86,7 @@ class Settings:
     driver: str = names.DRIVER
     online_poll: float = 10.0
     backoff_max: float = 30.0
+    unpublish_limit: float = UNPUBLISH_LIMIT_SECONDS
 
 
 @dataclass
@@ -118,6 +120,9 @@ class Controller:
     attaches: dict[str, AttachCall] = field(default_factory=dict)
     # The last write of status.pendingAttach under way, by resource uid (kept in order).
     record_writes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # When a detach first waited for the node's plugin to drop its device, by resource
+    # uid (monotonic; a restart starts the wait again, which only waits longer).
+    unpublish_since: dict[str, float] = field(default_factory=dict)
 
     # -- status writes --------------------------------------------------------------
 
@@ -273,9 +278,11 @@ class Controller:
 
     def device_refs(
         self, spec: ComposableResourceSpec, device: Device | None
-    ) -> set[tuple[str, str]]:
-        """The (pool, device) names under which the device can be allocated."""
+    ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+        """The (pool, device) names under which the device can be allocated: all of them,
+        and those of them in the target node's own slices."""
         refs = set()
+        local = set()
         if device is not None:
             refs.add((names.pool_name(spec.fabric, device.zone), spec.device_id))
             slices = self.kube.get(
@@ -287,8 +294,8 @@ class Controller:
                 for d in s["spec"].get("devices", []):
                     uuid = d.get("attributes", {}).get("uuid", {}).get("string", "")
                     if uuid and normalize_uuid(uuid) == wanted:
-                        refs.add((s["spec"]["pool"]["name"], d["name"]))
-        return refs
+                        local.add((s["spec"]["pool"]["name"], d["name"]))
+        return refs | local, local
 
     def taint_rule_name(self, name: str) -> str:
         return f"detach-{name}"[:253]
@@ -633,7 +640,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     host = (
                         device.host if dict(body.status).get("fabricHost") == device.host else None
                     )
-                refs = await asyncio.to_thread(ctl.device_refs, spec, device)
+                refs, local = await asyncio.to_thread(ctl.device_refs, spec, device)
                 rules = await asyncio.to_thread(ctl.taint_rules, name)
                 claims = referencing_claims(
                     await asyncio.to_thread(ctl.claim_results), ctl.settings.driver, refs
@@ -646,6 +653,11 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                         referencing_claims=claims,
                         force=spec.force_detach,
                         attach=in_flight,
+                        published_locally=bool(local),
+                        node_exists=node is not None,
+                        unpublish_waited=time.monotonic()
+                        - ctl.unpublish_since.get(uid, time.monotonic()),
+                        unpublish_limit=ctl.settings.unpublish_limit,
                     )
                 )
                 if action.kind == "await_attach":
@@ -665,8 +677,23 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                 raise kopf.TemporaryError(
                     str(exc), delay=exc.retry_after or min(30, 2**retry)
                 ) from exc
-            if action.kind == "done":
+            if action.kind == "await_unpublish":
+                # Keep the taint: the block is back in the pool once this resource is gone.
+                if uid not in ctl.unpublish_since:  # written once, not at every look
+                    ctl.unpublish_since[uid] = time.monotonic()
+                    await ctl.write_status(
+                        name,
+                        {"phase": "Detaching", "error": None},
+                        [condition(names.READY, False, action.reason, action.message)],
+                    )
+                    rlog.info("detached; waiting for the node's plugin to drop the device")
+                raise kopf.TemporaryError(action.message, delay=action.delay)
+            if action.kind in ("done", "untaint_stale"):
                 ctl.attaches.pop(uid, None)
+                ctl.unpublish_since.pop(uid, None)
+                if action.kind == "untaint_stale":
+                    kopf.warn(body, reason=action.reason, message=action.message)
+                    rlog.warning("untainting a device the node still lists", why=action.reason)
                 await asyncio.to_thread(ctl.untaint, name)
                 metrics.DETACH_SECONDS.labels(spec.fabric).observe(time.monotonic() - t0)
                 kopf.info(body, reason="Detached", message=f"{spec.device_id} is back in the pool")

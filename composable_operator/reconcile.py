@@ -210,8 +210,21 @@ def attach_in_flight(record: AttachRecord | None, call: CallState | None, now: f
 
 
 DetachKind = Literal[
-    "done", "taint", "blocked", "detach", "wait", "fail", "await_attach", "follow_attach"
+    "done",
+    "taint",
+    "blocked",
+    "detach",
+    "wait",
+    "fail",
+    "await_attach",
+    "follow_attach",
+    "await_unpublish",  # detached, but the node's slice still lists it: keep the taint
+    "untaint_stale",  # the same, past the bound or with the Node gone: untaint, loudly
 ]
+
+# How long a detached device may stay listed by its node's plugin before the detach stops
+# waiting for it: many of the plugin's polls (2 s by default), well short of forever.
+UNPUBLISH_LIMIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +236,11 @@ class DetachObservation:
     force: bool
     attach: InFlight = InFlight()
     settle: float = REQUEST_SETTLE_SECONDS
+    # A ResourceSlice of our driver for the target node still lists the device's UUID.
+    published_locally: bool = False
+    node_exists: bool = True
+    unpublish_waited: float = 0.0  # s since the device was first seen detached but listed
+    unpublish_limit: float = UNPUBLISH_LIMIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -235,7 +253,11 @@ class DetachAction:
 
 def decide_detach(o: DetachObservation) -> DetachAction:
     """Never "done" while an attach of ours may still land: a resource deleted mid-attach
-    would otherwise leave its device composed to the node with nobody to detach it."""
+    would otherwise leave its device composed to the node with nobody to detach it.
+
+    Nor while the node's plugin still lists the detached device: the resource's end puts
+    the block back in the pool, and the stale local device, untainted, could then be
+    allocated (a GPU that is gone, or one GPU twice)."""
     d = o.device
     on_node = d is not None and d.state == "attached" and o.host is not None and d.host == o.host
     if not on_node:
@@ -257,6 +279,8 @@ def decide_detach(o: DetachObservation) -> DetachAction:
                 "an attach request sent before a restart may still land",
                 delay=max(0.5, o.settle - p.unanswered_for),
             )
+        if o.published_locally:
+            return unpublish(o)
         return DetachAction("done", "Detached", "the device is not attached to the node")
     # Attached to our node: taint first, then re-check allocations, then call the fabric.
     if not o.tainted:
@@ -269,6 +293,36 @@ def decide_detach(o: DetachObservation) -> DetachAction:
             delay=5,
         )
     return DetachAction("detach", "Detaching", "detaching from the node's host")
+
+
+def unpublish(o: DetachObservation) -> DetachAction:
+    """Detached, but the node's slice still lists the device (the plugin has not polled
+    since). Wait with the taint in place, within a bound: a plugin that is gone never
+    drops it, and a finalizer must not block the resource forever. Untainting then is
+    the lesser harm: the block returns to the pool either way, and the stale device
+    fails at prepare rather than the resource, its block and every GPU request behind
+    them staying stuck. A Node that is gone runs no pods, so its slice allocates nothing.
+    """
+    if not o.node_exists:
+        return DetachAction(
+            "untaint_stale", "NodeGone", "the node is gone; its slice still lists the device"
+        )
+    if not o.tainted:
+        # Detached behind our back (never tainted): taint it while the plugin catches up.
+        return DetachAction("taint", "Tainting", "tainting the detached device until unlisted")
+    if o.unpublish_waited >= o.unpublish_limit:
+        return DetachAction(
+            "untaint_stale",
+            "StillListed",
+            f"the node's plugin still lists the detached device after"
+            f" {o.unpublish_waited:.0f} s; untainting it anyway",
+        )
+    return DetachAction(
+        "await_unpublish",
+        "AwaitingNode",
+        "detached; waiting for the node's plugin to drop the device",
+        delay=1,
+    )
 
 
 @dataclass(frozen=True)
