@@ -1,14 +1,16 @@
 """A benchmark's goals in its last JSON line: each figure with its floor or ceiling.
 
-    out["goals"] = {"failed": goal(3, ceiling=0), "fps": goal(61.2, floor=55)}
-    out["goals_met"] = all_met(out["goals"])
-    print(json.dumps(out)); return 0 if out["goals_met"] else 1
+    return finish(out, {"failed": goal(3, ceiling=0), "fps": goal(61.2, floor=55)})
+
+``finish`` prints the JSON line last and gives the exit status: non-zero when a goal is
+missed.
 
 A figure that could not be measured (None) misses its goal.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,3 +28,12 @@ def goal(
 
 def all_met(goals: Mapping[str, Mapping[str, Any]]) -> bool:
     return all(bool(g["met"]) for g in goals.values())
+
+
+def finish(out: dict[str, Any], goals: Mapping[str, Mapping[str, Any]]) -> int:
+    """Put ``goals`` and ``goals_met`` into ``out``, print it as the last line, and return
+    the benchmark's exit status: 0 when every goal is met, 1 otherwise."""
+    out["goals"] = dict(goals)
+    out["goals_met"] = all_met(goals)
+    print(json.dumps(out), flush=True)
+    return 0 if out["goals_met"] else 1

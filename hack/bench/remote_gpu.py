@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hack.bench.goals import all_met, goal  # noqa: E402
+from hack.bench.goals import finish, goal  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
@@ -424,10 +424,7 @@ def main() -> int:
             ceiling=1,
         ),
     }
-    out["goals"] = goals
-    out["goals_met"] = met = all_met(goals)
-    print(json.dumps(out))
-    return 0 if met else 1
+    return finish(out, goals)
 
 
 def _num(value: object) -> float | None:

@@ -35,7 +35,6 @@ the exit status is 1 when any is missed: ``failed`` = 0, ``shared_gpus`` = 0 and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -47,7 +46,7 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import Gone, Kube, path
 from dra_driver.device_source import device_name_for
-from hack.bench.goals import all_met, goal
+from hack.bench.goals import finish, goal
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.wait import wait_for
@@ -317,13 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                 "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
                 "stages_p50_s": breakdown(created, rec),
             }
-            out["goals"] = goals(out)
-            out["goals_met"] = all_met(out["goals"])
         finally:
             rec.stop()
             suite.stop()
-    print(json.dumps(out))
-    return 0 if out["goals_met"] else 1
+    return finish(out, goals(out))
 
 
 def final_allocations(kube: Kube, ns: str) -> dict[str, list[tuple[str, str]]]:

@@ -6,8 +6,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -15,9 +16,13 @@ from kubernetes import client, config
 from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.realnode import RealNode
+from hack.suite import Suite, SuiteOptions
 
 pytestmark = pytest.mark.e2e
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()
+# make_suite(**SuiteOptions fields): a started suite, stopped after the test.
+MakeSuite = Callable[..., Suite]
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +84,47 @@ def pytest_runtest_makereport(
     if report.failed and cp is not None:
         report.sections.append(("control plane logs", cp.logs_tail(30)))
     return report
+
+
+@pytest.fixture(scope="module")
+def node_bin_dir() -> Path:
+    """The real-node binaries (tests/e2e/realnodes.py: built if missing; never skipped
+    under CI=true)."""
+    from tests.e2e.realnodes import node_binaries
+
+    return node_binaries()
+
+
+@pytest.fixture
+def real_node(
+    control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
+) -> Iterator[RealNode]:
+    """One real node (kubelet, containerd, runc) registered with the control plane."""
+    node = RealNode(f"real-{unique}", node_bin_dir, control_plane, short_tmp / "n")
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def make_suite(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
+) -> Iterator[MakeSuite]:
+    """Start whole suites (every component a process) on the session's control plane."""
+    suites: list[Suite] = []
+
+    def make(**options: Any) -> Suite:
+        suite = Suite(
+            kube_json,
+            control_plane.kubeconfig,
+            short_tmp / f"s{len(suites)}",
+            SuiteOptions(**options),
+        )
+        suites.append(suite)
+        return suite.start()
+
+    yield make
+    for s in suites:
+        s.stop()

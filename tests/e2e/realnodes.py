@@ -90,3 +90,40 @@ def gone(kube: Kube, obj_path: str) -> Callable[[], bool]:
         return False
 
     return check
+
+
+def pod_with_claim(kube: Kube, node: RealNode, namespace: str, name: str) -> None:
+    """A claim for one GPU and a pod on ``node`` using it, printing its environment."""
+    kube.create(
+        path(RESOURCE, "resourceclaims", namespace=namespace),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
+                    ]
+                }
+            },
+        },
+    )
+    kube.create(
+        path("v1", "pods", namespace=namespace),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "hostNetwork": True,
+                "nodeSelector": {"kubernetes.io/hostname": node.name},
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": node.image,
+                        "command": ["sh", "-c", "env; exec sleep 3600"],
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            },
+        },
+    )

@@ -10,45 +10,20 @@ land behind the detach's back).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
 from composable_operator.redfish_backend import RedfishCompositionBackend
-from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
+from hack.suite import Suite
+from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e
-MakeSuite = Callable[..., Suite]
 RESOURCES = path(API_VERSION, "composableresources")
 ATTACH_POST = r"/Actions/ComputerSystem\.AddResourceBlock$"
-
-
-@pytest.fixture
-def make_suite(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
-) -> Iterator[MakeSuite]:
-    suites: list[Suite] = []
-
-    def make(**options: Any) -> Suite:
-        suite = Suite(
-            kube_json,
-            control_plane.kubeconfig,
-            short_tmp / f"s{len(suites)}",
-            SuiteOptions(**options),
-        )
-        suites.append(suite)
-        return suite.start()
-
-    yield make
-    for s in suites:
-        s.stop()
 
 
 def block_for(suite: Suite, host: str) -> str:

@@ -13,44 +13,20 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, path
 from composable_operator.backend import normalize_uuid
-from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
-from hack.suite import RESOURCE, Suite, SuiteOptions
+from hack.suite import RESOURCE, Suite
+from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e
-MakeSuite = Callable[..., Suite]
 PLUGIN_POLL = 6.0
-
-
-@pytest.fixture
-def make_suite(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
-) -> Iterator[MakeSuite]:
-    suites: list[Suite] = []
-
-    def make(**options: Any) -> Suite:
-        suite = Suite(
-            kube_json,
-            control_plane.kubeconfig,
-            short_tmp / f"s{len(suites)}",
-            SuiteOptions(**options),
-        )
-        suites.append(suite)
-        return suite.start()
-
-    yield make
-    for s in suites:
-        s.stop()
 
 
 def local_refs(suite: Suite, host: str, uuid: str) -> set[tuple[str, str]]:

@@ -9,11 +9,8 @@ NodeUnprepareResources, which removes the spec.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,35 +18,13 @@ import yaml
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from dra_driver.cdi import spec_file_name
 from hack import examples
-from hack.localcluster import ControlPlane
 from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode, find_node_binaries
+from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = "plugin-static"
-
-
-@pytest.fixture(scope="module")
-def node_bin_dir() -> Path:
-    # A real node needs root (mount namespaces, runc). Under CI nothing is skipped: a
-    # missing binary is built by hack/node/build.sh, or the test fails.
-    if os.geteuid() != 0 and os.environ.get("CI") != "true":
-        pytest.skip("a real node needs root (mount namespaces, runc); CI=true runs it")
-    return find_node_binaries()
-
-
-@pytest.fixture
-def real_node(
-    control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
-) -> Iterator[RealNode]:
-    node = RealNode(f"real-{unique}", node_bin_dir, control_plane, short_tmp / "n")
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
 
 
 def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON]:

@@ -27,13 +27,6 @@ pytestmark = pytest.mark.e2e
 HOST = "node-1"
 
 
-@pytest.fixture(scope="module")
-def node_bin_dir() -> Path:
-    from tests.e2e.realnodes import node_binaries
-
-    return node_binaries()
-
-
 @pytest.fixture
 def suite(
     kube_json: Kube, control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path

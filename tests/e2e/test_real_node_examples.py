@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from composable_dra.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import spec_file_name
 from hack import examples
-from hack.localcluster import ControlPlane
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.realnode_pods import for_real_node
@@ -27,7 +24,6 @@ from tests.e2e.realnodes import (
     RESOURCE,
     ensure_device_class,
     gone,
-    node_binaries,
     wait_output,
     wait_running,
 )
@@ -36,23 +32,6 @@ pytestmark = pytest.mark.e2e
 
 PREPARED_OK = "composable_dra_plugin_prepare_seconds_count"
 _PLURALS = {"ResourceClaimTemplate": "resourceclaimtemplates", "ResourceClaim": "resourceclaims"}
-
-
-@pytest.fixture(scope="module")
-def node_bin_dir() -> Path:
-    return node_binaries()
-
-
-@pytest.fixture
-def real_node(
-    control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
-) -> Iterator[RealNode]:
-    node = RealNode(f"real-{unique}", node_bin_dir, control_plane, short_tmp / "n")
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
 
 
 def with_gpus(node: RealNode, n: int) -> list[str]:

@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
-from hack.localcluster import ControlPlane
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
 from tests.e2e.realnodes import (
     RESOURCE,
     ensure_device_class,
-    node_binaries,
     node_slices,
+    pod_with_claim,
     slice_devices,
     wait_output,
     wait_running,
@@ -36,23 +33,6 @@ from tests.e2e.realnodes import (
 pytestmark = pytest.mark.e2e
 
 PREPARED_OK = "composable_dra_plugin_prepare_seconds_count"
-
-
-@pytest.fixture(scope="module")
-def node_bin_dir() -> Path:
-    return node_binaries()
-
-
-@pytest.fixture
-def real_node(
-    control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
-) -> Iterator[RealNode]:
-    node = RealNode(f"real-{unique}", node_bin_dir, control_plane, short_tmp / "n")
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
 
 
 def gpus(n: int) -> list[JSON]:
@@ -142,43 +122,8 @@ def test_kubelet_restart_does_not_prepare_again(
     devices = gpus(2)
     start_plugin(real_node, devices)
 
-    def pod_with_claim(name: str) -> None:
-        kube_json.create(
-            path(RESOURCE, "resourceclaims", namespace=namespace),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
-                        ]
-                    }
-                },
-            },
-        )
-        kube_json.create(
-            path("v1", "pods", namespace=namespace),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "hostNetwork": True,
-                    "nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": real_node.image,
-                            "command": ["sh", "-c", "env; exec sleep 3600"],
-                            "resources": {"claims": [{"name": "gpu"}]},
-                        }
-                    ],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                },
-            },
-        )
-
     ensure_device_class(kube_json)
-    pod_with_claim("first")
+    pod_with_claim(kube_json, real_node, namespace, "first")
     first = wait_running(kube_json, real_node, namespace, "first")
     wait_output(real_node, namespace, "first", "COMPOSABLE_GPU_UUIDS=")
     claim = kube_json.get(path(RESOURCE, "resourceclaims", "first", namespace=namespace))
@@ -191,7 +136,7 @@ def test_kubelet_restart_does_not_prepare_again(
     real_node.wait_plugin_registered(2)
     # A second pod after the restart: once it runs, the restarted kubelet has synced
     # every pod it found at start-up, the first one included.
-    pod_with_claim("second")
+    pod_with_claim(kube_json, real_node, namespace, "second")
     wait_running(kube_json, real_node, namespace, "second")
 
     # One prepare call for each claim: none again for the first.

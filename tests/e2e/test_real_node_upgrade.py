@@ -27,6 +27,7 @@ from tests.e2e.realnodes import (
     ensure_device_class,
     gone,
     node_binaries,
+    pod_with_claim,
     wait_output,
     wait_running,
 )
@@ -58,42 +59,6 @@ def real_node(control_plane: ControlPlane, unique: str) -> Iterator[RealNode]:
     finally:
         node.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def pod_with_claim(kube: Kube, node: RealNode, namespace: str, name: str) -> None:
-    kube.create(
-        path(RESOURCE, "resourceclaims", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
-                    ]
-                }
-            },
-        },
-    )
-    kube.create(
-        path("v1", "pods", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "hostNetwork": True,
-                "nodeSelector": {"kubernetes.io/hostname": node.name},
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": node.image,
-                        "command": ["sh", "-c", "env; exec sleep 3600"],
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        },
-    )
 
 
 def claim_uid(kube: Kube, namespace: str, name: str) -> str:

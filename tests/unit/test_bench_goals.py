@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dra_driver.device_source import device_name_for
-from hack.bench.goals import all_met, goal
+from hack.bench.goals import all_met, finish, goal
 from hack.bench.time_to_gpu import goals, shared_gpus
 
 
@@ -61,3 +63,12 @@ def test_shared_gpus_counts_a_gpu_allocated_as_pool_and_local_device() -> None:
     }
     del allocations["c2"]
     assert shared_gpus(allocations, uuids) == {}
+
+
+def test_finish_prints_json_last_and_fails_on_a_missed_goal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert finish({"x": 1}, {"x": goal(1, floor=1)}) == 0
+    assert finish({"x": 0}, {"x": goal(0, floor=1)}) == 1
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["goals_met"] is False and last["goals"]["x"]["floor"] == 1
