@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import textwrap
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,21 +42,33 @@ def free_port() -> int:
         return port
 
 
+def cached_build(
+    env_var: str, script: str, binaries: Sequence[str], bin_dir: str | os.PathLike[str] | None
+) -> Path:
+    """The directory named by ``bin_dir`` or $``env_var``, or else the one the build script
+    ``hack/<script>`` prints last (it builds what is missing, cached by version), checked to
+    hold every one of ``binaries``. RuntimeError names what failed."""
+    if bin_dir is None:
+        bin_dir = os.environ.get(env_var)
+    if bin_dir is None:
+        path = Path(__file__).resolve().parents[1] / script
+        out = subprocess.run(["bash", str(path)], stdout=subprocess.PIPE, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{path} failed (exit {out.returncode}); see its output")
+        bin_dir = out.stdout.strip().splitlines()[-1]
+    found = Path(bin_dir)
+    missing = [b for b in binaries if not os.access(found / b, os.X_OK)]
+    if missing:
+        raise RuntimeError(f"missing binaries in {found}: {', '.join(missing)}")
+    return found
+
+
 def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
     """The directory holding the control plane binaries: KUBE_BIN_DIR or the build script."""
-    if bin_dir is None:
-        bin_dir = os.environ.get("KUBE_BIN_DIR")
-    if bin_dir is None:
-        script = Path(__file__).resolve().parents[1] / "control-plane" / "build.sh"
-        out = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
-        if out.returncode != 0:
-            raise ControlPlaneError(f"{script} failed (exit {out.returncode}); see its output")
-        bin_dir = out.stdout.strip().splitlines()[-1]
-    path = Path(bin_dir)
-    missing = [b for b in BINARIES if not os.access(path / b, os.X_OK)]
-    if missing:
-        raise ControlPlaneError(f"missing control plane binaries in {path}: {', '.join(missing)}")
-    return path
+    try:
+        return cached_build("KUBE_BIN_DIR", "control-plane/build.sh", BINARIES, bin_dir)
+    except RuntimeError as exc:
+        raise ControlPlaneError(f"control plane: {exc}") from exc
 
 
 @dataclass

@@ -28,7 +28,7 @@ from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import testimage
-from hack.localcluster.controlplane import ControlPlane, free_port
+from hack.localcluster.controlplane import ControlPlane, cached_build, free_port
 from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.wait import WaitTimeout, wait_for
 
@@ -45,18 +45,10 @@ class RealNodeError(RuntimeError):
 
 def find_node_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
     """The directory holding the node binaries: NODE_BIN_DIR or hack/node/build.sh."""
-    if bin_dir is None:
-        bin_dir = os.environ.get("NODE_BIN_DIR")
-    if bin_dir is None:
-        script = Path(__file__).resolve().parents[1] / "node" / "build.sh"
-        out = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
-        if out.returncode != 0:
-            raise RealNodeError(f"{script} failed (exit {out.returncode}); see its output")
-        bin_dir = out.stdout.strip().splitlines()[-1]
-    path = Path(bin_dir)
-    missing = [b for b in NODE_BINARIES if not os.access(path / b, os.X_OK)]
-    if missing:
-        raise RealNodeError(f"missing node binaries in {path}: {', '.join(missing)}")
+    try:
+        path = cached_build("NODE_BIN_DIR", "node/build.sh", NODE_BINARIES, bin_dir)
+    except RuntimeError as exc:
+        raise RealNodeError(f"node: {exc}") from exc
     if shutil.which("runc") is None:
         raise RealNodeError("runc is not on PATH (hack/node/build.sh installs it as root)")
     return path
