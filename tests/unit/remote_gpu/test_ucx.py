@@ -6,6 +6,7 @@ client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``dev`` extr
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
@@ -94,7 +95,10 @@ def _connect(port: int, lease: int) -> RemoteGPU | None:
 
 def test_invoke_over_ucx(ucx_donor: tuple[int, int]) -> None:
     _, ucx_port = ucx_donor
-    gpu = wait_for(lambda: _connect(ucx_port, 501), 30, "a UCX connection")
+    # A fresh lease per try: a try that got as far as the handshake has used its token
+    # (a closed lease's token stays dead).
+    leases = itertools.count(501)
+    gpu = wait_for(lambda: _connect(ucx_port, next(leases)), 30, "a UCX connection")
     with gpu:
         assert gpu.transport == "ucx"
         a = np.arange(12, dtype=np.float32).reshape(3, 4)
