@@ -12,6 +12,7 @@ COPY composable_dra/ composable_dra/
 COPY composable_operator/ composable_operator/
 COPY device_scaler/ device_scaler/
 COPY dra_driver/ dra_driver/
+COPY pool_publisher/ pool_publisher/
 COPY fabric_emulator/ fabric_emulator/
 COPY remote_gpu/ remote_gpu/
 # Wheels of the package and of every dependency; the runtime stage installs only these.

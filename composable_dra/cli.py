@@ -27,7 +27,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "Run the mocked fabric: a stateful Redfish composition service.",
     ),
     "pool-publisher": (
-        "dra_driver.pool_publisher_main",
+        "pool_publisher.main",
         "Publish each Fabric's free GPUs as ResourceSlice pools (leader-elected)",
     ),
     "scaler": (

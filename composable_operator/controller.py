@@ -25,9 +25,7 @@ import kopf
 
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
-from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
-from composable_operator import metrics
-from composable_operator.backend import (
+from composable_dra.fabric.backend import (
     Device,
     FabricBackend,
     FabricError,
@@ -37,14 +35,16 @@ from composable_operator.backend import (
     TransientError,
     normalize_uuid,
 )
-from composable_operator.backend import NotFoundError as FabricNotFoundError
-from composable_operator.fabrics import (
+from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
+from composable_dra.fabric.registry import (
     FabricConfigError,
     FabricGoneError,
     Fabrics,
     condition_status,
     host_for_node,
 )
+from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_operator import metrics
 from composable_operator.reconcile import (
     UNPUBLISH_LIMIT_SECONDS,
     AttachObservation,

@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import config
 
     from composable_dra import leader, logs, metrics
+    from composable_dra.fabric.registry import Fabrics
     from composable_dra.kube import Kube
     from composable_operator import controller, fabric_status, operator_setup, requests
-    from composable_operator.fabrics import Fabrics
 
     log = logs.get(__name__)
     if args.kubeconfig:

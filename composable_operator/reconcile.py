@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from composable_operator.backend import Device, Operation
+from composable_dra.fabric.backend import Device, Operation
 
 # How long an attach request whose answer nobody saw (the operator died while it was in
 # flight) may still land: longer than the fabric client's request timeout (15 s).

@@ -17,9 +17,9 @@ import kopf
 
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposabilityRequestSpec
 from composable_dra import logs, names
+from composable_dra.fabric.backend import FabricError, Inventory
+from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, path
-from composable_operator.backend import FabricError, Inventory
-from composable_operator.fabrics import FabricConfigError, Fabrics, host_for_node
 
 log = logs.get(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from composable_dra import names
 from composable_dra.kube import JSON
-from composable_operator.backend import normalize_uuid
+from composable_dra.names import normalize_uuid
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"

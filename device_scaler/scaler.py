@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from composable_dra import logs, names
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
-from composable_operator.backend import normalize_uuid
+from composable_dra.names import normalize_uuid
 from device_scaler.decide import (
     ANN_POOL,
     ANN_POOL_DEVICE,
@@ -47,7 +47,7 @@ from device_scaler.decide import (
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
-# The pool publisher's label on its slices (dra_driver.pool_publisher.MANAGED_LABEL).
+# The pool publisher's label on its slices (pool_publisher.publish.MANAGED_LABEL).
 POOL_MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 POOL_MANAGED_VALUE = "pool-publisher"
 FIELD_MANAGER = "composable-dra-scaler"

@@ -24,9 +24,9 @@ from typing import Any
 from composable_dra import logs
 from composable_dra.kube import Gone, Kube, path
 from composable_dra.names import normalize_uuid
+from composable_dra.quantity import format_bytes, parse_bytes
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
-from dra_driver.quantity import format_bytes, parse_bytes
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128

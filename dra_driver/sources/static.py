@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from composable_dra.quantity import parse_bytes
 from dra_driver.device_source import Attachment, DeviceInfo, device_name_for
-from dra_driver.quantity import parse_bytes
 
 
 class _Entry(BaseModel):

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from api.v1alpha1 import API_VERSION
+from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
-from composable_operator.redfish_backend import RedfishCompositionBackend
 from hack.localcluster.wait import wait_for
 from hack.suite import Suite
 from tests.e2e.conftest import MakeSuite

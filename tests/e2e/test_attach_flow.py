@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from composable_dra import names
+from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
-from composable_operator.backend import normalize_uuid
-from composable_operator.redfish_backend import RedfishCompositionBackend
+from composable_dra.names import normalize_uuid
 from hack.localcluster.wait import wait_for
 from hack.suite import Suite
 from tests.e2e.conftest import MakeSuite

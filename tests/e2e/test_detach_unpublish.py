@@ -20,7 +20,7 @@ import pytest
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, path
-from composable_operator.backend import normalize_uuid
+from composable_dra.names import normalize_uuid
 from hack.localcluster.wait import wait_for
 from hack.suite import RESOURCE, Suite
 from tests.e2e.conftest import MakeSuite

@@ -410,7 +410,7 @@ def test_fabric_status_and_orphan_detach(bed: Bed) -> None:
     assert status["lastSyncTime"]
     assert sum(e["count"] for e in status["freeDevices"]) == 8
     # Someone attaches a block out of band: the operator finds the orphan and detaches it.
-    from composable_operator.redfish_backend import RedfishCompositionBackend
+    from composable_dra.fabric.redfish import RedfishCompositionBackend
 
     outside = RedfishCompositionBackend(bed.emulator.url, "admin", "admin")
     op = outside.attach("gpu-4", "node-1")

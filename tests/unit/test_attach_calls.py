@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON
-from composable_operator.backend import (
+from composable_dra.fabric.backend import (
     InUseError,
     NotFoundError,
     Operation,
     OperationFailedError,
     OperationStatus,
 )
+from composable_dra.kube import JSON
 from composable_operator.controller import Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_operator import backend as b
+from composable_dra.fabric import backend as b
 from composable_operator.reconcile import (
     DetachObservation,
     InFlight,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from composable_dra.fabric.registry import FabricGoneError, Fabrics
 from composable_dra.kube import NotFound
-from composable_operator.fabrics import FabricGoneError, Fabrics
 
 
 class CountingKube:

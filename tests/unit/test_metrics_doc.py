@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [
     "composable_dra",
     "dra_driver",
+    "pool_publisher",
     "device_scaler",
     "composable_operator",
     "fabric_emulator",

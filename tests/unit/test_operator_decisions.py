@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import ComposabilityRequestSpec
-from composable_operator import backend as b
+from composable_dra.fabric import backend as b
+from composable_dra.fabric.redfish import error_for, retry_after_seconds
 from composable_operator.fabric_status import find_orphans, free_devices
 from composable_operator.reconcile import (
     AttachObservation,
@@ -18,7 +19,6 @@ from composable_operator.reconcile import (
     decide_detach,
     referencing_claims,
 )
-from composable_operator.redfish_backend import error_for, retry_after_seconds
 from composable_operator.requests import desired_size, plan_request
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from composable_dra.quantity import format_bytes, parse_bytes
 from dra_driver.device_source import DeviceInfo
-from dra_driver.quantity import format_bytes, parse_bytes
 from dra_driver.slices import (
     NETWORK_DOMAIN_LABEL,
     POOL_LABEL,

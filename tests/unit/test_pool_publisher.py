@@ -7,8 +7,8 @@ from typing import Any
 
 from api.v1alpha1 import NodeMapping
 from composable_dra import names
-from composable_operator.backend import Device, Host, Inventory, Zone
-from dra_driver.pool_publisher import (
+from composable_dra.fabric.backend import Device, Host, Inventory, Zone
+from pool_publisher.publish import (
     FabricView,
     attachment_states,
     desired_pools,

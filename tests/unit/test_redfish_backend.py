@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from composable_operator import backend as b
-from composable_operator.redfish_backend import RedfishCompositionBackend
+from composable_dra.fabric import backend as b
+from composable_dra.fabric.redfish import RedfishCompositionBackend
 from fabric_emulator.testing import EmulatorProcess
 from hack.localcluster.wait import wait_for
 

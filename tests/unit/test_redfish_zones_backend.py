@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from composable_operator import backend as b
-from composable_operator.redfish_backend import RedfishCompositionBackend
-from composable_operator.redfish_zones_backend import RedfishZonesBackend, new_block_list
+from composable_dra.fabric import backend as b
+from composable_dra.fabric.redfish import RedfishCompositionBackend
+from composable_dra.fabric.redfish_zones import RedfishZonesBackend, new_block_list
 from fabric_emulator.testing import EmulatorProcess
 from hack.localcluster.wait import wait_for
 

@@ -31,7 +31,7 @@ import redfish
 from redfish.rest.v1 import RetriesExhaustedError
 
 from api.v1alpha1 import DEVICE_ID
-from composable_operator.backend import (
+from composable_dra.fabric.backend import (
     AuthError,
     BusyError,
     Device,

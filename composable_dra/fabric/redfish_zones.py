@@ -13,8 +13,8 @@ re-reads and decides again.
 
 from __future__ import annotations
 
-from composable_operator.backend import BusyError, Operation, OperationFailedError
-from composable_operator.redfish_backend import (
+from composable_dra.fabric.backend import BusyError, Operation, OperationFailedError
+from composable_dra.fabric.redfish import (
     ROOT,
     RedfishCompositionBackend,
     block_uri,

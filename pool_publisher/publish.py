@@ -28,11 +28,11 @@ from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra import logs, names
+from composable_dra.fabric.backend import Device, FabricError, Inventory
+from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
-from composable_operator.backend import Device, FabricError, Inventory
-from composable_operator.fabrics import FabricConfigError, Fabrics, host_for_node
-from dra_driver.quantity import format_bytes, parse_bytes
+from composable_dra.quantity import format_bytes, parse_bytes
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
+from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
+from composable_dra.fabric.redfish import RedfishCompositionBackend
+from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.kube import JSON, Kube, NotFound, path
-from composable_operator.backend import FabricBackend, Host, host_by_uuid
-from composable_operator.redfish_backend import RedfishCompositionBackend
-from composable_operator.redfish_zones_backend import RedfishZonesBackend
 
 
 class FabricConfigError(Exception):

@@ -21,8 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from composable_operator.fabrics import Fabrics
-    from dra_driver.pool_publisher import PoolPublisher
+    from composable_dra.fabric.registry import Fabrics
+    from pool_publisher.publish import PoolPublisher
 
     def make(kube: Any) -> PoolPublisher:
         return PoolPublisher(
