@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -215,6 +215,10 @@ def parse_service_account(value: str) -> tuple[str, str]:
 # -- tokens ------------------------------------------------------------------------------
 
 
+class Tokens(Protocol):
+    def token(self, aud: str) -> str: ...
+
+
 class TokenSource:
     """Service-account tokens for donors' audiences (TokenRequest), cached until 80% of
     their lifetime. ``node`` (name, uid) binds them to that Node: the TokenReview then
@@ -276,7 +280,7 @@ class LeaseClient:
     def __init__(
         self,
         directory: DonorDirectory,
-        tokens: TokenSource,
+        tokens: Tokens,
         ca_file: str | None = None,
         timeout: float = 5.0,
     ) -> None:
