@@ -24,6 +24,7 @@ import pytest
 from composable_dra.kube import JSON, Conflict, Kube, path
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, LeaseInfo, TokenSource
 from dra_driver import cdi
+from hack import chart
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
@@ -34,6 +35,7 @@ from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import RemoteGPUError
+from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, allowed
 from tests.e2e.test_lend import CLASS, DRIVER, Cluster, claim_pod, get_claim, wait_allocated
 
 RESOURCE = "resource.k8s.io/v1"
@@ -313,3 +315,52 @@ def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
     assert not Path(local["REMOTE_GPU_TOKEN_FILE"]).exists()
     assert remote.leases() == []
     assert claim["metadata"]["uid"]
+
+
+def test_chart_rbac_for_leases_is_what_they_need_and_no_more(
+    kube_json: Kube, namespace: str, unique: str
+) -> None:
+    """SubjectAccessReviews against the chart's roles with remote GPUs on."""
+    rel = f"r{unique}"
+    release = Release(Resources(kube_json), namespace)
+    try:
+        for obj in chart.render(
+            release=rel, namespace=namespace, values={"remoteGPU": {"enabled": True}}
+        ):
+            if obj["kind"] in RBAC_KINDS:
+                release.create(obj)
+        groups = [
+            "system:serviceaccounts",
+            f"system:serviceaccounts:{namespace}",
+            "system:authenticated",
+        ]
+
+        def sa(component: str) -> str:
+            return f"{rel}-composable-dra-{component}"
+
+        def token_for(component: str) -> Access:
+            return Access(
+                "create", "serviceaccounts", subresource="token", namespace="@", name=sa(component)
+            )
+
+        expected = {
+            "plugin": ([token_for("plugin")], [token_for("scaler"), token_for("remote-gpu-donor")]),
+            "scaler": ([token_for("scaler")], [token_for("plugin")]),
+            "remote-gpu-donor": (
+                [Access("create", "tokenreviews", "authentication.k8s.io"),
+                 Access("get", "resourceclaims", "resource.k8s.io", namespace="any", name="c")],
+                [Access("list", "resourceclaims", "resource.k8s.io"),
+                 Access("patch", "resourceclaims", "resource.k8s.io", "status", namespace="any"),
+                 token_for("plugin"),
+                 Access("get", "secrets", namespace="@")],
+            ),
+        }  # fmt: skip
+        wrong = []
+        for component, (can, cannot) in expected.items():
+            user = f"system:serviceaccount:{namespace}:{sa(component)}"
+            for access, want in [(a, True) for a in can] + [(a, False) for a in cannot]:
+                if allowed(kube_json, user, groups, access.attributes(namespace)) != want:
+                    wrong.append(f"{component} {'cannot' if want else 'can'} {access}")
+        assert not wrong, "\n".join(wrong)
+    finally:
+        release.cleanup()
