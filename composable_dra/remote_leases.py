@@ -205,6 +205,19 @@ def add_client_arguments(p: argparse.ArgumentParser, role: str) -> None:
     )
 
 
+def client_from_args(
+    args: argparse.Namespace, kube: Kube, node: tuple[str, str] | None = None
+) -> LeaseClient:
+    """The client ``add_client_arguments``' flags describe (``--lease-service-account``
+    set); tokens bound to ``node`` (name, uid) when given. SystemExit on bad flags."""
+    try:
+        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
+        namespace, name = parse_service_account(args.lease_service_account)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return LeaseClient(directory, TokenSource(kube, namespace, name, node), args.donor_ca_file)
+
+
 def parse_service_account(value: str) -> tuple[str, str]:
     ns, sep, name = value.partition("/")
     if not sep or not re.fullmatch(_LABEL, ns) or not re.fullmatch(_SUBDOMAIN, name):
