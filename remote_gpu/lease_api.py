@@ -142,6 +142,7 @@ class LeaseBook:
         self._lock = threading.Lock()
         self._by_id: dict[int, Lease] = {}
         self._by_claim: dict[str, int] = {}
+        self.instance = secrets.token_hex(8)  # this process's: leases die with it
 
     def open(self, req: OpenLease) -> tuple[Lease, bool]:
         """The claim's lease (and True when new). CONFLICT when the claim's lease is for
@@ -171,6 +172,7 @@ class LeaseBook:
                 lease=lease_id,
                 donor=self.donor,
                 endpoint=self.endpoint,
+                instance=self.instance,
                 claim_uid=req.claim_uid,
                 namespace=req.namespace,
                 name=req.name,
@@ -344,7 +346,11 @@ class LeaseAPI:
 
     async def _list(self, request: web.Request) -> web.Response:
         self._controller(await self._who(request))
-        return _json(LeaseList(items=self.book.items()).model_dump(by_alias=True))
+        return _json(
+            LeaseList(instance=self.book.instance, items=self.book.items()).model_dump(
+                by_alias=True
+            )
+        )
 
     async def _credentials(self, request: web.Request) -> web.Response:
         who = await self._who(request)

@@ -150,7 +150,7 @@ class RemoteSetup:
             TokenSource(self.kube, self.ns, CONTROLLER_SA),
             str(self.ca.cert_path),
         )
-        return client.list(self.donor)
+        return client.list(self.donor).items
 
     def describe(self) -> str:
         parts = [p.log_tail(30) for p in (*self.procs, self.donor_proc)]
@@ -250,7 +250,7 @@ def lease_and_run(setup: RemoteSetup, name: str) -> tuple[JSON, dict[str, str], 
     assert data["donor"] == setup.donor
     assert data["endpoint"] == f"127.0.0.1:{setup.data_port}"
     # No credentials in the claim: the lease id and where, nothing that opens it.
-    assert set(data) == {"donor", "endpoint", "lease"}
+    assert set(data) == {"donor", "endpoint", "lease", "instance"}
     wait_for(lambda: pod_running(kube, ns, name), 60, "the pod to run", describe=setup.describe)
     pod = kube.get(path("v1", "pods", name, namespace=ns))
     env, mounts = container_env(setup, pod)
@@ -277,17 +277,24 @@ def end_pod_and_claim(setup: RemoteSetup, name: str) -> None:
 
 
 def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
-    _, env, mounts = lease_and_run(remote, "lent")
+    claim, env, mounts = lease_and_run(remote, "lent")
     run_matmul(env, mounts)
     token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
+    mac = json.loads(token_file.read_text())["mac"]
 
     end_pod_and_claim(remote, "lent")
     assert not token_file.exists()
     wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
-    # No credential reached a log.
-    secret = json.dumps(str(remote.secret.read_text()))[1:-1]
-    for proc in (*remote.procs, remote.donor_proc):
-        assert secret not in proc.log_path.read_text()
+    # The lease's secret (the token's MAC) and the donor's key reached no log, no Event
+    # and not the claim.
+    events = remote.kube.get(path("v1", "events", namespace=remote.ns))["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "lent"}
+    assert "RemoteGPUReady" in reasons
+    logs = [p.read_text(errors="replace") for p in remote.root.rglob("*.log")]
+    assert len(logs) >= 4  # donor, scaler, both plugins
+    for text in (*logs, json.dumps(events), json.dumps(claim)):
+        assert mac not in text
+        assert remote.secret.read_text() not in text
 
 
 def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:

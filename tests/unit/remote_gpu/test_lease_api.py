@@ -176,7 +176,7 @@ def test_only_the_controller_opens_and_lists_and_opening_is_idempotent(served: S
     assert first.endpoint == "127.0.0.1:7470" and first.donor == "donor-a"
     # The same claim's lease for another device: that allocation must end first.
     refused(lambda: controller.open(DONOR, request("o1", device="gpu-1-remote")), Code.CONFLICT)
-    assert first.lease in {i.lease for i in controller.list(DONOR)}
+    assert first.lease in {i.lease for i in controller.list(DONOR).items}
 
 
 def test_credentials_only_for_the_consumer_nodes_plugin_and_a_real_allocation(
@@ -205,7 +205,7 @@ def test_close_by_the_controller_or_the_consumer_plugin(served: Served) -> None:
     controller.close(DONOR, b.lease)
     controller.close(DONOR, b.lease)  # gone already: no error
     assert {a.lease, b.lease} <= set(served.closed)
-    assert not {a.lease, b.lease} & {i.lease for i in controller.list(DONOR)}
+    assert not {a.lease, b.lease} & {i.lease for i in controller.list(DONOR).items}
 
 
 def test_tls_is_verified_by_default(served: Served) -> None:
@@ -245,7 +245,9 @@ def test_claim_problem() -> None:
 
 def served_info() -> Any:
     book = LeaseBook("donor-a", "e:1", SECRET, 60.0)
-    return book.open(request("u"))[0].info
+    info = book.open(request("u"))[0].info
+    assert info.instance == book.instance
+    return info
 
 
 FIELDS = st.sampled_from(["claimUID", "namespace", "name", "device", "node", "x"])
