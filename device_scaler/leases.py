@@ -131,6 +131,21 @@ def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]
     return out
 
 
+def lending_donors(slices: Iterable[JSON], driver: str) -> set[str]:
+    """The donor nodes whose pools offer remote devices: whose leases a controller that
+    just started must read, though no claim it sees holds one of theirs any more."""
+    out: set[str] = set()
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        lends = any(
+            str(d.get("name", "")).endswith(REMOTE_SUFFIX) for d in spec.get("devices") or []
+        )
+        if spec.get("driver") == driver and is_node_name(pool) and lends:
+            out.add(pool)
+    return out
+
+
 @dataclass(frozen=True)
 class Open:
     alloc: RemoteAlloc
@@ -249,7 +264,15 @@ class LeaseController(InformerDriven):
         self.claims = Informer(
             kube, path(RESOURCE_API, "resourceclaims"), self._wake.set, name="lease-claims"
         )
-        self.informers = [self.claims]
+        # Which nodes lend (no wake-ups: slices change often, and a donor's leases are
+        # read every ``resync`` seconds anyway).
+        self.slices = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            name="lease-slices",
+            fieldSelector=f"spec.driver={settings.driver}",
+        )
+        self.informers = [self.claims, self.slices]
         self._listed: dict[str, tuple[float, LeaseList]] = {}
         self._donors: set[str] = set()  # every donor seen, so their leases are judged
         self._first_seen: dict[tuple[str, str], float] = {}
@@ -322,6 +345,7 @@ class LeaseController(InformerDriven):
         for key in [k for k in self._first_seen if k not in live]:
             del self._first_seen[key]
         self._donors |= {a.donor for a in allocs}
+        self._donors |= lending_donors(self.slices.items(), self.settings.driver)
         actions = plan(allocs, self._list(self._donors))
         for action in actions:
             if isinstance(action, Close):

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
-from composable_dra.remote_leases import DonorDirectory, LeaseClient, LeaseInfo, TokenSource
+from composable_dra.remote_leases import (
+    Code,
+    DonorDirectory,
+    LeaseAPIError,
+    LeaseClient,
+    LeaseInfo,
+    TokenSource,
+)
 from dra_driver import cdi
 from hack import chart
 from hack.localcluster import ControlPlane
@@ -143,14 +150,20 @@ class RemoteSetup:
             describe=proc.log_tail,
         )
 
-    def leases(self) -> list[LeaseInfo]:
-        """The donor's open leases, asked as the lease controller."""
-        client = LeaseClient(
+    def client(self, sa: str, node: str | None = None) -> LeaseClient:
+        """A lease API client with real tokens of ``sa`` (bound to ``node`` if given)."""
+        bound = None
+        if node is not None:
+            bound = (node, self.kube.get(path("v1", "nodes", node))["metadata"]["uid"])
+        return LeaseClient(
             DonorDirectory({self.donor: self.api_url}),
-            TokenSource(self.kube, self.ns, CONTROLLER_SA),
+            TokenSource(self.kube, self.ns, sa, bound),
             str(self.ca.cert_path),
         )
-        return client.list(self.donor).items
+
+    def leases(self) -> list[LeaseInfo]:
+        """The donor's open leases, asked as the lease controller."""
+        return self.client(CONTROLLER_SA).list(self.donor).items
 
     def describe(self) -> str:
         parts = [p.log_tail(30) for p in (*self.procs, self.donor_proc)]
@@ -279,6 +292,15 @@ def end_pod_and_claim(setup: RemoteSetup, name: str) -> None:
 def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
     claim, env, mounts = lease_and_run(remote, "lent")
     run_matmul(env, mounts)
+    # Real TokenReviews: the credentials go to the consumer node's plugin only.
+    lease = int(env["REMOTE_GPU_LEASE"])
+    for sa, node in ((PLUGIN_SA, remote.donor), (PLUGIN_SA, None), (CONTROLLER_SA, None)):
+        with pytest.raises(LeaseAPIError) as err:
+            remote.client(sa, node).credentials(remote.donor, lease)
+        assert err.value.code is Code.FORBIDDEN, (sa, node, err.value)
+    with pytest.raises(LeaseAPIError) as err:  # and leases open for the controller only
+        remote.client(PLUGIN_SA, remote.consumer).list(remote.donor)
+    assert err.value.code is Code.FORBIDDEN
     token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
     mac = json.loads(token_file.read_text())["mac"]
 
@@ -388,3 +410,27 @@ def test_donor_unreachable_fails_the_lease_and_the_pod_runs_once_it_returns(
     run_matmul(*container_env(remote, pod))
     end_pod_and_claim(remote, "late")
     wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+
+
+def test_a_restarted_controller_closes_the_leases_no_claim_holds(remote: RemoteSetup) -> None:
+    """The claim goes while the controller is down: it closes the lease from the donor's
+    list when it starts. (The pod is on a node with no kubelet, so no plugin ever
+    prepared the claim or would close the lease at unprepare.)"""
+    kube, ns = remote.kube, remote.ns
+    idle = remote.cluster.node("idle")
+    claim_pod(kube, ns, "orphan", idle, remote=True)
+    wait_for(
+        lambda: condition(get_claim(kube, ns, "orphan"), "RemoteGPUReady"),
+        60,
+        "RemoteGPUReady on the claim",
+        describe=remote.describe,
+    )
+    (held,) = remote.leases()
+    scaler = remote.procs[0]
+    scaler.kill()
+    kube.delete(path("v1", "pods", "orphan", namespace=ns), gracePeriodSeconds=0)
+    kube.delete(path(RESOURCE, "resourceclaims", "orphan", namespace=ns))
+    wait_for(lambda: get_claim(kube, ns, "orphan") is None, 60, "the claim to go")
+    assert [i.lease for i in remote.leases()] == [held.lease]  # nobody closed it yet
+    scaler.start()
+    wait_for(lambda: remote.leases() == [], 60, "the lease to close", describe=remote.describe)

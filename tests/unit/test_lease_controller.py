@@ -14,6 +14,7 @@ from device_scaler.leases import (
     Open,
     RemoteAlloc,
     condition_entry,
+    lending_donors,
     plan,
     remote_allocations,
     with_retries,
@@ -176,3 +177,23 @@ def test_with_retries_retries_only_retryable_errors() -> None:
     with pytest.raises(LeaseAPIError):
         with_retries(down, 3, 0.001, stop)
     assert len(calls) == 3
+
+
+def test_lending_donors_are_the_node_pools_with_remote_devices() -> None:
+    def sl(pool: str, *devices: str, driver: str = DRIVER) -> dict[str, Any]:
+        return {
+            "spec": {
+                "driver": driver,
+                "pool": {"name": pool},
+                "devices": [{"name": d} for d in devices],
+            }
+        }
+
+    slices = [
+        sl("node-a", "gpu-0", "gpu-0-remote"),
+        sl("node-b", "gpu-0"),  # does not lend
+        sl("fab/zone", "gpu-9-remote"),  # a fabric pool
+        sl("node-c", "gpu-0-remote", driver="other.example.com"),
+        {"spec": {"driver": DRIVER, "pool": {"name": "node-d"}, "sharedCounters": []}},
+    ]
+    assert lending_donors(slices, DRIVER) == {"node-a"}
