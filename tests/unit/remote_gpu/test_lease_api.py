@@ -68,7 +68,13 @@ IDS = {
 class Reviewer:
     """TokenReview stand-in: token -> identity (only for this donor's audience)."""
 
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
     def review(self, token: str, aud: str) -> Identity:
+        self.calls.append(token)
+        if token == "api-down":
+            raise LeaseAPIError(Code.UNAVAILABLE, "TokenReview failed")
         if aud != audience(DONOR) or token not in IDS:
             raise LeaseAPIError(Code.UNAUTHENTICATED, "the token does not authenticate")
         return IDS[token]
@@ -126,10 +132,11 @@ class Served:
         self.book = LeaseBook("donor-a", "127.0.0.1:7470", SECRET, 60.0)
         self.claims = Claims()
         self.closed: list[int] = []
+        self.reviewer = Reviewer()
         self.api = LeaseAPI(
             LeaseAPIConfig(DONOR, DRIVER, CONTROLLER, PLUGIN),
             self.book,
-            Reviewer(),
+            self.reviewer,
             self.claims,
             lambda lease, _expiry: self.closed.append(lease),
         )
@@ -230,6 +237,17 @@ def test_bad_requests_are_typed(served: Served) -> None:
         assert resp.json()["code"] in {c.value for c in Code}
     resp = http.request("GET", served.url + "/v1/leases")  # no token at all
     assert resp.status == 401
+
+
+def test_token_reviews_are_reused_briefly_but_not_an_api_server_failure(served: Served) -> None:
+    before = served.reviewer.calls.count("plugin-d")
+    for _ in range(3):
+        refused(lambda: served.client("forged-1").list(DONOR), Code.UNAUTHENTICATED)
+        refused(lambda: served.client("plugin-d").list(DONOR), Code.FORBIDDEN)
+        refused(lambda: served.client("api-down").list(DONOR), Code.UNAVAILABLE)
+    assert served.reviewer.calls.count("forged-1") == 1
+    assert served.reviewer.calls.count("plugin-d") - before <= 1  # cached by another test?
+    assert served.reviewer.calls.count("api-down") == 3
 
 
 def test_claim_problem() -> None:
