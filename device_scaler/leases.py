@@ -173,7 +173,8 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
     failures. ``listed`` has the leases of the donors whose list is current (read after
     this controller's last open there); leases of other donors are not judged. A ready
     lease missing from the donor process that opened it was closed by its consumer's
-    plugin (the pod ended) and is left alone; missing from a restarted donor, it is lost."""
+    plugin (the pod ended; the claim, reserved by no pod, is deallocated next) and is
+    left alone. Missing from a restarted donor, it is lost: its pod's token is dead."""
     wanted = {(a.donor, a.uid): a for a in allocs}
     actions: list[Action] = []
     for donor, leases in sorted(listed.items()):

@@ -45,6 +45,7 @@ from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, wrong_a
 from tests.e2e.test_lend import (
     DRIVER,
     Cluster,
+    allocated,
     claim_pod,
     device_class,  # noqa: F401  (the fixture, for every test)
     get_claim,
@@ -434,3 +435,38 @@ def test_a_restarted_controller_closes_the_leases_no_claim_holds(remote: RemoteS
     assert [i.lease for i in remote.leases()] == [held.lease]  # nobody closed it yet
     scaler.start()
     wait_for(lambda: remote.leases() == [], 60, "the lease to close", describe=remote.describe)
+
+
+def test_a_claim_used_by_a_second_pod_gets_a_new_lease(remote: RemoteSetup) -> None:
+    """The first pod's end closes its lease (the plugin, at unprepare) and the claim,
+    reserved by no pod, is deallocated; the next pod on it gets a new allocation and a
+    new lease, and runs."""
+    kube, ns = remote.kube, remote.ns
+    claim, env, mounts = lease_and_run(remote, "shared")
+    first = (device_status(claim) or {})["data"]["lease"]
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "shared", namespace=ns))
+    wait_for(lambda: allocated(kube, ns, "shared") is None, 60, "the claim to be deallocated")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+    pod = {
+        "metadata": {"name": "second"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": remote.consumer},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.invalid/app",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+        },
+    }
+    kube.create(path("v1", "pods", namespace=ns), pod)
+    wait_for(lambda: pod_running(kube, ns, "second"), 60, "the second pod to run")
+    env, mounts = container_env(remote, kube.get(path("v1", "pods", "second", namespace=ns)))
+    assert int(env["REMOTE_GPU_LEASE"]) != first
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "second", namespace=ns))
+    kube.delete(path(RESOURCE, "resourceclaims", "shared", namespace=ns))
+    wait_for(lambda: remote.leases() == [], 60, "every lease to close", describe=remote.describe)

@@ -131,7 +131,8 @@ def test_plan_fails_a_ready_lease_its_donor_lost_but_judges_only_listed_donors()
     assert plan([r], {"node-a": listed(instance="i2")}) == [
         Fail(r, "LeaseLost", "donor node-a no longer holds lease 3")
     ]
-    # The same donor process closed it (the consumer's pod ended): nothing to do.
+    # The same donor process closed it (the consumer's pod ended; the claim is
+    # deallocated next): nothing to do.
     assert plan([r], {"node-a": listed(instance="i1")}) == []
     # An unreachable donor (not listed): nothing of its is judged.
     assert plan([r], {}) == []
