@@ -550,4 +550,6 @@ def main(
             conn.send(("err", seq, outcome[0].value, outcome[1]))
         else:
             conn.send(("ok", seq, outcome[0], outcome[1]))
+    # The lease is over, and its donor may be gone (killed): leave nothing in /dev/shm.
+    arena.owner = True
     arena.close()

@@ -55,6 +55,7 @@ from tests.e2e.test_lend import (
 pytestmark = pytest.mark.usefixtures("device_class")
 
 RESOURCE = "resource.k8s.io/v1"
+SHM = Path("/dev/shm")
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
 
 
@@ -324,11 +325,15 @@ def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
     claim, env, mounts = lease_and_run(remote, "lent")
     local = {**env, "REMOTE_GPU_TOKEN_FILE": mounts[env["REMOTE_GPU_TOKEN_FILE"]]}
     a = np.ones((8, 8))
+    arenas = f"remote-gpu-{int(env['REMOTE_GPU_LEASE']):016x}-*"
     with RemoteGPU.from_env(local, timeout=5) as gpu:
         gpu.invoke("matmul", a, a)
+        assert list(SHM.glob(arenas))  # the lease's arena, while it serves
         remote.donor_proc.kill()
         with pytest.raises(RemoteGPUError):
             gpu.invoke("matmul", a, a)
+    # The killed donor's worker ends with its lease and takes the arena with it.
+    wait_for(lambda: not list(SHM.glob(arenas)), 30, "the lease's arena to go")
     # The donor comes back with no leases: the controller sees the lease gone.
     remote.start_donor()
     lost = wait_for(
