@@ -30,7 +30,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,7 @@ _CODE_ERRORS: dict[str, type[FabricError]] = {
     "E_RESOURCE_IN_USE": InUseError,
     "E_INSUFFICIENT_RESOURCES": InsufficientError,
     "E_NOT_FOUND": NotFoundError,
+    "E_OPERATION_FAILED": OperationFailedError,
 }
 
 
@@ -190,6 +191,7 @@ class FsasFabricManagerBackend:
         insecure_skip_tls_verify: bool = False,
         timeout: float = 15.0,
         session: requests.Session | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.tenant = tenant_uuid
@@ -200,8 +202,9 @@ class FsasFabricManagerBackend:
         self._timeout = timeout
         self._http = session or requests.Session()
         self._http.verify = False if insecure_skip_tls_verify else (ca_file or certifi.where())
+        self._clock = clock
         self._lock = threading.Lock()  # guards the token
-        self._token: tuple[str, float] | None = None  # (access token, expires at, monotonic)
+        self._token: tuple[str, float] | None = None  # (access token, expires at on clock)
         self.token_fetches = 0
 
     # -- transport -----------------------------------------------------------------------
@@ -221,7 +224,7 @@ class FsasFabricManagerBackend:
             raise AuthError(f"token request to {url}: no access_token in the answer")
         self.token_fetches += 1
         wall = time.time()
-        expires = token_expiry(answer, wall) - wall + time.monotonic()
+        expires = token_expiry(answer, wall) - wall + self._clock()
         return str(answer["access_token"]), expires
 
     def _bearer(self, stale: str | None = None) -> str:
@@ -229,7 +232,7 @@ class FsasFabricManagerBackend:
         cached one (the FM refused it). Concurrent callers share one fetch."""
         with self._lock:
             cached = self._token
-            fresh = cached is not None and cached[1] - TOKEN_LEEWAY_S > time.monotonic()
+            fresh = cached is not None and cached[1] - TOKEN_LEEWAY_S > self._clock()
             if cached is None or not fresh or cached[0] == stale:
                 self._token = cached = self._fetch_token()
             return cached[0]
