@@ -40,7 +40,6 @@ import requests
 from api.v1alpha1 import DEVICE_ID
 from composable_dra.fabric.backend import (
     AuthError,
-    BusyError,
     Device,
     FabricError,
     Host,
@@ -53,6 +52,7 @@ from composable_dra.fabric.backend import (
     OperationStatus,
     TransientError,
     Zone,
+    status_error,
 )
 from composable_dra.fabric.redfish import retry_after_seconds
 
@@ -91,17 +91,7 @@ def error_for(status: int, body: Any, headers: Mapping[str, str], what: str) -> 
     retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
     if code in _CODE_ERRORS:
         return _CODE_ERRORS[code](message, retry_after=retry_after)
-    if status in (401, 403):
-        return AuthError(message)
-    if status == 404:
-        return NotFoundError(message)
-    if status == 409:
-        return InUseError(message)
-    if status in (429, 503):
-        return BusyError(message, retry_after=retry_after)
-    if status >= 500:
-        return TransientError(message)
-    return OperationFailedError(message)
+    return status_error(status, message, retry_after)
 
 
 def token_expiry(answer: Mapping[str, Any], now: float) -> float:

@@ -9,7 +9,6 @@ bring it Online), goes Online, and is detached when deleted.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,115 +20,35 @@ from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack.localcluster import ControlPlane
-from hack.localcluster.crds import install_crds
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.plugin_process import PluginProcess
-from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
-from tests.e2e.test_operator import OPS_NS, RESOURCES, Bed, composable
+from tests.e2e.test_operator import Bed, composable, start_bed
 
 FSAS = FsasConfig(
     tenant="tenant-e2e", realm="cdi-e2e", client_id="cdra", client_secret="e2e-secret"
 )
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
 @pytest.fixture
 def fsas_bed(
     kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
 ) -> Iterator[Bed]:
-    install_crds(kube_json)
-    if kube_json.get_or_none(path("v1", "namespaces", OPS_NS)) is None:
-        kube_json.create(path("v1", "namespaces"), {"metadata": {"name": OPS_NS}})
     work = short_tmp / "emulator"
     work.mkdir(parents=True, exist_ok=True)
     emulator = EmulatorProcess(extra_args=process_args(work, FSAS), workdir=work)
-    emulator.start()
-    fabric = f"fsas-{unique}"
-    kube_json.create(
-        path("v1", "secrets", namespace=OPS_NS),
+    yield from start_bed(
+        kube_json,
+        control_plane,
+        short_tmp,
+        unique,
+        emulator,
+        {"backend": "fsas-fm", "fsas": {"tenantUUID": FSAS.tenant, "realm": FSAS.realm}},
         {
-            "metadata": {"name": fabric},
-            "data": {
-                "client_id": _b64(FSAS.client_id),
-                "client_secret": _b64(FSAS.client_secret),
-                "username": _b64("admin"),
-                "password": _b64("admin"),
-            },
+            "client_id": FSAS.client_id,
+            "client_secret": FSAS.client_secret,
+            "username": "admin",
+            "password": "admin",
         },
     )
-    kube_json.create(
-        path(API_VERSION, "fabrics"),
-        {
-            "apiVersion": API_VERSION,
-            "kind": "Fabric",
-            "metadata": {"name": fabric},
-            "spec": {
-                "backend": "fsas-fm",
-                "fsas": {"tenantUUID": FSAS.tenant, "realm": FSAS.realm},
-                "endpoint": emulator.url,
-                "credentialsSecret": {"name": fabric, "namespace": OPS_NS},
-                "pollIntervalSeconds": 5,
-                "operationTimeoutSeconds": 60,
-            },
-        },
-    )
-    node = f"f1-{unique}"
-    create_node(kube_json.api, node, system_uuid=host_uuid("node-1"))
-    creds = short_tmp / "redfish.yaml"
-    creds.write_text("username: admin\npassword: admin\n")
-    kubelet = KubeletEmulator(kube_json, node, short_tmp / "kubelet", short_tmp / "cdi")
-    kubelet.start()
-    plugin = PluginProcess(
-        node=node,
-        kubeconfig=control_plane.kubeconfig,
-        plugins_registry_dir=kubelet.plugins_registry_dir,
-        plugins_dir=kubelet.plugins_dir,
-        cdi_dir=kubelet.cdi_dir,
-        workdir=short_tmp / "plugin",
-        extra_args=[
-            "--device-source=redfish",
-            f"--redfish-endpoint={emulator.url}",
-            f"--redfish-credentials-file={creds}",
-            "--poll-interval=1",
-        ],
-    )
-    plugin.start()
-    operator = ComponentProcess(
-        "operator",
-        [
-            f"--kubeconfig={control_plane.kubeconfig}",
-            "--leader-elect-namespace=kube-system",
-            f"--leader-elect-lease=operator-{unique}",
-            "--metrics-port=0",
-            "--online-poll-seconds=2",
-        ],
-        short_tmp / "operator",
-    ).start()
-    try:
-        yield Bed(kube_json, emulator, fabric, node, plugin, kubelet, operator)
-    finally:
-        for r in kube_json.get(RESOURCES)["items"]:
-            if r["spec"]["fabric"] == fabric:
-                kube_json.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
-        wait_for(
-            lambda: (
-                not [r for r in kube_json.get(RESOURCES)["items"] if r["spec"]["fabric"] == fabric]
-            ),
-            60,
-            "the resources to go",
-            describe=operator.log_tail,
-        )
-        operator.stop()
-        plugin.stop()
-        kubelet.stop()
-        delete_node(kube_json.api, node)
-        kube_json.delete(path(API_VERSION, "fabrics", fabric))
-        emulator.stop()
 
 
 def test_fsas_fm_attaches_and_detaches(fsas_bed: Bed, unique: str) -> None:
