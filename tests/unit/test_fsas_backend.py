@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.parse
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 
+from api.v1alpha1 import FabricSpec
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.fsas import (
     TOKEN_LEEWAY_S,
@@ -18,6 +20,7 @@ from composable_dra.fabric.fsas import (
     FsasFabricManagerBackend,
     token_expiry,
 )
+from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import gpu_uuid, host_uuid
@@ -169,8 +172,6 @@ def test_other_tenant_is_refused(emu: EmulatorProcess) -> None:
 def test_token_expiry_from_expires_in_or_the_jwt() -> None:
     assert token_expiry({"expires_in": 60}, 100.0) == 160.0
     claims = json.dumps({"exp": 4242}).encode()
-    import base64
-
     payload = base64.urlsafe_b64encode(claims).decode().rstrip("=")
     assert token_expiry({"access_token": f"h.{payload}.s"}, 0.0) == 4242.0
     with pytest.raises(b.AuthError):
@@ -248,3 +249,78 @@ def test_cohdi_shaped_requests(emu: EmulatorProcess, tmp_path: Path) -> None:
     bad = _raw(emu, "PATCH", f"machines/{N3}/update?tenant_uuid=tenant-7", json={"tenants": 1})
     assert bad.status_code == 400
     assert bad.json()["detail"]["code"] == "E_INVALID_PARAMETER"
+
+
+class FakeResponse:
+    def __init__(self, status: int, body: Any) -> None:
+        self.status_code, self._body = status, body
+        self.headers: dict[str, str] = {}
+
+    def json(self) -> Any:
+        return self._body
+
+
+class StrangerFM:
+    """An FM that ignores the res_uuid condition and attaches another GPU (one module's
+    unit test: the guard cannot be reached through the emulator, which honours it)."""
+
+    verify: Any = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def post(self, url: str, **_: Any) -> FakeResponse:
+        return FakeResponse(200, {"access_token": "t", "expires_in": 300})
+
+    def request(self, method: str, url: str, **kw: Any) -> FakeResponse:
+        self.calls.append((method, url.rsplit("/api/v1/", 1)[-1], kw.get("json")))
+        gpu = {"res_uuid": "gpu-1", "res_type": "gpu", "res_op_status": "0", "res_spec": {}}
+        if method == "GET":
+            return FakeResponse(200, {"data": {"resources": [gpu]}})
+        if method == "PATCH":
+            other = {**gpu, "res_uuid": "gpu-9"}
+            return FakeResponse(200, {"data": {"machines": [{"resources": [other]}]}})
+        return FakeResponse(200, {})
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_fm_that_attaches_another_gpu_gets_it_back_and_the_attach_fails() -> None:
+    fm = StrangerFM()
+    backend = FsasFabricManagerBackend(
+        "https://fm.example",
+        CREDS,
+        tenant_uuid="t",
+        realm="r",
+        session=fm,  # type: ignore[arg-type]
+    )
+    with pytest.raises(b.OperationFailedError, match="gpu-9"):
+        backend.attach("gpu-1", "m-1")
+    deletes = [c for c in fm.calls if c[0] == "DELETE"]
+    assert len(deletes) == 1 and deletes[0][1] == "machines/m-1/update"
+    spec = deletes[0][2]["tenants"]["machines"][0]["resources"][0]["res_specs"][0]
+    assert spec == {"res_type": "gpu", "res_uuid": "gpu-9", "res_num": 1}
+
+
+def test_registry_builds_the_backend_from_the_fabric_and_its_secret() -> None:
+    def secret(**keys: str) -> SecretKeys:
+        data = {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()}
+        return SecretKeys({"metadata": {"namespace": "ns", "name": "s"}, "data": data})
+
+    spec = FabricSpec.model_validate(
+        {
+            "backend": "fsas-fm",
+            "endpoint": "https://fm.example",
+            "fsas": {"tenantUUID": "t-1", "realm": "cdi"},
+            "credentialsSecret": {"namespace": "ns", "name": "s"},
+        }
+    )
+    backend = FACTORIES["fsas-fm"](spec, secret(client_id="c", client_secret="x"), None)
+    assert isinstance(backend, FsasFabricManagerBackend) and backend.tenant == "t-1"
+    with pytest.raises(FabricConfigError, match="client_secret"):
+        FACTORIES["fsas-fm"](spec, secret(client_id="c"), None)
+    bare = spec.model_copy(update={"fsas": None})
+    with pytest.raises(FabricConfigError, match=r"spec\.fsas"):
+        FACTORIES["fsas-fm"](bare, secret(client_id="c", client_secret="x"), None)
+    assert "x" not in repr(secret(client_id="c", client_secret="x"))
