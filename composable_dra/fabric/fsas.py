@@ -38,6 +38,7 @@ import certifi
 import requests
 
 from api.v1alpha1 import DEVICE_ID
+from composable_dra import logs
 from composable_dra.fabric.backend import (
     AuthError,
     Device,
@@ -56,12 +57,14 @@ from composable_dra.fabric.backend import (
 )
 from composable_dra.fabric.redfish import retry_after_seconds
 
+log = logs.get(__name__)
+
 FM = "fabric_manager/api/v1"
 GPU = "gpu"
 # A token is renewed this long before it expires, so no request carries a dying one.
 TOKEN_LEEWAY_S = 30.0
 _DEVICE_ID = re.compile(DEVICE_ID)
-_SEGMENT = re.compile(r"^[A-Za-z0-9._-]+$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9._:-]+$")  # DEVICE_ID's characters; quoted anyway
 # res_op_status: its first digit is the health (0 OK, 1 warning, 2 critical).
 _HEALTHY = ("0", "1")
 # FM error codes (detail.code) whose meaning the status alone does not carry.
@@ -214,7 +217,9 @@ class FsasFabricManagerBackend:
             raise AuthError(f"token request to {url}: no access_token in the answer")
         self.token_fetches += 1
         wall = time.time()
-        expires = token_expiry(answer, wall) - wall + self._clock()
+        lifetime = token_expiry(answer, wall) - wall
+        log.info("fsas token fetched", endpoint=self.endpoint, valid_s=round(lifetime))
+        expires = lifetime + self._clock()
         return str(answer["access_token"]), expires
 
     def _bearer(self, stale: str | None = None) -> str:
