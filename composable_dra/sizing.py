@@ -12,7 +12,9 @@ import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from api.v1alpha1 import ComposabilityRequestSpec
+from pydantic import ValidationError
+
+from api.v1alpha1 import ComposabilityRequestSpec, ComposableResourceSpec
 from composable_dra import names
 from composable_dra.kube import JSON
 
@@ -50,6 +52,14 @@ def least_recently_used(resources: Iterable[JSON], default: float) -> list[JSON]
         resources,
         key=lambda r: (last_used(r, default), str((r.get("metadata") or {}).get("name", ""))),
     )
+
+
+def spec_of(resource: JSON) -> ComposableResourceSpec | None:
+    """A ComposableResource's spec, typed; None for one the schema should have refused."""
+    try:
+        return ComposableResourceSpec.model_validate(resource.get("spec") or {})
+    except ValidationError:
+        return None
 
 
 def desired_size(spec: ComposabilityRequestSpec) -> int:

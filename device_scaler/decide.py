@@ -27,8 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
+from api.v1alpha1 import ClaimRef as ClaimRefSpec
 from api.v1alpha1 import ComposableResourceSpec
 from composable_dra import names
 from composable_dra.kube import JSON
@@ -41,6 +40,7 @@ from composable_dra.sizing import (
     least_recently_used,
     limits,
     parse_time,
+    spec_of,
 )
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
@@ -288,14 +288,6 @@ class Counts:
 
     def add(self, key: tuple[str, str, str], delta: int = 1) -> Counts:
         return Counts({**self.by_key, key: self.by_key.get(key, 0) + delta})
-
-
-def spec_of(cr: JSON) -> ComposableResourceSpec | None:
-    """The resource's spec, typed; None for one the schema should have refused."""
-    try:
-        return ComposableResourceSpec.model_validate(cr.get("spec") or {})
-    except ValidationError:
-        return None
 
 
 def _key(spec: ComposableResourceSpec) -> tuple[str, str, str]:
@@ -715,14 +707,13 @@ def resource_body(
     model: str,
     node: str,
 ) -> JSON:
-    spec: JSON = {
-        "fabric": fabric,
-        "deviceID": block,
-        "targetNode": node,
-        "claimRef": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
-    }
-    if model:
-        spec["model"] = model
+    spec = ComposableResourceSpec(
+        fabric=fabric,
+        device_id=block,
+        target_node=node,
+        model=model or None,
+        claim_ref=ClaimRefSpec(namespace=claim.namespace, name=claim.name, uid=claim.uid),
+    ).model_dump(by_alias=True, exclude_defaults=True)
     return {
         "apiVersion": API_VERSION,
         "kind": "ComposableResource",

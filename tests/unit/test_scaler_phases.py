@@ -13,6 +13,7 @@ from composable_dra.sizing import (
     last_used,
     least_recently_used,
     limits,
+    spec_of,
 )
 from device_scaler.decide import (
     ANN_EXPIRES,
@@ -40,7 +41,6 @@ from device_scaler.decide import (
     pending_claim,
     scale_down,
     settled,
-    spec_of,
 )
 from tests.unit.test_scaler import CFG, NOW, POOL, claim, resource, snap
 
