@@ -1,7 +1,7 @@
 """Where the ComposableResource controller's decisions are recorded: status, Events,
 metrics and log lines, for one resource, in one place.
 
-The attach daemon (attach_daemon.py) and the detach handler (controller.py) decide with
+The attach daemon (attach_daemon.py) and the detach handler (handlers.py) decide with
 the pure functions of reconcile.py and make the fabric calls; what each decision says
 about the resource goes through ``Recorder``. Nothing here imports kopf: Events go to
 whatever ``EventSink`` the caller gives (kopf's, or a test's list).

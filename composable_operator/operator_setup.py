@@ -1,4 +1,5 @@
-"""kopf settings shared by our controllers: where kopf keeps its own bookkeeping."""
+"""kopf settings shared by our controllers: where kopf keeps its own bookkeeping, and how
+it logs in (kopf's own login functions, so that refreshed credentials are picked up)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ def register(registry: kopf.OperatorRegistry, in_cluster: bool) -> None:
         settings.execution.max_workers = 16
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # kopf's own logins: kopf calls this again whenever the API server refuses the
-        # credentials, so a rotated service-account token is read afresh.
-        if in_cluster:
-            return kopf.login_with_service_account(**kwargs)
-        return kopf.login_with_kubeconfig(**kwargs)  # KUBECONFIG, as the caller set it
+    def on_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return login(in_cluster, **kwargs)
+
+
+def login(in_cluster: bool, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own logins: kopf calls this again whenever the API server refuses the
+    credentials, so a rotated service-account token (or kubeconfig) is read afresh."""
+    if in_cluster:
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)  # KUBECONFIG, as the caller set it

@@ -1,7 +1,8 @@
 """Decisions of the ComposableResource controller, as pure functions.
 
 Observed state goes in (the resource, the fabric as just read, the node's view), one
-action comes out. The adapter in controller.py carries the action out and records it.
+action comes out. The attach daemon (attach_daemon.py) and the detach handler
+(handlers.py) carry the action out; actions.py records it.
 Because the fabric is re-read before every decision, a retry after a lost response, a
 restart or a duplicate event finds the device already attached (or detached) and does
 not act twice.
