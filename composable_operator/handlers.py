@@ -91,79 +91,85 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def detach(name: str, body: kopf.Body, retry: int, **_: Any) -> None:
-        spec = ComposableResourceSpec.model_validate(dict(body.spec))
-        rlog = log.bind(resource=name, device=spec.device_id, node=spec.target_node)
-        rec = Recorder(ctl, kopf_events(body), name, spec, rlog)
-        t0 = time.monotonic()
+        await detach_resource(ctl, name, body, retry)
+
+
+async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: int) -> None:
+    """Detach the resource's device (see the module docstring); raise kopf.TemporaryError
+    to be called again later."""
+    spec = ComposableResourceSpec.model_validate(dict(body.spec))
+    rlog = log.bind(resource=name, device=spec.device_id, node=spec.target_node)
+    rec = Recorder(ctl, kopf_events(body), name, spec, rlog)
+    t0 = time.monotonic()
+    try:
+        fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
+    except FabricGoneError as exc:
+        # Nothing can reach that fabric any more: deleting the Fabric object took it out
+        # of our hands. Let the resource go, loudly, rather than block it forever.
+        message = f"{exc}: {spec.device_id} may still be attached to {spec.target_node}"
+        rec.event(EventType.WARNING, "FabricGone", message)
+        rlog.warning("fabric gone; releasing the resource without a detach")
+        return
+    except FabricConfigError as exc:
+        raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
+    uid = str(body.meta.get("uid") or name)
+    record = parse_attach_record(dict(body.status))
+    limit = float(fabric.operation_timeout_seconds)
+    consistent = False
+    while True:
+        call = ctl.attaches.get(uid)
+        changes = ctl.cache.slice_changes if ctl.cache is not None else None
+        seen = changes.version if changes is not None else 0
         try:
-            fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
-        except FabricGoneError as exc:
-            # Nothing can reach that fabric any more: deleting the Fabric object took it out
-            # of our hands. Let the resource go, loudly, rather than block it forever.
-            message = f"{exc}: {spec.device_id} may still be attached to {spec.target_node}"
-            rec.event(EventType.WARNING, "FabricGone", message)
-            rlog.warning("fabric gone; releasing the resource without a detach")
-            return
-        except FabricConfigError as exc:
-            raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
-        uid = str(body.meta.get("uid") or name)
-        record = parse_attach_record(dict(body.status))
-        limit = float(fabric.operation_timeout_seconds)
-        consistent = False
-        while True:
-            call = ctl.attaches.get(uid)
-            changes = ctl.cache.slice_changes if ctl.cache is not None else None
-            seen = changes.version if changes is not None else 0
-            try:
-                o, host, refs = await ctl.observe_detach(
-                    backend, fabric, spec, dict(body.status), name, uid, record, consistent
-                )
-                action = decide_detach(o)
-                if action.kind in ENDINGS and not consistent:
-                    consistent = True  # confirm on the API server's own state first
-                    continue
-                consistent = False
-                if action.kind == DetachKind.AWAIT_ATTACH:
-                    assert call is not None
-                    await rec.detach_step(action)
-                    await asyncio.wait([call.request], timeout=limit)
-                    continue
-                if action.kind == DetachKind.FOLLOW_ATTACH:
-                    await rec.detach_step(action)
-                    # A failed attach leaves the device free: the re-read shows it.
-                    with contextlib.suppress(OperationFailedError):
-                        await ctl.end_attach(uid, name, backend, pending_task(call, record), limit)
-                    record = None
-                    continue
-            except FabricError as exc:
-                rec.fabric_unreadable(exc)
-                raise kopf.TemporaryError(str(exc), delay=retry_delay(retry, exc)) from exc
-            if action.kind == DetachKind.AWAIT_UNPUBLISH:
-                # Keep the taint: the block is back in the pool once this resource is gone.
-                first = uid not in ctl.unpublish_since
-                ctl.unpublish_since.setdefault(uid, time.monotonic())
-                await rec.detach_step(action, first_look=first)
-                if changes is None:
-                    raise kopf.TemporaryError(action.message, delay=action.delay)
-                left = ctl.settings.unpublish_limit - o.unpublish_waited
-                await changes.wait(seen, min(max(left, 0.0) + 0.1, UNPUBLISH_LOOK_SECONDS))
+            o, host, refs = await ctl.observe_detach(
+                backend, fabric, spec, dict(body.status), name, uid, record, consistent
+            )
+            action = decide_detach(o)
+            if action.kind in ENDINGS and not consistent:
+                consistent = True  # confirm on the API server's own state first
                 continue
-            await rec.detach_step(action, host=host)
-            if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
-                ctl.attaches.pop(uid, None)
-                ctl.unpublish_since.pop(uid, None)
-                await asyncio.to_thread(ctl.untaint, name)
-                rec.detached(time.monotonic() - t0)
-                return
-            if action.kind == DetachKind.TAINT:
-                await asyncio.to_thread(ctl.taint, name, refs)
-                continue  # re-check allocations with the taint in place
-            if action.kind in (DetachKind.BLOCKED, DetachKind.WAIT):
+            consistent = False
+            if action.kind == DetachKind.AWAIT_ATTACH:
+                assert call is not None
+                await rec.detach_step(action)
+                await asyncio.wait([call.request], timeout=limit)
+                continue
+            if action.kind == DetachKind.FOLLOW_ATTACH:
+                await rec.detach_step(action)
+                # A failed attach leaves the device free: the re-read shows it.
+                with contextlib.suppress(OperationFailedError):
+                    await ctl.end_attach(uid, name, backend, pending_task(call, record), limit)
+                record = None
+                continue
+        except FabricError as exc:
+            rec.fabric_unreadable(exc)
+            raise kopf.TemporaryError(str(exc), delay=retry_delay(retry, exc)) from exc
+        if action.kind == DetachKind.AWAIT_UNPUBLISH:
+            # Keep the taint: the block is back in the pool once this resource is gone.
+            first = uid not in ctl.unpublish_since
+            ctl.unpublish_since.setdefault(uid, time.monotonic())
+            await rec.detach_step(action, first_look=first)
+            if changes is None:
                 raise kopf.TemporaryError(action.message, delay=action.delay)
-            assert host is not None
-            try:
-                op = await asyncio.to_thread(backend.detach, spec.device_id, host)
-                await follow(backend, op, limit)
-            except FabricError as exc:
-                await rec.detach_failed(exc)
-                raise kopf.TemporaryError(str(exc), delay=retry_delay(retry, exc)) from exc
+            left = ctl.settings.unpublish_limit - o.unpublish_waited
+            await changes.wait(seen, min(max(left, 0.0) + 0.1, UNPUBLISH_LOOK_SECONDS))
+            continue
+        await rec.detach_step(action, host=host)
+        if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
+            ctl.attaches.pop(uid, None)
+            ctl.unpublish_since.pop(uid, None)
+            await asyncio.to_thread(ctl.untaint, name)
+            rec.detached(time.monotonic() - t0)
+            return
+        if action.kind == DetachKind.TAINT:
+            await asyncio.to_thread(ctl.taint, name, refs)
+            continue  # re-check allocations with the taint in place
+        if action.kind in (DetachKind.BLOCKED, DetachKind.WAIT):
+            raise kopf.TemporaryError(action.message, delay=action.delay)
+        assert host is not None
+        try:
+            op = await asyncio.to_thread(backend.detach, spec.device_id, host)
+            await follow(backend, op, limit)
+        except FabricError as exc:
+            await rec.detach_failed(exc)
+            raise kopf.TemporaryError(str(exc), delay=retry_delay(retry, exc)) from exc
