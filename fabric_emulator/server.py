@@ -105,6 +105,28 @@ def _drop(request: web.Request) -> None:
         transport.abort()
 
 
+def _log_fault(request: web.Request, rule: faults_mod.Rule, **extra: Any) -> None:
+    where = {"method": request.method, "path": request.path}
+    log.info("fault injected", kind=rule.kind, rule=rule.id, **where, **extra)
+
+
+def _fault_error(rule: faults_mod.Rule | None) -> RedfishError | None:
+    """The error an injected fault answers with instead of the handler, if it is one."""
+    if rule is None:
+        return None
+    if rule.kind == "status503":
+        return RedfishError(
+            503,
+            messages.base("ServiceTemporarilyUnavailable", rule.retry_after),
+            headers={"Retry-After": str(rule.retry_after)},
+        )
+    if rule.kind == "status500":
+        return RedfishError(500, messages.base("InternalError"))
+    if rule.kind == "conflict409":
+        return RedfishError(409, messages.base("ResourceInUse"))
+    return None
+
+
 ADD_ACTION = "ComputerSystem.AddResourceBlock"
 REMOVE_ACTION = "ComputerSystem.RemoveResourceBlock"
 _ACTION_PARAMS = frozenset({"ResourceBlock", "ResourceBlockETag", "ComputerSystemETag"})
@@ -209,40 +231,19 @@ class Emulator:
             log.info("fault: latency", path=request.path, seconds=decision.latency)
             await asyncio.sleep(decision.latency)
         rule = decision.rule
-        response: web.StreamResponse
         if rule is not None and rule.kind != "drop_after":
-            log.info(
-                "fault injected",
-                kind=rule.kind,
-                rule=rule.id,
-                method=request.method,
-                path=request.path,
-            )
+            _log_fault(request, rule)
         if rule is not None and rule.kind == "drop_before":
             _drop(request)
             return web.Response(status=500)
-        if rule is not None and rule.kind == "status503":
-            err = RedfishError(
-                503,
-                messages.base("ServiceTemporarilyUnavailable", rule.retry_after),
-                headers={"Retry-After": str(rule.retry_after)},
-            )
-            response = error_response(err)
-        elif rule is not None and rule.kind == "status500":
-            response = error_response(RedfishError(500, messages.base("InternalError")))
-        elif rule is not None and rule.kind == "conflict409":
-            response = error_response(RedfishError(409, messages.base("ResourceInUse")))
-        else:
-            response = await self._authenticated(request, handler)
+        canned = _fault_error(rule)
+        response = (
+            error_response(canned)
+            if canned is not None
+            else await self._authenticated(request, handler)
+        )
         if rule is not None and rule.kind == "drop_after":
-            log.info(
-                "fault injected",
-                kind=rule.kind,
-                rule=rule.id,
-                method=request.method,
-                path=request.path,
-                status=response.status,
-            )
+            _log_fault(request, rule, status=response.status)
             _drop(request)
         response.headers["OData-Version"] = "4.0"
         response.headers.setdefault("Cache-Control", "no-cache")
