@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fabric_emulator.query import MAX_LEVELS
 from fabric_emulator.state import SYSTEM_BLOCK_PREFIX, Composition, system_block_id
 from fabric_emulator.topology import Block, Topology
 
@@ -119,7 +120,14 @@ def service_root(v: View) -> dict[str, Any]:
         Vendor="composable-dra",
         Product="Redfish fabric emulator",
         ProtocolFeaturesSupported={
-            "ExpandQuery": {"ExpandAll": False, "Levels": False, "Links": False, "NoLinks": False},
+            "ExpandQuery": {
+                "ExpandAll": True,
+                "Levels": True,
+                "MaxLevels": MAX_LEVELS,
+                "Links": True,
+                "NoLinks": True,
+            },
+            "TopSkipQuery": True,
             "SelectQuery": False,
             "FilterQuery": False,
             "OnlyMemberQuery": False,

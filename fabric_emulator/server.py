@@ -20,7 +20,7 @@ from aiohttp import web
 
 from composable_dra import logs
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import limits, messages, persistence, resources, state, tasks
+from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, View
 from fabric_emulator.state import Composition, RedfishError
@@ -43,6 +43,8 @@ class Config:
     # A task also ends on its own this many seconds after it started, polled or not, as a
     # real fabric manager's would: a client that lost the 202 must not leave it pending.
     task_seconds: int = 10
+    # A collection answers at most this many members at a time (query.py).
+    page_size: int = query.DEFAULT_PAGE_SIZE
     state_file: Path | None = None
     # When set, /admin (but its health check) needs "Authorization: Bearer <token>".
     admin_token: str | None = None
@@ -344,9 +346,13 @@ class Emulator:
             if task is not None:
                 async with self.lock:
                     await self.tasks.poll(task)
-        payload = resources.render(self.view(), norm)
+        view = self.view()
+        payload = resources.render(view, norm)
         if payload is None:
             raise self._missing(norm)
+        q = query.parse(list(request.query.items()))
+        payload = query.page(payload, q, self.config.page_size)
+        payload = query.expand(payload, q.expand, q.levels, lambda uri: resources.render(view, uri))
         etag = etag_of(payload)
         headers = {"ETag": etag, "Allow": self._allow(norm)}
         if norm.startswith(f"{tasks.TASKS}/") and payload.get("TaskState") == "Running":
