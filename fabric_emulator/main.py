@@ -11,14 +11,14 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from fabric_emulator.limits import SETTING_MAX
+from fabric_emulator.limits import PAGE_SIZE_MAX, SETTING_MAX
 from fabric_emulator.query import DEFAULT_PAGE_SIZE
 
 
 def _bounded(setting: str, low: int = 0) -> Callable[[str], int]:
     """An argparse type: an integer from ``low`` to the setting's maximum (as
     /admin/config)."""
-    top = SETTING_MAX[setting]
+    top = PAGE_SIZE_MAX if setting == "page_size" else SETTING_MAX[setting]
 
     def parse(text: str) -> int:
         try:

@@ -88,8 +88,10 @@ def enclosure_id(zone_id: str) -> str:
     return f"enclosure-{zone_id}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
+    """A login session as its Session resource shows it (never its token)."""
+
     id: str
     user: str
     created: str
