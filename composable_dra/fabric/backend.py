@@ -69,7 +69,7 @@ class OperationFailedError(FabricError):
     retryable = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands per inventory read
 class Host:
     """A fabric host (Redfish ComputerSystem) that a node runs on."""
 
@@ -78,7 +78,7 @@ class Host:
     name: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Device:
     """A fabric device (a GPU resource block)."""
 
@@ -92,7 +92,7 @@ class Device:
     manufacturer: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Zone:
     """Devices and the hosts they can be attached to."""
 
