@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 from fabric_emulator.query import MAX_LEVELS
@@ -106,6 +107,18 @@ class View:
     sessions: dict[str, SessionInfo]
     tasks: dict[str, dict[str, Any]]  # task id -> rendered Task
     user: str
+
+    @cached_property
+    def _attached(self) -> dict[str, list[str]]:
+        by_host: dict[str, list[str]] = {}
+        for block, host in sorted(self.comp.attached.items()):
+            by_host.setdefault(host, []).append(block)
+        return by_host
+
+    def blocks_of(self, host_id: str) -> list[str]:
+        """The blocks attached to a host, sorted: one pass over the composition per view,
+        however many systems one request renders ($expand)."""
+        return self._attached.get(host_id, [])
 
 
 # ---- service root and protocol documents -------------------------------------------------
@@ -211,7 +224,7 @@ def metadata_xml() -> str:
 def _system(v: View, host_id: str) -> dict[str, Any]:
     host = v.topology.hosts[host_id]
     uri = f"{ROOT}/Systems/{host_id}"
-    blocks = [system_block_id(host_id), *v.comp.blocks_of(host_id)]
+    blocks = [system_block_id(host_id), *v.blocks_of(host_id)]
     return _resource(
         "ComputerSystem",
         uri,
@@ -223,7 +236,7 @@ def _system(v: View, host_id: str) -> dict[str, Any]:
         HostName=host_id,
         PowerState="On",
         Status=_ok(),
-        ProcessorSummary={"Count": 1 + len(v.comp.blocks_of(host_id))},
+        ProcessorSummary={"Count": 1 + len(v.blocks_of(host_id))},
         Processors=link(f"{uri}/Processors"),
         Links={
             "Chassis": [link(f"{ROOT}/Chassis/{host_id}")],
@@ -565,7 +578,7 @@ def _if_host(v: View, host: str, fn: Callable[[], T]) -> T | None:
 
 
 def _processor_ids(v: View, m: re.Match[str]) -> list[str] | None:
-    return _if_host(v, m[1], lambda: _under(m[0], ["CPU0", *v.comp.blocks_of(m[1])]))
+    return _if_host(v, m[1], lambda: _under(m[0], ["CPU0", *v.blocks_of(m[1])]))
 
 
 def _processor(v: View, m: re.Match[str]) -> dict[str, Any] | None:
