@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from composable_dra.component import add_common_arguments, run_controller
@@ -12,7 +11,6 @@ from composable_dra.remote_leases import add_client_arguments
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(p, lease="composable-dra-scaler")
-    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.composable.dra.io"))
     p.add_argument(
         "--attach-timeout",
         type=float,

@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from api.v1alpha1 import ComposableResourceSpec
 from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
@@ -260,21 +261,21 @@ class Scaler(InformerDriven):
                 self.kube.create(path(API_VERSION, "composableresources"), action.body)
             except Conflict:
                 return  # made by an earlier pass or leader
-            spec = action.body["spec"]
+            spec = ComposableResourceSpec.model_validate(action.body["spec"])
             log.info(
                 "attach requested",
                 claim=f"{action.claim.namespace}/{action.claim.name}",
                 resource=action.name,
-                fabric=spec["fabric"],
-                device=spec["deviceID"],
-                node=spec["targetNode"],
+                fabric=spec.fabric,
+                device=spec.device_id,
+                node=spec.target_node,
             )
             self._claim_event(
                 action.claim,
                 "Normal",
                 "AttachRequested",
-                f"ComposableResource {action.name}: attaching {spec['deviceID']} to "
-                f"{spec['targetNode']}",
+                f"ComposableResource {action.name}: attaching {spec.device_id} to "
+                f"{spec.target_node}",
                 action.device,
             )
         elif isinstance(action, SetDeviceStatus):
