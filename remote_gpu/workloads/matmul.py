@@ -8,6 +8,9 @@ ways, ``seconds`` spent in calls, ``gbps`` of payload, ``lease``, ``function``) 
 0; 1 when a product is wrong, 2 on a typed error of the remote GPU service (its ``code``
 in the line), 3 when what the CDI spec should have given is missing. ``--seconds S``
 keeps calling for S seconds instead (at least ``--calls`` calls): a steady load.
+``--local-fallback``: a claim that may be served by a GPU of the pod's own node (no
+lease in the env) computes here instead, on that GPU where a GPU library sees it
+(``remote_gpu.backends``), and says ``"where": "local"``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from remote_gpu import backends, builtins
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import RemoteGPUError
 
@@ -39,8 +43,20 @@ def correct(a: np.ndarray, b: np.ndarray, product: np.ndarray) -> bool:
     )
 
 
+class Local:
+    """The same calls on this node: its GPU where a GPU library sees one, else numpy."""
+
+    def __init__(self, backend: backends.Backend | None) -> None:
+        self._matmul = backends.place("remote_gpu.builtins:matmul", builtins.matmul, backend)
+
+    def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        if name != "matmul":
+            raise RemoteGPUError(f"{name!r} has no local implementation")
+        return (self._matmul(*arrays),)
+
+
 def run(
-    gpu: RemoteGPU, size: int, calls: int, seconds: float, function: str, seed: int
+    gpu: RemoteGPU | Local, size: int, calls: int, seconds: float, function: str, seed: int
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((size, size), dtype=np.float32)
@@ -79,6 +95,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=0.0, help="keep calling this long")
     parser.add_argument("--function", default="matmul", help="the donor's name for matmul")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--local-fallback",
+        action="store_true",
+        help="when the claim gave no remote GPU (no REMOTE_GPU_ENDPOINT), compute here",
+    )
     args = parser.parse_args(argv)
     if args.size < 1 or args.calls < 1 or args.seconds < 0:
         parser.error("--size and --calls must be positive, --seconds not negative")
@@ -89,6 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out: dict[str, Any] = {"function": args.function, "size": args.size}
     missing = [name for name in REQUIRED if not os.environ.get(name)]
+    if missing and args.local_fallback:
+        # The claim gave a GPU of this node (local or attached): no lease to reach.
+        here = backends.from_env()
+        out.update(where="local", backend=here.name if here else "numpy")
+        out.update(run(Local(here), args.size, args.calls, args.seconds, args.function, args.seed))
+        print(json.dumps(out), flush=True)
+        return OK if out["ok"] else WRONG
     if missing:
         out.update(ok=False, error=f"not set: {', '.join(missing)}", code="not_configured")
         print(json.dumps(out), flush=True)
@@ -96,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = OK
     try:
         with RemoteGPU.from_env() as gpu:
-            out["lease"] = gpu.lease
+            out.update(where="remote", lease=gpu.lease)
             out.update(run(gpu, args.size, args.calls, args.seconds, args.function, args.seed))
             code = OK if out["ok"] else WRONG
     except RemoteGPUError as exc:

@@ -95,3 +95,14 @@ def test_a_pod_without_its_lease_says_what_is_missing(
     monkeypatch.delenv("REMOTE_GPU_TOKEN_FILE", raising=False)
     assert matmul.main([]) == matmul.NOT_CONFIGURED
     assert "REMOTE_GPU_ENDPOINT" in str(last_line(capsys)["error"])
+
+
+def test_local_fallback_computes_here_without_a_lease(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("REMOTE_GPU_ENDPOINT", raising=False)
+    monkeypatch.setenv("REMOTE_GPU_BACKEND", "numpy")
+    assert matmul.main(["--size", "16", "--calls", "2", "--local-fallback"]) == matmul.OK
+    out = last_line(capsys)
+    assert out["ok"] is True and out["where"] == "local" and out["backend"] == "numpy"
+    assert out["calls"] == 2
