@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from composable_dra.component import add_common_arguments, run_controller
+from composable_dra.remote_leases import add_client_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,10 +41,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resync", type=float, default=1.0, help="seconds between passes without events"
     )
+    add_client_arguments(p, "lease controller")
+    p.add_argument(
+        "--lease-resync",
+        type=float,
+        default=5.0,
+        help="seconds between reads of each donor's leases (closes what no claim holds)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from device_scaler.decide import Settings
+    from device_scaler.leases import Together
     from device_scaler.scaler import Scaler, ScalerConfig
 
     settings = Settings(
@@ -54,7 +63,31 @@ def run(args: argparse.Namespace) -> int:
         fail_on_fabric_error=args.fail_on_fabric_error,
     )
 
-    def make(kube: Any) -> Scaler:
-        return Scaler(kube, ScalerConfig(settings, resync=args.resync))
+    def make(kube: Any) -> Any:
+        scaler = Scaler(kube, ScalerConfig(settings, resync=args.resync))
+        if not args.lease_service_account:
+            return scaler
+        return Together(scaler, _lease_controller(args, kube))
 
     return run_controller(args, "scaler", make)
+
+
+def _lease_controller(args: argparse.Namespace, kube: Any) -> Any:
+    """The lease controller (remote GPUs), under the scaler's leader election."""
+    from composable_dra.remote_leases import (
+        DonorDirectory,
+        LeaseClient,
+        TokenSource,
+        parse_service_account,
+    )
+    from device_scaler.leases import LeaseController, LeaseSettings
+
+    try:
+        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
+        namespace, name = parse_service_account(args.lease_service_account)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    client = LeaseClient(directory, TokenSource(kube, namespace, name), args.donor_ca_file)
+    return LeaseController(
+        kube, client, LeaseSettings(driver=args.driver_name, resync=args.lease_resync)
+    )

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.slices import LendPolicy
 
+from composable_dra.remote_leases import add_client_arguments
+
 DRIVER = "gpu.composable.dra.io"
 
 
@@ -130,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="node labels key=value[,key=value] a borrower must have (env BORROWERS; "
         "default: every other node in the same network domain)",
     )
+    add_client_arguments(p, "plugin")
     p.add_argument(
         "--no-fsync",
         action="store_true",
@@ -260,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: watcher.devices,
         checkpoint,
         CdiWriter(args.cdi_dir, durable=durable),
+        remote=_remote_leases(args, kube, node, durable),
     )
     server = PluginServer(
         preparer,
@@ -299,3 +303,26 @@ def run(args: argparse.Namespace) -> int:
         attachments.stop()
         publisher.stop()
     return 0
+
+
+def _remote_leases(args: argparse.Namespace, kube: Any, node: dict[str, Any], durable: bool) -> Any:
+    """Credentials of remote GPUs, collected from donors with tokens bound to this Node;
+    None without ``--lease-service-account`` (remote devices then fail to prepare)."""
+    if not args.lease_service_account:
+        return None
+    from composable_dra.remote_leases import (
+        DonorDirectory,
+        LeaseClient,
+        TokenSource,
+        parse_service_account,
+    )
+    from dra_driver.remote_prepare import RemoteLeases
+
+    try:
+        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
+        namespace, name = parse_service_account(args.lease_service_account)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    tokens = TokenSource(kube, namespace, name, node=(args.node_name, node["metadata"]["uid"]))
+    client = LeaseClient(directory, tokens, args.donor_ca_file)
+    return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)

@@ -25,7 +25,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -94,6 +94,8 @@ class DonorConfig:
     # connections (handshaking or serving a lease) one peer address may hold.
     handshake_timeout: float = 10.0
     max_connections_per_peer: int = 64
+    # With a lease API (``lease_api``): only the leases it opened may connect.
+    lease_gate: Callable[[int], bool] | None = None
 
 
 # ``accept`` failures (out of descriptors or memory): first pause, and the longest.
@@ -155,6 +157,7 @@ class Donor:
         # Closed leases until their tokens expire: the ids, and (expiry, id) in a heap.
         self._closed: dict[int, float] = {}
         self._expiries: list[tuple[float, int]] = []
+        self._lease_tasks: dict[int, asyncio.Task[Any]] = {}  # the connection serving each
 
     # ---- listening
 
@@ -244,6 +247,8 @@ class Donor:
         send_lock = asyncio.Lock()
         try:
             lease, key, shm = await self._hello(tr)
+            if (task := asyncio.current_task()) is not None:
+                self._lease_tasks[lease.id] = task
             if lease.ring:
                 await self._serve_ring_lease(tr, lease, key, send_lock)
             elif self.config.direct and isinstance(tr, TcpServerTransport):
@@ -271,6 +276,7 @@ class Donor:
         finally:
             tr.close()
             if lease is not None:
+                self._lease_tasks.pop(lease.id, None)
                 await self._end_lease(lease)
 
     async def _read_meta(self, tr: ServerTransport, header: Header) -> bytes:
@@ -315,6 +321,9 @@ class Donor:
             raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
         if self._lease_closed(hello.lease):
             raise _Fatal(Code.AUTH_FAILED, f"lease {hello.lease} has closed; its token is spent")
+        gate = self.config.lease_gate
+        if gate is not None and not gate(hello.lease):
+            raise _Fatal(Code.AUTH_FAILED, f"lease {hello.lease} is not open on this donor")
         if hello.lease in self.leases:
             raise _Fatal(Code.LEASE_BUSY, f"lease {hello.lease} already has a connection")
         offers = [t for t in self.config.transports if t in ("shm", tr.name)]
@@ -385,6 +394,15 @@ class Donor:
         metrics.LEASES_TOTAL.labels(wanted).inc()
         log.info("lease opened", lease=lease.id, peer=tr.peer, transport=wanted, credits=credits)
         return lease, key, wanted == "shm"
+
+    def revoke(self, lease: int, expiry: float) -> None:
+        """End ``lease`` from outside (its lease was closed): its token opens nothing any
+        more, and the connection serving it, if any, ends with its worker and arena."""
+        self._closed[lease] = expiry
+        heapq.heappush(self._expiries, (expiry, lease))
+        task = self._lease_tasks.pop(lease, None)
+        if task is not None:
+            task.cancel()
 
     def _lease_closed(self, lease: int) -> bool:
         """Whether ``lease`` has been open and closed (forgetting the expired ones)."""

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +60,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the GPU when CuPy or PyTorch sees one; numpy forces numpy)",
     )
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    _add_lease_api_arguments(parser)
+
+
+def _add_lease_api_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "lease API", "open leases for allocated remote devices (docs/operations.md, Remote GPUs)"
+    )
+    g.add_argument("--lease-api-listen", metavar="HOST:PORT", help="serve it here (unset: off)")
+    g.add_argument("--lease-api-cert", help="its TLS certificate (PEM)")
+    g.add_argument("--lease-api-key", help="its TLS key (PEM)")
+    g.add_argument("--node-name", help="the donor's node, its pool's name (default: --name)")
+    g.add_argument("--advertise", metavar="HOST:PORT", help="the data endpoint leases name")
+    g.add_argument("--kubeconfig", help="for TokenReviews and claim reads (default: in-cluster)")
+    g.add_argument("--driver-name", default="gpu.composable.dra.io")
+    g.add_argument(
+        "--lease-controller-sa",
+        metavar="NAMESPACE/NAME",
+        help="the lease controller's service account: it alone opens and lists leases",
+    )
+    g.add_argument(
+        "--lease-plugin-sa",
+        metavar="NAMESPACE/NAME",
+        help="the plugins' service account: a consumer node's plugin collects its credentials",
+    )
+    g.add_argument("--lease-ttl", type=float, default=86400.0, help="seconds a lease's token lives")
 
 
 def parse_allow(items: list[str]) -> dict[str, str]:
@@ -111,10 +137,18 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
+    leases = _lease_api(args, config) if args.lease_api_listen else None
 
     async def main() -> None:
         donor = Donor(config)
         await donor.start(host.strip("[]"), int(port))
+        runner = None
+        if leases is not None:
+            from remote_gpu.lease_api import serve
+
+            leases.set_on_close(donor.revoke)
+            api_host, _, api_port = args.lease_api_listen.rpartition(":")
+            runner, _ = await serve(leases, api_host.strip("[]"), int(api_port), leases.tls)
         listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
@@ -126,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        if runner is not None:
+            await runner.cleanup()
         # End every lease: workers stopped, arenas and doorbells removed from /dev/shm.
         await donor.close()
         del listener
@@ -133,3 +169,52 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
     return 0
+
+
+def _lease_api(args: argparse.Namespace, config: Any) -> Any:
+    """The lease API over a fresh book (a restarted donor has no leases); its data plane
+    then admits only the leases the API opened."""
+    from composable_dra.kube import Kube
+    from composable_dra.remote_leases import parse_service_account
+    from remote_gpu.lease_api import (
+        KubeReviewer,
+        LeaseAPI,
+        LeaseAPIConfig,
+        LeaseBook,
+        server_context,
+        service_account_user,
+    )
+
+    missing = [
+        flag
+        for flag, value in (
+            ("--lease-api-cert", args.lease_api_cert),
+            ("--lease-api-key", args.lease_api_key),
+            ("--lease-controller-sa", args.lease_controller_sa),
+            ("--lease-plugin-sa", args.lease_plugin_sa),
+        )
+        if not value
+    ]
+    if missing:
+        raise SystemExit(f"--lease-api-listen needs {', '.join(missing)}")
+    host = args.listen.rpartition(":")[0].strip("[]")
+    endpoint = args.advertise or (None if host in ("", "0.0.0.0", "::") else args.listen)
+    if endpoint is None:
+        raise SystemExit("--lease-api-listen with a wildcard --listen needs --advertise")
+    try:
+        controller = service_account_user(*parse_service_account(args.lease_controller_sa))
+        plugin = service_account_user(*parse_service_account(args.lease_plugin_sa))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    kube = Kube.from_config(args.kubeconfig)
+    reviewer = KubeReviewer(kube)
+    book = LeaseBook(config.name, endpoint, config.secret, args.lease_ttl)
+    config.lease_gate = book.is_open
+    api = LeaseAPI(
+        LeaseAPIConfig(args.node_name or args.name, args.driver_name, controller, plugin),
+        book,
+        reviewer,
+        reviewer,
+    )
+    api.tls = server_context(args.lease_api_cert, args.lease_api_key)
+    return api
