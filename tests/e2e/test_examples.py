@@ -5,23 +5,21 @@ No node has a GPU of its own: every example is served through the attach flow.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, Kube
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
 from hack.suite import Suite, SuiteOptions
+from tests.e2e.claims_seen import ClaimsSeen
 
 pytestmark = pytest.mark.e2e
-RESOURCE = "resource.k8s.io/v1"
 
 
 @pytest.fixture
@@ -122,28 +120,6 @@ def finished(suite: Suite, namespace: str, name: str) -> bool:
     return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
-class ClaimsSeen:
-    """Every version of the namespace's claims, from a watch: a pod's templated claim is
-    deleted once the pod has finished, so a test that waits for the end reads it here."""
-
-    def __init__(self, kube: Kube, namespace: str) -> None:
-        self.url = path(RESOURCE, "resourceclaims", namespace=namespace)
-        self.kube = kube
-        self.rv = kube.get(self.url)["metadata"]["resourceVersion"]
-        self.latest: dict[str, JSON] = {}
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        # Ends with its timeout, or when the test's control plane goes away under it.
-        with contextlib.suppress(Exception):
-            for event in self.kube.watch(self.url, self.rv, 120):
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    obj = event["object"]
-                    if obj.get("status", {}).get("allocation"):
-                        self.latest[obj["metadata"]["name"]] = obj
-
-
 def test_prefer_local_pool_remote(suite: Suite, namespace: str) -> None:
     """No node has a GPU and none lends one: the pool subrequest serves it, and the
     pod's own process (the matmul workload) computes on its node and succeeds."""
@@ -155,8 +131,7 @@ def test_prefer_local_pool_remote(suite: Suite, namespace: str) -> None:
     )
     pod = suite.pod(namespace, name)
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    wait_for(lambda: claim_name in seen.latest, 30, "the claim's allocation in the watch")
-    claim = seen.latest[claim_name]
+    claim = wait_for(lambda: seen.allocated(claim_name), 30, "the claim's allocation seen")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["request"] == "gpu/pool"
     node = next(n for n in suite.nodes.values() if n.name == pod["spec"]["nodeName"])
