@@ -2,9 +2,9 @@
 
 ``python -m remote_gpu.workloads.matmul --size N --calls K`` connects with
 ``RemoteGPU.from_env()`` (what the claim's CDI spec injected), multiplies ``K`` pairs of
-random ``N x N`` float32 matrices with the donor's ``matmul`` and checks each product
-against numpy here. It prints one JSON line (``ok``, ``calls``, ``bytes`` moved both
-ways, ``seconds`` spent in calls, ``gbps`` of payload, ``lease``, ``function``) and exits
+random float32 matrices (``N x N`` by ``N x --cols``, square by default) with the
+donor's ``matmul`` and checks each product against numpy here. It prints one JSON line (``ok``, ``calls``, ``bytes`` moved both
+ways, ``seconds`` spent in calls, ``GBps`` of payload, ``lease``, ``function``) and exits
 0; 1 when a product is wrong, 2 on a typed error of the remote GPU service (its ``code``
 in the line), 3 when what the CDI spec should have given is missing. ``--seconds S``
 keeps calling for S seconds instead (at least ``--calls`` calls): a steady load.
@@ -56,15 +56,23 @@ class Local:
 
 
 def run(
-    gpu: RemoteGPU | Local, size: int, calls: int, seconds: float, function: str, seed: int
+    gpu: RemoteGPU | Local,
+    size: int,
+    calls: int,
+    seconds: float,
+    function: str,
+    seed: int,
+    cols: int | None = None,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
+    # Two left operands taken in turn: consecutive calls compute different products.
+    lefts = [rng.standard_normal((size, size), dtype=np.float32) for _ in range(2)]
+    b = rng.standard_normal((size, cols or size), dtype=np.float32)
     done = moved = 0
     spent = 0.0
     until = time.monotonic() + seconds
     while done < calls or time.monotonic() < until:
+        a = lefts[done % 2]
         start = time.perf_counter()
         (product,) = gpu.invoke(function, a, b)
         spent += time.perf_counter() - start
@@ -78,19 +86,21 @@ def run(
                 "seconds": spent,
                 "error": "wrong product",
             }
-        a, b = b, a  # another product next time, with no new data to make
     return {
         "ok": True,
         "calls": done,
         "bytes": moved,
         "seconds": round(spent, 6),
-        "gbps": round(moved / spent / 1e9, 4) if spent else None,
+        "GBps": round(moved / spent / 1e9, 4) if spent else None,
     }
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=256, help="N of the N x N matrices")
+    parser.add_argument(
+        "--cols", type=int, help="columns of the right operand (default: N, square)"
+    )
     parser.add_argument("--calls", type=int, default=4, help="products to compute (at least)")
     parser.add_argument("--seconds", type=float, default=0.0, help="keep calling this long")
     parser.add_argument("--function", default="matmul", help="the donor's name for matmul")
@@ -101,9 +111,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="when the claim gave no remote GPU (no REMOTE_GPU_ENDPOINT), compute here",
     )
     args = parser.parse_args(argv)
-    if args.size < 1 or args.calls < 1 or args.seconds < 0:
-        parser.error("--size and --calls must be positive, --seconds not negative")
+    if args.size < 1 or args.calls < 1 or args.seconds < 0 or (args.cols or 1) < 1:
+        parser.error("--size, --cols and --calls must be positive, --seconds not negative")
     return args
+
+
+def run_as_asked(gpu: RemoteGPU | Local, args: argparse.Namespace) -> dict[str, Any]:
+    return run(gpu, args.size, args.calls, args.seconds, args.function, args.seed, args.cols)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The claim gave a GPU of this node (local or attached): no lease to reach.
         here = backends.from_env()
         out.update(where="local", backend=here.name if here else "numpy")
-        out.update(run(Local(here), args.size, args.calls, args.seconds, args.function, args.seed))
+        out.update(run_as_asked(Local(here), args))
         print(json.dumps(out), flush=True)
         return OK if out["ok"] else WRONG
     if missing:
@@ -125,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with RemoteGPU.from_env() as gpu:
             out.update(where="remote", lease=gpu.lease)
-            out.update(run(gpu, args.size, args.calls, args.seconds, args.function, args.seed))
+            out.update(run_as_asked(gpu, args))
             code = OK if out["ok"] else WRONG
     except RemoteGPUError as exc:
         out.update(ok=False, error=exc.message, code=str(exc.code))

@@ -106,3 +106,16 @@ def test_local_fallback_computes_here_without_a_lease(
     out = last_line(capsys)
     assert out["ok"] is True and out["where"] == "local" and out["backend"] == "numpy"
     assert out["calls"] == 2
+
+
+def test_a_narrow_right_operand(
+    donor: Running,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lease_env(monkeypatch, tmp_path, donor.endpoint, donor.token())
+    assert matmul.main(["--size", "64", "--cols", "2", "--calls", "3"]) == matmul.OK
+    out = last_line(capsys)
+    assert out["ok"] is True
+    assert out["bytes"] == 3 * (64 * 64 + 64 * 2 + 64 * 2) * 4
