@@ -3,14 +3,15 @@
 ``python -m remote_gpu.workloads.matmul --size N --calls K`` connects with
 ``RemoteGPU.from_env()`` (what the claim's CDI spec injected), multiplies ``K`` pairs of
 random float32 matrices (``N x N`` by ``N x --cols``, square by default) with the
-donor's ``matmul`` and checks each product against numpy here. It prints one JSON line (``ok``, ``calls``, ``bytes`` moved both
-ways, ``seconds`` spent in calls, ``GBps`` of payload, ``lease``, ``function``) and exits
-0; 1 when a product is wrong, 2 on a typed error of the remote GPU service (its ``code``
-in the line), 3 when what the CDI spec should have given is missing. ``--seconds S``
-keeps calling for S seconds instead (at least ``--calls`` calls): a steady load.
-``--local-fallback``: a claim that may be served by a GPU of the pod's own node (no
-lease in the env) computes here instead, on that GPU where a GPU library sees it
-(``remote_gpu.backends``), and says ``"where": "local"``.
+donor's ``matmul`` and checks each product against numpy here. It prints one JSON line
+(``ok``, ``calls``, ``bytes`` moved both ways, ``seconds`` spent in calls, ``GBps`` of
+payload, ``lease``, ``function``) and exits 0; 1 when a product is wrong, 2 on a typed
+error of the remote GPU service (its ``code`` in the line), 3 when what the CDI spec
+should have given is missing. ``--seconds S`` keeps calling for S seconds instead (at
+least ``--calls`` calls): a steady load. ``--local-fallback``: a claim that may be
+served by a GPU of the pod's own node (no lease in the env) computes here instead, on
+that GPU where a GPU library sees it (``remote_gpu.backends``), and says
+``"where": "local"``.
 """
 
 from __future__ import annotations
