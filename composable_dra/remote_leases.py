@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -205,6 +205,19 @@ def add_client_arguments(p: argparse.ArgumentParser, role: str) -> None:
     )
 
 
+def client_from_args(
+    args: argparse.Namespace, kube: Kube, node: tuple[str, str] | None = None
+) -> LeaseClient:
+    """The client ``add_client_arguments``' flags describe (``--lease-service-account``
+    set); tokens bound to ``node`` (name, uid) when given. SystemExit on bad flags."""
+    try:
+        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
+        namespace, name = parse_service_account(args.lease_service_account)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return LeaseClient(directory, TokenSource(kube, namespace, name, node), args.donor_ca_file)
+
+
 def parse_service_account(value: str) -> tuple[str, str]:
     ns, sep, name = value.partition("/")
     if not sep or not re.fullmatch(_LABEL, ns) or not re.fullmatch(_SUBDOMAIN, name):
@@ -213,6 +226,10 @@ def parse_service_account(value: str) -> tuple[str, str]:
 
 
 # -- tokens ------------------------------------------------------------------------------
+
+
+class Tokens(Protocol):
+    def token(self, aud: str) -> str: ...
 
 
 class TokenSource:
@@ -276,7 +293,7 @@ class LeaseClient:
     def __init__(
         self,
         directory: DonorDirectory,
-        tokens: TokenSource,
+        tokens: Tokens,
         ca_file: str | None = None,
         timeout: float = 5.0,
     ) -> None:

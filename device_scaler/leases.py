@@ -26,6 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from composable_dra import logs
 from composable_dra.component import Controller
+from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
 from composable_dra.remote_leases import (
@@ -42,6 +43,7 @@ from composable_dra.remote_leases import (
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"
+COMPONENT = "composable-dra-lease-controller"
 
 LEASE_SETUP = Histogram(
     "composable_dra_lease_setup_seconds",
@@ -241,10 +243,31 @@ class LeaseController(InformerDriven):
         self._donors: set[str] = set()  # every donor seen, so their leases are judged
         self._first_seen: dict[tuple[str, str], float] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lease-open")
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-events")
 
     def stop(self) -> None:
         super().stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._events.shutdown(wait=False, cancel_futures=True)
+
+    def _event(self, a: RemoteAlloc, kind: str, reason: str, message: str) -> None:
+        """An Event on the claim, posted off the path that opens leases."""
+        involved = {
+            "kind": "ResourceClaim",
+            "apiVersion": RESOURCE_API,
+            "name": a.name,
+            "namespace": a.namespace,
+            "uid": a.uid,
+        }
+        body = event_body(involved, a.namespace, kind, reason, message, COMPONENT)
+
+        def post() -> None:
+            try:
+                self.kube.create(path("v1", "events", namespace=a.namespace), body)
+            except KubeError as exc:
+                log.debug("event not posted", error=str(exc))
+
+        self._events.submit(post)
 
     def _loop(self) -> None:
         if not self.wait_synced():
@@ -347,6 +370,7 @@ class LeaseController(InformerDriven):
                 node=a.node,
                 lease=info.lease,
             )
+            self._event(a, "Normal", REMOTE_READY, f"{a.device}: {message}")
         return None
 
     def _fail(self, action: Fail) -> None:
@@ -361,6 +385,9 @@ class LeaseController(InformerDriven):
                 device=a.device,
                 reason=action.reason,
                 error=action.message,
+            )
+            self._event(
+                a, "Warning", REMOTE_FAILED, f"{a.device}: {action.reason}: {action.message}"
             )
 
     def _write(self, a: RemoteAlloc, entry: JSON) -> bool:

@@ -74,20 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _lease_controller(args: argparse.Namespace, kube: Any) -> Any:
     """The lease controller (remote GPUs), under the scaler's leader election."""
-    from composable_dra.remote_leases import (
-        DonorDirectory,
-        LeaseClient,
-        TokenSource,
-        parse_service_account,
-    )
+    from composable_dra.remote_leases import client_from_args
     from device_scaler.leases import LeaseController, LeaseSettings
 
-    try:
-        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
-        namespace, name = parse_service_account(args.lease_service_account)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    client = LeaseClient(directory, TokenSource(kube, namespace, name), args.donor_ca_file)
+    client = client_from_args(args, kube)
     return LeaseController(
         kube, client, LeaseSettings(driver=args.driver_name, resync=args.lease_resync)
     )

@@ -15,7 +15,6 @@ import datetime
 import itertools
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from composable_dra import logs, names
+from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import normalize_uuid
@@ -401,23 +401,7 @@ class Scaler(InformerDriven):
         )
 
     def _event(self, involved: JSON, namespace: str, kind: str, reason: str, message: str) -> None:
-        stamp = now_rfc3339()
-        body = {
-            "metadata": {
-                "name": f"{involved['name']}.{uuid.uuid4().hex[:12]}",
-                "namespace": namespace,
-            },
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1000],
-            "type": kind,
-            "source": {"component": COMPONENT},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-        }
+        body = event_body(involved, namespace, kind, reason, message, COMPONENT)
         # Events are for people: posted off the path that attaches devices.
         self._events.submit(self._post_event, namespace, body)
 

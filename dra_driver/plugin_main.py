@@ -310,19 +310,8 @@ def _remote_leases(args: argparse.Namespace, kube: Any, node: dict[str, Any], du
     None without ``--lease-service-account`` (remote devices then fail to prepare)."""
     if not args.lease_service_account:
         return None
-    from composable_dra.remote_leases import (
-        DonorDirectory,
-        LeaseClient,
-        TokenSource,
-        parse_service_account,
-    )
+    from composable_dra.remote_leases import client_from_args
     from dra_driver.remote_prepare import RemoteLeases
 
-    try:
-        directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
-        namespace, name = parse_service_account(args.lease_service_account)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    tokens = TokenSource(kube, namespace, name, node=(args.node_name, node["metadata"]["uid"]))
-    client = LeaseClient(directory, tokens, args.donor_ca_file)
+    client = client_from_args(args, kube, node=(args.node_name, node["metadata"]["uid"]))
     return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)

@@ -11,7 +11,6 @@ container (the token file the plugin wrote, mapped through the spec's mount) and
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -21,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.kube import JSON, Kube, path
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, LeaseInfo, TokenSource
 from dra_driver import cdi
+from hack import chart
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
@@ -34,7 +34,17 @@ from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import RemoteGPUError
-from tests.e2e.test_lend import CLASS, DRIVER, Cluster, claim_pod, get_claim, wait_allocated
+from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, wrong_access
+from tests.e2e.test_lend import (
+    DRIVER,
+    Cluster,
+    claim_pod,
+    device_class,  # noqa: F401  (the fixture, for every test)
+    get_claim,
+    wait_allocated,
+)
+
+pytestmark = pytest.mark.usefixtures("device_class")
 
 RESOURCE = "resource.k8s.io/v1"
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
@@ -162,26 +172,18 @@ class RemoteSetup:
 
 @pytest.fixture
 def remote(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str, namespace: str
+    kube_json: Kube,
+    control_plane: ControlPlane,
+    short_tmp: Path,
+    unique: str,
+    namespace: str,
 ) -> Iterator[RemoteSetup]:
-    with_class(kube_json)
     setup = RemoteSetup(kube_json, control_plane, short_tmp, unique, namespace)
     try:
         setup.start()
         yield setup
     finally:
         setup.close()
-
-
-def with_class(kube: Kube) -> None:
-    with contextlib.suppress(Conflict):
-        kube.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
 
 
 def device_status(claim: JSON) -> JSON | None:
@@ -313,3 +315,69 @@ def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
     assert not Path(local["REMOTE_GPU_TOKEN_FILE"]).exists()
     assert remote.leases() == []
     assert claim["metadata"]["uid"]
+
+
+def test_chart_rbac_for_leases_is_what_they_need_and_no_more(
+    kube_json: Kube, namespace: str, unique: str
+) -> None:
+    """SubjectAccessReviews against the chart's roles with remote GPUs on."""
+    rel = f"r{unique}"
+    release = Release(Resources(kube_json), namespace)
+    try:
+        for obj in chart.render(
+            release=rel, namespace=namespace, values={"remoteGPU": {"enabled": True}}
+        ):
+            if obj["kind"] in RBAC_KINDS:
+                release.create(obj)
+
+        def sa(component: str) -> str:
+            return f"{rel}-composable-dra-{component}"
+
+        def token_for(component: str) -> Access:
+            return Access(
+                "create", "serviceaccounts", subresource="token", namespace="@", name=sa(component)
+            )
+
+        expected = {
+            "plugin": ([token_for("plugin")], [token_for("scaler"), token_for("remote-gpu-donor")]),
+            "scaler": ([token_for("scaler")], [token_for("plugin")]),
+            "remote-gpu-donor": (
+                [Access("create", "tokenreviews", "authentication.k8s.io"),
+                 Access("get", "resourceclaims", "resource.k8s.io", namespace="any", name="c")],
+                [Access("list", "resourceclaims", "resource.k8s.io"),
+                 Access("patch", "resourceclaims", "resource.k8s.io", "status", namespace="any"),
+                 token_for("plugin"),
+                 Access("get", "secrets", namespace="@")],
+            ),
+        }  # fmt: skip
+        wrong = wrong_access(kube_json, namespace, rel, expected)
+        assert not wrong, "\n".join(wrong)
+    finally:
+        release.cleanup()
+
+
+def test_donor_unreachable_fails_the_lease_and_the_pod_runs_once_it_returns(
+    remote: RemoteSetup,
+) -> None:
+    kube, ns = remote.kube, remote.ns
+    assert remote.donor_proc.stop() == 0
+    claim_pod(kube, ns, "late", remote.consumer, remote=True)
+    scaler = remote.procs[0]
+    wait_for(
+        lambda: any(
+            e.get("event") == "remote GPU failed" and e.get("reason") == "DonorUnreachable"
+            for e in scaler.log_events()
+        ),
+        60,
+        "RemoteGPUFailed for the unreachable donor",
+        describe=remote.describe,
+    )
+    pod = kube.get(path("v1", "pods", "late", namespace=ns))
+    assert not pod["spec"].get("nodeName")  # the failure condition kept it from binding
+    # The scheduler picks again; once the donor is back, the lease opens and the pod runs.
+    remote.start_donor()
+    wait_for(lambda: pod_running(kube, ns, "late"), 90, "the pod to run", describe=remote.describe)
+    pod = kube.get(path("v1", "pods", "late", namespace=ns))
+    run_matmul(*container_env(remote, pod))
+    end_pod_and_claim(remote, "late")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
