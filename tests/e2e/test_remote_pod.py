@@ -16,11 +16,11 @@ import pytest
 from composable_dra.kube import JSON, Kube, path
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen
-from tests.e2e.test_lend import CLASS, REMOTE
+from tests.e2e.test_lend import CLASS, REMOTE, device_class
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 
-pytestmark = pytest.mark.e2e
-__all__ = ["remote"]  # the fixture this module uses
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]
+__all__ = ["device_class", "remote"]  # the fixtures this module uses
 RESOURCE = "resource.k8s.io/v1"
 
 
