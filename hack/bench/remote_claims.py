@@ -60,14 +60,13 @@ from hack.localcluster.nodes import create_node  # noqa: E402
 from hack.localcluster.pki import CertificateAuthority  # noqa: E402
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices  # noqa: E402
 from hack.localcluster.process import ComponentProcess  # noqa: E402
+from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS  # noqa: E402
+from hack.localcluster.remote_pods import DRIVER, matmul_claim_and_pod  # noqa: E402
 from hack.localcluster.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
-DRIVER = "gpu.composable.dra.io"
-CLASS = "composable-gpu"
 NAMESPACE = "bench"
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
-REMOTE = f'device.attributes["{DRIVER}"].attachment == "remote"'
 DOMAIN = "bench-domain"
 
 
@@ -313,49 +312,6 @@ class ClaimWatch:
         self._stop.set()
 
 
-def workload_pod(name: str, node: str, size: int, seconds: float) -> tuple[JSON, JSON]:
-    claim: JSON = {
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": CLASS,
-                            "selectors": [{"cel": {"expression": REMOTE}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    pod: JSON = {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "composable-dra:latest",
-                    "command": ["python", "-m", "remote_gpu.workloads.matmul"],
-                    # 1 MiB left operands; a narrow right one keeps the donor's CPU
-                    # (no GPU here) from bounding what the link carries.
-                    "args": [
-                        *("--size", str(size), "--cols", "8"),
-                        *("--calls", "1", "--seconds", str(seconds)),
-                    ],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        },
-    }
-    return claim, pod
-
-
 def phase(kube: Kube, name: str) -> str:
     pod = kube.get_or_none(path("v1", "pods", name, namespace=NAMESPACE)) or {}
     return str((pod.get("status") or {}).get("phase", ""))
@@ -373,7 +329,16 @@ def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -
         for i, name in enumerate(names):
             consumer = lab.consumers[i % len(lab.consumers)]
             where[name] = consumer
-            claim, pod = workload_pod(name, consumer.node, args.size, args.seconds)
+            # 1 MiB left operands; a narrow right one keeps the donor's CPU (no GPU here)
+            # from bounding what the link carries.
+            claim, pod = matmul_claim_and_pod(
+                name,
+                consumer.node,
+                [
+                    *("--size", str(args.size), "--cols", "8"),
+                    *("--calls", "1", "--seconds", str(args.seconds)),
+                ],
+            )
             kube.create(path(RESOURCE, "resourceclaims", namespace=NAMESPACE), claim)
             kube.create(path("v1", "pods", namespace=NAMESPACE), pod)
         deadline = args.seconds * args.pods + 120

@@ -123,12 +123,10 @@ def apply_cdi(env: Mapping[str, str], edits: Iterable[JSON], root: Path) -> Appl
     return Applied(rewritten, links)
 
 
-def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> list[JSON]:
-    """The containerEdits of each CDI device ID, spec-wide edits first, in ID order.
-
-    ContainerError for an ID that no spec under ``cdi_dir`` names (a runtime refuses
-    to start such a container).
-    """
+def cdi_devices(cdi_dir: Path) -> dict[str, list[JSON]]:
+    """Every device of the CDI specs in ``cdi_dir`` by its fully qualified name
+    (vendor/class=name): its edits, the spec-wide ones first. Unreadable specs are skipped,
+    as a runtime skips them."""
     found: dict[str, list[JSON]] = {}
     for spec_file in sorted(cdi_dir.glob("*.json")):
         try:
@@ -142,6 +140,16 @@ def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> list[JSON]:
             if dev.get("containerEdits"):
                 edits.append(dev["containerEdits"])
             found[f"{kind}={dev.get('name', '')}"] = edits
+    return found
+
+
+def cdi_edits(cdi_dir: Path, device_ids: Sequence[str]) -> list[JSON]:
+    """The containerEdits of each CDI device ID, spec-wide edits first, in ID order.
+
+    ContainerError for an ID that no spec under ``cdi_dir`` names (a runtime refuses
+    to start such a container).
+    """
+    found = cdi_devices(cdi_dir)
     out: list[JSON] = []
     for device_id in device_ids:
         if device_id not in found:

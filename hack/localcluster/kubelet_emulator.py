@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import heapq
-import json
 import threading
 import time
 import uuid
@@ -41,7 +40,13 @@ from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from composable_dra import logs
 from composable_dra.kube import JSON, Gone, Kube, KubeError, path
-from hack.localcluster.containers import ContainerError, Containers, pod_status, runs_processes
+from hack.localcluster.containers import (
+    ContainerError,
+    Containers,
+    cdi_devices,
+    pod_status,
+    runs_processes,
+)
 
 RUN_SECONDS_ANNOTATION = "composable.dra.io/emulated-run-seconds"
 # Versions in order of preference, with the modules that speak them.
@@ -81,16 +86,7 @@ def now_rfc3339() -> str:
 
 def cdi_devices_on_disk(cdi_dir: Path) -> set[str]:
     """Fully qualified CDI device names (vendor/class=name) of the spec files in cdi_dir."""
-    names: set[str] = set()
-    for spec_file in sorted(cdi_dir.glob("*.json")):
-        try:
-            spec = json.loads(spec_file.read_text())
-        except (OSError, ValueError):
-            continue
-        kind = spec.get("kind", "")
-        for dev in spec.get("devices", []):
-            names.add(f"{kind}={dev.get('name', '')}")
-    return names
+    return set(cdi_devices(cdi_dir))
 
 
 def claim_names(pod: JSON) -> list[str] | None:

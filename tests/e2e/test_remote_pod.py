@@ -14,9 +14,10 @@ import json
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
+from hack.localcluster.remote_pods import matmul_claim_and_pod
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen
-from tests.e2e.test_lend import CLASS, REMOTE, device_class
+from tests.e2e.test_lend import CLASS, device_class
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]
@@ -25,47 +26,10 @@ RESOURCE = "resource.k8s.io/v1"
 
 
 def workload_pod(kube: Kube, ns: str, name: str, node: str, args: list[str]) -> JSON:
-    kube.create(
-        path(RESOURCE, "resourceclaims", namespace=ns),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": CLASS,
-                                "selectors": [{"cel": {"expression": REMOTE}}],
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
-    pod: JSON = kube.create(
-        path("v1", "pods", namespace=ns),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "composable-dra:latest",
-                        "command": ["python", "-m", "remote_gpu.workloads.matmul"],
-                        "args": args,
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        },
-    )
-    return pod
+    claim, pod = matmul_claim_and_pod(name, node, args, CLASS)
+    kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim)
+    created: JSON = kube.create(path("v1", "pods", namespace=ns), pod)
+    return created
 
 
 def phase(kube: Kube, ns: str, name: str) -> str:

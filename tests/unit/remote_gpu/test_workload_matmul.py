@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,29 +40,44 @@ def last_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     return out
 
 
-def test_products_checked_and_reported(
+Workload = Callable[..., tuple[int, dict[str, object]]]
+
+
+@pytest.fixture
+def workload(
     donor: Running,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:
-    token = donor.token()
-    lease_env(monkeypatch, tmp_path, donor.endpoint, token)
-    assert matmul.main(["--size", "64", "--calls", "3"]) == matmul.OK
-    out = last_line(capsys)
-    assert out["ok"] is True and out["calls"] == 3 and out["lease"] == token.lease
+) -> Workload:
+    """Run the workload with a lease of the donor (a token of ``token_of`` when given):
+    its exit code and its JSON line."""
+
+    def run(*args: str, token_of: str | None = None) -> tuple[int, dict[str, object]]:
+        token = donor.token(donor=token_of)
+        lease_env(monkeypatch, tmp_path, donor.endpoint, token)
+        code = matmul.main(list(args))
+        return code, last_line(capsys)
+
+    return run
+
+
+def test_products_checked_and_reported(workload: Workload) -> None:
+    code, out = workload("--size", "64", "--calls", "3")
+    assert code == matmul.OK
+    assert out["ok"] is True and out["calls"] == 3 and out["where"] == "remote"
     assert out["bytes"] == 3 * 3 * 64 * 64 * 4  # two operands and the product, each call
 
 
-def test_a_wrong_product_fails_the_pod(
-    donor: Running,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    lease_env(monkeypatch, tmp_path, donor.endpoint, donor.token())
-    assert matmul.main(["--size", "8", "--function", "wrong"]) == matmul.WRONG
-    out = last_line(capsys)
+def test_a_narrow_right_operand(workload: Workload) -> None:
+    code, out = workload("--size", "64", "--cols", "2", "--calls", "3")
+    assert code == matmul.OK and out["ok"] is True
+    assert out["bytes"] == 3 * (64 * 64 + 64 * 2 + 64 * 2) * 4
+
+
+def test_a_wrong_product_fails_the_pod(workload: Workload) -> None:
+    code, out = workload("--size", "8", "--function", "wrong")
+    assert code == matmul.WRONG
     assert out["ok"] is False and out["error"] == "wrong product"
 
 
@@ -74,17 +89,10 @@ def test_a_wrong_product_fails_the_pod(
     ],
 )
 def test_typed_errors_are_reported_with_their_code(
-    donor: Running,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    function: str,
-    token_of: str | None,
-    code: str,
+    workload: Workload, function: str, token_of: str | None, code: str
 ) -> None:
-    lease_env(monkeypatch, tmp_path, donor.endpoint, donor.token(donor=token_of))
-    assert matmul.main(["--size", "8", "--function", function]) == matmul.SERVICE_ERROR
-    out = last_line(capsys)
+    exit_code, out = workload("--size", "8", "--function", function, token_of=token_of)
+    assert exit_code == matmul.SERVICE_ERROR
     assert out["ok"] is False and out["code"] == code
 
 
@@ -106,16 +114,3 @@ def test_local_fallback_computes_here_without_a_lease(
     out = last_line(capsys)
     assert out["ok"] is True and out["where"] == "local" and out["backend"] == "numpy"
     assert out["calls"] == 2
-
-
-def test_a_narrow_right_operand(
-    donor: Running,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    lease_env(monkeypatch, tmp_path, donor.endpoint, donor.token())
-    assert matmul.main(["--size", "64", "--cols", "2", "--calls", "3"]) == matmul.OK
-    out = last_line(capsys)
-    assert out["ok"] is True
-    assert out["bytes"] == 3 * (64 * 64 + 64 * 2 + 64 * 2) * 4
