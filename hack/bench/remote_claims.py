@@ -23,6 +23,14 @@ products right), ``oversubscribed_links`` = 0, ``leaked_leases`` = 0,
 ``lease_ready_p50_s`` <= 1. The last line is JSON.
 
     python -m hack.bench.remote_claims --pods 8 --seconds 5
+
+Three runs on the development machine (2 vCPUs, load average about 24 from other work,
+donors without a GPU): every pod ran, no link oversubscribed (4 leases on each donor at
+once, its cap), nothing leaked; ``lease_ready_p50_s`` 0.80, 1.50 and 1.51 (p99 1.0 to
+2.0): the eight leases become ready one after another over about 1.2 s, the lease
+controller's and the donor's work on a saturated CPU. ``goodput_GBps_per_pod`` 0.004 to
+0.008: eight workloads, two donors' workers and the control plane share two CPUs, so
+the figure is the machine's, not the link's (one lease alone on it: 0.036 GB/s).
 """
 
 from __future__ import annotations
