@@ -91,6 +91,9 @@ class LeaseInfo(_Model):
     lease: int = Field(ge=1, lt=2**53)
     donor: str  # the data plane's donor name (the tokens' ``donor``)
     endpoint: str  # host:port of the data plane
+    # The donor process that holds the lease: a restarted donor has another, and none
+    # of the leases before (a lease missing from the same instance was closed by a caller).
+    instance: str
     claim_uid: str = Field(alias="claimUID")
     namespace: str
     name: str
@@ -99,6 +102,7 @@ class LeaseInfo(_Model):
 
 
 class LeaseList(_Model):
+    instance: str
     items: list[LeaseInfo] = Field(default_factory=list)
 
 
@@ -355,8 +359,8 @@ class LeaseClient:
         out = self._call(donor, "POST", "", request.model_dump(by_alias=True))
         return _parse(LeaseInfo, out, donor)
 
-    def list(self, donor: str) -> list[LeaseInfo]:
-        return _parse(LeaseList, self._call(donor, "GET", ""), donor).items
+    def list(self, donor: str) -> LeaseList:
+        return _parse(LeaseList, self._call(donor, "GET", ""), donor)
 
     def credentials(self, donor: str, lease: int) -> JSON:
         """The lease's token JSON: a secret, never logged or stored in the API."""

@@ -35,7 +35,7 @@ from composable_dra.remote_leases import (
     REMOTE_SUFFIX,
     LeaseAPIError,
     LeaseClient,
-    LeaseInfo,
+    LeaseList,
     OpenLease,
     allocation_node,
     is_node_name,
@@ -76,20 +76,27 @@ class RemoteAlloc:
     node: str  # the consumer
     state: str  # "" (no condition yet), "ready" or "failed"
     lease: int | None = None  # from a ready device's data
+    instance: str | None = None  # the donor process that opened it, from the data
 
 
-def _device_state(claim: JSON, driver: str, pool: str, device: str) -> tuple[str, int | None]:
+def _device_state(
+    claim: JSON, driver: str, pool: str, device: str
+) -> tuple[str, int | None, str | None]:
     for st in (claim.get("status") or {}).get("devices") or []:
         if (st.get("driver"), st.get("pool"), st.get("device")) != (driver, pool, device):
             continue
         conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
         if conds.get(REMOTE_FAILED) == "True":
-            return "failed", None
+            return "failed", None, None
         if conds.get(REMOTE_READY) == "True":
-            data = st.get("data") or {}
-            lease = data.get("lease") if isinstance(data, dict) else None
-            return "ready", lease if isinstance(lease, int) else None
-    return "", None
+            data = st.get("data") if isinstance(st.get("data"), dict) else {}
+            lease, instance = data.get("lease"), data.get("instance")
+            return (
+                "ready",
+                lease if isinstance(lease, int) else None,
+                instance if isinstance(instance, str) else None,
+            )
+    return "", None, None
 
 
 def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]:
@@ -107,7 +114,7 @@ def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]
                 continue
             if node is None or not is_node_name(pool):
                 continue  # not a lent device: a node pool's remote device has both
-            state, lease = _device_state(claim, driver, pool, device)
+            state, lease, instance = _device_state(claim, driver, pool, device)
             out.append(
                 RemoteAlloc(
                     uid=str(meta.get("uid", "")),
@@ -118,8 +125,24 @@ def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]
                     node=node,
                     state=state,
                     lease=lease,
+                    instance=instance,
                 )
             )
+    return out
+
+
+def lending_donors(slices: Iterable[JSON], driver: str) -> set[str]:
+    """The donor nodes whose pools offer remote devices: whose leases a controller that
+    just started must read, though no claim it sees holds one of theirs any more."""
+    out: set[str] = set()
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        lends = any(
+            str(d.get("name", "")).endswith(REMOTE_SUFFIX) for d in spec.get("devices") or []
+        )
+        if spec.get("driver") == driver and is_node_name(pool) and lends:
+            out.add(pool)
     return out
 
 
@@ -145,14 +168,17 @@ class Close:
 Action = Open | Fail | Close
 
 
-def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, Sequence[LeaseInfo]]) -> list[Action]:
+def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list[Action]:
     """What to do: closes first (a claim's old lease blocks its new one), then opens and
     failures. ``listed`` has the leases of the donors whose list is current (read after
-    this controller's last open there); leases of other donors are not judged."""
+    this controller's last open there); leases of other donors are not judged. A ready
+    lease missing from the donor process that opened it was closed by its consumer's
+    plugin (the pod ended; the claim, reserved by no pod, is deallocated next) and is
+    left alone. Missing from a restarted donor, it is lost: its pod's token is dead."""
     wanted = {(a.donor, a.uid): a for a in allocs}
     actions: list[Action] = []
     for donor, leases in sorted(listed.items()):
-        for info in leases:
+        for info in leases.items:
             a = wanted.get((donor, info.claim_uid))
             if a is None:
                 why = "claim gone or deallocated"
@@ -169,8 +195,9 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, Sequence[LeaseInfo]
         if a.state == "":
             actions.append(Open(a))
         elif a.state == "ready" and a.donor in listed:
-            held = {i.lease for i in listed[a.donor] if i.claim_uid == a.uid}
-            if a.lease not in held:
+            now = listed[a.donor]
+            held = {i.lease for i in now.items if i.claim_uid == a.uid}
+            if a.lease not in held and a.instance != now.instance:
                 actions.append(
                     Fail(a, "LeaseLost", f"donor {a.donor} no longer holds lease {a.lease}")
                 )
@@ -238,8 +265,16 @@ class LeaseController(InformerDriven):
         self.claims = Informer(
             kube, path(RESOURCE_API, "resourceclaims"), self._wake.set, name="lease-claims"
         )
-        self.informers = [self.claims]
-        self._listed: dict[str, tuple[float, list[LeaseInfo]]] = {}
+        # Which nodes lend (no wake-ups: slices change often, and a donor's leases are
+        # read every ``resync`` seconds anyway).
+        self.slices = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            name="lease-slices",
+            fieldSelector=f"spec.driver={settings.driver}",
+        )
+        self.informers = [self.claims, self.slices]
+        self._listed: dict[str, tuple[float, LeaseList]] = {}
         self._donors: set[str] = set()  # every donor seen, so their leases are judged
         self._first_seen: dict[tuple[str, str], float] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lease-open")
@@ -283,11 +318,11 @@ class LeaseController(InformerDriven):
             self._stop.wait(self.settings.debounce)
             self._wake.clear()
 
-    def _list(self, donors: Iterable[str]) -> dict[str, list[LeaseInfo]]:
+    def _list(self, donors: Iterable[str]) -> dict[str, LeaseList]:
         """The donors' leases, read again when older than ``resync``; unreachable ones
         are left out (nothing of theirs is judged until they answer)."""
         now = time.monotonic()
-        out: dict[str, list[LeaseInfo]] = {}
+        out: dict[str, LeaseList] = {}
         for donor in sorted(donors):
             cached = self._listed.get(donor)
             if cached is None or now - cached[0] >= self.settings.resync:
@@ -298,7 +333,7 @@ class LeaseController(InformerDriven):
                     self._listed.pop(donor, None)
                     continue
                 self._listed[donor] = cached
-                LEASES_OPEN.labels(donor).set(len(cached[1]))
+                LEASES_OPEN.labels(donor).set(len(cached[1].items))
             out[donor] = cached[1]
         return out
 
@@ -311,6 +346,7 @@ class LeaseController(InformerDriven):
         for key in [k for k in self._first_seen if k not in live]:
             del self._first_seen[key]
         self._donors |= {a.donor for a in allocs}
+        self._donors |= lending_donors(self.slices.items(), self.settings.driver)
         actions = plan(allocs, self._list(self._donors))
         for action in actions:
             if isinstance(action, Close):
@@ -354,7 +390,12 @@ class LeaseController(InformerDriven):
         except LeaseAPIError as exc:
             reason = "DonorUnreachable" if exc.retryable else "LeaseRefused"
             return Fail(a, reason, f"donor {a.donor}: {exc.message}")
-        data = {"donor": a.donor, "endpoint": info.endpoint, "lease": info.lease}
+        data = {
+            "donor": a.donor,
+            "endpoint": info.endpoint,
+            "lease": info.lease,
+            "instance": info.instance,
+        }
         message = f"lease {info.lease} at donor {a.donor} ({info.endpoint})"
         if self._write(
             a, condition_entry(self.settings.driver, a, True, "LeaseOpen", message, data)

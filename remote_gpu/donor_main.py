@@ -146,9 +146,10 @@ def run(args: argparse.Namespace) -> int:
         if leases is not None:
             from remote_gpu.lease_api import serve
 
-            leases.set_on_close(donor.revoke)
+            api, tls = leases
+            api.set_on_close(donor.revoke)
             api_host, _, api_port = args.lease_api_listen.rpartition(":")
-            runner, _ = await serve(leases, api_host.strip("[]"), int(api_port), leases.tls)
+            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls)
         listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
@@ -216,5 +217,4 @@ def _lease_api(args: argparse.Namespace, config: Any) -> Any:
         reviewer,
         reviewer,
     )
-    api.tls = server_context(args.lease_api_cert, args.lease_api_key)
-    return api
+    return api, server_context(args.lease_api_cert, args.lease_api_key)

@@ -23,10 +23,12 @@ status; bodies are capped at ``MAX_BODY`` bytes; nothing from a request names a 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +57,8 @@ from remote_gpu.tokens import Token, issue
 log = logs.get(__name__)
 
 MAX_LEASES = 1024  # leases one donor holds at most; the link's knee is far below
+REVIEW_SECONDS = 10.0  # how long a TokenReview's answer is reused
+REVIEW_CACHE = 4096  # answers kept at most
 _LEASE_ID_MAX = 2**53  # fits a JSON number exactly, as the claim status carries it
 
 
@@ -142,6 +146,7 @@ class LeaseBook:
         self._lock = threading.Lock()
         self._by_id: dict[int, Lease] = {}
         self._by_claim: dict[str, int] = {}
+        self.instance = secrets.token_hex(8)  # this process's: leases die with it
 
     def open(self, req: OpenLease) -> tuple[Lease, bool]:
         """The claim's lease (and True when new). CONFLICT when the claim's lease is for
@@ -171,6 +176,7 @@ class LeaseBook:
                 lease=lease_id,
                 donor=self.donor,
                 endpoint=self.endpoint,
+                instance=self.instance,
                 claim_uid=req.claim_uid,
                 namespace=req.namespace,
                 name=req.name,
@@ -283,7 +289,9 @@ class LeaseAPI:
         self._reviewer, self._claims = reviewer, claims
         self._on_close = on_close
         self._audience = audience(config.node)
-        self.tls: ssl.SSLContext | None = None
+        # TokenReview answers for a few seconds, by the token's digest: a caller's burst
+        # (or a flood of one bad token) costs the API server one review.
+        self._reviews: dict[bytes, tuple[float, Identity | LeaseAPIError]] = {}
 
     def set_on_close(self, on_close: Callable[[int, float], None]) -> None:
         self._on_close = on_close
@@ -314,8 +322,27 @@ class LeaseAPI:
 
     async def _who(self, request: web.Request) -> Identity:
         token = bearer(request.headers.get("Authorization"))
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._reviewer.review, token, self._audience)
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        cached = self._reviews.get(key)
+        if cached is None or cached[0] <= now:
+            loop = asyncio.get_running_loop()
+            try:
+                who: Identity | LeaseAPIError = await loop.run_in_executor(
+                    None, self._reviewer.review, token, self._audience
+                )
+            except LeaseAPIError as exc:
+                if exc.code is not Code.UNAUTHENTICATED:
+                    raise  # the API server not answering: ask again next time
+                who = exc
+            if len(self._reviews) >= REVIEW_CACHE:
+                self._reviews = {k: v for k, v in self._reviews.items() if v[0] > now}
+            if len(self._reviews) < REVIEW_CACHE:
+                self._reviews[key] = (now + REVIEW_SECONDS, who)
+            cached = (now + REVIEW_SECONDS, who)
+        if isinstance(cached[1], LeaseAPIError):
+            raise cached[1]
+        return cached[1]
 
     def _controller(self, who: Identity) -> None:
         if who.user != self.config.controller:
@@ -344,7 +371,11 @@ class LeaseAPI:
 
     async def _list(self, request: web.Request) -> web.Response:
         self._controller(await self._who(request))
-        return _json(LeaseList(items=self.book.items()).model_dump(by_alias=True))
+        return _json(
+            LeaseList(instance=self.book.instance, items=self.book.items()).model_dump(
+                by_alias=True
+            )
+        )
 
     async def _credentials(self, request: web.Request) -> web.Response:
         who = await self._who(request)
@@ -399,8 +430,6 @@ async def serve(
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
-    server = site._server  # the bound port when asked for 0
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    bound = runner.addresses[0][1]  # the port bound when asked for 0
     log.info("lease API listening", address=f"{host}:{bound}", tls=ssl_context is not None)
     return runner, int(bound)

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
-from composable_dra.remote_leases import DonorDirectory, LeaseClient, LeaseInfo, TokenSource
+from composable_dra.remote_leases import (
+    Code,
+    DonorDirectory,
+    LeaseAPIError,
+    LeaseClient,
+    LeaseInfo,
+    TokenSource,
+)
 from dra_driver import cdi
 from hack import chart
 from hack.localcluster import ControlPlane
@@ -38,6 +45,7 @@ from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, wrong_a
 from tests.e2e.test_lend import (
     DRIVER,
     Cluster,
+    allocated,
     claim_pod,
     device_class,  # noqa: F401  (the fixture, for every test)
     get_claim,
@@ -143,14 +151,20 @@ class RemoteSetup:
             describe=proc.log_tail,
         )
 
-    def leases(self) -> list[LeaseInfo]:
-        """The donor's open leases, asked as the lease controller."""
-        client = LeaseClient(
+    def client(self, sa: str, node: str | None = None) -> LeaseClient:
+        """A lease API client with real tokens of ``sa`` (bound to ``node`` if given)."""
+        bound = None
+        if node is not None:
+            bound = (node, self.kube.get(path("v1", "nodes", node))["metadata"]["uid"])
+        return LeaseClient(
             DonorDirectory({self.donor: self.api_url}),
-            TokenSource(self.kube, self.ns, CONTROLLER_SA),
+            TokenSource(self.kube, self.ns, sa, bound),
             str(self.ca.cert_path),
         )
-        return client.list(self.donor)
+
+    def leases(self) -> list[LeaseInfo]:
+        """The donor's open leases, asked as the lease controller."""
+        return self.client(CONTROLLER_SA).list(self.donor).items
 
     def describe(self) -> str:
         parts = [p.log_tail(30) for p in (*self.procs, self.donor_proc)]
@@ -250,7 +264,7 @@ def lease_and_run(setup: RemoteSetup, name: str) -> tuple[JSON, dict[str, str], 
     assert data["donor"] == setup.donor
     assert data["endpoint"] == f"127.0.0.1:{setup.data_port}"
     # No credentials in the claim: the lease id and where, nothing that opens it.
-    assert set(data) == {"donor", "endpoint", "lease"}
+    assert set(data) == {"donor", "endpoint", "lease", "instance"}
     wait_for(lambda: pod_running(kube, ns, name), 60, "the pod to run", describe=setup.describe)
     pod = kube.get(path("v1", "pods", name, namespace=ns))
     env, mounts = container_env(setup, pod)
@@ -277,17 +291,33 @@ def end_pod_and_claim(setup: RemoteSetup, name: str) -> None:
 
 
 def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
-    _, env, mounts = lease_and_run(remote, "lent")
+    claim, env, mounts = lease_and_run(remote, "lent")
     run_matmul(env, mounts)
+    # Real TokenReviews: the credentials go to the consumer node's plugin only.
+    lease = int(env["REMOTE_GPU_LEASE"])
+    for sa, node in ((PLUGIN_SA, remote.donor), (PLUGIN_SA, None), (CONTROLLER_SA, None)):
+        with pytest.raises(LeaseAPIError) as err:
+            remote.client(sa, node).credentials(remote.donor, lease)
+        assert err.value.code is Code.FORBIDDEN, (sa, node, err.value)
+    with pytest.raises(LeaseAPIError) as err:  # and leases open for the controller only
+        remote.client(PLUGIN_SA, remote.consumer).list(remote.donor)
+    assert err.value.code is Code.FORBIDDEN
     token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
+    mac = json.loads(token_file.read_text())["mac"]
 
     end_pod_and_claim(remote, "lent")
     assert not token_file.exists()
     wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
-    # No credential reached a log.
-    secret = json.dumps(str(remote.secret.read_text()))[1:-1]
-    for proc in (*remote.procs, remote.donor_proc):
-        assert secret not in proc.log_path.read_text()
+    # The lease's secret (the token's MAC) and the donor's key reached no log, no Event
+    # and not the claim.
+    events = remote.kube.get(path("v1", "events", namespace=remote.ns))["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "lent"}
+    assert "RemoteGPUReady" in reasons
+    logs = [p.read_text(errors="replace") for p in remote.root.rglob("*.log")]
+    assert len(logs) >= 4  # donor, scaler, both plugins
+    for text in (*logs, json.dumps(events), json.dumps(claim)):
+        assert mac not in text
+        assert remote.secret.read_text() not in text
 
 
 def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
@@ -381,3 +411,62 @@ def test_donor_unreachable_fails_the_lease_and_the_pod_runs_once_it_returns(
     run_matmul(*container_env(remote, pod))
     end_pod_and_claim(remote, "late")
     wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+
+
+def test_a_restarted_controller_closes_the_leases_no_claim_holds(remote: RemoteSetup) -> None:
+    """The claim goes while the controller is down: it closes the lease from the donor's
+    list when it starts. (The pod is on a node with no kubelet, so no plugin ever
+    prepared the claim or would close the lease at unprepare.)"""
+    kube, ns = remote.kube, remote.ns
+    idle = remote.cluster.node("idle")
+    claim_pod(kube, ns, "orphan", idle, remote=True)
+    wait_for(
+        lambda: condition(get_claim(kube, ns, "orphan"), "RemoteGPUReady"),
+        60,
+        "RemoteGPUReady on the claim",
+        describe=remote.describe,
+    )
+    (held,) = remote.leases()
+    scaler = remote.procs[0]
+    scaler.kill()
+    kube.delete(path("v1", "pods", "orphan", namespace=ns), gracePeriodSeconds=0)
+    kube.delete(path(RESOURCE, "resourceclaims", "orphan", namespace=ns))
+    wait_for(lambda: get_claim(kube, ns, "orphan") is None, 60, "the claim to go")
+    assert [i.lease for i in remote.leases()] == [held.lease]  # nobody closed it yet
+    scaler.start()
+    wait_for(lambda: remote.leases() == [], 60, "the lease to close", describe=remote.describe)
+
+
+def test_a_claim_used_by_a_second_pod_gets_a_new_lease(remote: RemoteSetup) -> None:
+    """The first pod's end closes its lease (the plugin, at unprepare) and the claim,
+    reserved by no pod, is deallocated; the next pod on it gets a new allocation and a
+    new lease, and runs."""
+    kube, ns = remote.kube, remote.ns
+    claim, env, mounts = lease_and_run(remote, "shared")
+    first = (device_status(claim) or {})["data"]["lease"]
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "shared", namespace=ns))
+    wait_for(lambda: allocated(kube, ns, "shared") is None, 60, "the claim to be deallocated")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+    pod = {
+        "metadata": {"name": "second"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": remote.consumer},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.invalid/app",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+        },
+    }
+    kube.create(path("v1", "pods", namespace=ns), pod)
+    wait_for(lambda: pod_running(kube, ns, "second"), 60, "the second pod to run")
+    env, mounts = container_env(remote, kube.get(path("v1", "pods", "second", namespace=ns)))
+    assert int(env["REMOTE_GPU_LEASE"]) != first
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "second", namespace=ns))
+    kube.delete(path(RESOURCE, "resourceclaims", "shared", namespace=ns))
+    wait_for(lambda: remote.leases() == [], 60, "every lease to close", describe=remote.describe)

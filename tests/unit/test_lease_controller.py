@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
-from composable_dra.remote_leases import Code, LeaseAPIError, LeaseInfo
+from composable_dra.remote_leases import Code, LeaseAPIError, LeaseInfo, LeaseList
 from device_scaler.leases import (
     Close,
     Fail,
     Open,
     RemoteAlloc,
     condition_entry,
+    lending_donors,
     plan,
     remote_allocations,
     with_retries,
@@ -70,9 +71,13 @@ def alloc(uid: str, state: str = "", lease: int | None = None, **kw: Any) -> Rem
 
 def info(uid: str, lease: int, device: str = "gpu-0-remote", node: str = "node-c") -> LeaseInfo:
     return LeaseInfo(
-        lease=lease, donor="donor-a", endpoint="h:1", claim_uid=uid, namespace="ns",
+        lease=lease, donor="donor-a", endpoint="h:1", instance="i1", claim_uid=uid, namespace="ns",
         name=f"c-{uid}", device=device, node=node,
     )  # fmt: skip
+
+
+def listed(*items: LeaseInfo, instance: str = "i1") -> LeaseList:
+    return LeaseList(instance=instance, items=list(items))
 
 
 def test_remote_allocations_reads_state_and_skips_others() -> None:
@@ -95,10 +100,10 @@ def test_remote_allocations_reads_state_and_skips_others() -> None:
 
 def test_plan_opens_new_allocations_and_keeps_ready_ones() -> None:
     a, b = alloc("a"), alloc("b", "ready", 5)
-    assert plan([a, b], {"node-a": [info("b", 5)]}) == [Open(a)]
+    assert plan([a, b], {"node-a": listed(info("b", 5))}) == [Open(a)]
     # A just-opened lease whose status is not written yet is kept, and opened again
     # (the donor answers the same lease).
-    assert plan([a], {"node-a": [info("a", 9)]}) == [Open(a)]
+    assert plan([a], {"node-a": listed(info("a", 9))}) == [Open(a)]
 
 
 def test_plan_closes_leases_no_allocation_holds() -> None:
@@ -106,15 +111,7 @@ def test_plan_closes_leases_no_allocation_holds() -> None:
     moved = alloc("m", device="gpu-1-remote")
     actions = plan(
         [failed, moved, alloc("r", "ready", 3)],
-        {
-            "node-a": [
-                info("gone", 1),
-                info("f", 2),
-                info("m", 4),
-                info("r", 3),
-                info("r", 8),
-            ]
-        },
+        {"node-a": listed(info("gone", 1), info("f", 2), info("m", 4), info("r", 3), info("r", 8))},
     )
     closes = {(a.lease, a.why) for a in actions if isinstance(a, Close)}
     assert closes == {
@@ -129,10 +126,14 @@ def test_plan_closes_leases_no_allocation_holds() -> None:
 
 
 def test_plan_fails_a_ready_lease_its_donor_lost_but_judges_only_listed_donors() -> None:
-    r = alloc("r", "ready", 3)
-    assert plan([r], {"node-a": []}) == [
+    r = alloc("r", "ready", 3, instance="i1")
+    # The donor restarted (another instance): the lease is lost.
+    assert plan([r], {"node-a": listed(instance="i2")}) == [
         Fail(r, "LeaseLost", "donor node-a no longer holds lease 3")
     ]
+    # The same donor process closed it (the consumer's pod ended; the claim is
+    # deallocated next): nothing to do.
+    assert plan([r], {"node-a": listed(instance="i1")}) == []
     # An unreachable donor (not listed): nothing of its is judged.
     assert plan([r], {}) == []
 
@@ -177,3 +178,23 @@ def test_with_retries_retries_only_retryable_errors() -> None:
     with pytest.raises(LeaseAPIError):
         with_retries(down, 3, 0.001, stop)
     assert len(calls) == 3
+
+
+def test_lending_donors_are_the_node_pools_with_remote_devices() -> None:
+    def sl(pool: str, *devices: str, driver: str = DRIVER) -> dict[str, Any]:
+        return {
+            "spec": {
+                "driver": driver,
+                "pool": {"name": pool},
+                "devices": [{"name": d} for d in devices],
+            }
+        }
+
+    slices = [
+        sl("node-a", "gpu-0", "gpu-0-remote"),
+        sl("node-b", "gpu-0"),  # does not lend
+        sl("fab/zone", "gpu-9-remote"),  # a fabric pool
+        sl("node-c", "gpu-0-remote", driver="other.example.com"),
+        {"spec": {"driver": DRIVER, "pool": {"name": "node-d"}, "sharedCounters": []}},
+    ]
+    assert lending_donors(slices, DRIVER) == {"node-a"}
