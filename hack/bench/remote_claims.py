@@ -239,7 +239,7 @@ class Lab:
             TokenSource(self.kube, NAMESPACE, CONTROLLER_SA),
             str(self.ca.cert_path),
         )
-        return sum(len(client.list(d.node)) for d in self.donors)
+        return sum(len(client.list(d.node).items) for d in self.donors)
 
     def token_files(self) -> int:
         return sum(

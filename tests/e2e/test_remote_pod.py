@@ -64,3 +64,50 @@ def test_the_pods_process_runs_matmul_on_the_donor(remote: RemoteSetup) -> None:
     kube.delete(path(RESOURCE, "resourceclaims", "matmul", namespace=ns))
     kube.delete(path("v1", "pods", "matmul", namespace=ns))
     wait_for(lambda: remote.leases() == [], 60, "the lease to close", describe=remote.describe)
+
+
+def container_state(kube: Kube, ns: str, name: str) -> JSON:
+    pod = kube.get_or_none(path("v1", "pods", name, namespace=ns)) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    state: JSON = statuses[0].get("state") or {}
+    return state
+
+
+def test_the_donor_killed_mid_lease_fails_the_pod_with_a_typed_error(
+    remote: RemoteSetup,
+) -> None:
+    kube, ns = remote.kube, remote.ns
+    args = ["--size", "64", "--calls", "1", "--seconds", "300"]
+    pod = workload_pod(kube, ns, "steady", remote.consumer, args)
+    wait_for(
+        lambda: "running" in container_state(kube, ns, "steady") and remote.leases(),
+        120,
+        "the workload to run with its lease open",
+        describe=remote.describe,
+    )
+    remote.donor_proc.kill()
+    wait_for(
+        lambda: phase(kube, ns, "steady") == "Failed",
+        60,
+        "the pod to fail once its donor is gone",
+        describe=remote.describe,
+    )
+    assert container_state(kube, ns, "steady")["terminated"]["exitCode"] == 2
+    assert remote.consumer_kubelet is not None
+    log = remote.consumer_kubelet.container_log(pod["metadata"]["uid"], "main")
+    out = json.loads(log.strip().splitlines()[-1])
+    # A typed error of the service, or the connection refused before the handshake.
+    assert out["ok"] is False and out["code"], out
+    # The donor back: the claim's lease is gone there; ending pod and claim leaves nothing.
+    remote.start_donor()
+    kube.delete(path("v1", "pods", "steady", namespace=ns))
+    kube.delete(path(RESOURCE, "resourceclaims", "steady", namespace=ns))
+    wait_for(lambda: remote.leases() == [], 60, "no lease at the donor", describe=remote.describe)
+    token_dir = remote.consumer_plugin.state_dir / "remote-gpu" if remote.consumer_plugin else None
+    assert token_dir is not None
+    wait_for(
+        lambda: not list(token_dir.glob("*.token")),
+        60,
+        "the consumer's token file to go",
+        describe=remote.describe,
+    )
