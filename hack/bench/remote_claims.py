@@ -24,11 +24,11 @@ products right), ``oversubscribed_links`` = 0, ``leaked_leases`` = 0,
 
     python -m hack.bench.remote_claims --pods 8 --seconds 5
 
-Three runs on the development machine (2 vCPUs, load average about 24 from other work,
-donors without a GPU): every pod ran, no link oversubscribed (4 leases on each donor at
-once, its cap), nothing leaked; ``lease_ready_p50_s`` 0.80, 1.50 and 1.51 (p99 1.0 to
-2.0): the eight leases become ready one after another over about 1.2 s, the lease
-controller's and the donor's work on a saturated CPU. ``goodput_GBps_per_pod`` 0.004 to
+Runs on the development machine (2 vCPUs, load average about 24 from other work, donors
+without a GPU): every pod ran, no link oversubscribed (4 leases on each donor at once,
+its cap), nothing leaked. ``lease_ready_p50_s`` 0.50 (p99 0.56) once the donor reused
+TokenReview answers; before that 0.80 to 1.51 (p99 up to 2.0), the eight leases
+becoming ready one after another on a saturated CPU. ``goodput_GBps_per_pod`` 0.004 to
 0.008: eight workloads, two donors' workers and the control plane share two CPUs, so
 the figure is the machine's, not the link's (one lease alone on it: 0.036 GB/s).
 """
