@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="connections (handshaking or serving a lease) one peer address may hold",
     )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "numpy", "cupy", "torch"),
+        default=None,
+        help="where functions with a GPU kernel run (default: $REMOTE_GPU_BACKEND or auto: "
+        "the GPU when CuPy or PyTorch sees one; numpy forces numpy)",
+    )
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
     _add_lease_api_arguments(parser)
 
@@ -93,11 +101,20 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from composable_dra import logs
+    from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
     from remote_gpu.donor import Donor, DonorConfig
     from remote_gpu.tokens import read_secret
 
     log = logs.get(__name__)
+    if args.backend:
+        # The lease workers read it (they start from this process's environment).
+        os.environ[backends.ENV] = args.backend
+    try:
+        gpu = backends.from_env()  # checked here: a forced backend without a GPU stops it
+    except backends.BackendError as exc:
+        raise SystemExit(f"remote-gpu-donor: {exc}") from None
+    log.info("function backend", backend=gpu.name if gpu else "numpy")
     bandwidth = args.link_bandwidth
     if args.measure_link:
         bandwidth = measure_bandwidth(args.measure_link)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from remote_gpu import backends
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError
 from remote_gpu.errors import Fatal as _Fatal
@@ -503,8 +504,9 @@ def main(
 ) -> None:
     arena = Arena.attach(arena_path, size, slots, slot_size)
     functions: dict[str, Callable[..., Any]] = {}
+    gpu = backends.from_env()  # on the node's GPU where there is one (per function)
     for name, path in allow.items():
-        functions[name] = resolve(path)
+        functions[name] = backends.place(path, resolve(path), gpu)
     conn.send(("ready",))
     while True:
         try:

@@ -11,8 +11,11 @@ It does what the kubelet does for DRA and nothing else:
 - pod deletion: NodeUnprepareResources once no pod of the node uses a claim any more,
   then the final (grace period 0) delete that a real kubelet sends.
 
-Containers are not run. A pod annotated ``composable.dra.io/emulated-run-seconds: N``
-finishes (phase Succeeded) N seconds after it started, as its workload would.
+Containers with a ``command`` run as local processes with their CDI edits applied
+(``containers``): their exit codes become the pod's phase, and a deleted pod's processes
+are stopped before its claims are unprepared. Pods whose containers have no command are
+only marked Running; one annotated ``composable.dra.io/emulated-run-seconds: N`` finishes
+(phase Succeeded) N seconds after it started, as its workload would.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import heapq
-import json
 import threading
 import time
 import uuid
@@ -38,6 +40,13 @@ from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from composable_dra import logs
 from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from hack.localcluster.containers import (
+    ContainerError,
+    Containers,
+    cdi_devices,
+    pod_status,
+    runs_processes,
+)
 
 RUN_SECONDS_ANNOTATION = "composable.dra.io/emulated-run-seconds"
 # Versions in order of preference, with the modules that speak them.
@@ -77,16 +86,7 @@ def now_rfc3339() -> str:
 
 def cdi_devices_on_disk(cdi_dir: Path) -> set[str]:
     """Fully qualified CDI device names (vendor/class=name) of the spec files in cdi_dir."""
-    names: set[str] = set()
-    for spec_file in sorted(cdi_dir.glob("*.json")):
-        try:
-            spec = json.loads(spec_file.read_text())
-        except (OSError, ValueError):
-            continue
-        kind = spec.get("kind", "")
-        for dev in spec.get("devices", []):
-            names.add(f"{kind}={dev.get('name', '')}")
-    return names
+    return set(cdi_devices(cdi_dir))
 
 
 def claim_names(pod: JSON) -> list[str] | None:
@@ -139,6 +139,8 @@ class KubeletEmulator:
         self._prepared_pods: dict[str, JSON] = {}  # key -> the pod as prepared
         self._claim_refs: dict[str, JSON] = {}  # claim uid -> {namespace, name, uid, drivers}
         self._threads: list[threading.Thread] = []
+        self._claim_uids: dict[str, dict[str, str]] = {}  # pod uid -> claim name -> uid
+        self.containers = Containers(self.root / "pods", self.cdi_dir, self._enqueue, node_name)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -156,6 +158,7 @@ class KubeletEmulator:
 
     def stop(self) -> None:
         self._stop.set()
+        self.containers.stop_all()
         with self._wake:
             self._wake.notify_all()
         for t in self._threads:
@@ -338,11 +341,13 @@ class KubeletEmulator:
             with self._lock:
                 known = self._prepared_pods.get(key)
             if known is not None:
+                self.containers.stop(known["metadata"]["uid"])
                 self._release(known)
             return
         uid = pod["metadata"]["uid"]
         phase = pod.get("status", {}).get("phase", "Pending")
         if pod["metadata"].get("deletionTimestamp"):
+            self.containers.stop(uid)
             self._release(pod)
             self.kube.delete(
                 path("v1", "pods", pod["metadata"]["name"], namespace=pod["metadata"]["namespace"]),
@@ -356,6 +361,9 @@ class KubeletEmulator:
             prepared = uid in self._prepared
         if not prepared:
             self._prepare(pod)
+        if runs_processes(pod):
+            self._run_containers(pod)
+            return
         if phase != "Running":
             self._set_running(pod)
         self._maybe_finish(key, pod)
@@ -423,6 +431,9 @@ class KubeletEmulator:
                 results.setdefault(c["uid"], []).extend(ids)
         with self._lock:
             self._prepared[meta["uid"]] = results
+            self._claim_uids[meta["uid"]] = {
+                c["name"]: c["uid"] for by in by_driver.values() for c in by
+            }
             self._prepared_pods[f"{meta['namespace']}/{meta['name']}"] = pod
             for by in by_driver.values():
                 for c in by:
@@ -477,6 +488,7 @@ class KubeletEmulator:
                 raise PrepareError(message)
         with self._lock:
             self._prepared.pop(uid, None)
+            self._claim_uids.pop(uid, None)
             key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
             if self._prepared_pods.get(key, {}).get("metadata", {}).get("uid") == uid:
                 self._prepared_pods.pop(key)
@@ -527,6 +539,40 @@ class KubeletEmulator:
                 },
             },
         )
+
+    def _run_containers(self, pod: JSON) -> None:
+        """Start the pod's container processes once; report their state as the pod's."""
+        meta = pod["metadata"]
+        if not self.containers.started(meta["uid"]):
+            with self._lock:
+                uids = dict(self._claim_uids.get(meta["uid"], {}))
+                prepared = dict(self._prepared.get(meta["uid"], {}))
+            refs = pod["spec"].get("resourceClaims", [])
+            devices = {
+                ref["name"]: prepared.get(uids.get(name, ""), [])
+                for ref, name in zip(refs, claim_names(pod) or [], strict=False)
+            }
+            try:
+                self.containers.start(pod, devices)
+            except (ContainerError, OSError) as exc:
+                self._event(pod, "Warning", "Failed", f"cannot start containers: {exc}")
+                raise PrepareError(str(exc)) from exc
+        state = self.containers.status(meta["uid"])
+        if state is None:
+            return
+        phase, statuses = state
+        current = pod.get("status", {})
+        if current.get("phase") == phase and current.get("containerStatuses") == statuses:
+            return
+        started = current.get("startTime") or now_rfc3339()
+        self.kube.merge_patch(
+            path("v1", "pods", meta["name"], namespace=meta["namespace"], subresource="status"),
+            {"metadata": {"uid": meta["uid"]}, "status": pod_status(phase, statuses, started)},
+        )
+
+    def container_log(self, pod_uid: str, container: str) -> str:
+        """What a container process of the pod printed so far."""
+        return self.containers.log(pod_uid, container)
 
     def _maybe_finish(self, key: str, pod: JSON) -> None:
         seconds = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)
