@@ -25,6 +25,7 @@ import kopf
 
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
+from composable_dra.conditions import condition
 from composable_dra.fabric.backend import (
     Device,
     FabricBackend,
@@ -44,6 +45,7 @@ from composable_dra.fabric.registry import (
     host_for_node,
 )
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_dra.timestamps import now_rfc3339 as now
 from composable_operator import metrics
 from composable_operator.reconcile import (
     UNPUBLISH_LIMIT_SECONDS,
@@ -65,20 +67,6 @@ PLURAL = "composableresources"
 MANAGER = "composable-operator"
 RESOURCE = "resource.k8s.io/v1"
 log = logs.get(__name__)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def condition(kind: str, ok: bool, reason: str, message: str) -> JSON:
-    return {
-        "type": kind,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": now(),
-    }
 
 
 @dataclass

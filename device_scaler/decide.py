@@ -20,16 +20,18 @@ Timestamps are seconds since the epoch; objects are plain dicts as the API serve
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import names
+from composable_dra.conditions import condition
 from composable_dra.kube import JSON
 from composable_dra.names import normalize_uuid
+from composable_dra.timestamps import format_time, parse_time
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
@@ -43,22 +45,6 @@ ANN_EXPIRES = f"{names.PREFIX}/expires-at"
 ANN_ADOPTED = f"{names.PREFIX}/adopted"
 QUARANTINE_LABEL = f"{names.PREFIX}/quarantine"
 API_VERSION = "composable.dra.io/v1alpha1"
-
-
-# -- time --------------------------------------------------------------------------------
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def format_time(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- names -------------------------------------------------------------------------------
@@ -103,13 +89,6 @@ class Snapshot:
 
 
 # -- actions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)
@@ -206,16 +185,6 @@ def status_entry(claim: JSON, driver: str, pool: str, device: str) -> JSON | Non
             entry: JSON = st
             return entry
     return None
-
-
-def _cond(kind: str, reason: str, message: str, now: float) -> JSON:
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": format_time(now),
-    }
 
 
 def _same_entry(a: JSON | None, b: JSON) -> bool:
@@ -411,8 +380,9 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
                         "pool": pool,
                         "device": device,
                         "conditions": [
-                            _cond(
+                            condition(
                                 names.FABRIC_DEVICE_READY,
+                                True,
                                 "Attached",
                                 f"attached to {(cr.get('spec') or {}).get('targetNode')} as "
                                 f"{status['deviceUUID']}",
@@ -436,7 +406,9 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
                     "driver": cfg.driver,
                     "pool": pool,
                     "device": device,
-                    "conditions": [_cond(names.FABRIC_DEVICE_FAILED, reason, message, s.now)],
+                    "conditions": [
+                        condition(names.FABRIC_DEVICE_FAILED, True, reason, message, s.now)
+                    ],
                 }
                 failed.append((device, reason, message))
                 doomed.append((name, reason, message))

@@ -11,7 +11,6 @@ harmless, and a restart picks up where the last leader stopped.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import threading
 import time
@@ -22,16 +21,17 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import logs, names
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import normalize_uuid
+from composable_dra.timestamps import now_rfc3339
 from device_scaler.decide import (
     ANN_POOL,
     ANN_POOL_DEVICE,
     API_VERSION,
     QUARANTINE_LABEL,
-    ClaimRef,
     CreateResource,
     DeleteResource,
     PatchResource,
@@ -75,10 +75,6 @@ log = logs.get(__name__)
 
 # Action kinds of which a run may be written concurrently (each touches its own object).
 _CONCURRENT = (CreateResource, SetDeviceStatus)
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass

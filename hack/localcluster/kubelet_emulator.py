@@ -39,6 +39,7 @@ from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from composable_dra import logs, retry
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, KubeError, path
+from composable_dra.timestamps import now_rfc3339
 
 RUN_SECONDS_ANNOTATION = "composable.dra.io/emulated-run-seconds"
 # Versions in order of preference, with the modules that speak them.
@@ -70,10 +71,6 @@ class Driver:
 class _Due:
     at: float
     key: str = field(compare=False)
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cdi_devices_on_disk(cdi_dir: Path) -> set[str]:
