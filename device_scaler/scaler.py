@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import ClaimRef
-from composable_dra import logs, names
+from composable_dra import logs, names, retry
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import normalize_uuid
@@ -133,13 +133,15 @@ class Scaler(InformerDriven):
                 return
             self._stop.wait(self.config.debounce)
             self._wake.clear()
-            try:
-                self.reconcile()
-                self.synced.set()
-            except Exception:
-                RECONCILE_ERRORS.inc()
-                log.exception("scaler pass failed")
-                self._stop.wait(0.5)
+            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+
+    def _pass(self) -> None:
+        self.reconcile()
+        self.synced.set()
+
+    def _failed(self, exc: BaseException, retry_in: float) -> None:
+        RECONCILE_ERRORS.inc()
+        log.error("scaler pass failed", exc_info=exc, retry_in=retry_in)
 
     # -- one pass ---------------------------------------------------------------------
 

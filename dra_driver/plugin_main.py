@@ -211,10 +211,10 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra.kube import Kube, path
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
+    from dra_driver.claim_reader import ClaimReader
     from dra_driver.device_source import DeviceInfo, SourceWatcher
     from dra_driver.device_visibility import VisibilityReporter
     from dra_driver.grpc_server import InvalidUID, PluginServer, check_uid
-    from dra_driver.kube import ClaimReader
     from dra_driver.prepare import Preparer
     from dra_driver.publish_once import LocalSliceGate, node_resources
     from dra_driver.slices import SlicePublisher
