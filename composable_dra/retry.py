@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import tenacity
 from tenacity.wait import wait_base
@@ -89,6 +89,24 @@ def _report(on_error: OnError | None) -> Callable[[tenacity.RetryCallState], Non
     return before_sleep
 
 
+class StopFlag(Protocol):
+    """What ends a retry loop: a ``threading.Event``, an ``asyncio.Event``, kopf's ``stopped``."""
+
+    def is_set(self) -> bool: ...
+
+
+def _settings(
+    stop: StopFlag, cap: float, first: float, on_error: OnError | None
+) -> dict[str, Any]:
+    """What both variants pass tenacity: the policy, retry every Exception, end on stop."""
+    return {
+        "wait": policy(cap=cap, first=first),
+        "retry": tenacity.retry_if_exception(_retryable),
+        "stop": lambda _state: stop.is_set(),
+        "before_sleep": _report(on_error),
+    }
+
+
 def forever(
     fn: Callable[[], T],
     stop: threading.Event,
@@ -110,26 +128,14 @@ def forever(
     def sleep(seconds: float) -> None:
         stop.wait(seconds)
 
-    retrying = tenacity.Retrying(
-        wait=policy(cap=cap, first=first),
-        retry=tenacity.retry_if_exception(_retryable),
-        stop=lambda _state: stop.is_set(),
-        sleep=sleep,
-        before_sleep=_report(on_error),
-    )
+    retrying = tenacity.Retrying(sleep=sleep, **_settings(stop, cap, first, on_error))
     try:
         return retrying(attempt)
     except (_Stopped, tenacity.RetryError):
         return None
 
 
-class AsyncStop(Protocol):
-    """What ends an async retry loop: an ``asyncio.Event``, or kopf's daemon ``stopped``."""
-
-    def is_set(self) -> bool: ...
-
-
-async def _sleep_until(stop: AsyncStop, seconds: float) -> None:
+async def _sleep_until(stop: StopFlag, seconds: float) -> None:
     if isinstance(stop, asyncio.Event):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
@@ -143,7 +149,7 @@ async def _sleep_until(stop: AsyncStop, seconds: float) -> None:
 
 async def forever_async(
     fn: Callable[[], Awaitable[T]],
-    stop: AsyncStop,
+    stop: StopFlag,
     *,
     cap: float,
     first: float = 0.2,
@@ -159,13 +165,7 @@ async def forever_async(
     async def sleep(seconds: float) -> None:
         await _sleep_until(stop, seconds)
 
-    retrying = tenacity.AsyncRetrying(
-        wait=policy(cap=cap, first=first),
-        retry=tenacity.retry_if_exception(_retryable),
-        stop=lambda _state: stop.is_set(),
-        sleep=sleep,
-        before_sleep=_report(on_error),
-    )
+    retrying = tenacity.AsyncRetrying(sleep=sleep, **_settings(stop, cap, first, on_error))
     try:
         return await retrying(attempt)
     except (_Stopped, tenacity.RetryError):
