@@ -95,9 +95,7 @@ class StopFlag(Protocol):
     def is_set(self) -> bool: ...
 
 
-def _settings(
-    stop: StopFlag, cap: float, first: float, on_error: OnError | None
-) -> dict[str, Any]:
+def _settings(stop: StopFlag, cap: float, first: float, on_error: OnError | None) -> dict[str, Any]:
     """What both variants pass tenacity: the policy, retry every Exception, end on stop."""
     return {
         "wait": policy(cap=cap, first=first),
