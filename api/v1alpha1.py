@@ -70,12 +70,40 @@ class NodeMapping(_Model):
     annotation: str | None = Field(default=None, min_length=1, max_length=317)
 
 
+class FsasSettings(_Model):
+    """What the Fujitsu/Fsas CDI fabric manager needs besides credentials (docs/fabrics.md)."""
+
+    tenant_uuid: str = Field(
+        alias="tenantUUID", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$"
+    )
+    realm: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="The ID manager's realm that issues the OAuth token.",
+    )
+
+
 class FabricSpec(_Model):
-    backend: Literal["redfish-composition", "redfish-zones"] = Field(
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.backend != 'fsas-fm' || has(self.fsas)",
+                "fsas (tenantUUID, realm) is required when backend is 'fsas-fm'",
+            ),
+        )
+    )
+
+    backend: Literal["redfish-composition", "redfish-zones", "fsas-fm"] = Field(
         description="The fabric manager's API: 'redfish-composition' attaches with the "
         "ComputerSystem AddResourceBlock/RemoveResourceBlock actions; 'redfish-zones' by "
         "PATCHing the system's Links.ResourceBlocks (guarded by If-Match), for fabric "
-        "managers without those actions. Both read ResourceZones for reachability."
+        "managers without those actions. Both read ResourceZones for reachability. "
+        "'fsas-fm': the Fujitsu/Fsas CDI fabric manager API, with an OAuth token "
+        "(credentialsSecret also holds client_id and client_secret; see fsas)."
+    )
+    fsas: FsasSettings | None = Field(
+        default=None, description="Settings of the 'fsas-fm' backend (tenant, realm)."
     )
     endpoint: str = Field(
         pattern=ENDPOINT,

@@ -34,6 +34,10 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "device_scaler.main",
         "The Dynamic Device Scaler: attach for claims, release, idle scale-down",
     ),
+    "migrate-cohdi": (
+        "composable_dra.migrate_cohdi",
+        "Convert CoHDI ComposabilityRequests (YAML) into this suite's",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from fabric_emulator.fsas import config as fsas_config
 from fabric_emulator.limits import SETTING_MAX
 
 
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="file holding a token that the /admin API then requires as a Bearer token "
         "(default: the admin API is open, for a laptop only)",
     )
+    fsas_config.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +108,14 @@ def run(args: argparse.Namespace) -> int:
             else None
         ),
     )
-    emulator = server.Emulator(topo, config, rules)
+    if args.fsas:  # the Fsas FM API beside Redfish, on the same composition
+        from fabric_emulator.fsas import server as fsas_server
+
+        emulator: server.Emulator = fsas_server.FsasEmulator(
+            topo, config, rules, fsas_config.config_from(args)
+        )
+    else:
+        emulator = server.Emulator(topo, config, rules)
 
     async def serve() -> None:
         runner, url = await server.start(emulator, args.host, args.port)

@@ -47,6 +47,7 @@ from composable_dra.fabric.backend import (
     OperationStatus,
     TransientError,
     Zone,
+    status_error,
 )
 
 ROOT = "/redfish/v1"
@@ -122,17 +123,7 @@ def error_for(status: int, body: Any, headers: dict[str, str], what: str) -> Fab
         suffix = str(info.get("MessageId", "")).rsplit(".", 1)[-1]
         if suffix in _MESSAGE_ERRORS:
             return _MESSAGE_ERRORS[suffix](message, retry_after=retry_after)
-    if status in (401, 403):
-        return AuthError(message)
-    if status == 404:
-        return NotFoundError(message)
-    if status == 409:
-        return InUseError(message)
-    if status in (429, 503):
-        return BusyError(message, retry_after=retry_after)
-    if status >= 500:
-        return TransientError(message)
-    return OperationFailedError(message)
+    return status_error(status, message, retry_after)
 
 
 def _id(uri: str) -> str:
