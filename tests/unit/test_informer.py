@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -48,7 +49,9 @@ class FakeKube:
             yield event
 
 
-def started(kube: FakeKube, **kwargs: Any) -> tuple[Informer, list[tuple[str, str]]]:
+@contextlib.contextmanager
+def started(kube: FakeKube, **kwargs: Any) -> Iterator[tuple[Informer, list[tuple[str, str]]]]:
+    """A running informer on ``kube``, stopped (and its watch ended) afterwards."""
     seen: list[tuple[str, str]] = []
     inf = Informer(
         kube,  # type: ignore[arg-type]
@@ -58,7 +61,11 @@ def started(kube: FakeKube, **kwargs: Any) -> tuple[Informer, list[tuple[str, st
         fieldSelector="spec.nodeName=n1",
         **kwargs,
     ).start()
-    return inf, seen
+    try:
+        yield inf, seen
+    finally:
+        inf.stop()
+        kube.events.put(END)
 
 
 def names(items: list[JSON]) -> list[str]:
@@ -67,8 +74,7 @@ def names(items: list[JSON]) -> list[str]:
 
 def test_list_then_events_keep_the_cache_and_tell_each_change() -> None:
     kube = FakeKube([pod("a", "5")])
-    inf, seen = started(kube)
-    try:
+    with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
         assert kube.lists == [{"fieldSelector": "spec.nodeName=n1"}]
         kube.events.put({"type": "ADDED", "object": pod("b", "11")})
@@ -77,77 +83,55 @@ def test_list_then_events_keep_the_cache_and_tell_each_change() -> None:
         assert inf.wait_for(lambda items: names(items) == ["b"], 5)
         assert seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
         assert inf.get("ns/b") is not None and inf.cached_keys() == ["ns/b"]
-    finally:
-        inf.stop()
-        kube.events.put(END)
 
 
 def test_an_ended_watch_resumes_from_the_last_version_seen_without_relisting() -> None:
     kube = FakeKube([])
-    inf, _ = started(kube)
-    try:
+    with started(kube) as (inf, _):
         kube.events.put({"type": "ADDED", "object": pod("b", "11")})
         kube.events.put({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}})
         kube.events.put(END)
         kube.events.put({"type": "ADDED", "object": pod("c", "13")})
         inf.wait_for(lambda items: "c" in names(items), 5)
         assert kube.watches == ["10", "12"] and len(kube.lists) == 1
-    finally:
-        inf.stop()
-        kube.events.put(END)
 
 
 def test_gone_relists_and_a_relist_tells_only_the_differences() -> None:
     kube = FakeKube([pod("a", "5"), pod("b", "6")])
-    inf, seen = started(kube)
-    try:
+    with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
         kube.items, kube.rv = [pod("a", "5"), pod("c", "20"), pod("b", "21")], "22"
         kube.events.put(Gone(410, "Expired", "too old"))
         inf.wait_for(lambda items: "c" in names(items), 5)
         assert kube.watches == ["10", "22"]
         assert seen[2:] == [("ADDED", "c"), ("MODIFIED", "b")]
-    finally:
-        inf.stop()
-        kube.events.put(END)
 
 
 def test_a_failed_watch_is_retried_with_a_relist() -> None:
     kube = FakeKube([pod("a", "5")])
-    inf, seen = started(kube)
-    try:
+    with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
         kube.items = []
         kube.events.put(ConnectionError("reset"))
         inf.wait_for(lambda items: items == [], 5)
         assert len(kube.lists) == 2 and seen[-1] == ("DELETED", "a")
-    finally:
-        inf.stop()
-        kube.events.put(END)
 
 
 def test_a_resource_not_served_is_an_empty_synced_cache_when_allowed() -> None:
     kube = FakeKube([])
     kube.list_error = NotFound(404, "NotFound", "no CRD")
-    inf, _ = started(kube, missing_ok=True)
-    try:
+    with started(kube, missing_ok=True) as (inf, _):
         assert inf.synced.wait(5) and inf.items() == []
         kube.list_error = None
         kube.items = [pod("a", "30")]
         inf.wait_for(lambda items: names(items) == ["a"], 5)  # asked again later
-    finally:
-        inf.stop()
-        kube.events.put(END)
 
 
 def test_a_resource_not_served_is_not_synced_by_default() -> None:
     kube = FakeKube([])
     kube.list_error = NotFound(404, "NotFound", "no CRD")
-    inf, _ = started(kube)
-    try:
+    with started(kube) as (inf, _):
         assert not inf.synced.wait(0.3)
-    finally:
-        inf.stop()
 
 
 def test_wait_for_times_out_with_the_last_answer() -> None:
