@@ -10,8 +10,9 @@ merge patches of plain dicts (never whole objects).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import pydantic.dataclasses
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
@@ -182,10 +183,15 @@ class FabricStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class ClaimRef(_Model):
-    namespace: str = Field(min_length=1, max_length=63)
-    name: str = Field(min_length=1, max_length=253)
-    uid: str = Field(min_length=1, max_length=64)
+# A ResourceClaim by namespace, name and UID: the one type for it, in a ComposableResource's
+# spec, in the plugin's prepare calls and in the scaler's actions. A validating dataclass
+# rather than a model: hashable, built positionally. (No docstring: it would become the
+# CRD field's description.)
+@pydantic.dataclasses.dataclass(frozen=True)
+class ClaimRef:
+    namespace: Annotated[str, Field(min_length=1, max_length=63)]
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    uid: Annotated[str, Field(min_length=1, max_length=64)]
 
 
 Phase = Literal["Attaching", "Online", "Detaching", "Detached", "Failed"]

@@ -8,7 +8,6 @@ so "least recently used first" and a request's min/max mean one thing everywhere
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,19 +16,10 @@ from pydantic import ValidationError
 from api.v1alpha1 import ComposabilityRequestSpec, ComposableResourceSpec
 from composable_dra import names
 from composable_dra.kube import JSON
+from composable_dra.timestamps import parse_time
 
 # Stamped by the scaler when a GPU's last allocation ends.
 ANN_LAST_USED = f"{names.PREFIX}/last-used"
-
-
-def parse_time(value: str | None) -> float | None:
-    """RFC 3339 to epoch seconds; None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def last_used(resource: JSON, default: float) -> float:

@@ -20,16 +20,15 @@ Timestamps are seconds since the epoch; objects are plain dicts as the API serve
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.v1alpha1 import ClaimRef as ClaimRefSpec
-from api.v1alpha1 import ComposableResourceSpec
+from api.v1alpha1 import ClaimRef, ComposableResourceSpec
 from composable_dra import names
+from composable_dra.conditions import condition
 from composable_dra.kube import JSON
 from composable_dra.names import normalize_uuid
 from composable_dra.sizing import (
@@ -39,9 +38,9 @@ from composable_dra.sizing import (
     last_used,
     least_recently_used,
     limits,
-    parse_time,
     spec_of,
 )
+from composable_dra.timestamps import format_time, parse_time
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
@@ -57,10 +56,6 @@ API_VERSION = "composable.dra.io/v1alpha1"
 
 
 # -- time --------------------------------------------------------------------------------
-
-
-def format_time(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- names -------------------------------------------------------------------------------
@@ -105,13 +100,6 @@ class Snapshot:
 
 
 # -- actions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)
@@ -208,16 +196,6 @@ def status_entry(claim: JSON, driver: str, pool: str, device: str) -> JSON | Non
             entry: JSON = st
             return entry
     return None
-
-
-def _cond(kind: str, reason: str, message: str, now: float) -> JSON:
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": format_time(now),
-    }
 
 
 def _same_entry(a: JSON | None, b: JSON) -> bool:
@@ -457,7 +435,7 @@ def attach_progress(view: View, cr: JSON, pc: PendingClaim, pool: str, device: s
             "driver": cfg.driver,
             "pool": pool,
             "device": device,
-            "conditions": [_cond(names.FABRIC_DEVICE_READY, "Attached", message, s.now)],
+            "conditions": [condition(names.FABRIC_DEVICE_READY, True, "Attached", message, s.now)],
             "data": {"uuid": status["deviceUUID"]},
         }
         return Ready(entry, s.now - pc.allocated_at if pc.allocated_at else None)
@@ -507,7 +485,9 @@ def claim_actions(view: View, counts: Counts, pc: PendingClaim) -> tuple[list[Ac
             entry = step.entry
             ready.append((device, step.since))
         else:
-            conds = [_cond(names.FABRIC_DEVICE_FAILED, step.reason, step.message, view.s.now)]
+            conds = [
+                condition(names.FABRIC_DEVICE_FAILED, True, step.reason, step.message, view.s.now)
+            ]
             entry = {"driver": view.cfg.driver, "pool": pool, "device": device, "conditions": conds}
             failed.append((device, step.reason, step.message))
             doomed.append((resource_name(pc.ref.uid, pool, device), step.reason, step.message))
@@ -712,7 +692,7 @@ def resource_body(
         device_id=block,
         target_node=node,
         model=model or None,
-        claim_ref=ClaimRefSpec(namespace=claim.namespace, name=claim.name, uid=claim.uid),
+        claim_ref=ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid),
     ).model_dump(by_alias=True, exclude_defaults=True)
     return {
         "apiVersion": API_VERSION,

@@ -11,7 +11,6 @@ harmless, and a restart picks up where the last leader stopped.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import threading
 import time
@@ -21,8 +20,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from api.v1alpha1 import ComposableResourceSpec
-from composable_dra import logs, names
+from api.v1alpha1 import ClaimRef, ComposableResourceSpec
+from composable_dra import logs, names, retry
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
@@ -32,7 +31,6 @@ from device_scaler.decide import (
     ANN_POOL_DEVICE,
     API_VERSION,
     QUARANTINE_LABEL,
-    ClaimRef,
     CreateResource,
     DeleteResource,
     PatchResource,
@@ -76,10 +74,6 @@ log = logs.get(__name__)
 
 # Action kinds of which a run may be written concurrently (each touches its own object).
 _CONCURRENT = (CreateResource, SetDeviceStatus)
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -138,13 +132,15 @@ class Scaler(InformerDriven):
                 return
             self._stop.wait(self.config.debounce)
             self._wake.clear()
-            try:
-                self.reconcile()
-                self.synced.set()
-            except Exception:
-                RECONCILE_ERRORS.inc()
-                log.exception("scaler pass failed")
-                self._stop.wait(0.5)
+            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+
+    def _pass(self) -> None:
+        self.reconcile()
+        self.synced.set()
+
+    def _failed(self, exc: BaseException, retry_in: float) -> None:
+        RECONCILE_ERRORS.inc()
+        log.error("scaler pass failed", exc_info=exc, retry_in=retry_in)
 
     # -- one pass ---------------------------------------------------------------------
 

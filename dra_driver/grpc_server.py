@@ -29,9 +29,10 @@ from api.dra.v1beta1 import api_pb2 as v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from api.v1alpha1 import ClaimRef
 from composable_dra import logs
 from dra_driver import claimref
-from dra_driver.prepare import ClaimRef, Preparer, PrepareResult
+from dra_driver.prepare import Preparer, PrepareResult
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 PLUGIN_TYPE = "DRAPlugin"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import logs
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
@@ -36,13 +37,6 @@ class ClaimError(Exception):
 
 class ClaimNotFound(ClaimError):
     pass
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)

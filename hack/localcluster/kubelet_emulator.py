@@ -38,8 +38,10 @@ from api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from composable_dra import logs
-from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from composable_dra import logs, retry
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, KubeError, path
+from composable_dra.timestamps import now_rfc3339
 from hack.localcluster.containers import (
     ContainerError,
     Containers,
@@ -78,10 +80,6 @@ class Driver:
 class _Due:
     at: float
     key: str = field(compare=False)
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cdi_devices_on_disk(cdi_dir: Path) -> set[str]:
@@ -131,7 +129,15 @@ class KubeletEmulator:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._drivers: dict[str, Driver] = {}
-        self._pods: dict[str, JSON] = {}  # key -> latest pod object
+        # This node's pods; each added, changed or deleted one is queued for a sync.
+        self.pods = Informer(
+            self.kube,
+            path("v1", "pods"),
+            on_event=lambda _type, pod: self._enqueue(_key(pod)),
+            name=f"pods-{node_name}",
+            watch_timeout=30,
+            fieldSelector=f"spec.nodeName={node_name}",
+        )
         self._due: list[_Due] = []
         self._attempts: dict[str, int] = {}
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> pod uids on this node
@@ -147,9 +153,9 @@ class KubeletEmulator:
     def start(self) -> None:
         for d in (self.plugins_registry_dir, self.plugins_dir, self.cdi_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self.pods.start()
         for target, name in (
             (self._registration_loop, "registration"),
-            (self._watch_loop, "pod-watch"),
             (self._work_loop, "pod-worker"),
         ):
             t = threading.Thread(target=target, name=f"kubelet-{self.node}-{name}", daemon=True)
@@ -161,9 +167,9 @@ class KubeletEmulator:
         self.containers.stop_all()
         with self._wake:
             self._wake.notify_all()
+        self.pods.stop()
         for t in self._threads:
-            if not t.name.endswith("pod-watch"):  # that one ends at its watch's next event
-                t.join(timeout=5)
+            t.join(timeout=5)
         for driver in self._drivers.values():
             driver.channel.close()
 
@@ -246,7 +252,7 @@ class KubeletEmulator:
             old = self._drivers.pop(info.name, None)
             self._drivers[info.name] = driver
             # Pods that waited for this driver get another go right away.
-            for key in self._pods:
+            for key in self.pods.cached_keys():
                 heapq.heappush(self._due, _Due(0.0, key))
             self._wake.notify_all()
         if old:
@@ -268,49 +274,6 @@ class KubeletEmulator:
             heapq.heappush(self._due, _Due(time.monotonic() + delay, key))
             self._wake.notify_all()
 
-    def _watch_loop(self) -> None:
-        pods_path = path("v1", "pods")
-        selector = f"spec.nodeName={self.node}"
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    listed = self.kube.get(pods_path, fieldSelector=selector)
-                    rv = listed["metadata"]["resourceVersion"]
-                    seen = set()
-                    for pod in listed["items"]:
-                        key = _key(pod)
-                        seen.add(key)
-                        with self._lock:
-                            self._pods[key] = pod
-                        self._enqueue(key)
-                    with self._lock:
-                        gone = [k for k in self._pods if k not in seen]
-                        for k in gone:
-                            self._pods.pop(k)
-                for event in self.kube.watch(pods_path, rv, 30, fieldSelector=selector):
-                    obj = event["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    key = _key(obj)
-                    with self._lock:
-                        if event["type"] == "DELETED":
-                            self._pods.pop(key, None)
-                        else:
-                            self._pods[key] = obj
-                    self._enqueue(key)
-                    if self._stop.is_set():
-                        return
-            except Gone:
-                rv = ""
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                self._log.warning("pod watch failed; relisting", error=str(exc))
-                rv = ""
-                self._stop.wait(1.0)
-
     def _work_loop(self) -> None:
         while not self._stop.is_set():
             with self._wake:
@@ -322,14 +285,14 @@ class KubeletEmulator:
                 if self._stop.is_set():
                     return
                 key = heapq.heappop(self._due).key
-                pod = self._pods.get(key)
+            pod = self.pods.get(key)
             try:
                 self._sync(key, pod)
                 self._attempts.pop(key, None)
             except Exception as exc:
                 attempt = self._attempts.get(key, 0) + 1
                 self._attempts[key] = attempt
-                delay = min(self.retry_max, 0.2 * 2**attempt)
+                delay = retry.delay(attempt, cap=self.retry_max)
                 if not isinstance(exc, PrepareError | KubeError):
                     self._log.exception("pod sync failed", pod=key)
                 self._enqueue(key, delay)

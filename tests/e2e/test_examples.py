@@ -15,8 +15,8 @@ from composable_dra import names
 from composable_dra.kube import JSON, Kube
 from hack import examples
 from hack.localcluster import ControlPlane
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
 from tests.e2e.claims_seen import ClaimsSeen
 
 pytestmark = pytest.mark.e2e

@@ -9,11 +9,12 @@ from typing import Any, cast
 
 import pytest
 
+from api.v1alpha1 import ClaimRef
 from composable_dra.remote_leases import Code, LeaseAPIError, LeaseClient
 from dra_driver.cdi import CdiWriter, resolve
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimref import InvalidClaimRef
-from dra_driver.prepare import ClaimRef, Preparer
+from dra_driver.prepare import Preparer
 from dra_driver.remote_prepare import RemoteLeases, plan_remote
 from tests.unit.plugin_fixtures import DRIVER, NODE, claim, gpu
 

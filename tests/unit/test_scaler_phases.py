@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.v1alpha1 import ComposabilityRequestSpec
+from api.v1alpha1 import ClaimRef, ComposabilityRequestSpec
 from composable_dra import names
 from composable_dra.sizing import (
     ANN_LAST_USED,
@@ -15,10 +15,10 @@ from composable_dra.sizing import (
     limits,
     spec_of,
 )
+from composable_dra.timestamps import format_time
 from device_scaler.decide import (
     ANN_EXPIRES,
     ANN_IN_USE_BY,
-    ClaimRef,
     Counts,
     Create,
     DeleteResource,
@@ -32,7 +32,6 @@ from device_scaler.decide import (
     attach_progress,
     block_holders,
     expired_quarantines,
-    format_time,
     idle_bookkeeping,
     index,
     live_counts,
