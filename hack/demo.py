@@ -8,7 +8,12 @@ containerd and runc, hack/localcluster/realnode.py) where the machine allows it 
 the node binaries built or cached by hack/node/build.sh), otherwise kubelet emulators; the
 demo says which, and why. It then applies the
 examples of deploy/examples, shows the attach flow as it happens, releases one GPU and
-waits until it goes back to the pool, and prints a JSON summary as its last line.
+waits until it goes back to the pool. Last, the software fallback: a node that no fabric
+reaches borrows a donor node's GPU (hack/localcluster/lending.py: both nodes kubelet
+emulators, the donor's lease API, the scaler's lease controller), and the pod's own
+process runs matmul on the donor and checks the products. It prints a JSON summary as
+its last line, with ``remote``: the donor, the lease, the transport and whether the
+products were right.
 
 The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
 at once with --teardown.
@@ -32,18 +37,23 @@ from pathlib import Path
 from typing import Any
 
 from composable_dra import logs
-from composable_dra.kube import Kube, path
+from composable_dra.kube import JSON, Kube, path
+from composable_dra.remote_leases import REMOTE_READY
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import Suite, SuiteOptions
+from hack.localcluster.lending import Lab
 from hack.localcluster.realnode import RealNodeError, find_node_binaries
 from hack.localcluster.realnode_pods import for_real_node
+from hack.localcluster.remote_pods import matmul_claim_and_pod
 from hack.localcluster.testimage import IMAGE
 from hack.localcluster.wait import wait_for
 
 EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim")
 NAMESPACE = "demo"
+REMOTE_NAMESPACE = "demo-remote"
+RESOURCE = "resource.k8s.io/v1"
 
 
 class Progress:
@@ -203,6 +213,60 @@ def container_output(suite: Suite, pod: str) -> str:
     return " | ".join(real.container_log(NAMESPACE, pod, container).split("\n")[:2]).strip()
 
 
+def remote_lease(suite: Suite, lab: Lab, out: Progress) -> dict[str, Any]:
+    """One remote lease, shown: a pod on a GPU-less node runs matmul on a donor's GPU."""
+    # One scaler at a time: the lab's scaler (pool path and lease controller) takes over.
+    if suite.scaler is not None:
+        suite.scaler.stop()
+    lab.start(donors=1, gpus=1, max_leases=2, consumers=1)
+    donor, consumer = lab.donors[0], lab.consumers[0]
+    out.line(
+        f"donor {donor.node} lends 1 GPU (lease API {donor.api_url}); {consumer.node} has none"
+    )
+    claim, pod = matmul_claim_and_pod("remote-matmul", consumer.node, ["--calls", "8"])
+    kube = lab.kube
+    kube.create(path(RESOURCE, "resourceclaims", namespace=REMOTE_NAMESPACE), claim)
+    created = time.monotonic()
+    kube.create(path("v1", "pods", namespace=REMOTE_NAMESPACE), pod)
+
+    def phase() -> str:
+        got = kube.get_or_none(path("v1", "pods", "remote-matmul", namespace=REMOTE_NAMESPACE))
+        return str(((got or {}).get("status") or {}).get("phase", ""))
+
+    wait_for(
+        lambda: phase() in ("Succeeded", "Failed"), 120, "the remote pod", describe=lab.describe
+    )
+    took = time.monotonic() - created
+    got = kube.get(path(RESOURCE, "resourceclaims", "remote-matmul", namespace=REMOTE_NAMESPACE))
+    ready: JSON = next(
+        (
+            dev
+            for dev in (got.get("status") or {}).get("devices") or []
+            if any(c.get("type") == REMOTE_READY for c in dev.get("conditions") or [])
+        ),
+        {},
+    )
+    uid = kube.get(path("v1", "pods", "remote-matmul", namespace=REMOTE_NAMESPACE))["metadata"][
+        "uid"
+    ]
+    printed = consumer.kubelet.container_log(uid, "main").strip().splitlines()
+    result: dict[str, Any] = json.loads(printed[-1]) if printed else {}
+    data = ready.get("data") or {}
+    out.line(
+        f"claim remote-matmul: {REMOTE_READY} on {ready.get('device')} "
+        f"(donor {data.get('donor')}, lease {data.get('lease')})"
+    )
+    out.line(f"the pod's own process printed: {printed[-1] if printed else '(nothing)'}")
+    return {
+        "ok": phase() == "Succeeded" and bool(result.get("ok")),
+        "donor": data.get("donor"),
+        "lease": data.get("lease"),
+        "transport": result.get("transport"),
+        "calls": result.get("calls"),
+        "pod_done_s": round(took, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
     parser.add_argument("--teardown", action="store_true", help="stop everything after the summary")
@@ -255,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     real = node_bin_dir is not None
     watcher = Watcher(suite, out)
+    lab: Lab | None = None
     try:
         kind = "real kubelets v1.37.1 + containerd + runc" if real else "kubelet emulators"
         with out.stage(
@@ -317,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         summary["attaches"] = len(watcher.attached)
         summary["detaches"] = len(watcher.detached)
         watcher.stop()
+        with out.stage(
+            "the software fallback: a node no fabric reaches borrows another node's GPU "
+            "over the network (donor and borrower: kubelet emulators; the scaler now also "
+            "runs the lease controller)"
+        ):
+            lab = Lab(kube, cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-")
+            summary["remote"] = remote_lease(suite, lab, out)
         if not args.teardown:
             print(
                 f"\nThe cluster stays up: kubectl --kubeconfig {cp.kubeconfig} get pods,"
@@ -330,9 +402,12 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, lambda *_: stop.set())
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             stop.wait()
-        return 0 if summary["pods_running"] == len(pods) else 1
+        remote_ok = bool((summary.get("remote") or {}).get("ok"))
+        return 0 if summary["pods_running"] == len(pods) and remote_ok else 1
     finally:
         watcher.stop()
+        if lab is not None:
+            lab.stop()
         suite.stop()
         cp.stop()
         if args.workdir is None:

@@ -38,13 +38,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,27 +52,16 @@ sys.path.insert(0, str(ROOT))
 from composable_dra.kube import JSON, Kube, path  # noqa: E402
 from composable_dra.remote_leases import (  # noqa: E402
     REMOTE_READY,
-    DonorDirectory,
-    LeaseClient,
-    TokenSource,
 )
-from dra_driver.slices import NETWORK_DOMAIN_LABEL  # noqa: E402
 from hack.bench.goals import finish, goal  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries, free_port  # noqa: E402
-from hack.localcluster.crds import install_crds  # noqa: E402
-from hack.localcluster.kubelet_emulator import KubeletEmulator  # noqa: E402
-from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.pki import CertificateAuthority  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices  # noqa: E402
-from hack.localcluster.process import ComponentProcess  # noqa: E402
-from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS  # noqa: E402
-from hack.localcluster.remote_pods import DRIVER, matmul_claim_and_pod  # noqa: E402
+from hack.localcluster.controlplane import find_binaries  # noqa: E402
+from hack.localcluster.lending import Consumer, Lab  # noqa: E402
+from hack.localcluster.remote_pods import matmul_claim_and_pod  # noqa: E402
 from hack.localcluster.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
 NAMESPACE = "bench"
-CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
 DOMAIN = "bench-domain"
 
 
@@ -83,185 +70,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
-
-
-@dataclass
-class Donor:
-    node: str
-    plugin: PluginProcess
-    kubelet: KubeletEmulator
-    process: ComponentProcess
-    api_url: str
-
-
-@dataclass
-class Consumer:
-    node: str
-    plugin: PluginProcess
-    kubelet: KubeletEmulator
-
-
-@dataclass
-class Lab:
-    """Donors, consumers and the scaler on one control plane."""
-
-    kube: Kube
-    cp: ControlPlane
-    root: Path
-    donors: list[Donor] = field(default_factory=list)
-    consumers: list[Consumer] = field(default_factory=list)
-    procs: list[ComponentProcess] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.ca = CertificateAuthority(self.root / "pki")
-        self.secret = self.root / "donor-secret"
-        self.secret.write_bytes(os.urandom(32).hex().encode())
-
-    def client_flags(self, sa: str) -> list[str]:
-        return [
-            f"--lease-service-account={NAMESPACE}/{sa}",
-            *(f"--donor-api={d.node}={d.api_url}" for d in self.donors),
-            f"--donor-ca-file={self.ca.cert_path}",
-        ]
-
-    def node(self, name: str) -> tuple[KubeletEmulator, Path]:
-        create_node(self.kube.api, name, labels={NETWORK_DOMAIN_LABEL: DOMAIN})
-        root = self.root / name
-        kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
-        kubelet.start()
-        return kubelet, root
-
-    def plugin(
-        self, name: str, kubelet: KubeletEmulator, root: Path, args: list[str]
-    ) -> PluginProcess:
-        return PluginProcess(
-            node=name,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-            extra_args=args,
-        )
-
-    def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
-        name = f"donor-{i}"
-        kubelet, root = self.node(name)
-        plugin = self.plugin(
-            name, kubelet, root, ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"]
-        )
-        write_static_devices(
-            plugin.static_file,
-            [
-                {"uuid": f"GPU-{name}-{g}", "name": f"gpu-{g}", "model": "A100", "memory": "80Gi"}
-                for g in range(gpus)
-            ],
-        )
-        plugin.start()
-        api_port = free_port()
-        tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
-        process = ComponentProcess(
-            "remote-gpu-donor",
-            [
-                f"--name={name}",
-                f"--node-name={name}",
-                f"--secret-file={self.secret}",
-                f"--listen=127.0.0.1:{free_port()}",
-                "--transports=tcp",
-                "--allow=matmul=remote_gpu.builtins:matmul",
-                f"--memory-quota={16 << 20}",
-                f"--lease-api-listen=127.0.0.1:{api_port}",
-                f"--lease-api-cert={tls.cert}",
-                f"--lease-api-key={tls.key}",
-                f"--kubeconfig={self.cp.kubeconfig}",
-                f"--lease-controller-sa={NAMESPACE}/{CONTROLLER_SA}",
-                f"--lease-plugin-sa={NAMESPACE}/{PLUGIN_SA}",
-            ],
-            root / "donor",
-        )
-        process.start()
-        self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))
-
-    def start(self, donors: int, gpus: int, max_leases: int, consumers: int) -> None:
-        self.kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
-        for sa in (CONTROLLER_SA, PLUGIN_SA):
-            self.kube.create(
-                path("v1", "serviceaccounts", namespace=NAMESPACE), {"metadata": {"name": sa}}
-            )
-        self.kube.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
-        install_crds(self.kube)
-        for i in range(donors):
-            self.add_donor(i, gpus, max_leases)
-        for d in self.donors:
-            wait_for(
-                lambda d=d: any(  # type: ignore[misc]
-                    e.get("event") == "lease API listening" for e in d.process.log_events(True)
-                ),
-                60,
-                f"the lease API of {d.node}",
-                describe=d.process.log_tail,
-            )
-        scaler = ComponentProcess(
-            "scaler",
-            [
-                f"--kubeconfig={self.cp.kubeconfig}",
-                "--no-leader-elect",
-                "--lease-resync=1",
-                *self.client_flags(CONTROLLER_SA),
-            ],
-            self.root / "scaler",
-        )
-        self.procs.append(scaler.start())
-        for i in range(consumers):
-            name = f"consumer-{i}"
-            kubelet, root = self.node(name)
-            plugin = self.plugin(name, kubelet, root, self.client_flags(PLUGIN_SA))
-            write_static_devices(plugin.static_file, [])  # no GPU, and no fabric reaches it
-            plugin.start()
-            self.consumers.append(Consumer(name, plugin, kubelet))
-        for n in self.nodes():
-            wait_for(
-                lambda n=n: DRIVER in n.kubelet.registered_drivers(),  # type: ignore[misc]
-                60,
-                f"the plugin of {n.node} to register",
-                describe=n.plugin.log_tail,
-            )
-
-    def open_leases(self) -> int:
-        client = LeaseClient(
-            DonorDirectory({d.node: d.api_url for d in self.donors}),
-            TokenSource(self.kube, NAMESPACE, CONTROLLER_SA),
-            str(self.ca.cert_path),
-        )
-        return sum(len(client.list(d.node).items) for d in self.donors)
-
-    def token_files(self) -> int:
-        return sum(
-            len(list((c.plugin.state_dir / "remote-gpu").glob("*.token"))) for c in self.consumers
-        )
-
-    def nodes(self) -> list[Donor | Consumer]:
-        return [*self.donors, *self.consumers]
-
-    def describe(self) -> str:
-        procs = [*self.procs, *(d.process for d in self.donors)]
-        plugins = [n.plugin for n in self.nodes()]
-        return "\n".join([*(p.log_tail(15) for p in procs), *(p.log_tail(15) for p in plugins)])
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.stop()
-        for n in self.nodes():
-            n.kubelet.stop()
-            n.plugin.stop()
-        for d in self.donors:
-            d.process.stop()
 
 
 class ClaimWatch:
@@ -326,7 +134,7 @@ def phase(kube: Kube, name: str) -> str:
 
 
 def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -> dict[str, Any]:
-    lab = Lab(kube, cp, workdir)
+    lab = Lab(kube, cp, workdir, namespace=NAMESPACE, domain=DOMAIN)
     out: dict[str, Any] = {"pods": args.pods, "ran": 0}
     watch: ClaimWatch | None = None
     try:

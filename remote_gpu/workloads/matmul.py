@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = OK
     try:
         with RemoteGPU.from_env() as gpu:
-            out.update(where="remote", lease=gpu.lease)
+            out.update(where="remote", lease=gpu.lease, transport=gpu.transport)
             out.update(run_as_asked(gpu, args))
             code = OK if out["ok"] else WRONG
     except RemoteGPUError as exc:

@@ -1,0 +1,220 @@
+"""A lending lab on a local control plane: donor nodes, consumer nodes and the scaler.
+
+Each donor is a node (kubelet emulator) whose plugin lends its static GPUs (``--lend``)
+and a ``remote-gpu-donor`` process with its lease API over HTTPS (a local CA); each
+consumer is a node with no GPU and no fabric reach whose plugin fetches lease
+credentials at prepare; the scaler runs the lease controller. Every component is its own
+process. Used by ``hack/bench/remote_claims.py`` and the demo (``hack/demo.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from composable_dra.kube import Conflict, Kube, path
+from composable_dra.remote_leases import DonorDirectory, LeaseClient, TokenSource
+from dra_driver.slices import NETWORK_DOMAIN_LABEL
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import free_port
+from hack.localcluster.crds import install_crds
+from hack.localcluster.kubelet_emulator import KubeletEmulator
+from hack.localcluster.nodes import create_node
+from hack.localcluster.pki import CertificateAuthority
+from hack.localcluster.plugin_process import PluginProcess, write_static_devices
+from hack.localcluster.process import ComponentProcess
+from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS
+from hack.localcluster.remote_pods import DRIVER
+from hack.localcluster.wait import wait_for
+
+RESOURCE = "resource.k8s.io/v1"
+CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
+
+
+@dataclass
+class Donor:
+    node: str
+    plugin: PluginProcess
+    kubelet: KubeletEmulator
+    process: ComponentProcess
+    api_url: str
+
+
+@dataclass
+class Consumer:
+    node: str
+    plugin: PluginProcess
+    kubelet: KubeletEmulator
+
+
+@dataclass
+class Lab:
+    """Donors, consumers and the scaler on one control plane."""
+
+    kube: Kube
+    cp: ControlPlane
+    root: Path
+    namespace: str = "lending"
+    prefix: str = ""  # of the node names (donor-0, consumer-0, ...)
+    domain: str = "lending-domain"
+    donors: list[Donor] = field(default_factory=list)
+    consumers: list[Consumer] = field(default_factory=list)
+    procs: list[ComponentProcess] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ca = CertificateAuthority(self.root / "pki")
+        self.secret = self.root / "donor-secret"
+        self.secret.write_bytes(os.urandom(32).hex().encode())
+
+    def client_flags(self, sa: str) -> list[str]:
+        return [
+            f"--lease-service-account={self.namespace}/{sa}",
+            *(f"--donor-api={d.node}={d.api_url}" for d in self.donors),
+            f"--donor-ca-file={self.ca.cert_path}",
+        ]
+
+    def node(self, name: str) -> tuple[KubeletEmulator, Path]:
+        create_node(self.kube.api, name, labels={NETWORK_DOMAIN_LABEL: self.domain})
+        root = self.root / name
+        kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
+        kubelet.start()
+        return kubelet, root
+
+    def plugin(
+        self, name: str, kubelet: KubeletEmulator, root: Path, args: list[str]
+    ) -> PluginProcess:
+        return PluginProcess(
+            node=name,
+            kubeconfig=self.cp.kubeconfig,
+            plugins_registry_dir=kubelet.plugins_registry_dir,
+            plugins_dir=kubelet.plugins_dir,
+            cdi_dir=kubelet.cdi_dir,
+            workdir=root / "plugin",
+            extra_args=args,
+        )
+
+    def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
+        name = f"{self.prefix}donor-{i}"
+        kubelet, root = self.node(name)
+        plugin = self.plugin(
+            name, kubelet, root, ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"]
+        )
+        write_static_devices(
+            plugin.static_file,
+            [
+                {"uuid": f"GPU-{name}-{g}", "name": f"gpu-{g}", "model": "A100", "memory": "80Gi"}
+                for g in range(gpus)
+            ],
+        )
+        plugin.start()
+        api_port = free_port()
+        tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
+        process = ComponentProcess(
+            "remote-gpu-donor",
+            [
+                f"--name={name}",
+                f"--node-name={name}",
+                f"--secret-file={self.secret}",
+                f"--listen=127.0.0.1:{free_port()}",
+                "--transports=tcp",
+                "--allow=matmul=remote_gpu.builtins:matmul",
+                f"--memory-quota={16 << 20}",
+                f"--lease-api-listen=127.0.0.1:{api_port}",
+                f"--lease-api-cert={tls.cert}",
+                f"--lease-api-key={tls.key}",
+                f"--kubeconfig={self.cp.kubeconfig}",
+                f"--lease-controller-sa={self.namespace}/{CONTROLLER_SA}",
+                f"--lease-plugin-sa={self.namespace}/{PLUGIN_SA}",
+            ],
+            root / "donor",
+        )
+        process.start()
+        self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))
+
+    def start(self, donors: int, gpus: int, max_leases: int, consumers: int) -> None:
+        """Donors, then the scaler (its lease controller), then consumers, all registered."""
+        with contextlib.suppress(Conflict):
+            self.kube.create(path("v1", "namespaces"), {"metadata": {"name": self.namespace}})
+        for sa in (CONTROLLER_SA, PLUGIN_SA):
+            self.kube.create(
+                path("v1", "serviceaccounts", namespace=self.namespace), {"metadata": {"name": sa}}
+            )
+        with contextlib.suppress(Conflict):
+            self.kube.create(
+                path(RESOURCE, "deviceclasses"),
+                {
+                    "metadata": {"name": CLASS},
+                    "spec": {
+                        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+                    },
+                },
+            )
+        install_crds(self.kube)
+        for i in range(donors):
+            self.add_donor(i, gpus, max_leases)
+        for d in self.donors:
+            wait_for(
+                lambda d=d: any(  # type: ignore[misc]
+                    e.get("event") == "lease API listening" for e in d.process.log_events(True)
+                ),
+                60,
+                f"the lease API of {d.node}",
+                describe=d.process.log_tail,
+            )
+        scaler = ComponentProcess(
+            "scaler",
+            [
+                f"--kubeconfig={self.cp.kubeconfig}",
+                "--no-leader-elect",
+                "--lease-resync=1",
+                *self.client_flags(CONTROLLER_SA),
+            ],
+            self.root / "scaler",
+        )
+        self.procs.append(scaler.start())
+        for i in range(consumers):
+            name = f"{self.prefix}consumer-{i}"
+            kubelet, root = self.node(name)
+            plugin = self.plugin(name, kubelet, root, self.client_flags(PLUGIN_SA))
+            write_static_devices(plugin.static_file, [])  # no GPU, and no fabric reaches it
+            plugin.start()
+            self.consumers.append(Consumer(name, plugin, kubelet))
+        for n in self.nodes():
+            wait_for(
+                lambda n=n: DRIVER in n.kubelet.registered_drivers(),  # type: ignore[misc]
+                60,
+                f"the plugin of {n.node} to register",
+                describe=n.plugin.log_tail,
+            )
+
+    def open_leases(self) -> int:
+        client = LeaseClient(
+            DonorDirectory({d.node: d.api_url for d in self.donors}),
+            TokenSource(self.kube, self.namespace, CONTROLLER_SA),
+            str(self.ca.cert_path),
+        )
+        return sum(len(client.list(d.node).items) for d in self.donors)
+
+    def token_files(self) -> int:
+        return sum(
+            len(list((c.plugin.state_dir / "remote-gpu").glob("*.token"))) for c in self.consumers
+        )
+
+    def nodes(self) -> list[Donor | Consumer]:
+        return [*self.donors, *self.consumers]
+
+    def describe(self) -> str:
+        procs = [*self.procs, *(d.process for d in self.donors)]
+        plugins = [n.plugin for n in self.nodes()]
+        return "\n".join([*(p.log_tail(15) for p in procs), *(p.log_tail(15) for p in plugins)])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+        for n in self.nodes():
+            n.kubelet.stop()
+            n.plugin.stop()
+        for d in self.donors:
+            d.process.stop()
