@@ -233,19 +233,21 @@ def remote_lease(suite: Suite, lab: Lab, out: Progress) -> dict[str, Any]:
         got = kube.get_or_none(path("v1", "pods", "remote-matmul", namespace=REMOTE_NAMESPACE))
         return str(((got or {}).get("status") or {}).get("phase", ""))
 
-    wait_for(
-        lambda: phase() in ("Succeeded", "Failed"), 120, "the remote pod", describe=lab.describe
-    )
+    # The claim's device status goes with its allocation once the pod is done: keep what
+    # RemoteGPUReady said while it was there.
+    ready: JSON = {}
+
+    def done() -> bool:
+        claim = kube.get_or_none(
+            path(RESOURCE, "resourceclaims", "remote-matmul", namespace=REMOTE_NAMESPACE)
+        )
+        for dev in ((claim or {}).get("status") or {}).get("devices") or []:
+            if any(c.get("type") == REMOTE_READY for c in dev.get("conditions") or []):
+                ready.update(dev)
+        return phase() in ("Succeeded", "Failed")
+
+    wait_for(done, 120, "the remote pod", describe=lab.describe)
     took = time.monotonic() - created
-    got = kube.get(path(RESOURCE, "resourceclaims", "remote-matmul", namespace=REMOTE_NAMESPACE))
-    ready: JSON = next(
-        (
-            dev
-            for dev in (got.get("status") or {}).get("devices") or []
-            if any(c.get("type") == REMOTE_READY for c in dev.get("conditions") or [])
-        ),
-        {},
-    )
     uid = kube.get(path("v1", "pods", "remote-matmul", namespace=REMOTE_NAMESPACE))["metadata"][
         "uid"
     ]
@@ -258,7 +260,7 @@ def remote_lease(suite: Suite, lab: Lab, out: Progress) -> dict[str, Any]:
     )
     out.line(f"the pod's own process printed: {printed[-1] if printed else '(nothing)'}")
     return {
-        "ok": phase() == "Succeeded" and bool(result.get("ok")),
+        "ok": phase() == "Succeeded" and bool(result.get("ok")) and bool(data.get("donor")),
         "donor": data.get("donor"),
         "lease": data.get("lease"),
         "transport": result.get("transport"),
