@@ -245,6 +245,22 @@ def test_the_fabric_is_read_again_when_an_attachment_moves_on_not_on_every_write
     assert attachment_states([]) != attaching
 
 
+def test_the_fabric_is_read_again_when_a_hold_ends_not_as_an_attach_moves_on() -> None:
+    # At 1,000 attaches each re-read of a 4,000-block fabric on Attaching -> Online made
+    # the publisher's cost quadratic; only a hold that ends can free a block.
+    def states(*entries: tuple[str, str]) -> frozenset[tuple[str, str, bool]]:
+        return frozenset((name, phase, False) for name, phase in entries)
+
+    live = {("fab/zone-1", "gpu-1")}
+    attaching = states(("r1", "Attaching"))
+    online = states(("r1", "Online"))
+    assert read_again(attaching, online, live, live) is False
+    assert read_again(states(), attaching, set(), live) is False  # a new attach
+    assert read_again(online, states(("r1", "Online"), ("r2", "Attaching")), live, live) is False
+    assert read_again(online, states(("r1", "Detached")), live, live) is True
+    assert read_again(online, states(), live, live) is True  # the resource is gone
+
+
 def test_the_fabric_is_read_again_when_an_allocation_ends() -> None:
     # An inventory read before the attach still says "free": when the allocation that kept
     # the block in the pool ends, only a fresh read keeps the attached GPU out of it.
