@@ -58,7 +58,7 @@ from dra_driver.slices import desired_slices
 from dra_driver.visibility import visibility_updates
 from fabric_emulator.topology import H100, host_uuid
 from hack.bench.goals import finish, goal
-from hack.bench.time_to_gpu import PREBIND_POLL_S, Recorder, percentile
+from hack.bench.time_to_gpu import PREBIND_POLL_S, Recorder, breakdown, percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.nodes import create_node
@@ -277,18 +277,22 @@ class StandInPlugins:
 
     def _watch(self) -> None:
         url = path(API_VERSION, "composableresources")
+        rv = ""
         while not self._stop.is_set():
             try:
-                listed = self.kube.get(url)
-                for obj in listed["items"]:
-                    self._see(obj)
-                for ev in self.kube.watch(url, listed["metadata"]["resourceVersion"], 60):
+                if not rv:  # a list only at the start and after 410 Gone
+                    listed = self.kube.get(url)
+                    for obj in listed["items"]:
+                        self._see(obj)
+                    rv = listed["metadata"]["resourceVersion"]
+                for ev in self.kube.watch(url, rv, 60):
                     if self._stop.is_set():
                         return
+                    rv = ev["object"]["metadata"]["resourceVersion"]
                     if ev["type"] in ("ADDED", "MODIFIED"):
                         self._see(ev["object"])
             except Gone:
-                continue
+                rv = ""
             except Exception:
                 self._stop.wait(0.2)
 
@@ -376,6 +380,7 @@ class Burst:
     start: float = 0.0
     end: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    stages_p50_s: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> JSON:
         return {
@@ -389,6 +394,7 @@ class Burst:
             "failed": self.failed,
             "cpu_s": {k: round(v, 2) for k, v in self.cpu_s.items()},
             "cpu_per_claim_s": round(sum(self.cpu_s.values()) / self.claims, 4),
+            "stages_p50_s": self.stages_p50_s,
         }
 
 
@@ -431,6 +437,7 @@ def run_burst(suite: Suite, kube: Kube, n: int, timeout: float) -> Burst:
         # The scheduler binds at its next re-check: give the last ones that long.
         with contextlib.suppress(AssertionError):
             wait_for(lambda: len(rec.bound) >= len(rec.ready), PREBIND_POLL_S + 2, "binding")
+        burst.stages_p50_s = breakdown(burst.created, rec)
         for name in names_:
             allocated = rec.stages.get(name, {}).get("allocated")
             bound = rec.bound.get(name)
@@ -470,7 +477,13 @@ def report(
     first = bursts[0]
     per_claim = [sum(b.cpu_s.values()) / b.claims for b in bursts]
     writes = writes_by_component(requests, last.start, last.end)
-    per_attach = {c: round(sum(w.values()) / last.claims, 2) for c, w in sorted(writes.items())}
+
+    def per_claim_of(counts: Counter[str], events: bool) -> float:
+        n = sum(v for k, v in counts.items() if (k == "create events") == events)
+        return round(n / last.claims, 2)
+
+    per_attach = {c: per_claim_of(w, False) for c, w in sorted(writes.items())}
+    events = {c: per_claim_of(w, True) for c, w in sorted(writes.items())}
     lists = lists_after(requests, started)
     relists = sum(n for c in lists.values() for k, n in c.items() if k.startswith("full "))
     out: JSON = {
@@ -490,6 +503,8 @@ def report(
         "relists_after_start": relists,
         "lists_after_start": {c: dict(v) for c, v in sorted(lists.items())},
         "writes_per_attach": {**per_attach, "total": round(sum(per_attach.values()), 2)},
+        # Events are the humans' record, not the attach's state: counted apart.
+        "events_per_attach": {**events, "total": round(sum(events.values()), 2)},
         "writes_in_burst": {c: dict(v) for c, v in sorted(writes.items())},
         "writes_needed": NEEDED_WRITES,
         "bursts": [b.summary() for b in bursts],
