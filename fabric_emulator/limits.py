@@ -15,7 +15,12 @@ MAX_BODY = 1024 * 1024  # bytes; Redfish requests here are a few hundred
 MAX_DEPTH = 32  # the deepest request this service reads is 4 levels
 # The largest value each runtime setting takes (from the CLI or PATCH /admin/config): a
 # task that never ends or a Retry-After of days would only wedge the clients under test.
-SETTING_MAX: dict[str, int] = {"async_polls": 1000, "retry_after": 3600, "task_seconds": 3600}
+SETTING_MAX: dict[str, int] = {
+    "async_polls": 1000,
+    "retry_after": 3600,
+    "task_seconds": 3600,
+    "page_size": 100_000,  # CLI only
+}
 
 
 def _no_constant(name: str) -> Any:

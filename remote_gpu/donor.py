@@ -42,16 +42,17 @@ from remote_gpu.errors import (
     FrameError,
     RemoteGPUError,
 )
+from remote_gpu.errors import Fatal as _Fatal
 from remote_gpu.protocol import (
     HELLO_KEY,
     MAX_META,
     SUPPORTED_VERSIONS,
     VERSION,
     ArraySpec,
-    DType,
     Flags,
     Header,
     Op,
+    place_array,
     seq_after,
     session_key,
     unpack,
@@ -61,7 +62,7 @@ from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import check_claims, mac_for
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import Session, Stats
+from remote_gpu.worker import Session, Stats, result_frames
 
 log = logs.get(__name__)
 
@@ -104,14 +105,6 @@ def accept_backoff(previous: float) -> float:
     """The pause after an ``accept`` failure that followed a pause of ``previous``."""
     first, longest = ACCEPT_BACKOFF
     return min(longest, max(first, previous * 2))
-
-
-class _Fatal(Exception):
-    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.seq = seq
 
 
 class Lease:
@@ -595,7 +588,6 @@ class Donor:
             assert free is not None  # busy < credits == slots
             slot = free
         base = arena.slot_base(slot)
-        end = base + arena.slot_size
         lease.busy.add(slot)
         cursor = base
         specs: list[ArraySpec] = []
@@ -604,28 +596,8 @@ class Donor:
                 h = unpack(await tr.recv_header(), key, arena.slot_size)
             except FrameError as exc:
                 raise _Fatal(Code.BAD_FRAME, str(exc), seq) from None
-            if (h.op, h.seq, h.part, h.parts, h.lease) != (
-                Op.INVOKE,
-                seq,
-                part,
-                head.parts,
-                lease.id,
-            ):
-                raise _Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
-            if h.flags & Flags.SHM:
-                if not shm:
-                    raise _Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
-                if not (base <= h.offset and h.offset + h.length <= end):
-                    raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
-                offset = h.offset
-            else:
-                offset = cursor
-                if offset + h.length > end:
-                    raise _Fatal(
-                        Code.MEMORY_QUOTA,
-                        f"arguments exceed the lease's {arena.slot_size}-byte slot",
-                        seq,
-                    )
+            offset = place_array(h, head, part, lease.id, shm, base, cursor, arena.slot_size)
+            if not h.flags & Flags.SHM:
                 await tr.recv_payload_into(arena.view(offset, h.length))
                 metrics.BYTES.labels("donor", "in", lease.transport).inc(h.length)
                 cursor = align(offset + h.length)
@@ -679,22 +651,8 @@ class Donor:
     def _result_frames(
         self, lease: Lease, key: bytes, seq: int, results: Sequence[ArraySpec]
     ) -> list[Frame]:
-        head = Header(Op.RESULT, lease.id, seq, parts=len(results))
-        frames: list[Frame] = [(head.pack(key), None)]
-        for i, (dtype, shape, offset, length) in enumerate(results, start=1):
-            h = Header(
-                Op.RESULT,
-                lease.id,
-                seq,
-                flags=Flags.SHM if lease.shm else Flags.NONE,
-                dtype=DType(dtype),
-                part=i,
-                parts=len(results),
-                shape=tuple(shape),
-                offset=offset,
-                length=length,
-            )
-            frames.append((h.pack(key), None if lease.shm else lease.arena.view(offset, length)))
+        inline = None if lease.shm else lease.arena
+        frames = result_frames(key, lease.id, seq, results, inline)
         metrics.BYTES.labels("donor", "out", lease.transport).inc(sum(r[3] for r in results))
         return frames
 

@@ -1,7 +1,8 @@
 """The UCX transport end to end, over UCX's tcp transport on loopback (no GPU, no RDMA).
 
 The donor runs as its own process (``remote-gpu-donor --ucx-port``), as in production; the
-client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``dev`` extra.
+client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``ucx`` extra, which
+``make install`` installs.
 """
 
 from __future__ import annotations
