@@ -545,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             topology=fabric_topology(args.nodes, args.zones, args.pool_gpus),
             attach_latency=0.0,
             attach_timeout=max(120.0, args.timeout),
+            start_timeout=600.0,
         )
         suite = Suite(kube, cp.kubeconfig, workdir / "suite", opts)
         t = time.monotonic()
