@@ -269,3 +269,24 @@ def test_the_fabric_is_read_again_when_an_allocation_ends() -> None:
     assert read_again(states, states, {a}, {a, b}) is False  # a new allocation: no
     assert read_again(states, states, {a, b}, {b}) is True  # one ended
     assert read_again(None, states, set(), set()) is True  # the first pass
+
+
+class _CountingHosts(dict[str, Host]):
+    """A host map that counts the passes over its hosts."""
+
+    passes = 0
+
+    def values(self) -> Any:
+        self.passes += 1
+        return super().values()
+
+
+def test_host_nodes_maps_every_node_in_one_pass_over_the_hosts() -> None:
+    # A scan of every host per node was quadratic: 1,000 nodes x 1,000 hosts a pass.
+    hosts = _CountingHosts({f"h{i}": Host(f"h{i}", f"UUID-{i}") for i in range(200)})
+    inv = Inventory(hosts, {}, {})
+    nodes = [node(f"n{i}", f"uuid-{i}") for i in range(200)]  # UUIDs compare normalized
+    nodes.append(node("elsewhere", "uuid-not-on-this-fabric"))
+    mapped = host_nodes(nodes, NodeMapping(), inv)
+    assert mapped == {f"h{i}": [f"n{i}"] for i in range(200)}
+    assert hosts.passes <= 1
