@@ -382,6 +382,11 @@ class Burst:
     cpu_s: dict[str, float] = field(default_factory=dict)
     stages_p50_s: dict[str, float] = field(default_factory=dict)
 
+    def cpu_per_claim(self) -> float:
+        """Controller CPU seconds per claim made ready (a burst cut short by its timeout
+        is not charged for the claims it never finished)."""
+        return sum(self.cpu_s.values()) / max(1, len(self.ready_s))
+
     def summary(self) -> JSON:
         return {
             "claims": self.claims,
@@ -393,7 +398,7 @@ class Burst:
             "bound_at_first_recheck": self.bound_at_first_recheck,
             "failed": self.failed,
             "cpu_s": {k: round(v, 2) for k, v in self.cpu_s.items()},
-            "cpu_per_claim_s": round(sum(self.cpu_s.values()) / self.claims, 4),
+            "cpu_per_claim_s": round(self.cpu_per_claim(), 4),
             "stages_p50_s": self.stages_p50_s,
         }
 
@@ -475,7 +480,7 @@ def report(
 ) -> JSON:
     last = bursts[-1]
     first = bursts[0]
-    per_claim = [sum(b.cpu_s.values()) / b.claims for b in bursts]
+    per_claim = [b.cpu_per_claim() for b in bursts]
     writes = writes_by_component(requests, last.start, last.end)
 
     def per_claim_of(counts: Counter[str], events: bool) -> float:
