@@ -483,9 +483,13 @@ def report(
     per_claim = [b.cpu_per_claim() for b in bursts]
     writes = writes_by_component(requests, last.start, last.end)
 
+    # Per attach started in the burst (a resource the scaler made): a burst cut short by
+    # its timeout started fewer attaches than it has claims.
+    attaches = max(1, writes.get("scaler", Counter())["create composableresources"])
+
     def per_claim_of(counts: Counter[str], events: bool) -> float:
         n = sum(v for k, v in counts.items() if (k == "create events") == events)
-        return round(n / last.claims, 2)
+        return round(n / attaches, 2)
 
     per_attach = {c: per_claim_of(w, False) for c, w in sorted(writes.items())}
     events = {c: per_claim_of(w, True) for c, w in sorted(writes.items())}
@@ -507,6 +511,7 @@ def report(
         },
         "relists_after_start": relists,
         "lists_after_start": {c: dict(v) for c, v in sorted(lists.items())},
+        "attaches": attaches,
         "writes_per_attach": {**per_attach, "total": round(sum(per_attach.values()), 2)},
         # Events are the humans' record, not the attach's state: counted apart.
         "events_per_attach": {**events, "total": round(sum(events.values()), 2)},
