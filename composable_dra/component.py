@@ -79,7 +79,7 @@ def run_controller(
         config.load_kube_config(config_file=args.kubeconfig)
     else:
         config.load_incluster_config()
-    kube = Kube.from_config(args.kubeconfig)
+    kube = Kube.from_config(args.kubeconfig, user_agent=f"composable-dra/{component}")
     metrics.serve(args.metrics_port)
     if args.leader_elect:
         leader.acquire(

@@ -88,11 +88,18 @@ class Kube:
         self.api = api
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None, pool_size: int | None = None) -> Kube:
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        pool_size: int | None = None,
+        user_agent: str | None = None,
+    ) -> Kube:
         """From a kubeconfig file, else the in-cluster service account.
 
         ``pool_size``: connections kept open, for a process that calls from many threads
         (the client's default, cores x 5, would reopen a TLS connection per extra call).
+        ``user_agent``: who is calling, as the API server's audit log and metrics show it
+        (``composable-dra/<component>``); the client's generic one otherwise.
         """
         if kubeconfig:
             cfg = client.Configuration()
@@ -102,7 +109,10 @@ class Kube:
             cfg = client.Configuration.get_default_copy()
         if pool_size:
             cfg.connection_pool_maxsize = pool_size
-        return cls(client.ApiClient(cfg))
+        api = client.ApiClient(cfg)
+        if user_agent:
+            api.user_agent = user_agent
+        return cls(api)
 
     # -- requests --------------------------------------------------------------------
 

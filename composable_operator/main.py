@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     lost = threading.Event()
     if args.leader_elect:
         leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
-    kube = Kube.from_config(args.kubeconfig, pool_size=args.io_threads)
+    kube = Kube.from_config(
+        args.kubeconfig, pool_size=args.io_threads, user_agent="composable-dra/operator"
+    )
     fabrics = Fabrics(kube)
     settings = controller.Settings(
         driver=args.driver_name,

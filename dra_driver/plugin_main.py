@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         rolling_update_uid = check_uid(args.rolling_update_uid)
     except InvalidUID as exc:
         raise SystemExit(str(exc)) from None
-    kube = Kube.from_config(args.kubeconfig)
+    kube = Kube.from_config(args.kubeconfig, user_agent="composable-dra/plugin")
     node = kube.get(path("v1", "nodes", args.node_name))
 
     durable = not args.no_fsync

@@ -16,6 +16,7 @@ from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.kube import JSON, Kube, NotFound, path
+from composable_dra.names import normalize_uuid
 
 
 class FabricConfigError(Exception):
@@ -34,11 +35,33 @@ def _secret_value(secret: JSON, key: str) -> str:
     return base64.b64decode(data[key]).decode()
 
 
-def host_for_node(node: JSON, mapping: NodeMapping, hosts: Mapping[str, Host]) -> str | None:
-    """The fabric host id a node runs on, or None when the node is not on this fabric."""
+def uuid_index(hosts: Mapping[str, Host]) -> dict[str, str]:
+    """Normalized system UUID -> host id (the first host of a UUID, as host_by_uuid finds
+    it): mapping every node of a large cluster looks each one up instead of scanning every
+    host per node, which was quadratic (docs/attach-flow.md, Scale)."""
+    index: dict[str, str] = {}
+    for h in hosts.values():
+        index.setdefault(normalize_uuid(h.uuid), h.id)
+    return index
+
+
+def host_for_node(
+    node: JSON,
+    mapping: NodeMapping,
+    hosts: Mapping[str, Host],
+    by_uuid: Mapping[str, str] | None = None,
+) -> str | None:
+    """The fabric host id a node runs on, or None when the node is not on this fabric.
+
+    ``by_uuid``: ``uuid_index(hosts)``, for callers that map many nodes.
+    """
     if mapping.by == "systemUUID":
         system_uuid = node.get("status", {}).get("nodeInfo", {}).get("systemUUID", "")
-        host = host_by_uuid(hosts, system_uuid) if system_uuid else None
+        if not system_uuid:
+            return None
+        if by_uuid is not None:
+            return by_uuid.get(normalize_uuid(system_uuid))
+        host = host_by_uuid(hosts, system_uuid)
         return host.id if host else None
     if mapping.by == "providerID":
         provider_id = node.get("spec", {}).get("providerID", "")

@@ -84,6 +84,9 @@ class SuiteOptions:
     # and the node binaries (hack.localcluster.realnode.find_node_binaries).
     real_hosts: tuple[str, ...] = ()
     node_bin_dir: Path | None = None
+    # Seconds to wait for the first pools, the scaler's lease and the Fabric's first sync
+    # (a large fabric's first inventory read takes longer).
+    start_timeout: float = 60.0
 
 
 class Suite:
@@ -184,7 +187,7 @@ class Suite:
             self.wait_registered(n)
         wait_for(
             lambda: len(self.pool_slices()) >= 1,
-            60,
+            self.opts.start_timeout,
             "the pool publisher to publish the fabric's pools",
             describe=self.describe,
         )
@@ -197,7 +200,7 @@ class Suite:
                     namespace=self.system_namespace,
                 )
             ),
-            60,
+            self.opts.start_timeout,
             "the scaler's lease",
             describe=self.describe,
         )
@@ -207,7 +210,7 @@ class Suite:
                 lambda: (
                     self.kube.get(path(CR_API, "fabrics", self.fabric)).get("status") or {}
                 ).get("lastSyncTime"),
-                60,
+                self.opts.start_timeout,
                 "the operator to sync the Fabric",
                 describe=self.describe,
             )

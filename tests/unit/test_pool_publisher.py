@@ -245,6 +245,22 @@ def test_the_fabric_is_read_again_when_an_attachment_moves_on_not_on_every_write
     assert attachment_states([]) != attaching
 
 
+def test_the_fabric_is_read_again_when_a_hold_ends_not_as_an_attach_moves_on() -> None:
+    # At 1,000 attaches each re-read of a 4,000-block fabric on Attaching -> Online made
+    # the publisher's cost quadratic; only a hold that ends can free a block.
+    def states(*entries: tuple[str, str]) -> frozenset[tuple[str, str, bool]]:
+        return frozenset((name, phase, False) for name, phase in entries)
+
+    live = {("fab/zone-1", "gpu-1")}
+    attaching = states(("r1", "Attaching"))
+    online = states(("r1", "Online"))
+    assert read_again(attaching, online, live, live) is False
+    assert read_again(states(), attaching, set(), live) is False  # a new attach
+    assert read_again(online, states(("r1", "Online"), ("r2", "Attaching")), live, live) is False
+    assert read_again(online, states(("r1", "Detached")), live, live) is True
+    assert read_again(online, states(), live, live) is True  # the resource is gone
+
+
 def test_the_fabric_is_read_again_when_an_allocation_ends() -> None:
     # An inventory read before the attach still says "free": when the allocation that kept
     # the block in the pool ends, only a fresh read keeps the attached GPU out of it.
@@ -253,3 +269,24 @@ def test_the_fabric_is_read_again_when_an_allocation_ends() -> None:
     assert read_again(states, states, {a}, {a, b}) is False  # a new allocation: no
     assert read_again(states, states, {a, b}, {b}) is True  # one ended
     assert read_again(None, states, set(), set()) is True  # the first pass
+
+
+class _CountingHosts(dict[str, Host]):
+    """A host map that counts the passes over its hosts."""
+
+    passes = 0
+
+    def values(self) -> Any:
+        self.passes += 1
+        return super().values()
+
+
+def test_host_nodes_maps_every_node_in_one_pass_over_the_hosts() -> None:
+    # A scan of every host per node was quadratic: 1,000 nodes x 1,000 hosts a pass.
+    hosts = _CountingHosts({f"h{i}": Host(f"h{i}", f"UUID-{i}") for i in range(200)})
+    inv = Inventory(hosts, {}, {})
+    nodes = [node(f"n{i}", f"uuid-{i}") for i in range(200)]  # UUIDs compare normalized
+    nodes.append(node("elsewhere", "uuid-not-on-this-fabric"))
+    mapped = host_nodes(nodes, NodeMapping(), inv)
+    assert mapped == {f"h{i}": [f"n{i}"] for i in range(200)}
+    assert hosts.passes <= 1

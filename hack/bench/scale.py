@@ -1,0 +1,599 @@
+"""Scale: the suite's controllers at cluster size, pool claims arriving in bursts.
+
+A local control plane (its API server writes an audit log), ``--nodes`` fake nodes (Node
+objects only: no kubelets, no plugins) with ``--gpus-per-node`` node-local GPUs each in
+ResourceSlices that the bench writes as each node's plugin would (``dra_driver/slices.py``),
+every local GPU allocated to a placeholder claim (the bench writes ``status.allocation`` as
+the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
+the emulator. The operator, pool publisher and scaler run as processes (hack/localcluster/harness.py);
+the bench stands in for the plugins' one write of the attach flow (``DeviceVisible``,
+once the operator has recorded the attached GPU's UUID). Then ``--first`` pods with pool
+claims are created at once, and when every claim is ready, ``--claims`` more.
+
+Per burst: ``ready_p50_s``/``ready_p99_s`` (``FabricDeviceReady`` - pod created, no
+latency subtracted), the controllers' CPU seconds per claim (``utime + stime`` of each
+process, ``/proc/<pid>/stat``), ``bound_at_first_recheck`` (bound within the scheduler's
+first 5 s re-check after allocation) and, from the audit log (one event per request with
+its user agent: ``composable-dra/<component>``, ``kopf/...`` for the operator's kopf),
+API writes per attach by component and resource, and every LIST the controllers made
+after start. Peak RSS is each process's ``VmHWM``.
+
+Goals (issue 16): every claim ready; ``cost_ratio_1000_vs_100`` (CPU per claim in the
+second burst over the first) <= 1.5; each controller <= 300 MB RSS; no full relist
+(a LIST with no label or field selector) after start; writes per attach <=
+``WRITES_PER_ATTACH_CEILING`` (why each is needed: ``NEEDED_WRITES``). The last line is
+JSON, and the exit status is 1 when a goal is missed.
+
+    python -m hack.bench.scale                       # 1,000 nodes, 100 then 1,000 claims
+    python -m hack.bench.scale --nodes 50 --claims 50 --first 10 --pool-gpus 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from api.v1alpha1 import API_VERSION
+from composable_dra import names
+from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from composable_dra.names import normalize_uuid
+from dra_driver.device_source import DeviceInfo, device_name_for
+from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
+from dra_driver.slices import desired_slices
+from dra_driver.visibility import visibility_updates
+from fabric_emulator.topology import H100, host_uuid
+from hack.bench.goals import finish, goal
+from hack.bench.time_to_gpu import PREBIND_POLL_S, Recorder, breakdown, percentile
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.nodes import create_node
+from hack.localcluster.wait import wait_for
+from hack.localcluster.harness import Suite, SuiteOptions
+
+RESOURCE = "resource.k8s.io/v1"
+PLACEHOLDERS = "placeholders"
+RSS_CEILING_MB = 300.0
+COST_RATIO_CEILING = 1.5
+# The API writes one attach needs, by component, and why (docs/attach-flow.md, Scale).
+NEEDED_WRITES = {
+    "scaler": "create the ComposableResource; FabricDeviceReady on the claim",
+    "operator": "its finalizer; phase Attaching with the fabric task; Attached and the "
+    "device UUID; phase Online",
+    "plugin": "DeviceVisible",
+    "pool-publisher": "the zone's slice, marking the device allocated (shared by every "
+    "attach in the zone that one pass sees)",
+}
+WRITES_PER_ATTACH_CEILING = 8.0  # 2 + 4 + 1 + 1
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    # One event per request, when it is answered (a watch: when it starts and ends).
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata"}],
+}
+
+
+# -- the cluster's shape ---------------------------------------------------------------
+
+
+def host_ids(nodes: int) -> list[str]:
+    return [f"node-{i + 1}" for i in range(nodes)]
+
+
+def fabric_topology(nodes: int, zones: int, pool_gpus: int) -> dict[str, Any]:
+    """``nodes`` hosts dealt round-robin into ``zones`` zones; ``pool_gpus`` H100 blocks
+    spread evenly over the zones."""
+    if zones < 1 or nodes < zones:
+        raise ValueError(f"{nodes} nodes cannot fill {zones} zones")
+    hosts = host_ids(nodes)
+    return {
+        "hosts": [{"id": h} for h in hosts],
+        "zones": [
+            {
+                "id": f"zone-{z + 1}",
+                "hosts": hosts[z::zones],
+                "blocks": [
+                    {"id": f"pool-{j + 1}", "model": H100, "memory_mib": 81559}
+                    for j in range(z, pool_gpus, zones)
+                ],
+            }
+            for z in range(zones)
+        ],
+    }
+
+
+def local_devices(node: str, count: int) -> list[DeviceInfo]:
+    """The node's own GPUs, as the plugin's device source would report them."""
+    out = []
+    for k in range(count):
+        gpu = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"scale-bench/{node}/{k}"))
+        out.append(
+            DeviceInfo(
+                name=device_name_for(gpu),
+                uuid=gpu,
+                product_name=H100,
+                model=H100,
+                memory_bytes=81559 * 2**20,
+            )
+        )
+    return out
+
+
+def placeholder_claim(name: str) -> JSON:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}]
+            }
+        },
+    }
+
+
+def local_allocation(node: str, device: str) -> JSON:
+    """``status.allocation`` of a claim given ``device`` of ``node``'s own pool, as the
+    scheduler writes it."""
+    return {
+        "devices": {
+            "results": [{"request": "gpu", "driver": names.DRIVER, "pool": node, "device": device}]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+    }
+
+
+# -- process figures --------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # Fields 14 and 15 of proc(5); the split starts at field 3 (state).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmHWM for process {pid}")
+
+
+# -- the audit log ----------------------------------------------------------------------
+
+
+def component_of(user_agent: str) -> str | None:
+    """Our component from a request's user agent; None for anyone else."""
+    if user_agent.startswith("kopf/"):
+        return "operator"
+    if user_agent.startswith("composable-dra/"):
+        return user_agent.split("/", 2)[1].split(" ", 1)[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    component: str
+    verb: str
+    resource: str
+    full_list: bool  # a LIST of a whole collection: no label or field selector
+
+
+def parse_audit(lines: Iterable[str]) -> Iterator[Request]:
+    """Our components' requests, one per completed request, from the audit log's lines."""
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("stage") != "ResponseComplete":
+            continue
+        who = component_of(str(ev.get("userAgent", "")))
+        if who is None:
+            continue
+        ref = ev.get("objectRef") or {}
+        resource = str(ref.get("resource", "?"))
+        if ref.get("subresource"):
+            resource += "/" + str(ref["subresource"])
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(ev.get("requestURI", "")).query)
+        verb = str(ev.get("verb", ""))
+        yield Request(
+            at=_rfc3339(str(ev.get("requestReceivedTimestamp", ""))),
+            component=who,
+            verb=verb,
+            resource=resource,
+            full_list=verb == "list"
+            and not query.get("labelSelector")
+            and not query.get("fieldSelector"),
+        )
+
+
+def _rfc3339(stamp: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def writes_by_component(
+    requests: Iterable[Request], start: float, end: float
+) -> dict[str, Counter[str]]:
+    out: dict[str, Counter[str]] = {}
+    for r in requests:
+        if start <= r.at < end and r.verb in WRITE_VERBS:
+            out.setdefault(r.component, Counter())[f"{r.verb} {r.resource}"] += 1
+    return out
+
+
+def lists_after(requests: Iterable[Request], start: float) -> dict[str, Counter[str]]:
+    out: dict[str, Counter[str]] = {}
+    for r in requests:
+        if r.at >= start and r.verb == "list":
+            kind = "full" if r.full_list else "selected"
+            out.setdefault(r.component, Counter())[f"{kind} {r.resource}"] += 1
+    return out
+
+
+# -- the plugins' part --------------------------------------------------------------------
+
+
+class StandInPlugins:
+    """What every node's plugin writes in the attach flow, for nodes that have none:
+    ``DeviceVisible`` once the operator records the attached GPU's UUID (the fabric's
+    GPU is on the node at once here). The same write as dra_driver/visibility.py."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="stand-in")
+        self._done: set[str] = set()
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _watch(self) -> None:
+        url = path(API_VERSION, "composableresources")
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                if not rv:  # a list only at the start and after 410 Gone
+                    listed = self.kube.get(url)
+                    for obj in listed["items"]:
+                        self._see(obj)
+                    rv = listed["metadata"]["resourceVersion"]
+                for ev in self.kube.watch(url, rv, 60):
+                    if self._stop.is_set():
+                        return
+                    rv = ev["object"]["metadata"]["resourceVersion"]
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._see(ev["object"])
+            except Gone:
+                rv = ""
+            except Exception:
+                self._stop.wait(0.2)
+
+    def _see(self, obj: JSON) -> None:
+        uid = str((obj.get("status") or {}).get("deviceUUID") or "")
+        if not uid or obj["metadata"]["name"] in self._done:
+            return
+        if visibility_updates([obj], {normalize_uuid(uid)}).get(obj["metadata"]["name"]):
+            self._done.add(obj["metadata"]["name"])
+            self._pool.submit(
+                self._write, obj["metadata"]["name"], obj["spec"].get("targetNode", "")
+            )
+
+    def _write(self, name: str, node: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {
+            "type": names.DEVICE_VISIBLE,
+            "status": "True",
+            "reason": "FoundOnNode",
+            "message": f"the device is among node {node}'s GPUs",
+            "lastTransitionTime": stamp,
+        }
+        try:
+            self.kube.apply(
+                path(API_VERSION, "composableresources", name, subresource="status"),
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ComposableResource",
+                    "metadata": {"name": name},
+                    "status": {"conditions": [condition]},
+                },
+                PLUGIN_FIELD_MANAGER,
+            )
+        except KubeError:
+            self._done.discard(name)  # seen again at its next change
+
+
+# -- setup ----------------------------------------------------------------------------------
+
+
+def parallel(fn: Callable[[Any], object], items: Iterable[Any], workers: int = 8) -> None:
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def populate(kube: Kube, suffix: str, hosts: list[str], gpus_per_node: int) -> None:
+    """Nodes, their slices, and a placeholder claim allocated to each local GPU."""
+    kube.create(path("v1", "namespaces"), {"metadata": {"name": PLACEHOLDERS}})
+
+    def one(host: str) -> None:
+        node = f"{host}-{suffix}"
+        created = create_node(kube.api, node, system_uuid=host_uuid(host))
+        devices = local_devices(node, gpus_per_node)
+        for s in desired_slices(node, created["metadata"]["uid"], names.DRIVER, devices, 1):
+            kube.apply(
+                path(RESOURCE, "resourceslices", s["metadata"]["name"]), s, PLUGIN_FIELD_MANAGER
+            )
+        for dev in devices:
+            claim = f"{node}-{dev.name}"[:253]
+            kube.create(
+                path(RESOURCE, "resourceclaims", namespace=PLACEHOLDERS), placeholder_claim(claim)
+            )
+            kube.merge_patch(
+                path(
+                    RESOURCE, "resourceclaims", claim, namespace=PLACEHOLDERS, subresource="status"
+                ),
+                {"status": {"allocation": local_allocation(node, dev.name)}},
+            )
+
+    parallel(one, hosts)
+
+
+# -- one burst --------------------------------------------------------------------------------
+
+
+@dataclass
+class Burst:
+    claims: int
+    created: dict[str, float] = field(default_factory=dict)
+    ready_s: list[float] = field(default_factory=list)
+    all_ready: bool = False
+    bound_at_first_recheck: int = 0
+    failed: int = 0
+    start: float = 0.0
+    end: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    stages_p50_s: dict[str, float] = field(default_factory=dict)
+
+    def cpu_per_claim(self) -> float:
+        """Controller CPU seconds per claim made ready (a burst cut short by its timeout
+        is not charged for the claims it never finished)."""
+        return sum(self.cpu_s.values()) / max(1, len(self.ready_s))
+
+    def summary(self) -> JSON:
+        return {
+            "claims": self.claims,
+            "ready": len(self.ready_s),
+            "all_ready": self.all_ready,
+            "ready_p50_s": round(statistics.median(self.ready_s), 3) if self.ready_s else None,
+            "ready_p99_s": round(percentile(self.ready_s, 0.99), 3) if self.ready_s else None,
+            "time_to_all_ready_s": round(self.end - self.start, 3),
+            "bound_at_first_recheck": self.bound_at_first_recheck,
+            "failed": self.failed,
+            "cpu_s": {k: round(v, 2) for k, v in self.cpu_s.items()},
+            "cpu_per_claim_s": round(self.cpu_per_claim(), 4),
+            "stages_p50_s": self.stages_p50_s,
+        }
+
+
+def controller_pids(suite: Suite) -> dict[str, int]:
+    return {c.name: c.proc.pid for c in suite.components if c.proc is not None}
+
+
+def run_burst(suite: Suite, kube: Kube, n: int, timeout: float) -> Burst:
+    ns = f"burst-{n}-{uuid.uuid4().hex[:4]}"
+    kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
+    rec = Recorder(kube, ns)
+    rec.start()
+    pids = controller_pids(suite)
+    burst = Burst(n)
+    names_ = [f"c{i}" for i in range(n)]
+    cpu0 = {c: cpu_seconds(p) for c, p in pids.items()}
+    burst.start = time.time()
+    try:
+        parallel(lambda name: suite.create_claim(ns, name), names_)
+
+        def pod(name: str) -> None:
+            burst.created[name] = time.time()
+            suite.create_pod(ns, name, claim=name)
+
+        parallel(pod, names_)
+        try:
+            wait_for(
+                lambda: len(rec.ready) + len(rec.failed) >= n,
+                timeout,
+                f"{n} claims to be ready",
+                interval=0.5,
+            )
+        except AssertionError as exc:
+            print(f"not every claim got ready: {exc}", flush=True)
+        burst.end = time.time()
+        burst.cpu_s = {c: cpu_seconds(p) - cpu0[c] for c, p in pids.items()}
+        burst.all_ready = all(name in rec.ready for name in names_)
+        burst.ready_s = [rec.ready[x] - burst.created[x] for x in names_ if x in rec.ready]
+        burst.failed = len(rec.failed)
+        # The scheduler binds at its next re-check: give the last ones that long.
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(rec.bound) >= len(rec.ready), PREBIND_POLL_S + 2, "binding")
+        burst.stages_p50_s = breakdown(burst.created, rec)
+        for name in names_:
+            allocated = rec.stages.get(name, {}).get("allocated")
+            bound = rec.bound.get(name)
+            if (
+                allocated is not None
+                and bound is not None
+                and bound - allocated < PREBIND_POLL_S + 1
+            ):
+                burst.bound_at_first_recheck += 1
+    finally:
+        rec.stop()
+    return burst
+
+
+# -- the whole run -------------------------------------------------------------------------
+
+
+def goals(out: JSON) -> dict[str, dict[str, Any]]:
+    found = {
+        "all_ready": goal(out["ready"], floor=out["claims"]),
+        "cost_ratio_1000_vs_100": goal(out["cost_ratio_1000_vs_100"], ceiling=COST_RATIO_CEILING),
+        "relists_after_start": goal(out["relists_after_start"], ceiling=0),
+        "writes_per_attach": goal(
+            out["writes_per_attach"]["total"], ceiling=WRITES_PER_ATTACH_CEILING
+        ),
+    }
+    for name, mb in out["max_rss_mb"].items():
+        if name != "max":
+            found[f"rss_mb_{name}"] = goal(mb, ceiling=RSS_CEILING_MB)
+    return found
+
+
+def report(
+    bursts: list[Burst], requests: list[Request], started: float, peak: dict[str, float], load: str
+) -> JSON:
+    last = bursts[-1]
+    first = bursts[0]
+    per_claim = [b.cpu_per_claim() for b in bursts]
+    writes = writes_by_component(requests, last.start, last.end)
+
+    # Per attach started in the burst (a resource the scaler made): a burst cut short by
+    # its timeout started fewer attaches than it has claims.
+    attaches = max(1, writes.get("scaler", Counter())["create composableresources"])
+
+    def per_claim_of(counts: Counter[str], events: bool) -> float:
+        n = sum(v for k, v in counts.items() if (k == "create events") == events)
+        return round(n / attaches, 2)
+
+    per_attach = {c: per_claim_of(w, False) for c, w in sorted(writes.items())}
+    events = {c: per_claim_of(w, True) for c, w in sorted(writes.items())}
+    lists = lists_after(requests, started)
+    relists = sum(n for c in lists.values() for k, n in c.items() if k.startswith("full "))
+    out: JSON = {
+        "claims": last.claims,
+        "ready": len(last.ready_s),
+        "all_ready": all(b.all_ready for b in bursts),
+        "ready_p50_s": last.summary()["ready_p50_s"],
+        "ready_p99_s": last.summary()["ready_p99_s"],
+        "bound_at_first_recheck": last.bound_at_first_recheck,
+        "cost_ratio_1000_vs_100": round(per_claim[-1] / per_claim[0], 3)
+        if len(bursts) > 1 and per_claim[0] > 0
+        else None,
+        "max_rss_mb": {
+            **{k: round(v, 1) for k, v in peak.items()},
+            "max": round(max(peak.values()), 1),
+        },
+        "relists_after_start": relists,
+        "lists_after_start": {c: dict(v) for c, v in sorted(lists.items())},
+        "attaches": attaches,
+        "writes_per_attach": {**per_attach, "total": round(sum(per_attach.values()), 2)},
+        # Events are the humans' record, not the attach's state: counted apart.
+        "events_per_attach": {**events, "total": round(sum(events.values()), 2)},
+        "writes_in_burst": {c: dict(v) for c, v in sorted(writes.items())},
+        "writes_needed": NEEDED_WRITES,
+        "bursts": [b.summary() for b in bursts],
+        "first": first.summary() if len(bursts) > 1 else None,
+        "uptime": load,
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--claims", type=int, default=1000, help="the second, measured burst")
+    p.add_argument("--first", type=int, default=100, help="the first burst (0: none)")
+    p.add_argument("--zones", type=int, default=16)
+    p.add_argument("--pool-gpus", type=int, default=4000)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per burst")
+    p.add_argument("--workdir", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.first + args.claims > args.pool_gpus:
+        p.error("the pool has fewer GPUs than the bursts' claims")
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy, audit_log = workdir / "audit-policy.json", workdir / "audit.log"
+    policy.write_text(json.dumps(AUDIT_POLICY))
+    audit = [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+    ]
+    hosts = host_ids(args.nodes)
+    with ControlPlane(find_binaries(), workdir=workdir / "cp", extra_apiserver_args=audit) as cp:
+        kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/scale")
+        opts = SuiteOptions(
+            hosts=(),
+            topology=fabric_topology(args.nodes, args.zones, args.pool_gpus),
+            attach_latency=0.0,
+            attach_timeout=max(120.0, args.timeout),
+            start_timeout=600.0,
+        )
+        suite = Suite(kube, cp.kubeconfig, workdir / "suite", opts)
+        t = time.monotonic()
+        populate(kube, suite.suffix, hosts, args.gpus_per_node)
+        setup_s = time.monotonic() - t
+        # Its own client: its writes count as the plugins'.
+        plugins = StandInPlugins(
+            Kube.from_config(str(cp.kubeconfig), user_agent="composable-dra/plugin")
+        )
+        plugins.start()
+        try:
+            suite.start()
+            wait_for(
+                lambda: len({s["spec"]["pool"]["name"] for s in suite.pool_slices()}) >= args.zones,
+                600,
+                "every zone's pool",
+                interval=1,
+            )
+            started = time.time()
+            bursts = [
+                run_burst(suite, kube, n, args.timeout) for n in (args.first, args.claims) if n > 0
+            ]
+            pids = controller_pids(suite)
+            peak = {c: peak_rss_mb(p) for c, p in pids.items()}
+            load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        finally:
+            plugins.stop()
+            # The control plane is thrown away: stop the components without detaching.
+            for c in suite.components:
+                c.stop()
+            suite.emulator.close()
+    # The API server has stopped: its audit log (blocking mode) is complete.
+    requests = list(parse_audit(audit_log.read_text().splitlines()))
+    out = report(bursts, requests, started, peak, load)
+    out["setup_s"] = round(setup_s, 1)
+    out["nodes"], out["zones"], out["pool_gpus"] = args.nodes, args.zones, args.pool_gpus
+    return finish(out, goals(out))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The scale benchmark's pure parts: the fabric's shape, who made a request, the audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fabric_emulator.topology import parse
+from hack.bench import scale
+
+
+def test_topology_spreads_hosts_and_blocks_over_zones() -> None:
+    topo = parse(scale.fabric_topology(nodes=10, zones=3, pool_gpus=7))
+    assert len(topo.hosts) == 10
+    assert [len(z.hosts) for z in topo.zones.values()] == [4, 3, 3]
+    assert [len(z.blocks) for z in topo.zones.values()] == [3, 2, 2]
+    # Every host is reachable from exactly one zone.
+    assert sorted(h for z in topo.zones.values() for h in z.hosts) == sorted(topo.hosts)
+
+
+def test_local_devices_are_stable_and_distinct() -> None:
+    a = scale.local_devices("n1", 8)
+    assert a == scale.local_devices("n1", 8)
+    assert len({d.uuid for d in a + scale.local_devices("n2", 8)}) == 16
+
+
+def test_component_of_user_agent() -> None:
+    assert scale.component_of("kopf/1.37.2") == "operator"
+    assert scale.component_of("composable-dra/scaler") == "scaler"
+    assert scale.component_of("composable-dra/pool-publisher x") == "pool-publisher"
+    assert scale.component_of("kube-scheduler/v1.37.1 (linux/amd64)") is None
+    assert scale.component_of("bench/scale") is None
+
+
+def _event(verb: str, uri: str, ua: str, stage: str = "ResponseComplete", **ref: str) -> str:
+    return json.dumps(
+        {
+            "stage": stage,
+            "verb": verb,
+            "requestURI": uri,
+            "userAgent": ua,
+            "objectRef": ref,
+            "requestReceivedTimestamp": "2026-11-23T15:00:01.500000Z",
+        }
+    )
+
+
+def test_parse_audit_counts_writes_and_full_lists() -> None:
+    lines = [
+        _event("list", "/api/v1/nodes?limit=500", "kopf/1", resource="nodes"),
+        _event(
+            "list", "/api/v1/nodes?fieldSelector=a%3Db", "composable-dra/scaler", resource="nodes"
+        ),
+        _event("list", "/api/v1/nodes", "composable-dra/scaler", stage="ResponseStarted"),
+        _event("create", "/apis/x/y", "composable-dra/scaler", resource="composableresources"),
+        _event(
+            "patch",
+            "/apis/x/y/z/status",
+            "composable-dra/plugin",
+            resource="composableresources",
+            subresource="status",
+        ),
+        _event("create", "/api/v1/pods", "bench/scale", resource="pods"),
+        "not json",
+    ]
+    reqs = list(scale.parse_audit(lines))
+    assert [(r.component, r.verb, r.full_list) for r in reqs] == [
+        ("operator", "list", True),
+        ("scaler", "list", False),
+        ("scaler", "create", False),
+        ("plugin", "patch", False),
+    ]
+    start = reqs[0].at
+    assert scale.lists_after(reqs, start) == {
+        "operator": {"full nodes": 1},
+        "scaler": {"selected nodes": 1},
+    }
+    assert scale.lists_after(reqs, start + 1) == {}
+    writes = scale.writes_by_component(reqs, start, start + 1)
+    assert writes == {
+        "scaler": {"create composableresources": 1},
+        "plugin": {"patch composableresources/status": 1},
+    }
+
+
+def test_process_figures_of_this_process() -> None:
+    assert scale.cpu_seconds(os.getpid()) > 0
+    assert 1 < scale.peak_rss_mb(os.getpid()) < 10_000
