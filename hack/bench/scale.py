@@ -5,8 +5,8 @@ objects only: no kubelets, no plugins) with ``--gpus-per-node`` node-local GPUs 
 ResourceSlices that the bench writes as each node's plugin would (``dra_driver/slices.py``),
 every local GPU allocated to a placeholder claim (the bench writes ``status.allocation`` as
 the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
-the emulator. The operator, pool publisher and scaler run as processes (hack/localcluster/harness.py);
-the bench stands in for the plugins' one write of the attach flow (``DeviceVisible``,
+the emulator. The operator, pool publisher and scaler run as processes
+(hack/localcluster/harness.py); the bench stands in for the plugins' one write of the attach flow (``DeviceVisible``,
 once the operator has recorded the attached GPU's UUID). Then ``--first`` pods with pool
 claims are created at once, and when every claim is ready, ``--claims`` more.
 
@@ -53,17 +53,17 @@ from composable_dra import names
 from composable_dra.kube import JSON, Gone, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
 from dra_driver.device_source import DeviceInfo, device_name_for
+from dra_driver.device_visibility import visibility_updates
 from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
 from dra_driver.slices import desired_slices
-from dra_driver.visibility import visibility_updates
 from fabric_emulator.topology import H100, host_uuid
 from hack.bench.goals import finish, goal
 from hack.bench.time_to_gpu import PREBIND_POLL_S, Recorder, breakdown, percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.nodes import create_node
 from hack.localcluster.wait import wait_for
-from hack.localcluster.harness import Suite, SuiteOptions
 
 RESOURCE = "resource.k8s.io/v1"
 PLACEHOLDERS = "placeholders"
@@ -260,7 +260,7 @@ def lists_after(requests: Iterable[Request], start: float) -> dict[str, Counter[
 class StandInPlugins:
     """What every node's plugin writes in the attach flow, for nodes that have none:
     ``DeviceVisible`` once the operator records the attached GPU's UUID (the fabric's
-    GPU is on the node at once here). The same write as dra_driver/visibility.py."""
+    GPU is on the node at once here). The same write as dra_driver/device_visibility.py."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
