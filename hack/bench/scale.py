@@ -6,8 +6,8 @@ ResourceSlices that the bench writes as each node's plugin would (``dra_driver/s
 every local GPU allocated to a placeholder claim (the bench writes ``status.allocation`` as
 the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
 the emulator. The operator, pool publisher and scaler run as processes
-(hack/localcluster/harness.py); the bench stands in for the plugins' one write of the attach flow (``DeviceVisible``,
-once the operator has recorded the attached GPU's UUID). Then ``--first`` pods with pool
+(hack/localcluster/harness.py); the bench stands in for the plugins' one write of the
+attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID). Then ``--first`` pods with pool
 claims are created at once, and when every claim is ready, ``--claims`` more.
 
 Per burst: ``ready_p50_s``/``ready_p99_s`` (``FabricDeviceReady`` - pod created, no
