@@ -7,8 +7,9 @@ every local GPU allocated to a placeholder claim (the bench writes ``status.allo
 the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
 the emulator. The operator, pool publisher and scaler run as processes
 (hack/localcluster/harness.py); the bench stands in for the plugins' one write of the
-attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID). Then ``--first`` pods with pool
-claims are created at once, and when every claim is ready, ``--claims`` more.
+attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID).
+Then ``--first`` pods with pool claims are created at once, and when every claim is
+ready, ``--claims`` more.
 
 Per burst: ``ready_p50_s``/``ready_p99_s`` (``FabricDeviceReady`` - pod created, no
 latency subtracted), the controllers' CPU seconds per claim (``utime + stime`` of each
