@@ -92,24 +92,21 @@ class SecretKeys:
 BackendFactory = Callable[[FabricSpec, SecretKeys, str | None], FabricBackend]
 
 
-def _redfish(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
-    return RedfishCompositionBackend(
-        spec.endpoint,
-        creds["username"],
-        creds["password"],
-        ca_file=ca_file,
-        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
-    )
+def _redfish(
+    backend: type[RedfishCompositionBackend] | type[RedfishZonesBackend],
+) -> BackendFactory:
+    """The factory of a Redfish backend: endpoint, basic credentials, TLS settings."""
 
+    def make(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
+        return backend(
+            spec.endpoint,
+            creds["username"],
+            creds["password"],
+            ca_file=ca_file,
+            insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+        )
 
-def _redfish_zones(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
-    return RedfishZonesBackend(
-        spec.endpoint,
-        creds["username"],
-        creds["password"],
-        ca_file=ca_file,
-        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
-    )
+    return make
 
 
 def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
@@ -128,8 +125,8 @@ def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBac
 
 
 FACTORIES: dict[str, BackendFactory] = {
-    "redfish-composition": _redfish,
-    "redfish-zones": _redfish_zones,
+    "redfish-composition": _redfish(RedfishCompositionBackend),
+    "redfish-zones": _redfish(RedfishZonesBackend),
     "fsas-fm": _fsas,
 }
 
