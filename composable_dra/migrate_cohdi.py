@@ -47,6 +47,8 @@ def _items(docs: Iterable[Any]) -> list[Any]:
     return out
 
 
+# Long because it checks each CoHDI field in turn and collects every reason to refuse, so a
+# user sees all the problems of a request at once rather than one per run.
 def convert(doc: Any, fabric: str, *, spread: bool = False) -> dict[str, Any]:
     """One CoHDI ComposabilityRequest as ours; MigrationError listing every problem."""
     from pydantic import ValidationError

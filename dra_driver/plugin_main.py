@@ -25,6 +25,7 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+# Long because it declares every flag of the plugin, grouped; it decides nothing.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-name",
@@ -209,6 +210,8 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
     return NvmlSource(**kw)
 
 
+# The plugin's composition root: it builds each part and wires them together; what they
+# decide lives in the parts, so splitting this would only scatter the wiring.
 def run(args: argparse.Namespace) -> int:
     from composable_dra import logs, metrics
     from composable_dra.kube import Kube, path

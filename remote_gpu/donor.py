@@ -277,6 +277,9 @@ class Donor:
         await tr.recv_payload_into(memoryview(buf))
         return bytes(buf)
 
+    # Long because the handshake's checks follow the protocol's order (version, proof of
+    # possession, the token's claims, admission, the lease's uniqueness, its arena), each
+    # answering the client with its own error; split, they would hand half-checked state on.
     async def _hello(self, tr: ServerTransport) -> tuple[Lease, bytes, bool]:
         server_nonce = secrets.token_bytes(handshake.NONCE_SIZE)
         try:
