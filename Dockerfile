@@ -16,12 +16,12 @@ COPY pool_publisher/ pool_publisher/
 COPY fabric_emulator/ fabric_emulator/
 COPY remote_gpu/ remote_gpu/
 # Wheels of the package and of every dependency; the runtime stage installs only these.
-RUN pip wheel --wheel-dir /wheels ".[nvml]"
+RUN pip wheel --wheel-dir /wheels ".[nvml,remote]"
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels "composable-dra[nvml]" \
+    pip install --no-index --find-links /wheels "composable-dra[nvml,remote]" \
     && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin composable
 # Non-root by default; the kubelet plugin's DaemonSet runs it as root for the host paths.
 USER 10001:10001

@@ -239,7 +239,7 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     assert fabric["spec"]["credentialsSecret"]["name"] == creds["metadata"]["name"]
     assert creds["stringData"] == {"username": "admin", "password": "admin"}
 
-    plugin = container(one(everything, "DaemonSet"))
+    plugin = container(one(everything, "DaemonSet", "-plugin"))
     assert f"--redfish-endpoint={url}" in plugin["args"]
     assert "--redfish-ca-file=/etc/composable-dra/redfish-ca/ca.crt" in plugin["args"]
     env = {e["name"]: e for e in plugin["env"]}
@@ -312,9 +312,7 @@ def test_remote_gpu_leases_rbac_is_least_privilege(
         binding = one(everything, "RoleBinding", f"-{component}-lease-tokens")
         assert binding["subjects"][0]["name"] == sa
         workload = "DaemonSet" if component == "plugin" else "Deployment"
-        args = container(one(everything, workload, "" if component == "plugin" else "-scaler"))[
-            "args"
-        ]
+        args = container(one(everything, workload, f"-{component}"))["args"]
         assert f"--lease-service-account=composable-dra/{sa}" in args
         assert "--donor-api-template=https://{node}:7471" in args
         assert "--donor-ca-file=/etc/composable-dra/donor-ca/ca.crt" in args
@@ -331,3 +329,50 @@ def test_remote_gpu_leases_rbac_is_least_privilege(
     assert not [r for r in by_kind(everything, "Role") if "donor-leader" in r["metadata"]["name"]]
     with pytest.raises(chart.HelmError, match="donorApiTemplate"):
         chart.render(values={"remoteGPU": {"donorApiTemplate": "http://{node}:80"}})
+
+
+def test_the_donor_runs_on_lending_nodes_with_its_lease_api_and_its_own_identity(
+    default: list[Obj], everything: list[Obj]
+) -> None:
+    assert not [
+        o for o in by_kind(default, "DaemonSet") if o["metadata"]["name"].endswith("-donor")
+    ]
+    donor = one(everything, "DaemonSet", "-remote-gpu-donor")
+    pod = donor["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["serviceAccountName"] == "cdra-composable-dra-remote-gpu-donor"
+    args = container(donor)["args"]
+    for flag in (
+        "remote-gpu-donor",
+        "--name=$(NODE_NAME)",
+        "--advertise=$(NODE_IP):7470",
+        "--lease-api-listen=0.0.0.0:7471",
+        "--lease-controller-sa=composable-dra/cdra-composable-dra-scaler",
+        "--lease-plugin-sa=composable-dra/cdra-composable-dra-plugin",
+        "--allow=matmul=remote_gpu.builtins:matmul",
+    ):
+        assert flag in args, flag
+    # Its token key is a Secret of its own, mounted read-only; TLS from the named Secret.
+    secret = one(everything, "Secret", "-remote-gpu-donor-secret")
+    assert secret["data"]["key"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["donor-secret"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volumes["donor-tls"]["secret"]["secretName"] == "donor-tls"
+    assert container(donor)["securityContext"]["readOnlyRootFilesystem"] is True
+    on = {"enabled": True, "donor": {"enabled": True, "tlsSecret": "t"}}
+    with pytest.raises(chart.HelmError, match=r"needs plugin\.lend\.enabled"):
+        chart.render(values={"remoteGPU": on})
+    with pytest.raises(chart.HelmError, match="tlsSecret"):
+        chart.render(
+            values={
+                "remoteGPU": {"enabled": True, "donor": {"enabled": True}},
+                "plugin": {"lend": {"enabled": True}},
+            }
+        )
+    with pytest.raises(chart.HelmError, match="allow"):
+        chart.render(
+            values={
+                "remoteGPU": {**on, "donor": {**on["donor"], "allow": ["os.system"]}},  # type: ignore[dict-item]
+                "plugin": {"lend": {"enabled": True}},
+            }
+        )
