@@ -145,6 +145,12 @@ def plugin_of(suite: Suite, host: str) -> PluginProcess:
     return suite.nodes[host].plugin
 
 
+def cdi_dir_of(suite: Suite, host: str) -> Path:
+    """Where ``host``'s plugin writes its CDI specs (the runtime reads them there)."""
+    real = suite.real_nodes.get(host)
+    return real.cdi_dir if real is not None else suite.nodes[host].kubelet.cdi_dir
+
+
 def gpu_env(suite: Suite, namespace: str, pod: str) -> dict[str, str]:
     """The environment that the pod's container got from the CDI devices its claims were
     prepared with. On a real node, what the container printed (containerd injected it);
