@@ -80,6 +80,13 @@ def wait_output(node: RealNode, namespace: str, pod: str, marker: str) -> str:
     return out
 
 
+def printed_gpus(node: RealNode, namespace: str, pod: str) -> str:
+    """What an example's container printed: ``GPUs: $COMPOSABLE_GPU_UUIDS``."""
+    out = wait_output(node, namespace, pod, "GPUs: ")
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("GPUs: ")]
+    return line.removeprefix("GPUs: ")
+
+
 def gone(kube: Kube, obj_path: str) -> Callable[[], bool]:
     def check() -> bool:
         try:

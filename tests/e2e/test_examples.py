@@ -1,45 +1,43 @@
-"""Each example in deploy/examples, applied as a user would, on the whole suite.
+"""Each example in deploy/examples, applied as a user would, on the whole suite with real
+nodes (the upstream kubelet, containerd, runc): each container prints the GPUs that
+containerd injected from the plugin's CDI spec.
 
-No node has a GPU of its own: every example is served through the attach flow.
+No node has a GPU of its own: every example is served through the attach flow. (The
+examples on a node with GPUs of its own: tests/e2e/test_real_node_examples.py.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from composable_dra import names
-from composable_dra.kube import JSON, Kube
+from composable_dra.kube import JSON
 from hack import examples
-from hack.localcluster import ControlPlane
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
+from hack.suite import Suite
+from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, printed_gpus
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def suite(kube_json: Kube, control_plane: ControlPlane, short_tmp: Path) -> Iterator[Suite]:
-    # A fresh suite per example: no GPU is on any node yet, so each claim is served
-    # through the attach flow (a shared suite would hand out GPUs released earlier).
-    s = Suite(kube_json, control_plane.kubeconfig, short_tmp, SuiteOptions())
-    s.start()
-    yield s
-    s.stop()
-
-
-def run_example(suite: Suite, name: str, namespace: str) -> dict[str, JSON]:
-    examples.apply(suite.kube, name, namespace)
+def run_example(
+    make_suite: MakeSuite, name: str, namespace: str, hosts: tuple[str, ...] = ("node-1",)
+) -> tuple[Suite, dict[str, JSON]]:
+    """A fresh suite of real nodes on ``hosts`` (no GPU is on any node yet, so each claim
+    is served through the attach flow), the example applied, its pods running."""
+    suite = make_suite(hosts=hosts, real_hosts=hosts)
+    image = next(iter(suite.real_nodes.values())).image
+    examples.apply(suite.kube, name, namespace, pod=lambda p: for_real_node(p, None, image))
     names_ = examples.pods(name)
     wait_for(
         lambda: all(suite.running(namespace, p) for p in names_),
-        90,
+        120,
         f"the pods of {name} to run",
-        describe=suite.describe,
+        describe=lambda: describe_nodes(suite),
     )
-    return {pod: suite.pod(namespace, pod) for pod in names_}
+    return suite, {pod: suite.pod(namespace, pod) for pod in names_}
 
 
 def claim_of(suite: Suite, pod: JSON) -> JSON:
@@ -63,31 +61,40 @@ def ready(claim: JSON) -> list[str]:
     ]
 
 
-def test_prefer_local_fallback_pool(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "prefer-local-fallback-pool", namespace)
-    claim = claim_of(suite, pods["gpu-prefer-local"])
+def assert_printed(suite: Suite, pod: JSON, claim: JSON) -> None:
+    """The container printed the UUIDs of exactly the GPUs attached for its claim."""
+    node = suite.real_nodes[suite.host_of_node(pod["spec"]["nodeName"])]
+    printed = printed_gpus(node, pod["metadata"]["namespace"], pod["metadata"]["name"])
+    want = {d["data"]["uuid"] for d in claim["status"]["devices"]}
+    assert set(printed.split(",")) == want
+    assert len(want) == len(claim["status"]["allocation"]["devices"]["results"])
+
+
+def test_prefer_local_fallback_pool(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "prefer-local-fallback-pool", namespace)
+    pod = pods["gpu-prefer-local"]
+    claim = claim_of(suite, pod)
     [result] = claim["status"]["allocation"]["devices"]["results"]
     # No node had a GPU of its own: the pool subrequest served it, through an attach.
     assert result["request"] == "gpu/pool"
     assert result["pool"].startswith(f"{suite.fabric}/")
     assert ready(claim) == [result["device"]]
-    assert suite.composed()[result["device"]] == suite.host_of_node(
-        pods["gpu-prefer-local"]["spec"]["nodeName"]
-    )
+    assert suite.composed()[result["device"]] == suite.host_of_node(pod["spec"]["nodeName"])
+    assert_printed(suite, pod, claim)
 
 
-def test_pool_only(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "pool-only", namespace)
-    claim = claim_of(suite, pods["gpu-from-pool"])
+def test_pool_only(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "pool-only", namespace)
+    pod = pods["gpu-from-pool"]
+    claim = claim_of(suite, pod)
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"].startswith(f"{suite.fabric}/")
-    assert suite.composed()[result["device"]] == suite.host_of_node(
-        pods["gpu-from-pool"]["spec"]["nodeName"]
-    )
+    assert suite.composed()[result["device"]] == suite.host_of_node(pod["spec"]["nodeName"])
+    assert_printed(suite, pod, claim)
 
 
-def test_two_gpus_in_one_claim(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "two-gpus", namespace)
+def test_two_gpus_in_one_claim(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "two-gpus", namespace)
     pod = pods["two-gpus"]
     claim = claim_of(suite, pod)
     results = claim["status"]["allocation"]["devices"]["results"]
@@ -96,19 +103,18 @@ def test_two_gpus_in_one_claim(suite: Suite, namespace: str) -> None:
     composed = suite.composed()
     assert all(composed[r["device"]] == host for r in results)
     assert sorted(ready(claim)) == sorted(r["device"] for r in results)
+    assert_printed(suite, pod, claim)
 
 
-def test_one_claim_shared_by_two_pods(suite: Suite, namespace: str) -> None:
-    before = set(suite.composed())
-    pods = run_example(suite, "shared-claim", namespace)
+def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> None:
+    # Two nodes: the second pod must follow the claim to the node of the first.
+    suite, pods = run_example(make_suite, "shared-claim", namespace, hosts=("node-1", "node-2"))
     a, b = pods["shared-gpu-a"], pods["shared-gpu-b"]
     assert a["spec"]["nodeName"] == b["spec"]["nodeName"]  # a claim binds to one node
     claim = suite.claim(namespace, "shared-gpu")
     assert {r["name"] for r in claim["status"]["reservedFor"]} == {"shared-gpu-a", "shared-gpu-b"}
     [result] = claim["status"]["allocation"]["devices"]["results"]
-    attached = set(suite.composed()) - before
-    assert attached == {result["device"]}  # one attach serves both pods
-    uids = {p["metadata"]["uid"] for p in (a, b)}
-    node = next(n for n in suite.nodes.values() if n.name == a["spec"]["nodeName"])
-    prepared = [node.kubelet.prepared_devices(uid) for uid in uids]
-    assert prepared[0] == prepared[1] and prepared[0]  # the same CDI devices in both
+    assert set(suite.composed()) == {result["device"]}  # one attach serves both pods
+    # The same GPU in both containers.
+    for pod in (a, b):
+        assert_printed(suite, pod, claim)
