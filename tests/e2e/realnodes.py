@@ -112,31 +112,20 @@ def suite_pod(
     suite: Suite,
     namespace: str,
     name: str,
-    *,
-    claim: str | None = None,
     node: str | None = None,
     run_seconds: float | None = None,
-    local_first: bool = True,
 ) -> JSON:
-    """``Suite.create_pod``, made to run on real nodes where the suite has any, wherever the
-    scheduler puts the pod: the test image in the host network, a container that prints
-    its environment and waits (``run_seconds``: exits then, never restarted, as the
-    emulator's run annotation does, which it keeps for the suite's emulated nodes)."""
+    """``Suite.create_pod`` (its own claim, local GPUs first), made to run on real nodes
+    where the suite has any, wherever the scheduler puts the pod: the test image in the
+    host network, a container that prints its environment and waits (``run_seconds``:
+    exits then, never restarted, as the emulator's run annotation does, which it keeps for
+    the suite's emulated nodes)."""
     if not suite.real_nodes:
-        return suite.create_pod(
-            namespace,
-            name,
-            claim=claim,
-            node=node,
-            run_seconds=run_seconds,
-            local_first=local_first,
-        )
-    claim_name = claim or name
-    if claim is None:
-        suite.create_claim(namespace, claim_name, local_first)
+        return suite.create_pod(namespace, name, node=node, run_seconds=run_seconds)
+    suite.create_claim(namespace, name)
     wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
     image = next(iter(suite.real_nodes.values())).image
-    pod = for_real_node(pod_body(name, claim_name, command=["sh", "-c", wait]), node, image)
+    pod = for_real_node(pod_body(name, name, command=["sh", "-c", wait]), node, image)
     if run_seconds is not None:
         pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
         pod["spec"]["restartPolicy"] = "Never"

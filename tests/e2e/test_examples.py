@@ -61,49 +61,42 @@ def ready(claim: JSON) -> list[str]:
     ]
 
 
-def assert_printed(suite: Suite, pod: JSON, claim: JSON) -> None:
-    """The container printed the UUIDs of exactly the GPUs attached for its claim."""
-    node = suite.real_nodes[suite.host_of_node(pod["spec"]["nodeName"])]
+def assert_attached(suite: Suite, pod: JSON, claim: JSON) -> list[JSON]:
+    """Every device of the claim came from the fabric's pool, attached to the pod's host
+    (FabricDeviceReady), and the container printed their UUIDs; the claim's results."""
+    results: list[JSON] = claim["status"]["allocation"]["devices"]["results"]
+    host = suite.host_of_node(pod["spec"]["nodeName"])
+    composed = suite.composed()
+    for r in results:
+        assert r["pool"].startswith(f"{suite.fabric}/")
+        assert composed[r["device"]] == host
+    assert sorted(ready(claim)) == sorted(r["device"] for r in results)
+    node = suite.real_nodes[host]
     printed = printed_gpus(node, pod["metadata"]["namespace"], pod["metadata"]["name"])
     want = {d["data"]["uuid"] for d in claim["status"]["devices"]}
-    assert set(printed.split(",")) == want
-    assert len(want) == len(claim["status"]["allocation"]["devices"]["results"])
+    assert set(printed.split(",")) == want and len(want) == len(results)
+    return results
 
 
 def test_prefer_local_fallback_pool(make_suite: MakeSuite, namespace: str) -> None:
     suite, pods = run_example(make_suite, "prefer-local-fallback-pool", namespace)
     pod = pods["gpu-prefer-local"]
-    claim = claim_of(suite, pod)
-    [result] = claim["status"]["allocation"]["devices"]["results"]
+    [result] = assert_attached(suite, pod, claim_of(suite, pod))
     # No node had a GPU of its own: the pool subrequest served it, through an attach.
     assert result["request"] == "gpu/pool"
-    assert result["pool"].startswith(f"{suite.fabric}/")
-    assert ready(claim) == [result["device"]]
-    assert suite.composed()[result["device"]] == suite.host_of_node(pod["spec"]["nodeName"])
-    assert_printed(suite, pod, claim)
 
 
 def test_pool_only(make_suite: MakeSuite, namespace: str) -> None:
     suite, pods = run_example(make_suite, "pool-only", namespace)
     pod = pods["gpu-from-pool"]
-    claim = claim_of(suite, pod)
-    [result] = claim["status"]["allocation"]["devices"]["results"]
-    assert result["pool"].startswith(f"{suite.fabric}/")
-    assert suite.composed()[result["device"]] == suite.host_of_node(pod["spec"]["nodeName"])
-    assert_printed(suite, pod, claim)
+    [_] = assert_attached(suite, pod, claim_of(suite, pod))
 
 
 def test_two_gpus_in_one_claim(make_suite: MakeSuite, namespace: str) -> None:
     suite, pods = run_example(make_suite, "two-gpus", namespace)
     pod = pods["two-gpus"]
-    claim = claim_of(suite, pod)
-    results = claim["status"]["allocation"]["devices"]["results"]
+    results = assert_attached(suite, pod, claim_of(suite, pod))
     assert len(results) == 2 and len({r["device"] for r in results}) == 2
-    host = suite.host_of_node(pod["spec"]["nodeName"])
-    composed = suite.composed()
-    assert all(composed[r["device"]] == host for r in results)
-    assert sorted(ready(claim)) == sorted(r["device"] for r in results)
-    assert_printed(suite, pod, claim)
 
 
 def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> None:
@@ -113,8 +106,7 @@ def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> 
     assert a["spec"]["nodeName"] == b["spec"]["nodeName"]  # a claim binds to one node
     claim = suite.claim(namespace, "shared-gpu")
     assert {r["name"] for r in claim["status"]["reservedFor"]} == {"shared-gpu-a", "shared-gpu-b"}
-    [result] = claim["status"]["allocation"]["devices"]["results"]
-    assert set(suite.composed()) == {result["device"]}  # one attach serves both pods
-    # The same GPU in both containers.
+    # One attach serves both pods, and both containers got the same GPU.
     for pod in (a, b):
-        assert_printed(suite, pod, claim)
+        [result] = assert_attached(suite, pod, claim)
+    assert set(suite.composed()) == {result["device"]}

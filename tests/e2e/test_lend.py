@@ -58,14 +58,12 @@ class Cluster:
         name = self.node("donor")
         self.kubelet = KubeletEmulator(self.kube, name, self.root / "kubelet", self.root / "cdi")
         self.kubelet.start()
-        self.plugin = PluginProcess(
-            node=name,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=self.kubelet.plugins_registry_dir,
-            plugins_dir=self.kubelet.plugins_dir,
-            cdi_dir=self.kubelet.cdi_dir,
-            workdir=self.root / "plugin",
-            extra_args=["--lend", "--link-gbps=100", f"--max-leases={max_leases}"],
+        self.plugin = PluginProcess.beside(
+            self.kubelet,
+            name,
+            self.cp.kubeconfig,
+            self.root / "plugin",
+            ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"],
         )
         devices = [gpu(name, i) for i in range(gpus)]
         # GPUs the fabric attached: published as local devices, never lent.
