@@ -17,12 +17,12 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
+from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
 from tests.e2e.realnodes import (
     RESOURCE,
-    ensure_device_class,
     node_slices,
     pod_with_claim,
     slice_devices,
