@@ -12,6 +12,7 @@ from typing import Any
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
+from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.kube import JSON, Kube, NotFound, path
@@ -49,26 +50,55 @@ def host_for_node(node: JSON, mapping: NodeMapping, hosts: Mapping[str, Host]) -
     return value if value in hosts else None
 
 
-BackendFactory = Callable[[FabricSpec, str, str, str | None], FabricBackend]
+class SecretKeys:
+    """A credentials Secret's keys, decoded when asked for (a missing key: a clear error)."""
+
+    def __init__(self, secret: JSON) -> None:
+        self._secret = secret
+
+    def __getitem__(self, key: str) -> str:
+        return _secret_value(self._secret, key)
+
+    def get(self, key: str, default: str = "") -> str:
+        return self[key] if key in self._secret.get("data", {}) else default
+
+    def __repr__(self) -> str:  # never print a secret
+        return "SecretKeys(...)"
 
 
-def _redfish(spec: FabricSpec, user: str, password: str, ca_file: str | None) -> FabricBackend:
+BackendFactory = Callable[[FabricSpec, SecretKeys, str | None], FabricBackend]
+
+
+def _redfish(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
     return RedfishCompositionBackend(
         spec.endpoint,
-        user,
-        password,
+        creds["username"],
+        creds["password"],
         ca_file=ca_file,
         insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
     )
 
 
-def _redfish_zones(
-    spec: FabricSpec, user: str, password: str, ca_file: str | None
-) -> FabricBackend:
+def _redfish_zones(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
     return RedfishZonesBackend(
         spec.endpoint,
-        user,
-        password,
+        creds["username"],
+        creds["password"],
+        ca_file=ca_file,
+        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+    )
+
+
+def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
+    if spec.fsas is None:  # the CRD's rule requires it; an old object may lack it
+        raise FabricConfigError("backend fsas-fm needs spec.fsas (tenantUUID, realm)")
+    return FsasFabricManagerBackend(
+        spec.endpoint,
+        Credentials(
+            creds["client_id"], creds["client_secret"], creds.get("username"), creds.get("password")
+        ),
+        tenant_uuid=spec.fsas.tenant_uuid,
+        realm=spec.fsas.realm,
         ca_file=ca_file,
         insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
     )
@@ -77,6 +107,7 @@ def _redfish_zones(
 FACTORIES: dict[str, BackendFactory] = {
     "redfish-composition": _redfish,
     "redfish-zones": _redfish_zones,
+    "fsas-fm": _fsas,
 }
 
 
@@ -135,9 +166,7 @@ class Fabrics:
             ca_path = self._ca_dir / f"{name}.crt"
             ca_path.write_text(_secret_value(ca, "ca.crt"))
             ca_file = str(ca_path)
-        backend = factory(
-            spec, _secret_value(creds, "username"), _secret_value(creds, "password"), ca_file
-        )
+        backend = factory(spec, SecretKeys(creds), ca_file)
         with self._lock:
             old = self._cache.get(name)
             self._cache[name] = (version, spec, backend)

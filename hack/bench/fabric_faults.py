@@ -16,7 +16,12 @@ with no resource, or a resource Online without its attachment), double_attached 
 named by two live resources, or attached where its resource does not say), settle_s, and
 the fault counts the emulator reports.
 
+With --backend fsas-fm the operator reaches the same emulator through its Fsas CDI
+fabric manager API (OAuth token, synchronous machines/{m}/update) instead of Redfish, and
+the same faults hit that API's changes and reads.
+
 Usage: KUBE_BIN_DIR=... python hack/bench/fabric_faults.py [--operations 200] [--kills 5]
+    [--backend redfish-composition|fsas-fm]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ if str(ROOT) not in sys.path:
 
 from api.v1alpha1 import API_VERSION  # noqa: E402
 from composable_dra.kube import JSON, Kube, path  # noqa: E402
+from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
@@ -50,20 +56,39 @@ from hack.localcluster.wait import wait_for  # noqa: E402
 
 RESOURCES = path(API_VERSION, "composableresources")
 FABRIC = "bench"
-CHANGES = "Actions/ComputerSystem"  # faults hit the attach and detach actions
+# Per backend, the paths faults hit: the attach and detach calls, every call, the reads of
+# one device, and the attach request (method, path) that --attach-latency slows.
+PATHS: dict[str, dict[str, str]] = {
+    "redfish-composition": {
+        "changes": "Actions/ComputerSystem",
+        "all": "/redfish/v1/",
+        "device": "ResourceBlocks/",
+        "attach_method": "POST",
+        "attach": "AddResourceBlock",
+    },
+    "fsas-fm": {
+        "changes": "machines/[^/]+/update$",
+        "all": "/fabric_manager/",
+        "device": "/resources/",
+        "attach_method": "PATCH",
+        "attach": "/update$",
+    },
+}
+FSAS = FsasConfig()
 
 
-def faults(seed: int) -> list[dict[str, Any]]:
+def faults(seed: int, paths: dict[str, str] = PATHS["redfish-composition"]) -> list[dict[str, Any]]:
+    changes = paths["changes"]
     rules: list[dict[str, Any]] = [
-        {"kind": "status503", "path": CHANGES, "probability": 0.06, "retry_after": 1},
-        {"kind": "status500", "path": CHANGES, "probability": 0.06},
-        {"kind": "drop_before", "path": CHANGES, "probability": 0.05},
-        {"kind": "drop_after", "path": CHANGES, "probability": 0.05},
-        {"kind": "task_failure", "path": CHANGES, "probability": 0.06},
-        {"kind": "latency", "path": "/redfish/v1/", "probability": 0.05, "latency": 0.3},
+        {"kind": "status503", "path": changes, "probability": 0.06, "retry_after": 1},
+        {"kind": "status500", "path": changes, "probability": 0.06},
+        {"kind": "drop_before", "path": changes, "probability": 0.05},
+        {"kind": "drop_after", "path": changes, "probability": 0.05},
+        {"kind": "task_failure", "path": changes, "probability": 0.06},
+        {"kind": "latency", "path": paths["all"], "probability": 0.05, "latency": 0.3},
         {
             "kind": "status503",
-            "path": "ResourceBlocks/",
+            "path": paths["device"],
             "method": "GET",
             "probability": 0.01,
             "retry_after": 1,
@@ -88,7 +113,10 @@ def main() -> int:
     parser.add_argument(
         "--attach-latency", type=float, default=1.0, help="seconds added to each attach request"
     )
+    parser.add_argument("--backend", choices=sorted(PATHS), default="redfish-composition")
     args = parser.parse_args()
+    paths = PATHS[args.backend]
+    fsas = args.backend == "fsas-fm"
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
     keep = False  # the logs stay when the result is not clean
@@ -97,7 +125,13 @@ def main() -> int:
         with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
             kube = Kube.from_config(str(cp.kubeconfig))
             install_crds(kube)
-            emulator = EmulatorProcess(async_polls=1, task_seconds=5, workdir=work / "emulator")
+            emu_dir = work / "emulator"
+            emulator = EmulatorProcess(
+                async_polls=1,
+                task_seconds=5,
+                workdir=emu_dir,
+                extra_args=process_args(emu_dir, FSAS) if fsas else (),
+            )
             emulator.start()
             procs.append(emulator)
             kube.create(path("v1", "namespaces"), {"metadata": {"name": "composable-dra"}})
@@ -106,7 +140,13 @@ def main() -> int:
                 {
                     "metadata": {"name": FABRIC},
                     "data": {
-                        k: base64.b64encode(b"admin").decode() for k in ("username", "password")
+                        k: base64.b64encode(v.encode()).decode()
+                        for k, v in {
+                            "username": "admin",
+                            "password": "admin",
+                            "client_id": FSAS.client_id,
+                            "client_secret": FSAS.client_secret,
+                        }.items()
                     },
                 },
             )
@@ -117,7 +157,12 @@ def main() -> int:
                     "kind": "Fabric",
                     "metadata": {"name": FABRIC},
                     "spec": {
-                        "backend": "redfish-composition",
+                        "backend": args.backend,
+                        **(
+                            {"fsas": {"tenantUUID": FSAS.tenant, "realm": FSAS.realm}}
+                            if fsas
+                            else {}
+                        ),
                         "endpoint": emulator.url,
                         "credentialsSecret": {"name": FABRIC, "namespace": "composable-dra"},
                         "operationTimeoutSeconds": 120,
@@ -159,16 +204,16 @@ def main() -> int:
             # cancelled one is then still on its way when its resource is deleted.
             emulator.set_faults(
                 [
-                    *faults(args.seed),
+                    *faults(args.seed, paths),
                     {
                         "kind": "latency",
-                        "method": "POST",
-                        "path": "AddResourceBlock",
+                        "method": paths["attach_method"],
+                        "path": paths["attach"],
                         "latency": args.attach_latency,
                     },
                 ]
                 if args.attach_latency > 0
-                else faults(args.seed)
+                else faults(args.seed, paths)
             )
             kills = set(rng.sample(range(10, args.operations), args.kills))
             restarts = 0
@@ -280,6 +325,7 @@ def main() -> int:
                 if b in by_device and by_device[b][0]["spec"]["targetNode"] != host
             ]
             result = {
+                "backend": args.backend,
                 "operations": args.operations,
                 "cancelled": cancelled,
                 "restarts": restarts,

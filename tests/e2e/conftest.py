@@ -16,9 +16,9 @@ from kubernetes import client, config
 from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.realnode import RealNode
-from hack.suite import Suite, SuiteOptions
 from tests.e2e.realnodes import node_binaries
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,8 @@
 """Resources deleted mid-attach, and adopted orphans, end to end: the real
 control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/suite.py); the node each test attaches to
-is a real node (the upstream kubelet, containerd, runc), the others kubelet emulators.
+and plugins each a process of their own (hack/localcluster/harness.py); the node each
+test attaches to is a real node (the upstream kubelet, containerd, runc), the others
+kubelet emulators.
 
 Each cancellation ends with the block back in the pool, no ComposableResource left and
 no block composed to any host, once every fabric task has ended (a late attach must not
@@ -19,8 +20,8 @@ from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
 from hack.localcluster import objects
+from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite
 from tests.e2e.conftest import MakeSuite
 from tests.e2e.realnodes import plugin_of, suite_pod
 

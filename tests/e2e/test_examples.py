@@ -8,14 +8,17 @@ examples on a node with GPUs of its own: tests/e2e/test_real_node_examples.py.)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON
 from hack import examples
+from hack.localcluster.harness import Suite
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite
+from tests.e2e.claims_seen import ClaimsSeen
 from tests.e2e.conftest import MakeSuite
 from tests.e2e.realnodes import describe_nodes, printed_gpus
 
@@ -110,3 +113,32 @@ def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> 
     for pod in (a, b):
         [result] = assert_attached(suite, pod, claim)
     assert set(suite.composed()) == {result["device"]}
+
+
+def finished(suite: Suite, namespace: str, name: str) -> bool:
+    return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def test_prefer_local_pool_remote(make_suite: MakeSuite, namespace: str) -> None:
+    """No node has a GPU and none lends one: the pool subrequest serves it, and the
+    pod's own process (the matmul workload) computes on its node and succeeds.
+
+    Kubelet emulators: the workload is Python with numpy, which the real nodes' test
+    image (a shell and three tools) cannot run."""
+    suite = make_suite()
+    seen = ClaimsSeen(suite.kube, namespace)
+    examples.apply(suite.kube, "prefer-local-pool-remote", namespace)
+    [name] = examples.pods("prefer-local-pool-remote")
+    wait_for(
+        lambda: finished(suite, namespace, name), 120, f"{name} to finish", describe=suite.describe
+    )
+    pod = suite.pod(namespace, name)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = wait_for(lambda: seen.allocated(claim_name), 30, "the claim's allocation seen")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["request"] == "gpu/pool"
+    node = next(n for n in suite.nodes.values() if n.name == pod["spec"]["nodeName"])
+    log = node.kubelet.container_log(pod["metadata"]["uid"], "main")
+    assert pod["status"]["phase"] == "Succeeded", log
+    out = json.loads(log.strip().splitlines()[-1])
+    assert out["ok"] is True and out["where"] == "local" and out["calls"] == 8

@@ -77,20 +77,35 @@ class Bed:
 def bed(
     kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
 ) -> Iterator[Bed]:
+    emulator = EmulatorProcess(async_polls=1, workdir=short_tmp / "emulator")
+    yield from start_bed(
+        kube_json, control_plane, short_tmp, unique, emulator, {"backend": "redfish-composition"}
+    )
+
+
+def start_bed(
+    kube_json: Kube,
+    control_plane: ControlPlane,
+    short_tmp: Path,
+    unique: str,
+    emulator: EmulatorProcess,
+    backend: dict[str, Any],
+    secret: dict[str, str] | None = None,
+) -> Iterator[Bed]:
+    """The operator, one node with its plugin, and a Fabric of ``backend`` (spec fields)
+    on ``emulator``; ``secret``: the credentials Secret's keys (default: the emulator's
+    user). Everything is cleaned up when the generator is closed."""
     install_crds(kube_json)
     if kube_json.get_or_none(path("v1", "namespaces", OPS_NS)) is None:
         kube_json.create(path("v1", "namespaces"), {"metadata": {"name": OPS_NS}})
-    emulator = EmulatorProcess(async_polls=1, workdir=short_tmp / "emulator")
     emulator.start()
     fabric = f"lab-{unique}"
+    keys = secret or {"username": "admin", "password": "admin"}
     kube_json.create(
         path("v1", "secrets", namespace=OPS_NS),
         {
             "metadata": {"name": fabric},
-            "data": {
-                "username": base64.b64encode(b"admin").decode(),
-                "password": base64.b64encode(b"admin").decode(),
-            },
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()},
         },
     )
     kube_json.create(
@@ -100,7 +115,7 @@ def bed(
             "kind": "Fabric",
             "metadata": {"name": fabric},
             "spec": {
-                "backend": "redfish-composition",
+                **backend,
                 "endpoint": emulator.url,
                 "credentialsSecret": {"name": fabric, "namespace": OPS_NS},
                 "pollIntervalSeconds": 5,
@@ -133,8 +148,7 @@ def bed(
         ],
         short_tmp / "operator",
     ).start()
-    bed = Bed(kube_json, emulator, fabric, node, plugin, kubelet, operator)
-    yield bed
+    yield Bed(kube_json, emulator, fabric, node, plugin, kubelet, operator)
     for r in kube_json.get(RESOURCES)["items"]:
         if r["spec"]["fabric"] == fabric:
             kube_json.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))

@@ -1,0 +1,393 @@
+"""The `fsas-fm` backend: the Fujitsu/Fsas CDI fabric manager (FM) API, over requests.
+
+API facts (paths, fields, payloads) are in docs/fabrics.md, with where they were read.
+In short: an OAuth token from the ID manager (Keycloak: password grant with the client's
+id and secret), machines (hosts) with their attached resources under
+``fabric_manager/api/v1/machines``, attach by ``PATCH machines/{m}/update`` and detach by
+``DELETE machines/{m}/update``, both answered synchronously (200) with no task to follow.
+
+Two things this backend needs that CoHDI's public code does not show the FM doing, and
+that must be checked against Fsas's API reference before use with a real FM (the
+emulator implements both; docs/fabrics.md, "Assumptions"):
+- free resources listed with their identity (``GET fabric_manager/api/v1/resources``);
+- an attach that names the resource: a ``res_uuid`` condition beside ``model``. The
+  backend refuses an answer that attached any other resource (and detaches that one),
+  so an FM that ignores the condition fails loudly instead of attaching a stranger.
+
+Choices, as in the Redfish backend: TLS verified by default (the Fabric's CA, else the
+certifi bundle); no blind retries of changes (the operator re-reads and decides again);
+the token is cached until shortly before it expires, and a 401 fetches a new one and
+repeats that request once (a refused request changed nothing). Secrets never reach logs
+or error messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import certifi
+import requests
+
+from api.v1alpha1 import DEVICE_ID
+from composable_dra import logs
+from composable_dra.fabric.backend import (
+    AuthError,
+    Device,
+    FabricError,
+    Host,
+    InsufficientError,
+    InUseError,
+    Inventory,
+    NotFoundError,
+    Operation,
+    OperationFailedError,
+    OperationStatus,
+    TransientError,
+    Zone,
+    status_error,
+)
+from composable_dra.fabric.redfish import retry_after_seconds
+
+log = logs.get(__name__)
+
+FM = "fabric_manager/api/v1"
+GPU = "gpu"
+# A token is renewed this long before it expires, so no request carries a dying one.
+TOKEN_LEEWAY_S = 30.0
+_DEVICE_ID = re.compile(DEVICE_ID)
+_SEGMENT = re.compile(r"^[A-Za-z0-9._:-]+$")  # DEVICE_ID's characters; quoted anyway
+# res_op_status: its first digit is the health (0 OK, 1 warning, 2 critical).
+_HEALTHY = ("0", "1")
+# FM error codes (detail.code) whose meaning the status alone does not carry.
+_CODE_ERRORS: dict[str, type[FabricError]] = {
+    "E_RESOURCE_IN_USE": InUseError,
+    "E_INSUFFICIENT_RESOURCES": InsufficientError,
+    "E_NOT_FOUND": NotFoundError,
+    "E_OPERATION_FAILED": OperationFailedError,
+}
+
+
+def segment(value: str, what: str) -> str:
+    """A value that goes into a URL path as one segment; FabricError otherwise."""
+    if not _SEGMENT.fullmatch(value) or value in (".", ".."):
+        raise FabricError(f"invalid {what} {value!r}: not one URL path segment")
+    return urllib.parse.quote(value, safe="")
+
+
+def error_for(status: int, body: Any, headers: Mapping[str, str], what: str) -> FabricError:
+    """The typed error for a failed FM answer ({"status", "detail": {"code", "message"}})."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    code = str(detail.get("code", "")) if isinstance(detail, dict) else ""
+    text = detail.get("message") if isinstance(detail, dict) else None
+    if not isinstance(text, str):
+        text = json.dumps(text) if text is not None else "no details"
+    message = f"{what}: HTTP {status}: {code + ': ' if code else ''}{text}"
+    retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
+    if code in _CODE_ERRORS:
+        return _CODE_ERRORS[code](message, retry_after=retry_after)
+    return status_error(status, message, retry_after)
+
+
+def token_expiry(answer: Mapping[str, Any], now: float) -> float:
+    """When a token answer expires: ``expires_in``, else the JWT's ``exp`` claim."""
+    expires_in = answer.get("expires_in")
+    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool):
+        return now + float(expires_in)
+    parts = str(answer.get("access_token", "")).split(".")
+    if len(parts) == 3:
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except (binascii.Error, ValueError):
+            claims = None
+        if isinstance(claims, dict) and isinstance(claims.get("exp"), int | float):
+            return float(claims["exp"])
+    raise AuthError("the token answer says neither expires_in nor a JWT exp")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The Fabric's credentials Secret: the ID manager's client and its user."""
+
+    client_id: str
+    client_secret: str
+    username: str = ""
+    password: str = ""
+
+    def __repr__(self) -> str:  # never print a secret, even in a traceback's locals
+        return f"Credentials(client_id={self.client_id!r}, ...)"
+
+    def form(self) -> dict[str, str]:
+        """The token request: the password grant when a user is given (as the FM's
+        ID manager takes it), else the client credentials grant."""
+        form = {"client_id": self.client_id, "client_secret": self.client_secret}
+        if self.username:
+            form |= {
+                "grant_type": "password",
+                "username": self.username,
+                "password": self.password,
+                "scope": "openid",
+            }
+        else:
+            form["grant_type"] = "client_credentials"
+        return form
+
+
+def _model(resource: Mapping[str, Any]) -> str:
+    spec = resource.get("res_spec")
+    conditions = spec.get("condition", []) if isinstance(spec, dict) else []
+    for c in conditions if isinstance(conditions, list) else []:
+        if isinstance(c, dict) and c.get("column") == "model" and c.get("operator") == "eq":
+            return str(c.get("value", ""))
+    return ""
+
+
+def device_of(resource: Mapping[str, Any], machine: str | None, zone: str) -> Device | None:
+    """The Device a GPU resource describes (None for another type, or a bad id)."""
+    rid = str(resource.get("res_uuid", ""))
+    if resource.get("res_type") != GPU or not _DEVICE_ID.fullmatch(rid):
+        return None
+    healthy = str(resource.get("res_op_status", "0"))[:1] in _HEALTHY
+    return Device(
+        id=rid,
+        model=_model(resource),
+        zone=zone,
+        uuid=str(resource.get("res_serial_num", "")),
+        state=("attached" if machine else "free") if healthy else "busy",
+        host=machine,
+    )
+
+
+def zone_id(item: Mapping[str, Any]) -> str:
+    """The zone of a machine or a resource: its fabric (resources reach their fabric's
+    machines)."""
+    return str(item.get("fabric_uuid") or f"fabric-{item.get('fabric_id', '')}")
+
+
+class FsasFabricManagerBackend:
+    def __init__(
+        self,
+        endpoint: str,
+        credentials: Credentials,
+        *,
+        tenant_uuid: str,
+        realm: str,
+        ca_file: str | None = None,
+        insecure_skip_tls_verify: bool = False,
+        timeout: float = 15.0,
+        session: requests.Session | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.tenant = tenant_uuid
+        self._token_path = (
+            f"id_manager/realms/{segment(realm, 'realm')}/protocol/openid-connect/token"
+        )
+        self._creds = credentials
+        self._timeout = timeout
+        self._http = session or requests.Session()
+        self._http.verify = False if insecure_skip_tls_verify else (ca_file or certifi.where())
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the token
+        self._token: tuple[str, float] | None = None  # (access token, expires at on clock)
+        self.token_fetches = 0
+
+    # -- transport -----------------------------------------------------------------------
+
+    def _fetch_token(self) -> tuple[str, float]:
+        url = f"{self.endpoint}/{self._token_path}"
+        try:
+            resp = self._http.post(url, data=self._creds.form(), timeout=self._timeout)
+        except requests.RequestException as exc:
+            raise TransientError(f"token request to {url}: {type(exc).__name__}") from exc
+        if resp.status_code in (400, 401, 403):
+            raise AuthError(f"token request to {url} refused: HTTP {resp.status_code}")
+        if resp.status_code != 200:
+            raise error_for(resp.status_code, _body(resp), resp.headers, "token request")
+        answer = _body(resp)
+        if not isinstance(answer, dict) or not answer.get("access_token"):
+            raise AuthError(f"token request to {url}: no access_token in the answer")
+        self.token_fetches += 1
+        wall = time.time()
+        lifetime = token_expiry(answer, wall) - wall
+        log.info("fsas token fetched", endpoint=self.endpoint, valid_s=round(lifetime))
+        expires = lifetime + self._clock()
+        return str(answer["access_token"]), expires
+
+    def _bearer(self, stale: str | None = None) -> str:
+        """A token valid for TOKEN_LEEWAY_S more seconds; a new one if ``stale`` is the
+        cached one (the FM refused it). Concurrent callers share one fetch."""
+        with self._lock:
+            cached = self._token
+            fresh = cached is not None and cached[1] - TOKEN_LEEWAY_S > self._clock()
+            if cached is None or not fresh or cached[0] == stale:
+                self._token = cached = self._fetch_token()
+            return cached[0]
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        url = f"{self.endpoint}/{path}"
+        params = {"tenant_uuid": self.tenant, **(query or {})}
+        token = self._bearer()
+        for attempt in (1, 2):
+            try:
+                resp = self._http.request(
+                    method,
+                    url,
+                    params=params,
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=self._timeout,
+                )
+            except requests.RequestException as exc:
+                raise TransientError(f"{method} {url}: {type(exc).__name__}") from exc
+            if resp.status_code == 401 and attempt == 1:
+                token = self._bearer(stale=token)  # expired early or revoked: renew, once
+                continue
+            return resp.status_code, _body(resp), resp.headers
+        raise AuthError(f"{method} {url}: still unauthorized with a new token")
+
+    def _get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        status, body, headers = self._call("GET", path, query=query)
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET {path}")
+        return body
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _machines(self) -> list[dict[str, Any]]:
+        machines = self._get(f"{FM}/machines").get("data", {}).get("machines", [])
+        return [m for m in machines if isinstance(m, dict) and m.get("mach_uuid")]
+
+    def hosts(self) -> dict[str, Host]:
+        return {
+            str(m["mach_uuid"]): Host(
+                str(m["mach_uuid"]), str(m["mach_uuid"]), str(m.get("mach_name", ""))
+            )
+            for m in self._machines()
+        }
+
+    def _resources(self) -> list[dict[str, Any]]:
+        found = self._get(f"{FM}/resources", {"res_type": GPU}).get("data", {}).get("resources")
+        return [r for r in found or [] if isinstance(r, dict)]
+
+    def inventory(self) -> Inventory:
+        machines = self._machines()
+        hosts = {
+            str(m["mach_uuid"]): Host(
+                str(m["mach_uuid"]), str(m["mach_uuid"]), str(m.get("mach_name", ""))
+            )
+            for m in machines
+        }
+        devices: dict[str, Device] = {}
+        for r in self._resources():
+            machine = r.get("mach_uuid") or None
+            device = device_of(r, str(machine) if machine else None, zone_id(r))
+            if device is not None:
+                devices[device.id] = device
+        zone_hosts: dict[str, set[str]] = {}
+        for m in machines:
+            zone_hosts.setdefault(zone_id(m), set()).add(str(m["mach_uuid"]))
+        zone_devices: dict[str, set[str]] = {}
+        for d in devices.values():
+            zone_devices.setdefault(d.zone, set()).add(d.id)
+        zones = {
+            z: Zone(z, frozenset(zone_hosts.get(z, ())), frozenset(zone_devices.get(z, ())))
+            for z in zone_hosts.keys() | zone_devices.keys()
+        }
+        return Inventory(hosts=hosts, devices=devices, zones=zones)
+
+    def device(self, device_id: str) -> Device | None:
+        rid = segment(device_id, "device id")
+        status, body, headers = self._call("GET", f"{FM}/resources/{rid}")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET resource {device_id}")
+        found = body.get("data", {}).get("resources") or []
+        r = found[0] if isinstance(found, list) and found and isinstance(found[0], dict) else {}
+        machine = r.get("mach_uuid") or None
+        return device_of(r, str(machine) if machine else None, zone_id(r))
+
+    # -- changes -------------------------------------------------------------------------
+
+    def _update_body(self, host_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "tenants": {
+                "tenant_uuid": self.tenant,
+                "machines": [{"mach_uuid": host_id, "resources": [{"res_specs": [spec]}]}],
+            }
+        }
+
+    def attach(self, device_id: str, host_id: str) -> Operation | None:
+        rid, machine = segment(device_id, "device id"), segment(host_id, "host id")
+        current = self.device(device_id)
+        if current is None:
+            raise NotFoundError(f"resource {device_id} not found")
+        conditions = [
+            {"column": "model", "operator": "eq", "value": current.model},
+            {"column": "res_uuid", "operator": "eq", "value": device_id},
+        ]
+        spec = {"res_type": GPU, "res_spec": {"condition": conditions}, "res_num": 1}
+        what = f"attach {device_id} to {host_id}"
+        status, body, headers = self._call(
+            "PATCH", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
+        )
+        if status != 200:
+            raise error_for(status, body, headers, what)
+        added = [
+            str(r.get("res_uuid"))
+            for m in (body.get("data", {}).get("machines", []) if isinstance(body, dict) else [])
+            for r in m.get("resources", [])
+            if isinstance(r, dict)
+        ]
+        strangers = [a for a in added if a != rid]
+        for other in strangers:
+            # The FM chose another resource than the one named: give it back at once.
+            self.detach(other, host_id)
+        if rid not in added:
+            raise OperationFailedError(
+                f"{what}: the fabric manager attached {strangers or 'nothing'} instead"
+            )
+        return None
+
+    def detach(self, device_id: str, host_id: str) -> Operation | None:
+        segment(device_id, "device id")
+        machine = segment(host_id, "host id")
+        spec = {"res_type": GPU, "res_uuid": device_id, "res_num": 1}
+        status, body, headers = self._call(
+            "DELETE", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
+        )
+        if status not in (200, 204):
+            raise error_for(status, body, headers, f"detach {device_id} from {host_id}")
+        return None
+
+    def operation_status(self, op: Operation) -> OperationStatus:
+        # Changes are synchronous here: an Operation is never handed out.
+        return OperationStatus("done")
+
+    def close(self) -> None:
+        with self._lock:
+            self._token = None
+        self._http.close()
+
+
+def _body(resp: requests.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
