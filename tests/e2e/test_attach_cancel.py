@@ -57,6 +57,15 @@ def fired(suite: Suite, rule_id: str) -> int:
     return next(int(r.get("fired", 0)) for r in suite.emulator.faults() if r["id"] == rule_id)
 
 
+def wait_pooled(suite: Suite, blocks: set[str]) -> None:
+    wait_for(
+        lambda: blocks <= {d for _, d in suite.pool_devices()},
+        30,
+        f"{sorted(blocks)} back in the pool",
+        describe=suite.describe,
+    )
+
+
 def assert_back_in_pool(suite: Suite, block: str, deadline: float = 60) -> None:
     """No resource left; every fabric task ended; nothing composed; the block published."""
 
@@ -74,12 +83,7 @@ def assert_back_in_pool(suite: Suite, block: str, deadline: float = 60) -> None:
     )
     assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
     assert suite.emulator.state()["blocks"][block]["state"] == "Unused"
-    wait_for(
-        lambda: block in {d for _, d in suite.pool_devices()},
-        30,
-        f"{block} back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, {block})
 
 
 def test_deleted_while_the_attach_request_is_on_its_way_to_the_fabric(
@@ -243,12 +247,7 @@ def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
         "the adopted orphan to be detached when idle",
         describe=suite.describe,
     )
-    wait_for(
-        lambda: block in {d for _, d in suite.pool_devices()},
-        30,
-        f"{block} back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, {block})
 
 
 def test_pods_and_claims_deleted_while_their_gpus_attach(
@@ -284,9 +283,4 @@ def test_pods_and_claims_deleted_while_their_gpus_attach(
 
     wait_for(quiet, 60, "every resource gone and every task ended", describe=suite.describe)
     assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
-    wait_for(
-        lambda: blocks <= {d for _, d in suite.pool_devices()},
-        30,
-        "every block back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, blocks)

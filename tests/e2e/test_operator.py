@@ -53,6 +53,14 @@ class Bed:
     def describe(self, name: str) -> str:
         return f"{self.resource(name)}\n{self.operator.log_tail()}\n{self.plugin.log_tail()}"
 
+    def wait_gone(self, name: str, what: str, timeout: float = 60) -> None:
+        wait_for(
+            lambda: self.resource(name) is None,
+            timeout,
+            what,
+            describe=lambda: self.describe(name),
+        )
+
     def wait_online(self, name: str, what: str = "the resource to be Online") -> None:
         wait_for(
             lambda: self.phase(name) == "Online", 60, what, describe=lambda: self.describe(name)
@@ -189,12 +197,7 @@ def test_attach_online_and_detach_on_delete(bed: Bed, unique: str) -> None:
     wait_for(lambda: uuid in bed.local_uuids(), 30, "the GPU in the node's slice")
 
     bed.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        60,
-        "the resource to be deleted",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the resource to be deleted")
     assert bed.block("gpu-1")["state"] == "Unused"
     wait_for(lambda: uuid not in bed.local_uuids(), 30, "the GPU to leave the node's slice")
     rules = bed.kube.get(
@@ -217,12 +220,7 @@ def test_redfish_zones_backend_attaches_by_patch(bed: Bed, unique: str) -> None:
     bed.wait_online(name, "the resource to be Online through the zones backend")
     assert bed.block("gpu-2")["state"] == "Composed" and bed.block("gpu-2")["system"] == "node-1"
     bed.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        60,
-        "the resource to be detached and deleted",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the resource to be detached and deleted")
     assert bed.block("gpu-2")["state"] == "Unused"
 
 
@@ -318,12 +316,7 @@ def test_detach_waits_while_a_claim_uses_the_device(bed: Bed, unique: str, names
     # The pod ends, the claim is deallocated: now the device goes back to the pool.
     bed.kube.delete(pod_path)
     bed.kube.delete(path("resource.k8s.io/v1", "resourceclaims", "gpu", namespace=namespace))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        90,
-        "the detach to finish",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the detach to finish", 90)
     assert bed.block("gpu-3")["state"] == "Unused"
     bed.kube.delete(path("resource.k8s.io/v1", "deviceclasses", cls))
 
