@@ -96,8 +96,10 @@ def test_slices_wiped_after_unregistration_are_republished(
     devices = slice_devices(before)
     plugin = real_node.plugin
     assert plugin is not None and len(devices) == 2
-    assert plugin.stop() == 0  # it leaves its slices behind; the kubelet removes them
+    assert plugin.stop() == 0
     t0 = time.monotonic()
+    # The plugin leaves its slices behind; the kubelet removes them after its grace period.
+    assert slice_devices(node_slices(kube_json, real_node.name)) == devices
     wait_for(
         lambda: not node_slices(kube_json, real_node.name),
         60,
@@ -105,7 +107,9 @@ def test_slices_wiped_after_unregistration_are_republished(
         interval=0.5,
         describe=real_node.logs_tail,
     )
-    print(f"slices deleted {time.monotonic() - t0:.1f}s after the plugin stopped")
+    waited = time.monotonic() - t0
+    print(f"slices deleted {waited:.1f}s after the plugin stopped")
+    assert waited > 20, "deleted before the kubelet's 30 s grace: not the kubelet's wipe"
     real_node.start_plugin()
     after = wait_for(
         lambda: node_slices(kube_json, real_node.name) or None,
