@@ -50,7 +50,7 @@ from hack.localcluster import ControlPlane  # noqa: E402
 from hack.localcluster.controlplane import find_binaries  # noqa: E402
 from hack.localcluster.crds import install_crds  # noqa: E402
 from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess  # noqa: E402
+from hack.localcluster.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
 from hack.localcluster.process import ComponentProcess  # noqa: E402
 from hack.localcluster.wait import wait_for  # noqa: E402
 
@@ -182,12 +182,7 @@ def main() -> int:
                     plugins_dir=work / host / "p",
                     cdi_dir=work / host / "cdi",
                     workdir=work / host / "plugin",
-                    extra_args=[
-                        "--device-source=redfish",
-                        f"--redfish-endpoint={emulator.url}",
-                        f"--redfish-credentials-file={creds}",
-                        "--poll-interval=1",
-                    ],
+                    extra_args=redfish_source_args(emulator.url, creds, 1),
                 )
                 plugin.start()
                 procs.append(plugin)

@@ -7,9 +7,10 @@ directories, as a DaemonSet pod would be.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -22,6 +23,28 @@ def write_static_devices(path: Path, devices: list[dict[str, Any]]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump({"devices": devices}))
     os.replace(tmp, path)
+
+
+class NodeDirs(Protocol):
+    """Where a node's kubelet looks for plugins and its runtime for CDI specs (a
+    KubeletEmulator's or a RealNode's)."""
+
+    @property
+    def plugins_registry_dir(self) -> Path: ...
+    @property
+    def plugins_dir(self) -> Path: ...
+    @property
+    def cdi_dir(self) -> Path: ...
+
+
+def redfish_source_args(endpoint: str, credentials_file: Path, poll_interval: float) -> list[str]:
+    """The plugin's flags for the redfish device source (the GPUs the fabric attached)."""
+    return [
+        "--device-source=redfish",
+        f"--redfish-endpoint={endpoint}",
+        f"--redfish-credentials-file={credentials_file}",
+        f"--poll-interval={poll_interval}",
+    ]
 
 
 @dataclass
@@ -46,6 +69,26 @@ class PluginProcess:
         if not self.boot_id_file.exists():
             self.boot_id_file.write_text("boot-1\n")
         self.process = ComponentProcess("plugin", [], self.workdir)
+
+    @classmethod
+    def beside(
+        cls,
+        kubelet: NodeDirs,
+        node: str,
+        kubeconfig: Path,
+        workdir: Path,
+        extra_args: Sequence[str] = (),
+    ) -> PluginProcess:
+        """The plugin of ``node`` on the directories of its kubelet (not started)."""
+        return cls(
+            node=node,
+            kubeconfig=kubeconfig,
+            plugins_registry_dir=kubelet.plugins_registry_dir,
+            plugins_dir=kubelet.plugins_dir,
+            cdi_dir=kubelet.cdi_dir,
+            workdir=workdir,
+            extra_args=list(extra_args),
+        )
 
     @property
     def log_path(self) -> Path:

@@ -17,7 +17,9 @@ from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import Suite, SuiteOptions
+from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.realnode import RealNode
+from tests.e2e.realnodes import node_binaries
 
 pytestmark = pytest.mark.e2e
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()
@@ -67,6 +69,12 @@ def kube_json(kube: client.ApiClient) -> Kube:
 
 
 @pytest.fixture
+def device_class(kube_json: Kube) -> str:
+    """The examples' DeviceClass: every device of our driver (kept for the session)."""
+    return ensure_device_class(kube_json)
+
+
+@pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A temporary directory with a short path: unix socket paths must stay under 108 bytes."""
     directory = Path(tempfile.mkdtemp(prefix="cdra-", dir="/tmp"))
@@ -90,8 +98,6 @@ def pytest_runtest_makereport(
 def node_bin_dir() -> Path:
     """The real-node binaries (tests/e2e/realnodes.py: built if missing; never skipped
     under CI=true)."""
-    from tests.e2e.realnodes import node_binaries
-
     return node_binaries()
 
 
@@ -112,15 +118,19 @@ def real_node(
 def make_suite(
     kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
 ) -> Iterator[MakeSuite]:
-    """Start whole suites (every component a process) on the session's control plane."""
+    """Start whole suites (every component a process) on the session's control plane.
+    The hosts in ``real_hosts`` run as real nodes (the node binaries found or built)."""
     suites: list[Suite] = []
 
     def make(**options: Any) -> Suite:
+        if options.get("real_hosts") and options.get("node_bin_dir") is None:
+            options["node_bin_dir"] = node_binaries()
         suite = Suite(
             kube_json,
             control_plane.kubeconfig,
             short_tmp / f"s{len(suites)}",
             SuiteOptions(**options),
+            control_plane=control_plane,
         )
         suites.append(suite)
         return suite.start()

@@ -1,8 +1,13 @@
-"""Shared helpers for the tests that run real nodes (tests/e2e/test_real_node*.py)."""
+"""Shared helpers for the tests that run real nodes: one RealNode of their own
+(tests/e2e/test_real_node*.py), or a suite whose hosts are real nodes, wholly or in part
+(``SuiteOptions.real_hosts``; the attach flow, cancellations, the examples...).
+
+The suite helpers work whatever runs a host's node, so that one scenario asserts the same
+on real kubelets and on kubelet emulators.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,11 +15,19 @@ from pathlib import Path
 import pytest
 
 from composable_dra import names
-from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_dra.kube import JSON, Kube, NotFound, path
+from dra_driver.cdi import resolve
+from hack.localcluster.harness import Suite
+from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION
+from hack.localcluster.objects import create_claim, pod_body
+from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.realnode import RealNode, find_node_binaries
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
+# A real container's command: print the environment (the CDI edits), then wait.
+ENV_AND_WAIT = "env; exec sleep 3600"
 
 
 def node_binaries() -> Path:
@@ -23,20 +36,6 @@ def node_binaries() -> Path:
     if os.geteuid() != 0 and os.environ.get("CI") != "true":
         pytest.skip("a real node needs root (mount namespaces, runc); CI=true runs it")
     return find_node_binaries()
-
-
-def ensure_device_class(kube: Kube) -> None:
-    """The examples' DeviceClass (it may exist from another test)."""
-    with contextlib.suppress(Conflict):
-        kube.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": names.DEVICE_CLASS},
-                "spec": {
-                    "selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}]
-                },
-            },
-        )
 
 
 def node_slices(kube: Kube, node: str) -> list[JSON]:
@@ -81,6 +80,13 @@ def wait_output(node: RealNode, namespace: str, pod: str, marker: str) -> str:
     return out
 
 
+def printed_gpus(node: RealNode, namespace: str, pod: str) -> str:
+    """What an example's container printed: ``GPUs: $COMPOSABLE_GPU_UUIDS``."""
+    out = wait_output(node, namespace, pod, "GPUs: ")
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("GPUs: ")]
+    return line.removeprefix("GPUs: ")
+
+
 def gone(kube: Kube, obj_path: str) -> Callable[[], bool]:
     def check() -> bool:
         try:
@@ -94,36 +100,74 @@ def gone(kube: Kube, obj_path: str) -> Callable[[], bool]:
 
 def pod_with_claim(kube: Kube, node: RealNode, namespace: str, name: str) -> None:
     """A claim for one GPU and a pod on ``node`` using it, printing its environment."""
-    kube.create(
-        path(RESOURCE, "resourceclaims", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
-                    ]
-                }
-            },
-        },
-    )
-    kube.create(
-        path("v1", "pods", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "hostNetwork": True,
-                "nodeSelector": {"kubernetes.io/hostname": node.name},
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": node.image,
-                        "command": ["sh", "-c", "env; exec sleep 3600"],
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        },
-    )
+    create_claim(kube, namespace, name)
+    pod = pod_body(name, name, command=["sh", "-c", ENV_AND_WAIT])
+    kube.create(path("v1", "pods", namespace=namespace), for_real_node(pod, node.name, node.image))
+
+
+# -- suites whose nodes may be real ----------------------------------------------------------
+
+
+def suite_pod(
+    suite: Suite,
+    namespace: str,
+    name: str,
+    node: str | None = None,
+    run_seconds: float | None = None,
+) -> JSON:
+    """``Suite.create_pod`` (its own claim, local GPUs first), made to run on real nodes
+    where the suite has any, wherever the scheduler puts the pod: the test image in the
+    host network, a container that prints its environment and waits (``run_seconds``:
+    exits then, never restarted, as the emulator's run annotation does, which it keeps for
+    the suite's emulated nodes)."""
+    if not suite.real_nodes:
+        return suite.create_pod(namespace, name, node=node, run_seconds=run_seconds)
+    suite.create_claim(namespace, name)
+    wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
+    image = next(iter(suite.real_nodes.values())).image
+    pod = for_real_node(pod_body(name, name, command=["sh", "-c", wait]), node, image)
+    if run_seconds is not None:
+        pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
+        pod["spec"]["restartPolicy"] = "Never"
+    return suite.kube.create(path("v1", "pods", namespace=namespace), pod)
+
+
+def plugin_of(suite: Suite, host: str) -> PluginProcess:
+    """The plugin of ``host``'s node, real or emulated."""
+    real = suite.real_nodes.get(host)
+    if real is not None:
+        assert real.plugin is not None, f"the real node of {host} has no plugin"
+        return real.plugin
+    return suite.nodes[host].plugin
+
+
+def cdi_dir_of(suite: Suite, host: str) -> Path:
+    """Where ``host``'s plugin writes its CDI specs (the runtime reads them there)."""
+    real = suite.real_nodes.get(host)
+    return real.cdi_dir if real is not None else suite.nodes[host].kubelet.cdi_dir
+
+
+def gpu_env(suite: Suite, namespace: str, pod: str) -> dict[str, str]:
+    """The environment that the pod's container got from the CDI devices its claims were
+    prepared with. On a real node, what the container printed (containerd injected it);
+    on an emulated one, what the CDI specs of the devices that the emulator got back from
+    NodePrepareResources inject (a runtime would resolve them the same way)."""
+    got = suite.pod(namespace, pod)
+    host = suite.host_of_node(got["spec"]["nodeName"])
+    real = suite.real_nodes.get(host)
+    if real is not None:
+        out = wait_output(real, namespace, pod, "COMPOSABLE_GPU_UUIDS=")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    kubelet = suite.nodes[host].kubelet
+    env: dict[str, str] = {}
+    for ids in kubelet.prepared_devices(got["metadata"]["uid"]).values():
+        for device_id in ids:
+            device = resolve(kubelet.cdi_dir, device_id)
+            assert device is not None, f"{device_id} resolves in no CDI spec"
+            env.update(e.split("=", 1) for e in device["containerEdits"].get("env", []))
+    return env
+
+
+def describe_nodes(suite: Suite) -> str:
+    """``suite.describe()`` and the real nodes' logs."""
+    return "\n".join([suite.describe(), *(r.logs_tail(10) for r in suite.real_nodes.values())])

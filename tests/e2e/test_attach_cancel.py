@@ -1,6 +1,8 @@
 """Resources deleted mid-attach, and adopted orphans, end to end: the real
 control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/localcluster/harness.py).
+and plugins each a process of their own (hack/localcluster/harness.py); the node each
+test attaches to is a real node (the upstream kubelet, containerd, runc), the others
+kubelet emulators.
 
 Each cancellation ends with the block back in the pool, no ComposableResource left and
 no block composed to any host, once every fabric task has ended (a late attach must not
@@ -17,13 +19,16 @@ from api.v1alpha1 import API_VERSION
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
+from hack.localcluster import objects
 from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import plugin_of, suite_pod
 
 pytestmark = pytest.mark.e2e
 RESOURCES = path(API_VERSION, "composableresources")
 ATTACH_POST = r"/Actions/ComputerSystem\.AddResourceBlock$"
+REAL = ("node-1",)  # the host these tests attach to
 
 
 def block_for(suite: Suite, host: str) -> str:
@@ -36,15 +41,7 @@ def block_for(suite: Suite, host: str) -> str:
 
 
 def create_resource(suite: Suite, name: str, block: str, host: str) -> None:
-    suite.kube.create(
-        RESOURCES,
-        {
-            "apiVersion": API_VERSION,
-            "kind": "ComposableResource",
-            "metadata": {"name": name},
-            "spec": {"fabric": suite.fabric, "deviceID": block, "targetNode": suite.node_of(host)},
-        },
-    )
+    objects.create_resource(suite.kube, name, suite.fabric, block, suite.node_of(host))
 
 
 def resource(suite: Suite, name: str) -> JSON | None:
@@ -58,6 +55,15 @@ def delete_resource(suite: Suite, name: str) -> float:
 
 def fired(suite: Suite, rule_id: str) -> int:
     return next(int(r.get("fired", 0)) for r in suite.emulator.faults() if r["id"] == rule_id)
+
+
+def wait_pooled(suite: Suite, blocks: set[str]) -> None:
+    wait_for(
+        lambda: blocks <= {d for _, d in suite.pool_devices()},
+        30,
+        f"{sorted(blocks)} back in the pool",
+        describe=suite.describe,
+    )
 
 
 def assert_back_in_pool(suite: Suite, block: str, deadline: float = 60) -> None:
@@ -77,12 +83,7 @@ def assert_back_in_pool(suite: Suite, block: str, deadline: float = 60) -> None:
     )
     assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
     assert suite.emulator.state()["blocks"][block]["state"] == "Unused"
-    wait_for(
-        lambda: block in {d for _, d in suite.pool_devices()},
-        30,
-        f"{block} back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, {block})
 
 
 def test_deleted_while_the_attach_request_is_on_its_way_to_the_fabric(
@@ -90,7 +91,7 @@ def test_deleted_while_the_attach_request_is_on_its_way_to_the_fabric(
 ) -> None:
     # The issue's case: the attach request is sent but the fabric has not acted on it yet
     # (latency), so a fresh read shows the block free; it lands after the deletion.
-    suite = make_suite(attach_latency=0)
+    suite = make_suite(attach_latency=0, real_hosts=REAL)
     rule = suite.emulator.add_fault(
         {"kind": "latency", "method": "POST", "path": ATTACH_POST, "latency": 2.5, "count": 1}
     )
@@ -106,7 +107,7 @@ def test_deleted_while_the_attach_request_is_on_its_way_to_the_fabric(
 def test_deleted_while_the_fabric_task_runs(make_suite: MakeSuite, unique: str) -> None:
     # The task runs while it is polled (3 polls, a second apart) and would otherwise end on
     # its own only after 40 s: the detach follows it, so the block is back well before.
-    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1, real_hosts=REAL)
     suite.emulator.configure(task_seconds=40)
     block = block_for(suite, "node-1")
     name = f"cancel-b-{unique}"
@@ -127,8 +128,8 @@ def test_deleted_after_the_task_completed_but_before_online(
 ) -> None:
     # node-1's plugin is stopped, so the device is attached but never reported visible: the
     # resource waits in Attaching with its UUID recorded.
-    suite = make_suite(attach_latency=0)
-    suite.nodes["node-1"].plugin.stop()
+    suite = make_suite(attach_latency=0, real_hosts=REAL)
+    plugin_of(suite, "node-1").stop()
     block = block_for(suite, "node-1")
     name = f"cancel-c-{unique}"
     create_resource(suite, name, block, "node-1")
@@ -144,22 +145,30 @@ def test_deleted_after_the_task_completed_but_before_online(
     assert_back_in_pool(suite, block)
 
 
-def test_deleted_while_the_fabric_task_runs_and_the_operator_is_down(
-    make_suite: MakeSuite, unique: str
-) -> None:
-    # The operator dies while it follows the attach task, and the resource is deleted while
-    # it is down: the restarted operator finds the task again in status.pendingAttach and
-    # follows it, rather than wait for the fabric to end it on its own (40 s).
-    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
+def attach_followed(make_suite: MakeSuite, name: str) -> tuple[Suite, str]:
+    """A suite whose attach tasks end on their own only after 40 s, unless polled (3 polls,
+    a second apart); resource ``name`` for a free block of node-1, whose attach task the
+    operator follows. (suite, block)"""
+    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1, real_hosts=REAL)
     suite.emulator.configure(task_seconds=40)
     # A rule that changes nothing noticeable: it counts the polls of task monitors.
     polls = suite.emulator.add_fault(
         {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
     )
     block = block_for(suite, "node-1")
-    name = f"cancel-d-{unique}"
     create_resource(suite, name, block, "node-1")
     wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    return suite, block
+
+
+def test_deleted_while_the_fabric_task_runs_and_the_operator_is_down(
+    make_suite: MakeSuite, unique: str
+) -> None:
+    # The operator dies while it follows the attach task, and the resource is deleted while
+    # it is down: the restarted operator finds the task again in status.pendingAttach and
+    # follows it, rather than wait for the fabric to end it on its own (40 s).
+    name = f"cancel-d-{unique}"
+    suite, block = attach_followed(make_suite, name)
     assert suite.emulator.state()["blocks"][block]["state"] == "Composing"
     assert suite.operator is not None
     suite.operator.kill()
@@ -174,15 +183,8 @@ def test_a_restarted_operator_follows_the_attach_task_it_had_recorded(
 ) -> None:
     # Not deleted this time: the restarted operator's daemon follows the recorded task, so
     # the resource goes Online long before the fabric would end the task on its own (40 s).
-    suite = make_suite(attach_latency=0, async_polls=3, retry_after=1)
-    suite.emulator.configure(task_seconds=40)
-    polls = suite.emulator.add_fault(
-        {"kind": "latency", "method": "GET", "path": "/TaskMonitors/", "latency": 0.01}
-    )
-    block = block_for(suite, "node-1")
     name = f"restart-{unique}"
-    create_resource(suite, name, block, "node-1")
-    wait_for(lambda: fired(suite, polls["id"]) >= 1, 30, "the operator to follow the task")
+    suite, block = attach_followed(make_suite, name)
     assert suite.operator is not None
     suite.operator.kill()
     killed = time.monotonic()
@@ -205,7 +207,7 @@ def test_a_restarted_operator_follows_the_attach_task_it_had_recorded(
 def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
     make_suite: MakeSuite,
 ) -> None:
-    suite = make_suite(no_removal=4)
+    suite = make_suite(no_removal=4, real_hosts=("node-3",))
     suite.kube.merge_patch(
         path(API_VERSION, "fabrics", suite.fabric), {"spec": {"orphanGracePeriodSeconds": 0}}
     )
@@ -245,12 +247,7 @@ def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
         "the adopted orphan to be detached when idle",
         describe=suite.describe,
     )
-    wait_for(
-        lambda: block in {d for _, d in suite.pool_devices()},
-        30,
-        f"{block} back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, {block})
 
 
 def test_pods_and_claims_deleted_while_their_gpus_attach(
@@ -258,11 +255,11 @@ def test_pods_and_claims_deleted_while_their_gpus_attach(
 ) -> None:
     # The issue's probe: pool GPUs attach slowly (here 5 s of latency); the pods and their claims
     # are deleted once every attach request has reached the fabric.
-    suite = make_suite(attach_latency=5)
+    suite = make_suite(attach_latency=5, real_hosts=REAL)
     [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
     pods = [f"p{i}" for i in range(4)]
     for p in pods:
-        suite.create_pod(namespace, p)
+        suite_pod(suite, namespace, p)
     wait_for(
         lambda: fired(suite, latency["id"]) >= len(pods),
         60,
@@ -286,9 +283,4 @@ def test_pods_and_claims_deleted_while_their_gpus_attach(
 
     wait_for(quiet, 60, "every resource gone and every task ended", describe=suite.describe)
     assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
-    wait_for(
-        lambda: blocks <= {d for _, d in suite.pool_devices()},
-        30,
-        "every block back in the pool",
-        describe=suite.describe,
-    )
+    wait_pooled(suite, blocks)

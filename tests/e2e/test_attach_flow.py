@@ -1,6 +1,7 @@
 """The attach flow end to end: real control plane and scheduler, the Redfish
-emulator as the fabric, and every component as a process of its own (operator, pool
-publisher, scaler, one plugin per node); kubelet emulators in-process.
+emulator as the fabric, every component as a process of its own (operator, pool
+publisher, scaler, one plugin per node), and real nodes (the upstream kubelet,
+containerd, runc) whose containers print the GPUs they were given.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from composable_dra import names
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
-from hack.localcluster.harness import Suite
+from dra_driver.cdi import spec_file_name
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import cdi_dir_of, describe_nodes, gpu_env, plugin_of, suite_pod
 
 pytestmark = pytest.mark.e2e
+HOSTS = SuiteOptions().hosts  # node-1, node-2, node-3
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -43,7 +47,7 @@ def wait_running(suite: Suite, ns: str, name: str, timeout: float = 60) -> JSON:
         lambda: suite.running(ns, name),
         timeout,
         f"pod {ns}/{name} to run",
-        describe=lambda: suite.describe() + f"\nclaim: {suite.claim(ns, name).get('status')}",
+        describe=lambda: describe_nodes(suite) + f"\nclaim: {suite.claim(ns, name).get('status')}",
     )
     return suite.pod(ns, name)
 
@@ -99,7 +103,8 @@ def assert_consistent(suite: Suite) -> None:
 def test_1_a_free_local_gpu_serves_a_pod_without_any_fabric_call(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite()
+    # node-3 is real: the only node with a GPU, where the pod must run.
+    suite = make_suite(real_hosts=("node-3",))
     # An administrator attached gpu-6 to node-3's host long ago: a local GPU of node-3.
     attach_directly(suite, "gpu-6", "node-3")
     uuid = block_uuid(suite, "gpu-6")
@@ -111,11 +116,12 @@ def test_1_a_free_local_gpu_serves_a_pod_without_any_fabric_call(
     )
     before = suite.emulator.state()
 
-    suite.create_pod(namespace, "p1")
+    suite_pod(suite, namespace, "p1")
     wait_running(suite, namespace, "p1")
     r = result(suite, namespace, "p1")
     assert (r["pool"], r["request"]) == (suite.node_of("node-3"), "gpu/local")
     assert suite.pod(namespace, "p1")["spec"]["nodeName"] == suite.node_of("node-3")
+    assert normalize_uuid(gpu_env(suite, namespace, "p1")["COMPOSABLE_GPU_UUIDS"]) == uuid
     assert suite.resources() == []
     after = suite.emulator.state()
     assert after["blocks"] == before["blocks"]
@@ -125,8 +131,8 @@ def test_1_a_free_local_gpu_serves_a_pod_without_any_fabric_call(
 def test_2_a_pool_gpu_is_attached_to_the_chosen_node_in_one_scheduling_cycle(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite()
-    suite.create_pod(namespace, "p1")
+    suite = make_suite(real_hosts=HOSTS)
+    suite_pod(suite, namespace, "p1")
     wait_for(
         lambda: allocation(suite, namespace, "p1"), 30, "the allocation", describe=suite.describe
     )
@@ -160,12 +166,25 @@ def test_2_a_pool_gpu_is_attached_to_the_chosen_node_in_one_scheduling_cycle(
     host = suite.host_of_node(node)
     assert block_uuid(suite, block) not in local_uuids(suite, host)
     assert ("/" in r["pool"]) and (r["pool"], block) in suite.pool_devices()
-    prepared = [
-        ids
-        for n in suite.nodes.values()
-        for ids in n.kubelet.prepared_devices(pod["metadata"]["uid"]).values()
-    ]
-    assert prepared and prepared[0]
+    # The container got the attached GPU, through the CDI spec the plugin wrote.
+    claim = suite.claim(namespace, "p1")
+    env = gpu_env(suite, namespace, "p1")
+    assert env["COMPOSABLE_GPU_UUIDS"] == status["data"]["uuid"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{status['data']['uuid']}"  # bare UUID
+    assert env["COMPOSABLE_GPU_CLAIM_UID"] == claim["metadata"]["uid"]
+
+    # The pod goes: the kubelet unprepares the claim, the CDI spec goes.
+    spec_file = cdi_dir_of(suite, host) / spec_file_name(claim["metadata"]["uid"])
+    assert spec_file.exists()
+    plugin = plugin_of(suite, host)
+    suite.kube.delete(path("v1", "pods", "p1", namespace=namespace))
+    wait_for(
+        lambda: not spec_file.exists() and plugin.logged("claim unprepared"),
+        60,
+        "NodeUnprepareResources after the pod's deletion",
+        interval=0.3,
+        describe=lambda: describe_nodes(suite),
+    )
 
 
 def test_4_an_attach_failure_ends_in_fabric_device_failed_and_the_pod_runs_on_another_block(
@@ -173,9 +192,9 @@ def test_4_an_attach_failure_ends_in_fabric_device_failed_and_the_pod_runs_on_an
 ) -> None:
     # The fabric fails the next five attach tasks; the operator retries with backoff, so the
     # first block is still not attached when the scaler's attach timeout (6 s) runs out.
-    suite = make_suite(attach_timeout=6)
+    suite = make_suite(attach_timeout=6, real_hosts=HOSTS)
     suite.emulator.add_fault({"kind": "task_failure", "count": 5, "path": "AddResourceBlock"})
-    suite.create_pod(namespace, "p1")
+    suite_pod(suite, namespace, "p1")
     wait_for(
         lambda: allocation(suite, namespace, "p1"), 30, "the allocation", describe=suite.describe
     )
@@ -206,18 +225,19 @@ def test_4_an_attach_failure_ends_in_fabric_device_failed_and_the_pod_runs_on_an
     )
     wait_for(lambda: len(suite.resources()) == 1, 30, "the failed resource to be deleted")
     assert_consistent(suite)
+    assert gpu_env(suite, namespace, "p1")["COMPOSABLE_GPU_UUIDS"] == status["data"]["uuid"]
 
 
 def test_5_a_released_gpu_is_reused_without_a_fabric_call_then_detached_when_idle(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite(no_removal=6)
-    suite.create_pod(namespace, "p1", run_seconds=1)
+    suite = make_suite(no_removal=6, hosts=("node-1",), real_hosts=("node-1",))
+    suite_pod(suite, namespace, "p1", run_seconds=1)
     wait_for(
         lambda: suite.pod(namespace, "p1")["status"].get("phase") == "Succeeded",
         60,
         "p1 to run and finish",
-        describe=suite.describe,
+        describe=lambda: describe_nodes(suite),
     )
     node = suite.pod(namespace, "p1")["spec"]["nodeName"]
     host = suite.host_of_node(node)
@@ -236,7 +256,7 @@ def test_5_a_released_gpu_is_reused_without_a_fabric_call_then_detached_when_idl
     assert block not in {d for _, d in suite.pool_devices()}
     tasks_before = suite.emulator.state()["tasks"]
 
-    suite.create_pod(namespace, "p2", node=node, run_seconds=1)
+    suite_pod(suite, namespace, "p2", node=node, run_seconds=1)
     wait_for(
         lambda: suite.pod(namespace, "p2")["status"].get("phase") in ("Running", "Succeeded"),
         60,
@@ -267,7 +287,7 @@ def test_5_a_released_gpu_is_reused_without_a_fabric_call_then_detached_when_idl
 
 def run_eight_and_a_ninth(suite: Suite, namespace: str, chaos: Callable[[], None] | None) -> None:
     for i in range(8):
-        suite.create_pod(namespace, f"p{i}")
+        suite_pod(suite, namespace, f"p{i}")
     if chaos is not None:
         chaos()
     for i in range(8):
@@ -279,7 +299,7 @@ def run_eight_and_a_ninth(suite: Suite, namespace: str, chaos: Callable[[], None
     nodes = {suite.pod(namespace, f"p{i}")["spec"]["nodeName"] for i in range(8)}
     assert len(nodes) >= 2
 
-    suite.create_pod(namespace, "p8")
+    suite_pod(suite, namespace, "p8")
     wait_for(
         lambda: any(e["reason"] == "FailedScheduling" for e in suite.pod_events(namespace, "p8")),
         60,
@@ -295,7 +315,7 @@ def run_eight_and_a_ninth(suite: Suite, namespace: str, chaos: Callable[[], None
 def test_3_eight_pods_over_three_nodes_and_eight_pool_gpus(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite()
+    suite = make_suite(real_hosts=HOSTS)
     run_eight_and_a_ninth(suite, namespace, None)
 
 
@@ -305,7 +325,7 @@ def test_6_kills_of_scaler_operator_and_plugins_during_eight_pods(
     # Synchronous composition (with latency) keeps this test short: an operator killed
     # between a 202 and the end of its task leaves the block "Composing" until the emulator
     # ends the task on its own (task_seconds, 10 s), and the retry waits for that.
-    suite = make_suite(async_polls=0)
+    suite = make_suite(async_polls=0, real_hosts=HOSTS)
     rng = random.Random(6)
     done = threading.Event()
     kills: list[str] = []
@@ -314,7 +334,7 @@ def test_6_kills_of_scaler_operator_and_plugins_during_eight_pods(
         targets: list[Any] = [
             suite.scaler,
             suite.operator,
-            *(n.plugin for n in suite.nodes.values()),
+            *(plugin_of(suite, host) for host in HOSTS),
         ]
         for _ in range(5):
             if done.wait(rng.uniform(0.3, 2.5)):

@@ -226,6 +226,16 @@ G = "composable.dra.io"
 R = "resource.k8s.io"
 D = names.DRIVER
 
+
+def no_secrets_nor_leases(namespace: str) -> list[Access]:
+    """Reading ``namespace``'s secrets, listing any, or taking its leases: refused."""
+    return [
+        Access("get", "secrets", namespace=namespace),
+        Access("list", "secrets"),
+        Access("update", "leases", "coordination.k8s.io", namespace=namespace),
+    ]
+
+
 # component -> (what it must be able to do, what it must not).
 EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
     "plugin": (
@@ -254,9 +264,7 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("associated-node:patch", "resourceclaims", R, "driver", "team-a", "other.dev"),
             Access("update", "resourceclaims", R, namespace="team-a"),
             Access("create", "devicetaintrules", R),
-            Access("get", "secrets", namespace="@"),
-            Access("list", "secrets"),
-            Access("update", "leases", "coordination.k8s.io", namespace="@"),
+            *no_secrets_nor_leases("@"),
         ],
     ),
     "pool-publisher": (
@@ -272,9 +280,7 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("update", "fabrics", G, "status"),
             Access("create", "composableresources", G),
             Access("patch", "resourceclaims", R, "status", namespace="team-a"),
-            Access("get", "secrets", namespace="kube-system"),
-            Access("list", "secrets"),
-            Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
+            *no_secrets_nor_leases("kube-system"),
         ],
     ),
     "scaler": (

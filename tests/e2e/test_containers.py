@@ -8,18 +8,66 @@ spec gave it, and its exit code becomes the pod's phase.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from hack import examples
+from hack.localcluster import ControlPlane
+from hack.localcluster.kubelet_emulator import KubeletEmulator
+from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.wait import wait_for
-from tests.e2e.test_plugin import RESOURCE, Node, device_class, make_node, wait_registered
+from tests.e2e.test_plugin import RESOURCE, gpu
 
 pytestmark = pytest.mark.e2e
-__all__ = ["device_class", "make_node"]  # fixtures this module uses
+
+
+@dataclass
+class Node:
+    """A fake node: the kubelet emulator (a test of it) and the plugin beside it."""
+
+    name: str
+    kubelet: KubeletEmulator
+    plugin: PluginProcess
+
+
+@pytest.fixture
+def make_node(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
+) -> Iterator[Callable[[str, int], Node]]:
+    nodes: list[Node] = []
+
+    def make(suffix: str, devices: int) -> Node:
+        name = f"{suffix}-{unique}"
+        create_node(kube_json.api, name)
+        root = short_tmp / suffix
+        kubelet = KubeletEmulator(kube_json, name, root / "kubelet", root / "cdi")
+        kubelet.start()
+        plugin = PluginProcess.beside(kubelet, name, control_plane.kubeconfig, root / "plugin")
+        write_static_devices(plugin.static_file, [gpu(name, i) for i in range(devices)])
+        plugin.start()
+        nodes.append(Node(name, kubelet, plugin))
+        return nodes[-1]
+
+    yield make
+    for n in nodes:
+        n.plugin.stop()
+        n.kubelet.stop()
+        delete_node(kube_json.api, n.name)
+
+
+def wait_registered(n: Node) -> None:
+    wait_for(
+        lambda: n.kubelet.registered_drivers().get(names.DRIVER) == "v1",
+        30,
+        f"the plugin of {n.name} to register",
+        describe=n.plugin.log_tail,
+    )
 
 
 def example(kind: str) -> JSON:

@@ -1,6 +1,7 @@
 """A detached GPU leaves its node's slice before its block is back in the pool, end to
 end: the real control plane, the Redfish emulator, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/localcluster/harness.py).
+and plugins each a process of their own (hack/localcluster/harness.py); node-3, the node
+of the GPU, is a real node (the upstream kubelet, containerd, runc).
 
 The plugins poll the fabric every 6 s here, so a detached GPU stays in its node's slice
 for seconds after the fabric let it go. The detach must keep its taint until the slice
@@ -22,8 +23,10 @@ from composable_dra import names
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
 from hack.localcluster.harness import RESOURCE, Suite
+from hack.localcluster.objects import create_resource
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, plugin_of, suite_pod
 
 pytestmark = pytest.mark.e2e
 PLUGIN_POLL = 6.0
@@ -73,7 +76,7 @@ def resource(suite: Suite, name: str) -> JSON | None:
 def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_pool(
     make_suite: MakeSuite, namespace: str, unique: str
 ) -> None:
-    suite = make_suite(plugin_poll=PLUGIN_POLL)
+    suite = make_suite(plugin_poll=PLUGIN_POLL, real_hosts=("node-3",))
     state = suite.emulator.state()
     zones = set(state["systems"]["node-3"]["zones"])
     block = min(
@@ -82,19 +85,7 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
     uuid = normalize_uuid(str(state["blocks"][block]["uuid"]))
     name = f"idle-{unique}"
     # An idle GPU of node-3: a resource with no claim, so the node lists it as its own.
-    suite.kube.create(
-        path(API_VERSION, "composableresources"),
-        {
-            "apiVersion": API_VERSION,
-            "kind": "ComposableResource",
-            "metadata": {"name": name},
-            "spec": {
-                "fabric": suite.fabric,
-                "deviceID": block,
-                "targetNode": suite.node_of("node-3"),
-            },
-        },
-    )
+    create_resource(suite.kube, name, suite.fabric, block, suite.node_of("node-3"))
     [stale] = wait_for(
         lambda: local_refs(suite, "node-3", uuid),
         60,
@@ -150,7 +141,7 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
         lambda: next(
             (
                 t
-                for t, e in log_events(suite.nodes["node-3"].plugin.log_path, "devices changed")
+                for t, e in log_events(plugin_of(suite, "node-3").log_path, "devices changed")
                 if t > deleted and stale[1] not in e.get("devices", [])
             ),
             None,
@@ -167,7 +158,7 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
     assert suite.composed() == {}
 
     # A claim (local first) for node-3 right then never gets the gone GPU.
-    suite.create_pod(namespace, "p1", node=suite.node_of("node-3"))
+    suite_pod(suite, namespace, "p1", node=suite.node_of("node-3"))
     alloc = wait_for(
         lambda: (suite.claim(namespace, "p1").get("status") or {}).get("allocation"),
         30,
@@ -176,4 +167,9 @@ def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_po
     )
     [r] = alloc["devices"]["results"]
     assert (r["pool"], r["device"]) != stale
-    wait_for(lambda: suite.running(namespace, "p1"), 60, "p1 to run", describe=suite.describe)
+    wait_for(
+        lambda: suite.running(namespace, "p1"),
+        60,
+        "p1 to run",
+        describe=lambda: describe_nodes(suite),
+    )

@@ -1,47 +1,46 @@
-"""Each example in deploy/examples, applied as a user would, on the whole suite.
+"""Each example in deploy/examples, applied as a user would, on the whole suite with real
+nodes (the upstream kubelet, containerd, runc): each container prints the GPUs that
+containerd injected from the plugin's CDI spec.
 
-No node has a GPU of its own: every example is served through the attach flow.
+No node has a GPU of its own: every example is served through the attach flow. (The
+examples on a node with GPUs of its own: tests/e2e/test_real_node_examples.py.)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from composable_dra import names
-from composable_dra.kube import JSON, Kube
+from composable_dra.kube import JSON
 from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.harness import Suite, SuiteOptions
+from hack.localcluster.harness import Suite
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen
+from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, printed_gpus
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def suite(kube_json: Kube, control_plane: ControlPlane, short_tmp: Path) -> Iterator[Suite]:
-    # A fresh suite per example: no GPU is on any node yet, so each claim is served
-    # through the attach flow (a shared suite would hand out GPUs released earlier).
-    s = Suite(kube_json, control_plane.kubeconfig, short_tmp, SuiteOptions())
-    s.start()
-    yield s
-    s.stop()
-
-
-def run_example(suite: Suite, name: str, namespace: str) -> dict[str, JSON]:
-    examples.apply(suite.kube, name, namespace)
+def run_example(
+    make_suite: MakeSuite, name: str, namespace: str, hosts: tuple[str, ...] = ("node-1",)
+) -> tuple[Suite, dict[str, JSON]]:
+    """A fresh suite of real nodes on ``hosts`` (no GPU is on any node yet, so each claim
+    is served through the attach flow), the example applied, its pods running."""
+    suite = make_suite(hosts=hosts, real_hosts=hosts)
+    image = next(iter(suite.real_nodes.values())).image
+    examples.apply(suite.kube, name, namespace, pod=lambda p: for_real_node(p, None, image))
     names_ = examples.pods(name)
     wait_for(
         lambda: all(suite.running(namespace, p) for p in names_),
-        90,
+        120,
         f"the pods of {name} to run",
-        describe=suite.describe,
+        describe=lambda: describe_nodes(suite),
     )
-    return {pod: suite.pod(namespace, pod) for pod in names_}
+    return suite, {pod: suite.pod(namespace, pod) for pod in names_}
 
 
 def claim_of(suite: Suite, pod: JSON) -> JSON:
@@ -65,64 +64,68 @@ def ready(claim: JSON) -> list[str]:
     ]
 
 
-def test_prefer_local_fallback_pool(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "prefer-local-fallback-pool", namespace)
-    claim = claim_of(suite, pods["gpu-prefer-local"])
-    [result] = claim["status"]["allocation"]["devices"]["results"]
-    # No node had a GPU of its own: the pool subrequest served it, through an attach.
-    assert result["request"] == "gpu/pool"
-    assert result["pool"].startswith(f"{suite.fabric}/")
-    assert ready(claim) == [result["device"]]
-    assert suite.composed()[result["device"]] == suite.host_of_node(
-        pods["gpu-prefer-local"]["spec"]["nodeName"]
-    )
-
-
-def test_pool_only(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "pool-only", namespace)
-    claim = claim_of(suite, pods["gpu-from-pool"])
-    [result] = claim["status"]["allocation"]["devices"]["results"]
-    assert result["pool"].startswith(f"{suite.fabric}/")
-    assert suite.composed()[result["device"]] == suite.host_of_node(
-        pods["gpu-from-pool"]["spec"]["nodeName"]
-    )
-
-
-def test_two_gpus_in_one_claim(suite: Suite, namespace: str) -> None:
-    pods = run_example(suite, "two-gpus", namespace)
-    pod = pods["two-gpus"]
-    claim = claim_of(suite, pod)
-    results = claim["status"]["allocation"]["devices"]["results"]
-    assert len(results) == 2 and len({r["device"] for r in results}) == 2
+def assert_attached(suite: Suite, pod: JSON, claim: JSON) -> list[JSON]:
+    """Every device of the claim came from the fabric's pool, attached to the pod's host
+    (FabricDeviceReady), and the container printed their UUIDs; the claim's results."""
+    results: list[JSON] = claim["status"]["allocation"]["devices"]["results"]
     host = suite.host_of_node(pod["spec"]["nodeName"])
     composed = suite.composed()
-    assert all(composed[r["device"]] == host for r in results)
+    for r in results:
+        assert r["pool"].startswith(f"{suite.fabric}/")
+        assert composed[r["device"]] == host
     assert sorted(ready(claim)) == sorted(r["device"] for r in results)
+    node = suite.real_nodes[host]
+    printed = printed_gpus(node, pod["metadata"]["namespace"], pod["metadata"]["name"])
+    want = {d["data"]["uuid"] for d in claim["status"]["devices"]}
+    assert set(printed.split(",")) == want and len(want) == len(results)
+    return results
 
 
-def test_one_claim_shared_by_two_pods(suite: Suite, namespace: str) -> None:
-    before = set(suite.composed())
-    pods = run_example(suite, "shared-claim", namespace)
+def test_prefer_local_fallback_pool(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "prefer-local-fallback-pool", namespace)
+    pod = pods["gpu-prefer-local"]
+    [result] = assert_attached(suite, pod, claim_of(suite, pod))
+    # No node had a GPU of its own: the pool subrequest served it, through an attach.
+    assert result["request"] == "gpu/pool"
+
+
+def test_pool_only(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "pool-only", namespace)
+    pod = pods["gpu-from-pool"]
+    [_] = assert_attached(suite, pod, claim_of(suite, pod))
+
+
+def test_two_gpus_in_one_claim(make_suite: MakeSuite, namespace: str) -> None:
+    suite, pods = run_example(make_suite, "two-gpus", namespace)
+    pod = pods["two-gpus"]
+    results = assert_attached(suite, pod, claim_of(suite, pod))
+    assert len(results) == 2 and len({r["device"] for r in results}) == 2
+
+
+def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> None:
+    # Two nodes: the second pod must follow the claim to the node of the first.
+    suite, pods = run_example(make_suite, "shared-claim", namespace, hosts=("node-1", "node-2"))
     a, b = pods["shared-gpu-a"], pods["shared-gpu-b"]
     assert a["spec"]["nodeName"] == b["spec"]["nodeName"]  # a claim binds to one node
     claim = suite.claim(namespace, "shared-gpu")
     assert {r["name"] for r in claim["status"]["reservedFor"]} == {"shared-gpu-a", "shared-gpu-b"}
-    [result] = claim["status"]["allocation"]["devices"]["results"]
-    attached = set(suite.composed()) - before
-    assert attached == {result["device"]}  # one attach serves both pods
-    uids = {p["metadata"]["uid"] for p in (a, b)}
-    node = next(n for n in suite.nodes.values() if n.name == a["spec"]["nodeName"])
-    prepared = [node.kubelet.prepared_devices(uid) for uid in uids]
-    assert prepared[0] == prepared[1] and prepared[0]  # the same CDI devices in both
+    # One attach serves both pods, and both containers got the same GPU.
+    for pod in (a, b):
+        [result] = assert_attached(suite, pod, claim)
+    assert set(suite.composed()) == {result["device"]}
 
 
 def finished(suite: Suite, namespace: str, name: str) -> bool:
     return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
-def test_prefer_local_pool_remote(suite: Suite, namespace: str) -> None:
+def test_prefer_local_pool_remote(make_suite: MakeSuite, namespace: str) -> None:
     """No node has a GPU and none lends one: the pool subrequest serves it, and the
-    pod's own process (the matmul workload) computes on its node and succeeds."""
+    pod's own process (the matmul workload) computes on its node and succeeds.
+
+    Kubelet emulators: the workload is Python with numpy, which the real nodes' test
+    image (a shell and three tools) cannot run."""
+    suite = make_suite()
     seen = ClaimsSeen(suite.kube, namespace)
     examples.apply(suite.kube, "prefer-local-pool-remote", namespace)
     [name] = examples.pods("prefer-local-pool-remote")

@@ -15,7 +15,6 @@ released by its deallocation, which does wake them.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 from collections.abc import Iterator
@@ -23,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.kube import JSON, Kube, path
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
 from hack.localcluster import ControlPlane
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.objects import create_claim_pod
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.wait import wait_for
 from tests.e2e.test_plugin import gpu
@@ -36,19 +36,6 @@ RESOURCE = "resource.k8s.io/v1"
 DRIVER = "gpu.composable.dra.io"
 CLASS = "composable-gpu"
 REMOTE = f'device.attributes["{DRIVER}"].attachment == "remote"'
-
-
-@pytest.fixture(scope="module")
-def device_class(kube_json: Kube) -> str:
-    with contextlib.suppress(Conflict):
-        kube_json.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
-    return CLASS
 
 
 class Cluster:
@@ -71,14 +58,12 @@ class Cluster:
         name = self.node("donor")
         self.kubelet = KubeletEmulator(self.kube, name, self.root / "kubelet", self.root / "cdi")
         self.kubelet.start()
-        self.plugin = PluginProcess(
-            node=name,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=self.kubelet.plugins_registry_dir,
-            plugins_dir=self.kubelet.plugins_dir,
-            cdi_dir=self.kubelet.cdi_dir,
-            workdir=self.root / "plugin",
-            extra_args=["--lend", "--link-gbps=100", f"--max-leases={max_leases}"],
+        self.plugin = PluginProcess.beside(
+            self.kubelet,
+            name,
+            self.cp.kubeconfig,
+            self.root / "plugin",
+            ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"],
         )
         devices = [gpu(name, i) for i in range(gpus)]
         # GPUs the fabric attached: published as local devices, never lent.
@@ -116,30 +101,7 @@ def claim_pod(kube: Kube, ns: str, name: str, node: str, remote: bool) -> None:
     request: JSON = {"deviceClassName": CLASS}
     if remote:
         request["selectors"] = [{"cel": {"expression": REMOTE}}]
-    kube.create(
-        path(RESOURCE, "resourceclaims", namespace=ns),
-        {
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
-        },
-    )
-    kube.create(
-        path("v1", "pods", namespace=ns),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "example.invalid/app",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            },
-        },
-    )
+    create_claim_pod(kube, ns, name, node=node, exactly=request)
 
 
 def get_claim(kube: Kube, ns: str, name: str) -> JSON | None:

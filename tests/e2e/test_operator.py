@@ -24,7 +24,8 @@ from hack.localcluster import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.plugin_process import PluginProcess
+from hack.localcluster.objects import create_resource
+from hack.localcluster.plugin_process import PluginProcess, redfish_source_args
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 
@@ -51,6 +52,19 @@ class Bed:
 
     def describe(self, name: str) -> str:
         return f"{self.resource(name)}\n{self.operator.log_tail()}\n{self.plugin.log_tail()}"
+
+    def wait_gone(self, name: str, what: str, timeout: float = 60) -> None:
+        wait_for(
+            lambda: self.resource(name) is None,
+            timeout,
+            what,
+            describe=lambda: self.describe(name),
+        )
+
+    def wait_online(self, name: str, what: str = "the resource to be Online") -> None:
+        wait_for(
+            lambda: self.phase(name) == "Online", 60, what, describe=lambda: self.describe(name)
+        )
 
     def block(self, block_id: str) -> dict[str, Any]:
         state: dict[str, Any] = self.emulator.state()["blocks"][block_id]
@@ -123,19 +137,12 @@ def start_bed(
     creds.write_text("username: admin\npassword: admin\n")
     kubelet = KubeletEmulator(kube_json, node, short_tmp / "kubelet", short_tmp / "cdi")
     kubelet.start()
-    plugin = PluginProcess(
-        node=node,
-        kubeconfig=control_plane.kubeconfig,
-        plugins_registry_dir=kubelet.plugins_registry_dir,
-        plugins_dir=kubelet.plugins_dir,
-        cdi_dir=kubelet.cdi_dir,
-        workdir=short_tmp / "plugin",
-        extra_args=[
-            "--device-source=redfish",
-            f"--redfish-endpoint={emulator.url}",
-            f"--redfish-credentials-file={creds}",
-            "--poll-interval=1",
-        ],
+    plugin = PluginProcess.beside(
+        kubelet,
+        node,
+        control_plane.kubeconfig,
+        short_tmp / "plugin",
+        redfish_source_args(emulator.url, creds, 1),
     )
     plugin.start()
     operator = ComponentProcess(
@@ -168,20 +175,8 @@ def start_bed(
 
 
 def composable(bed: Bed, name: str, block: str, **spec: Any) -> JSON:
-    return bed.kube.create(
-        RESOURCES,
-        {
-            "apiVersion": API_VERSION,
-            "kind": "ComposableResource",
-            "metadata": {"name": name},
-            "spec": {
-                "fabric": bed.fabric,
-                "deviceID": block,
-                "targetNode": bed.node,
-                "model": "NVIDIA H100 80GB HBM3",
-                **spec,
-            },
-        },
+    return create_resource(
+        bed.kube, name, bed.fabric, block, bed.node, model="NVIDIA H100 80GB HBM3", **spec
     )
 
 
@@ -189,12 +184,7 @@ def test_attach_online_and_detach_on_delete(bed: Bed, unique: str) -> None:
     name = f"cr-{unique}"
     assert bed.block("gpu-1")["state"] == "Unused"
     composable(bed, name, "gpu-1")
-    wait_for(
-        lambda: bed.phase(name) == "Online",
-        60,
-        "the resource to be Online",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_online(name)
     # The fabric shows the composition, the node shows the device, conditions agree.
     block = bed.block("gpu-1")
     assert block["state"] == "Composed" and block["system"] == "node-1"
@@ -207,12 +197,7 @@ def test_attach_online_and_detach_on_delete(bed: Bed, unique: str) -> None:
     wait_for(lambda: uuid in bed.local_uuids(), 30, "the GPU in the node's slice")
 
     bed.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        60,
-        "the resource to be deleted",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the resource to be deleted")
     assert bed.block("gpu-1")["state"] == "Unused"
     wait_for(lambda: uuid not in bed.local_uuids(), 30, "the GPU to leave the node's slice")
     rules = bed.kube.get(
@@ -232,20 +217,10 @@ def test_redfish_zones_backend_attaches_by_patch(bed: Bed, unique: str) -> None:
     bed.emulator.add_fault({"kind": "status503", "path": "RemoveResourceBlock", "count": 10000})
     name = f"cr-{unique}"
     composable(bed, name, "gpu-2")
-    wait_for(
-        lambda: bed.phase(name) == "Online",
-        60,
-        "the resource to be Online through the zones backend",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_online(name, "the resource to be Online through the zones backend")
     assert bed.block("gpu-2")["state"] == "Composed" and bed.block("gpu-2")["system"] == "node-1"
     bed.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        60,
-        "the resource to be detached and deleted",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the resource to be detached and deleted")
     assert bed.block("gpu-2")["state"] == "Unused"
 
 
@@ -254,12 +229,7 @@ def test_device_serving_a_claim_is_not_published_locally(bed: Bed, unique: str) 
     composable(
         bed, name, "gpu-2", claimRef={"namespace": "default", "name": "some-claim", "uid": "1234"}
     )
-    wait_for(
-        lambda: bed.phase(name) == "Online",
-        60,
-        "the resource to be Online",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_online(name)
     uuid = bed.resource(name)["status"]["deviceUUID"].lower().removeprefix("gpu-")  # type: ignore[index]
     assert uuid not in bed.local_uuids()
     # Released: the scaler clears claimRef, and the GPU becomes an idle local device.
@@ -272,12 +242,7 @@ def test_device_serving_a_claim_is_not_published_locally(bed: Bed, unique: str) 
 def test_detach_waits_while_a_claim_uses_the_device(bed: Bed, unique: str, namespace: str) -> None:
     name = f"cr-{unique}"
     composable(bed, name, "gpu-3")
-    wait_for(
-        lambda: bed.phase(name) == "Online",
-        60,
-        "the resource to be Online",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_online(name)
     uuid = bed.resource(name)["status"]["deviceUUID"]  # type: ignore[index]
     wait_for(lambda: uuid.lower().removeprefix("gpu-") in bed.local_uuids(), 30, "local GPU")
     # A pod claims exactly that GPU through the node's slice.
@@ -351,12 +316,7 @@ def test_detach_waits_while_a_claim_uses_the_device(bed: Bed, unique: str, names
     # The pod ends, the claim is deallocated: now the device goes back to the pool.
     bed.kube.delete(pod_path)
     bed.kube.delete(path("resource.k8s.io/v1", "resourceclaims", "gpu", namespace=namespace))
-    wait_for(
-        lambda: bed.resource(name) is None,
-        90,
-        "the detach to finish",
-        describe=lambda: bed.describe(name),
-    )
+    bed.wait_gone(name, "the detach to finish", 90)
     assert bed.block("gpu-3")["state"] == "Unused"
     bed.kube.delete(path("resource.k8s.io/v1", "deviceclasses", cls))
 

@@ -1,9 +1,9 @@
-"""The kubelet plugin end to end: real control plane, real scheduler, kubelet emulator,
-and the plugin as its own process with the static device source."""
+"""The kubelet plugin end to end: real control plane, real scheduler, real nodes (the
+upstream kubelet, containerd, runc), and the plugin as its own process with the static
+device source."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -12,17 +12,16 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON, Conflict, Kube, path
-from dra_driver.cdi import resolve, spec_file_name
+from composable_dra.kube import JSON, Kube, path
+from dra_driver.cdi import spec_file_name
 from hack.localcluster import ControlPlane
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
+from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
+from tests.e2e.realnodes import gone, pod_with_claim, wait_output, wait_running
 
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = "gpu.composable.dra.io"
-CLASS = "composable-gpu"
 
 
 def gpu(node: str, i: int) -> dict[str, Any]:
@@ -40,60 +39,41 @@ def gpu(node: str, i: int) -> dict[str, Any]:
 class Node:
     name: str
     uid: str
-    kubelet: KubeletEmulator
-    plugin: PluginProcess
+    real: RealNode
+
+    @property
+    def plugin(self) -> PluginProcess:
+        assert self.real.plugin is not None
+        return self.real.plugin
 
     def set_devices(self, count: int) -> None:
         write_static_devices(self.plugin.static_file, [gpu(self.name, i) for i in range(count)])
 
 
-@pytest.fixture(scope="module")
-def device_class(kube_json: Kube) -> str:
-    with contextlib.suppress(Conflict):
-        kube_json.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
-    return CLASS
-
-
 @pytest.fixture
 def make_node(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
+    kube_json: Kube, control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
 ) -> Iterator[Callable[[str, int], Node]]:
+    """Real nodes, each with the plugin running and registered with its kubelet."""
     nodes: list[Node] = []
 
     def make(suffix: str, devices: int) -> Node:
         name = f"{suffix}-{unique}"
-        node = create_node(kube_json.api, name)
-        root = short_tmp / suffix
-        kubelet = KubeletEmulator(kube_json, name, root / "kubelet", root / "cdi")
-        kubelet.start()
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=control_plane.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-        )
-        n = Node(name, node["metadata"]["uid"], kubelet, plugin)
-        n.set_devices(devices)
-        plugin.start()
+        real = RealNode(name, node_bin_dir, control_plane, short_tmp / suffix)
+        real.start()
+        n = Node(name, kube_json.get(path("v1", "nodes", name))["metadata"]["uid"], real)
         nodes.append(n)
+        n.set_devices(devices)
+        real.start_plugin()
         return n
 
     yield make
     for n in nodes:
         # SIGTERM: a clean exit that takes both sockets with it.
         assert n.plugin.stop() == 0, n.plugin.log_tail()
-        assert list(n.kubelet.plugins_registry_dir.glob("*.sock")) == []
-        assert list(n.kubelet.plugins_dir.glob("*/dra.sock")) == []
-        n.kubelet.stop()
-        delete_node(kube_json.api, n.name)
+        assert list(n.real.plugins_registry_dir.glob("*.sock")) == []
+        assert list(n.real.plugins_dir.glob("*/dra.sock")) == []
+        n.real.stop()
 
 
 def node_slices(kube: Kube, node: str) -> list[JSON]:
@@ -116,52 +96,8 @@ def wait_published(kube: Kube, n: Node, devices: set[str]) -> None:
     )
 
 
-def wait_registered(n: Node) -> None:
-    wait_for(
-        lambda: n.kubelet.registered_drivers().get(DRIVER) == "v1",
-        30,
-        f"the plugin of {n.name} to register over v1",
-        describe=n.plugin.log_tail,
-    )
-
-
-def create_claim_pod(kube: Kube, namespace: str, name: str, node: str | None = None) -> None:
-    kube.create(
-        path(RESOURCE, "resourceclaims", namespace=namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}
-            },
-        },
-    )
-    spec: JSON = {
-        "containers": [
-            {
-                "name": "main",
-                "image": "example.invalid/app",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-    }
-    if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    kube.create(path("v1", "pods", namespace=namespace), {"metadata": {"name": name}, "spec": spec})
-
-
 def pod(kube: Kube, namespace: str, name: str) -> JSON | None:
     return kube.get_or_none(path("v1", "pods", name, namespace=namespace))
-
-
-def wait_running(kube: Kube, namespace: str, name: str) -> JSON:
-    def running() -> JSON | None:
-        p = pod(kube, namespace, name)
-        return p if p and p.get("status", {}).get("phase") == "Running" else None
-
-    return wait_for(
-        running, 60, f"pod {name} to run", describe=lambda: json.dumps(pod(kube, namespace, name))
-    )
 
 
 def claim(kube: Kube, namespace: str, name: str) -> JSON:
@@ -169,9 +105,15 @@ def claim(kube: Kube, namespace: str, name: str) -> JSON:
 
 
 def cdi_env(n: Node, claim_uid: str) -> dict[str, str]:
-    spec = json.loads((n.kubelet.cdi_dir / spec_file_name(claim_uid)).read_text())
+    spec = json.loads((n.real.cdi_dir / spec_file_name(claim_uid)).read_text())
     (dev,) = spec["devices"]
     return dict(e.split("=", 1) for e in dev["containerEdits"]["env"])
+
+
+def printed_env(n: Node, namespace: str, name: str) -> dict[str, str]:
+    """The environment the pod's container printed: containerd injected the CDI edits."""
+    out = wait_output(n.real, namespace, name, "COMPOSABLE_GPU_UUIDS=")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def test_two_nodes_publish_their_slices(
@@ -223,13 +165,12 @@ def test_pods_prepared_survive_plugin_restart_and_unprepare(
 ) -> None:
     a, b = make_node("prep-a", 1), make_node("prep-b", 1)
     for n in (a, b):
-        wait_registered(n)
         wait_published(kube_json, n, {"gpu-0"})
 
-    create_claim_pod(kube_json, namespace, "one", node=a.name)
-    create_claim_pod(kube_json, namespace, "two", node=b.name)
+    pod_with_claim(kube_json, a.real, namespace, "one")
+    pod_with_claim(kube_json, b.real, namespace, "two")
     for name, n in (("one", a), ("two", b)):
-        p = wait_running(kube_json, namespace, name)
+        p = wait_running(kube_json, n.real, namespace, name)
         assert p["spec"]["nodeName"] == n.name  # bound by the real scheduler
         c = claim(kube_json, namespace, name)
         (res,) = c["status"]["allocation"]["devices"]["results"]
@@ -237,12 +178,13 @@ def test_pods_prepared_survive_plugin_restart_and_unprepare(
         env = cdi_env(n, c["metadata"]["uid"])
         assert env["COMPOSABLE_GPU_UUIDS"] == f"GPU-{n.name}-0"
         assert env["COMPOSABLE_GPU_CLAIM_UID"] == c["metadata"]["uid"]
-        ids = n.kubelet.prepared_devices(p["metadata"]["uid"])[c["metadata"]["uid"]]
-        assert ids and all(resolve(n.kubelet.cdi_dir, i) for i in ids)
+        # The container got what the spec says: containerd resolved the CDI devices.
+        printed = printed_env(n, namespace, name)
+        assert {k: printed[k] for k in env} == env
 
     # Kill node a's plugin between prepare and unprepare, and start it again.
     claim_one = claim(kube_json, namespace, "one")["metadata"]["uid"]
-    spec_path = a.kubelet.cdi_dir / spec_file_name(claim_one)
+    spec_path = a.real.cdi_dir / spec_file_name(claim_one)
     spec_before = spec_path.read_bytes(), spec_path.stat().st_mtime_ns
     (slice_before,) = node_slices(kube_json, a.name)
     a.plugin.kill()
@@ -253,35 +195,31 @@ def test_pods_prepared_survive_plugin_restart_and_unprepare(
         "the restarted plugin to sync",
         describe=a.plugin.log_tail,
     )
+    a.real.wait_plugin_registered(1)
     (slice_after,) = node_slices(kube_json, a.name)
     assert slice_after["metadata"]["resourceVersion"] == slice_before["metadata"]["resourceVersion"]
     assert (spec_path.read_bytes(), spec_path.stat().st_mtime_ns) == spec_before
 
     # Deleting the pod unprepares through the restarted plugin: spec and checkpoint go.
-    kube_json.delete(path("v1", "pods", "one", namespace=namespace))
-    wait_for(
-        lambda: pod(kube_json, namespace, "one") is None,
-        60,
-        "pod one to go",
-        describe=a.plugin.log_tail,
-    )
+    one = path("v1", "pods", "one", namespace=namespace)
+    kube_json.delete(one)
+    wait_for(gone(kube_json, one), 60, "pod one to go", describe=a.real.logs_tail)
     assert not spec_path.exists()
     checkpoint = json.loads((a.plugin.state_dir / "checkpoint.json").read_text())
     assert claim_one not in checkpoint["data"]["claims"]
     assert a.plugin.logged("claim unprepared")
 
     # The freed device is prepared again for a new pod on the same node.
-    create_claim_pod(kube_json, namespace, "three", node=a.name)
-    wait_running(kube_json, namespace, "three")
+    pod_with_claim(kube_json, a.real, namespace, "three")
+    wait_running(kube_json, a.real, namespace, "three")
 
 
 def test_added_device_makes_pending_pod_schedulable(
     kube_json: Kube, make_node: Callable[[str, int], Node], device_class: str, namespace: str
 ) -> None:
     n = make_node("grow", 0)
-    wait_registered(n)
     wait_for(lambda: n.plugin.logged("slices in sync"), 30, "the empty pool")
-    create_claim_pod(kube_json, namespace, "waits", node=n.name)
+    pod_with_claim(kube_json, n.real, namespace, "waits")
 
     def unschedulable() -> bool:
         p = pod(kube_json, namespace, "waits") or {}
@@ -290,5 +228,5 @@ def test_added_device_makes_pending_pod_schedulable(
 
     wait_for(unschedulable, 30, "the pod to be found unschedulable")
     n.set_devices(1)
-    p = wait_running(kube_json, namespace, "waits")
+    p = wait_running(kube_json, n.real, namespace, "waits")
     assert p["spec"]["nodeName"] == n.name

@@ -1,5 +1,6 @@
 """Each GPU published once under load: concurrent pool claims, every component a
-process of its own on the real control plane, the Redfish emulator as the fabric.
+process of its own on the real control plane, the Redfish emulator as the fabric, and
+three real nodes (the upstream kubelet, containerd, runc) that prepare every claim.
 
 The fabric shows an attached GPU on its node before the operator has recorded the GPU's
 UUID on the ComposableResource: here each attach task ends on its own after 1 s while the
@@ -10,17 +11,16 @@ local, then the pool); none of them may be given a GPU that serves a pool claim.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from composable_dra.kube import Kube, path
+from composable_dra.kube import path
 from hack.bench.time_to_gpu import block_uuids, final_allocations, shared_gpus
-from hack.localcluster import ControlPlane
-from hack.localcluster.harness import Suite, SuiteOptions
+from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
+from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, suite_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -44,24 +44,15 @@ def topology(blocks: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def suite(kube_json: Kube, control_plane: ControlPlane, short_tmp: Path) -> Iterator[Suite]:
-    s = Suite(
-        kube_json,
-        control_plane.kubeconfig,
-        short_tmp / "s",
-        SuiteOptions(
-            hosts=HOSTS,
-            topology=topology(2 * WAVE + 4),
-            async_polls=1000,  # a task ends on its own (task_seconds), not by being polled
-            retry_after=3,
-            attach_latency=0,
-        ),
+def suite(make_suite: MakeSuite) -> Suite:
+    return make_suite(
+        hosts=HOSTS,
+        real_hosts=HOSTS,
+        topology=topology(2 * WAVE + 4),
+        async_polls=1000,  # a task ends on its own (task_seconds), not by being polled
+        retry_after=3,
+        attach_latency=0,
     )
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def allocated(suite: Suite, ns: str) -> dict[str, list[tuple[str, str]]]:
@@ -85,11 +76,11 @@ def test_concurrent_pool_claims_never_get_one_gpu_twice(suite: Suite, namespace:
     suite.emulator.configure(task_seconds=1)
     pods = [f"p{i}" for i in range(2 * WAVE)]
     for name in pods[:WAVE]:
-        suite.create_pod(namespace, name)
+        suite_pod(suite, namespace, name)
     # The second wave arrives while the first wave's GPUs are appearing on the nodes.
     wait_for(lambda: suite.composed(), 90, "a first GPU attached", describe=suite.describe)
     for name in pods[WAVE:]:
-        suite.create_pod(namespace, name)
+        suite_pod(suite, namespace, name)
 
     wait_for(
         lambda: len(a := allocated(suite, namespace)) == len(pods) and all(a.values()),
@@ -105,7 +96,7 @@ def test_concurrent_pool_claims_never_get_one_gpu_twice(suite: Suite, namespace:
         150,
         "every pod running",
         describe=lambda: (
-            suite.describe() + f"\nprepare failures: {prepare_failures(suite, namespace)}"
+            describe_nodes(suite) + f"\nprepare failures: {prepare_failures(suite, namespace)}"
         ),
     )
     assert prepare_failures(suite, namespace) == []

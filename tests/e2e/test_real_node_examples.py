@@ -2,8 +2,8 @@
 and runc run each example's pods, and each container's own output shows the GPU that
 containerd injected from the plugin's CDI spec.
 
-The node has GPUs of its own (the static device source); the attach flow on a real
-node is tests/e2e/test_real_node_attach.py.
+The node has GPUs of its own (the static device source); the examples through the attach
+flow, on real nodes too, are tests/e2e/test_examples.py.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 from composable_dra.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import spec_file_name
 from hack import examples
+from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 from tests.e2e.realnodes import (
     RESOURCE,
-    ensure_device_class,
     gone,
-    wait_output,
+    printed_gpus,
     wait_running,
 )
 
@@ -69,13 +69,6 @@ def claim_of(kube: Kube, pod: JSON) -> JSON:
     (status,) = pod["status"]["resourceClaimStatuses"]
     name = status.get("resourceClaimName")
     return kube.get(path(RESOURCE, "resourceclaims", name, namespace=pod["metadata"]["namespace"]))
-
-
-def printed_gpus(node: RealNode, namespace: str, pod: str) -> str:
-    """What the example's container printed: ``GPUs: $COMPOSABLE_GPU_UUIDS``."""
-    out = wait_output(node, namespace, pod, "GPUs: ")
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("GPUs: ")]
-    return line.removeprefix("GPUs: ")
 
 
 def test_prefer_local_on_a_real_node(real_node: RealNode, kube_json: Kube, namespace: str) -> None:

@@ -17,12 +17,12 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
+from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
 from tests.e2e.realnodes import (
     RESOURCE,
-    ensure_device_class,
     node_slices,
     pod_with_claim,
     slice_devices,
@@ -96,8 +96,10 @@ def test_slices_wiped_after_unregistration_are_republished(
     devices = slice_devices(before)
     plugin = real_node.plugin
     assert plugin is not None and len(devices) == 2
-    assert plugin.stop() == 0  # it leaves its slices behind; the kubelet removes them
+    assert plugin.stop() == 0
     t0 = time.monotonic()
+    # The plugin leaves its slices behind; the kubelet removes them after its grace period.
+    assert slice_devices(node_slices(kube_json, real_node.name)) == devices
     wait_for(
         lambda: not node_slices(kube_json, real_node.name),
         60,
@@ -105,7 +107,9 @@ def test_slices_wiped_after_unregistration_are_republished(
         interval=0.5,
         describe=real_node.logs_tail,
     )
-    print(f"slices deleted {time.monotonic() - t0:.1f}s after the plugin stopped")
+    waited = time.monotonic() - t0
+    print(f"slices deleted {waited:.1f}s after the plugin stopped")
+    assert waited > 20, "deleted before the kubelet's 30 s grace: not the kubelet's wipe"
     real_node.start_plugin()
     after = wait_for(
         lambda: node_slices(kube_json, real_node.name) or None,

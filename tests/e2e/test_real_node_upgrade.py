@@ -19,12 +19,12 @@ from dra_driver.cdi import spec_file_name
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.grpc_server import registration_socket, service_socket
 from hack.localcluster import ControlPlane
+from hack.localcluster.objects import ensure_device_class
 from hack.localcluster.plugin_process import write_static_devices
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.wait import wait_for
 from tests.e2e.realnodes import (
     RESOURCE,
-    ensure_device_class,
     gone,
     node_binaries,
     pod_with_claim,

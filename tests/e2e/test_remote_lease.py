@@ -47,7 +47,6 @@ from tests.e2e.test_lend import (
     Cluster,
     allocated,
     claim_pod,
-    device_class,  # noqa: F401  (the fixture, for every test)
     get_claim,
     wait_allocated,
 )
@@ -124,14 +123,12 @@ class RemoteSetup:
         kubelet = KubeletEmulator(self.kube, self.consumer, self.root / "kc", self.root / "cdic")
         kubelet.start()
         self.consumer_kubelet = kubelet
-        plugin = PluginProcess(
-            node=self.consumer,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=self.root / "consumer-plugin",
-            extra_args=self.client_flags(PLUGIN_SA),
+        plugin = PluginProcess.beside(
+            kubelet,
+            self.consumer,
+            self.cp.kubeconfig,
+            self.root / "consumer-plugin",
+            self.client_flags(PLUGIN_SA),
         )
         write_static_devices(plugin.static_file, [])
         plugin.start()

@@ -17,11 +17,11 @@ from composable_dra.kube import JSON, Kube, path
 from hack.localcluster.remote_pods import matmul_claim_and_pod
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen
-from tests.e2e.test_lend import CLASS, device_class
+from tests.e2e.test_lend import CLASS
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]
-__all__ = ["device_class", "remote"]  # the fixtures this module uses
+__all__ = ["remote"]  # the fixture this module uses
 RESOURCE = "resource.k8s.io/v1"
 
 

@@ -12,6 +12,7 @@ from composable_dra.kube import JSON, Kube, path
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.minimal_plugin import MinimalPlugin
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.objects import pod_body
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
@@ -87,20 +88,7 @@ def create_pod_with_template(kube: Kube, namespace: str, driver: str, node: str)
     )
     return kube.create(
         path("v1", "pods", namespace=namespace),
-        {
-            "metadata": {"name": "consumer"},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "example.invalid/app",
-                        "resources": {"claims": [{"name": "dev"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "one-device"}],
-            },
-        },
+        pod_body("consumer", template="one-device", node=node, ref="dev"),
     )
 
 
