@@ -444,7 +444,9 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
                     fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
                     device, hosts, node = await read_fabric(ctl, backend, spec)
                     host = host_for_node(node, fabric.node_mapping, hosts) if node else None
-                visible = (
+                # Vendor-driver mode: no plugin of ours reports; the scaler waits for
+                # the vendor's slice instead (device_scaler/vendor.py).
+                visible = fabric.vendor_driver is not None or (
                     condition_status(status, names.DEVICE_VISIBLE) == "True"
                     and device is not None
                     and normalize_uuid(status.get("deviceUUID") or "")
