@@ -90,8 +90,11 @@ def _label(value: str, limit: int = 63) -> str:
     return f"{cleaned[: limit - 9].strip('-')}-{_short_hash(value)}"
 
 
-def slice_name(fabric: str, zone: str, index: int) -> str:
-    suffix = f"-{_label(zone)}-{index}"
+def slice_name(fabric: str, zone: str, index: int, vendor: str = "") -> str:
+    # A slice's driver is immutable: a vendor pool's slices get names of their own (a
+    # digest of the driver), so that switching modes replaces them instead of failing.
+    tag = f"-v{_short_hash(vendor, 6)}" if vendor else ""
+    suffix = f"-{_label(zone)}{tag}-{index}"
     return fabric[: 253 - len(suffix)] + suffix
 
 
@@ -285,7 +288,9 @@ def pool_slices(
             "apiVersion": RESOURCE_API,
             "kind": "ResourceSlice",
             "metadata": {
-                "name": slice_name(spec.fabric, spec.zone, i),
+                "name": slice_name(
+                    spec.fabric, spec.zone, i, spec.vendor.name if spec.vendor else ""
+                ),
                 "labels": {
                     MANAGED_LABEL: MANAGED_VALUE,
                     names.LABEL_FABRIC: _label(spec.fabric),

@@ -97,13 +97,17 @@ func run(nodeName, kubeconfig, driver, registryDir, pluginsDir, cdiDir, endpoint
 		}})
 	}
 	klog.InfoS("enumerated GPUs once", "node", nodeName, "count", len(devices))
+	dataDir := filepath.Join(pluginsDir, driver)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil { // the kubelet does not make it
+		return err
+	}
 	helper, err := kubeletplugin.Start(ctx, p,
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(nodeName),
 		kubeletplugin.NodeUID(node.UID),
 		kubeletplugin.DriverName(driver),
 		kubeletplugin.RegistrarDirectoryPath(registryDir),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(pluginsDir, driver)),
+		kubeletplugin.PluginDataDirectoryPath(dataDir),
 		kubeletplugin.HealthService(false), // the kubelet emulator has no health client
 	)
 	if err != nil {

@@ -41,6 +41,10 @@ def test_switching_a_fabric_to_vendor_mode_rewrites_its_pools():
     vendor = desired_pools(replace(view(inventory()), vendor=VENDOR), set())
     second = plan_pools(vendor, first.apply, names.DRIVER, first.generations)
     assert {s["spec"]["driver"] for s in second.apply} == {"gpu.vendor.example"}
+    # A slice's driver is immutable: new names, and the old slices are deleted.
+    old = {s["metadata"]["name"] for s in first.apply}
+    assert not old & {s["metadata"]["name"] for s in second.apply}
+    assert set(second.delete) == old
     assert all(s["spec"]["pool"]["generation"] == 2 for s in second.apply)
 
 
