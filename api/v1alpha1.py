@@ -10,8 +10,9 @@ merge patches of plain dicts (never whole objects).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import pydantic.dataclasses
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
@@ -237,10 +238,15 @@ class FabricStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class ClaimRef(_Model):
-    namespace: str = Field(min_length=1, max_length=63)
-    name: str = Field(min_length=1, max_length=253)
-    uid: str = Field(min_length=1, max_length=64)
+# A ResourceClaim by namespace, name and UID: the one type for it, in a ComposableResource's
+# spec, in the plugin's prepare calls and in the scaler's actions. A validating dataclass
+# rather than a model: hashable, built positionally. (No docstring: it would become the
+# CRD field's description.)
+@pydantic.dataclasses.dataclass(frozen=True)
+class ClaimRef:
+    namespace: Annotated[str, Field(min_length=1, max_length=63)]
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    uid: Annotated[str, Field(min_length=1, max_length=64)]
 
 
 Phase = Literal["Attaching", "Online", "Detaching", "Detached", "Failed"]
@@ -336,63 +342,70 @@ class ComposabilityRequestStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
 
 
+# Every kind's last printer column.
+_AGE = ("Age", "date", ".metadata.creationTimestamp")
+
+
 class KindInfo(BaseModel):
+    """A custom resource kind as its CRD declares it (api/crdgen.py)."""
+
     kind: str
-    plural: str
-    singular: str
     short_names: list[str]
     spec: type[_Model]
     status: type[_Model]
-    printer_columns: list[dict[str, str]]
+    columns: list[tuple[str, str, str]]  # kubectl's columns: name, type, JSON path; then Age
     selectable_fields: list[str] = []
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def plural(self) -> str:
+        return f"{self.singular}s"
+
+    @property
+    def printer_columns(self) -> list[dict[str, str]]:
+        return [{"name": n, "type": t, "jsonPath": p} for n, t, p in [*self.columns, _AGE]]
 
 
 KINDS = [
     KindInfo(
         kind="Fabric",
-        plural="fabrics",
-        singular="fabric",
         short_names=["fab"],
         spec=FabricSpec,
         status=FabricStatus,
-        printer_columns=[
-            {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
-            {"name": "Endpoint", "type": "string", "jsonPath": ".spec.endpoint"},
-            {"name": "Reachable", "type": "boolean", "jsonPath": ".status.reachable"},
-            {"name": "Last Sync", "type": "date", "jsonPath": ".status.lastSyncTime"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        columns=[
+            ("Backend", "string", ".spec.backend"),
+            ("Endpoint", "string", ".spec.endpoint"),
+            ("Reachable", "boolean", ".status.reachable"),
+            ("Last Sync", "date", ".status.lastSyncTime"),
         ],
     ),
     KindInfo(
         kind="ComposableResource",
-        plural="composableresources",
-        singular="composableresource",
         short_names=["cres"],
         spec=ComposableResourceSpec,
         status=ComposableResourceStatus,
-        printer_columns=[
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-            {"name": "Node", "type": "string", "jsonPath": ".spec.targetNode"},
-            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
-            {"name": "Device", "type": "string", "jsonPath": ".spec.deviceID"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        columns=[
+            ("Phase", "string", ".status.phase"),
+            ("Node", "string", ".spec.targetNode"),
+            ("Model", "string", ".spec.model"),
+            ("Device", "string", ".spec.deviceID"),
         ],
         # The node's plugin watches only the resources that target its node.
         selectable_fields=[".spec.targetNode", ".spec.fabric"],
     ),
     KindInfo(
         kind="ComposabilityRequest",
-        plural="composabilityrequests",
-        singular="composabilityrequest",
         short_names=["creq"],
         spec=ComposabilityRequestSpec,
         status=ComposabilityRequestStatus,
-        printer_columns=[
-            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
-            {"name": "Node", "type": "string", "jsonPath": ".spec.targetNode"},
-            {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
-            {"name": "Online", "type": "integer", "jsonPath": ".status.online"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        columns=[
+            ("Model", "string", ".spec.model"),
+            ("Node", "string", ".spec.targetNode"),
+            ("Size", "integer", ".spec.size"),
+            ("Online", "integer", ".status.online"),
         ],
     ),
 ]

@@ -2,7 +2,8 @@
 
 Each component module exposes ``add_arguments(parser)`` and ``run(args) -> int``. The
 modules are imported to declare their flags, so they keep heavy imports inside ``run``:
-one component's dependencies never slow another's start.
+one component's dependencies never slow another's start. A component whose optional
+extra is not installed keeps its subcommand, which then says which extra it needs.
 """
 
 from __future__ import annotations
@@ -58,12 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMPONENTS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        try:
+            importlib.import_module(module).add_arguments(p)
+        except ModuleNotFoundError as exc:  # an optional extra is not installed
+            p.set_defaults(_missing=str(exc))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "_missing", None):  # its flags are unknown: say what is missing
+        print(f"composable-dra {args.command}: {args._missing}", file=sys.stderr)
+        return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logs.configure(args.command, args.log_level, args.log_format)
     code: int = importlib.import_module(args._module).run(args)
     return code

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from composable_dra import leader, logs, metrics
+from composable_dra import leader, logs, metrics, names
 
 
 class Controller(Protocol):
@@ -25,9 +25,12 @@ class Controller(Protocol):
 
 
 def add_common_arguments(p: argparse.ArgumentParser, lease: str) -> None:
+    """The flags of a leader-elected cluster controller: API access, the driver's name,
+    leader election, metrics."""
     p.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="in-cluster when unset"
     )
+    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", names.DRIVER))
     p.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,

@@ -1,22 +1,32 @@
 """A small informer: a cache of one kind of object kept current by list + watch.
 
-List, then watch from the list's resourceVersion with bookmarks; on 410 Gone or a broken
-watch, relist and replace the cache, so a missed event never leaves it stale for long.
-Every change calls ``on_change`` (the controllers use it to wake their reconcile loop),
-and controllers read the cache instead of listing on every pass.
+The suite's one way to watch cluster state (docs/architecture.md, Rules for the Kubernetes
+API). List, then watch from the list's resourceVersion with bookmarks; a watch that ends
+resumes from the last resourceVersion seen; on 410 Gone relist at once, on any other
+failure relist after the retry policy's wait (composable_dra/retry.py) and replace the
+cache, so a missed event never leaves it stale for long.
+
+Every change calls ``on_change`` (the controllers use it to wake their reconcile loop);
+``on_event(type, obj)`` hears of each object that was added, modified or deleted, a relist's
+differences included (work queues keyed by object use it). Controllers read the cache
+instead of listing on every pass; benches and tests wait on it with ``wait_for``.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from composable_dra import logs
-from composable_dra.kube import JSON, Gone, Kube
+from composable_dra import logs, retry
+from composable_dra.kube import JSON, Gone, Kube, NotFound
 
 log = logs.get(__name__)
+
+T = TypeVar("T")
+OnEvent = Callable[[str, JSON], None]
 
 
 def object_key(obj: JSON) -> str:
@@ -25,8 +35,18 @@ def object_key(obj: JSON) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
+def _rv(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
 class Informer:
-    """Cache of the objects at ``url_path`` (with optional selectors), kept by a thread."""
+    """Cache of the objects at ``url_path`` (with optional selectors), kept by a thread.
+
+    ``query``: the list's and watch's parameters (``fieldSelector``, ``labelSelector``).
+    ``missing_ok``: a resource the server does not serve (404: no CRD) counts as an empty,
+    synced list, asked again after the retry policy's wait. ``retry_cap``: the longest
+    wait between failed rounds, seconds.
+    """
 
     def __init__(
         self,
@@ -34,18 +54,25 @@ class Informer:
         url_path: str,
         on_change: Callable[[], None] | None = None,
         *,
+        on_event: OnEvent | None = None,
         name: str = "",
         watch_timeout: int = 240,
+        retry_cap: float = 5.0,
+        missing_ok: bool = False,
         **query: Any,
     ) -> None:
         self._kube = kube
         self._path = url_path
         self._query = query
         self._on_change = on_change or (lambda: None)
+        self._on_event = on_event
         self._watch_timeout = watch_timeout
+        self._retry_cap = retry_cap
+        self._missing_ok = missing_ok
         self.name = name or url_path.rsplit("/", 1)[-1]
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._items: dict[str, JSON] = {}
+        self._rv = ""  # where the next watch starts; "" relists first
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()
@@ -56,57 +83,117 @@ class Informer:
         return self
 
     def stop(self) -> None:
+        """Ends the thread at its next event or watch timeout (it is a daemon thread)."""
         self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
 
     def items(self) -> list[JSON]:
         """A snapshot of the cached objects (copies: callers may keep or change them)."""
         with self._lock:
             return [copy.deepcopy(o) for o in self._items.values()]
 
+    def cached_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
     def get(self, key: str) -> JSON | None:
         with self._lock:
             obj = self._items.get(key)
             return copy.deepcopy(obj) if obj is not None else None
 
-    def _relist(self) -> str:
-        body = self._kube.get(self._path, **self._query)
-        fresh = {object_key(o): o for o in body.get("items") or []}
-        with self._lock:
-            self._items = fresh
-        self.synced.set()
-        self._on_change()
-        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+    def wait_for(self, predicate: Callable[[list[JSON]], T], timeout: float) -> T:
+        """The first truthy ``predicate(items)``, checked on every change of the cache.
 
-    def _run(self) -> None:
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                rv = self._relist()
-                backoff = 0.2
-                for event in self._kube.watch(
-                    self._path, rv, timeout_seconds=self._watch_timeout, **self._query
-                ):
-                    if self._stop.is_set():
-                        return
-                    kind = event.get("type")
-                    obj = event.get("object") or {}
-                    if kind == "BOOKMARK":
-                        continue
-                    key = object_key(obj)
-                    with self._lock:
-                        if kind == "DELETED":
-                            self._items.pop(key, None)
-                        else:
-                            self._items[key] = obj
-                    self._on_change()
-            except Gone:
-                continue
-            except Exception as exc:
+        TimeoutError after ``timeout`` seconds (with the last answer), or once stopped.
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                answer = predicate([copy.deepcopy(o) for o in self._items.values()])
+                if answer:
+                    return answer
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    raise TimeoutError(
+                        f"{self.name}: condition not met within {timeout}s (last: {answer!r})"
+                    )
+                self._lock.wait(left)
+
+    def replace(self, items: list[JSON]) -> None:
+        """Make the cache ``items``, as a relist does: events for the differences."""
+        fresh = {object_key(o): o for o in items}
+        with self._lock:
+            old, self._items = self._items, fresh
+            self._lock.notify_all()
+        self.synced.set()
+        if self._on_event is not None:
+            for key, obj in fresh.items():
+                before = old.get(key)
+                if before is None:
+                    self._on_event("ADDED", obj)
+                elif _rv(before) != _rv(obj) or not _rv(obj):
+                    self._on_event("MODIFIED", obj)
+            for key, obj in old.items():
+                if key not in fresh:
+                    self._on_event("DELETED", obj)
+        self._on_change()
+
+    def _apply(self, kind: str, obj: JSON) -> None:
+        key = object_key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._items.pop(key, None)
+            else:
+                self._items[key] = obj
+            self._lock.notify_all()
+        if self._on_event is not None:
+            self._on_event(kind, obj)
+        self._on_change()
+
+    def _relist(self) -> None:
+        try:
+            body = self._kube.get(self._path, **self._query)
+        except NotFound:
+            if not self._missing_ok:
+                raise
+            self.replace([])
+            raise
+        self.replace(list(body.get("items") or []))
+        self._rv = str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _round(self) -> None:
+        """List if need be, then watch until the watch ends; raises on failure."""
+        try:
+            if not self._rv:
+                self._relist()
+            for event in self._kube.watch(
+                self._path, self._rv, timeout_seconds=self._watch_timeout, **self._query
+            ):
                 if self._stop.is_set():
                     return
-                log.warning("watch failed; relisting", resource=self.name, error=str(exc))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                obj = event.get("object") or {}
+                self._rv = _rv(obj) or self._rv
+                kind = str(event.get("type"))
+                if kind != "BOOKMARK":
+                    self._apply(kind, obj)
+        except Gone:
+            self._rv = ""  # too old: relist now
+        except Exception:
+            self._rv = ""
+            raise
+
+    def _log_failure(self, exc: BaseException, retry_in: float) -> None:
+        if isinstance(exc, NotFound) and self._missing_ok:
+            log.info("resource not served; asking again", resource=self.name, retry_in=retry_in)
+        else:
+            log.warning(
+                "watch failed; relisting", resource=self.name, error=str(exc), retry_in=retry_in
+            )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            retry.forever(self._round, self._stop, cap=self._retry_cap, on_error=self._log_failure)
 
 
 class InformerDriven:

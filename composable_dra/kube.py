@@ -3,7 +3,9 @@
 The official client's typed models drop fields they do not know (docs/architecture.md,
 Rules for the Kubernetes API), so every component reads and writes plain dicts through this module:
 GET, LIST, WATCH, create, merge patch, server-side apply and delete, with typed errors.
-Authentication, TLS and kubeconfig handling stay with the official client.
+Authentication, TLS and kubeconfig handling stay with the official client; requests go
+through its public ``ApiClient.param_serialize`` and ``call_api`` (what its generated and
+``kubernetes.dynamic`` APIs call), never its private names.
 """
 
 from __future__ import annotations
@@ -114,21 +116,21 @@ class Kube:
         content_type: str = "application/json",
         timeout: float | tuple[float, float] | None = 30,
     ) -> Any:
-        q = {k: v for k, v in (query or {}).items() if v is not None}
-        url = self.api.configuration.host + url_path
-        if q:
-            url += "?" + urllib.parse.urlencode(
-                {k: str(v).lower() if isinstance(v, bool) else v for k, v in q.items()}
-            )
+        q = [(k, v) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        if self.api.default_headers:
-            headers = {**self.api.default_headers, **headers}
-        # Let the official client add the credentials of its configuration.
-        self.api.update_params_for_auth(headers, [], ["BearerToken"], url_path, method, None)
-        # The transport serialises the body as JSON for every content type we send.
-        return self.api.rest_client.request(
-            method, url, headers=headers, body=body, _request_timeout=timeout
+        # The client's public request path, as its generated and dynamic APIs take it:
+        # param_serialize adds the configuration's credentials and encodes the query
+        # (booleans as true/false); call_api sends (the transport serialises the body as
+        # JSON for every content type we send) and returns the unread response.
+        method, url, headers, body, post = self.api.param_serialize(
+            method,
+            url_path,
+            query_params=q,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
         )
+        return self.api.call_api(method, url, headers, body, post, _request_timeout=timeout)
 
     def request(self, method: str, url_path: str, **kwargs: Any) -> JSON:
         resp = self._send(method, url_path, **kwargs)

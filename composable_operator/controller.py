@@ -1,14 +1,14 @@
-"""The ComposableResource controller: kopf handlers over the decisions in reconcile.py.
+"""The ComposableResource controller's machinery: status writes, attach calls, the reads a
+decision needs, taints. The kopf handlers (handlers.py) and the attach daemon
+(attach_daemon.py) drive it; the decisions are in reconcile.py.
 
-- A daemon per resource attaches it and keeps it Online: each pass re-reads the fabric,
-  asks decide_attach what to do, does it, and records it (status, conditions, Events).
-- The deletion handler (behind the finalizer composable.dra.io/detach) detaches: taint
-  the device NoSchedule with a DeviceTaintRule, re-check claim allocations, then call the
-  fabric. A failed detach leaves the device tainted and attached.
 - An attach request is recorded in status.pendingAttach before it is sent (and its task
   once the fabric answers), and kept in memory while it runs: a resource deleted
   mid-attach is detached only after that attach landed or ended, in this process or,
   from the record, after a restart.
+- A detach taints the device NoSchedule with a DeviceTaintRule, re-checks claim
+  allocations, then calls the fabric. A failed detach leaves the device tainted and
+  attached.
 Blocking calls (the fabric, the API server) run in threads, off the event loop.
 """
 
@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-import kopf
-
-from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposableResourceSpec, FabricSpec
+from api.v1alpha1 import API_VERSION, ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
 from composable_dra.fabric.backend import (
     Device,
@@ -33,31 +29,18 @@ from composable_dra.fabric.backend import (
     Operation,
     OperationFailedError,
     TransientError,
-    normalize_uuid,
 )
 from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
-from composable_dra.fabric.registry import (
-    FabricConfigError,
-    FabricGoneError,
-    Fabrics,
-    condition_status,
-    host_for_node,
-)
+from composable_dra.fabric.registry import Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
-from composable_operator import metrics
+from composable_operator.cluster_cache import ClusterCache
 from composable_operator.reconcile import (
     UNPUBLISH_LIMIT_SECONDS,
-    AttachObservation,
     AttachRecord,
     CallState,
     ClaimResult,
     DetachObservation,
-    DeviceHolder,
     attach_in_flight,
-    decide_attach,
-    decide_detach,
-    first_holder,
-    parse_attach_record,
     referencing_claims,
 )
 
@@ -65,20 +48,6 @@ PLURAL = "composableresources"
 MANAGER = "composable-operator"
 RESOURCE = "resource.k8s.io/v1"
 log = logs.get(__name__)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def condition(kind: str, ok: bool, reason: str, message: str) -> JSON:
-    return {
-        "type": kind,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": now(),
-    }
 
 
 @dataclass
@@ -123,6 +92,9 @@ class Controller:
     # When a detach first waited for the node's plugin to drop its device, by resource
     # uid (monotonic; a restart starts the wait again, which only waits longer).
     unpublish_since: dict[str, float] = field(default_factory=dict)
+    # ResourceClaims and our ResourceSlices kept by watches (started by the operator);
+    # None: every read lists.
+    cache: ClusterCache | None = None
 
     # -- status writes --------------------------------------------------------------
 
@@ -264,38 +236,60 @@ class Controller:
     def node(self, name: str) -> JSON | None:
         return self.kube.get_or_none(path("v1", "nodes", name))
 
-    def claim_results(self) -> list[ClaimResult]:
-        claims = self.kube.get(path(RESOURCE, "resourceclaims"))["items"]
-        out = []
-        for c in claims:
-            key = f"{c['metadata']['namespace']}/{c['metadata']['name']}"
-            allocation = c.get("status", {}).get("allocation") or {}
-            for r in allocation.get("devices", {}).get("results", []):
-                out.append(
-                    ClaimResult(key, r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
-                )
-        return out
+    def claim_results(self, consistent: bool = True) -> list[ClaimResult]:
+        """Every claim's allocation results: from the watch's cache, or (consistent, and
+        whenever there is no cache) from the API server itself."""
+        return self.cache_or_list().claim_results(consistent)
+
+    def cache_or_list(self) -> ClusterCache:
+        if self.cache is None:
+            self.cache = ClusterCache(self.kube, self.settings.driver)  # not started: lists
+        return self.cache
 
     def device_refs(
-        self, spec: ComposableResourceSpec, device: Device | None
+        self, spec: ComposableResourceSpec, device: Device | None, consistent: bool = True
     ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         """The (pool, device) names under which the device can be allocated: all of them,
         and those of them in the target node's own slices."""
-        refs = set()
-        local = set()
-        if device is not None:
-            refs.add((names.pool_name(spec.fabric, device.zone), spec.device_id))
-            slices = self.kube.get(
-                path(RESOURCE, "resourceslices"),
-                fieldSelector=f"spec.nodeName={spec.target_node},spec.driver={self.settings.driver}",
-            )["items"]
-            wanted = normalize_uuid(device.uuid)
-            for s in slices:
-                for d in s["spec"].get("devices", []):
-                    uuid = d.get("attributes", {}).get("uuid", {}).get("string", "")
-                    if uuid and normalize_uuid(uuid) == wanted:
-                        local.add((s["spec"]["pool"]["name"], d["name"]))
-        return refs | local, local
+        if device is None:
+            return set(), set()
+        local = self.cache_or_list().local_refs(spec.target_node, device.uuid, consistent)
+        return {(names.pool_name(spec.fabric, device.zone), spec.device_id)} | local, local
+
+    async def observe_detach(
+        self,
+        backend: FabricBackend,
+        fabric: FabricSpec,
+        spec: ComposableResourceSpec,
+        status: JSON,
+        name: str,
+        uid: str,
+        record: AttachRecord | None,
+        consistent: bool,
+    ) -> tuple[DetachObservation, str | None, set[tuple[str, str]]]:
+        """What decide_detach needs, read now; with the node's host and the device's names."""
+        call = self.attaches.get(uid)
+        in_flight = attach_in_flight(record, call.state() if call else None, time.time())
+        device, hosts, node = await read_fabric(self, backend, spec)
+        host = host_for_node(node, fabric.node_mapping, hosts) if node else None
+        if host is None and device is not None and device.state == "attached":
+            host = device.host if status.get("fabricHost") == device.host else None
+        refs, local = await asyncio.to_thread(self.device_refs, spec, device, consistent)
+        rules = await asyncio.to_thread(self.taint_rules, name)
+        results = await asyncio.to_thread(self.claim_results, consistent)
+        observation = DetachObservation(
+            device=device,
+            host=host,
+            tainted=len(rules) >= len(refs) > 0 or (bool(rules) and not refs),
+            referencing_claims=referencing_claims(results, self.settings.driver, refs),
+            force=spec.force_detach,
+            attach=in_flight,
+            published_locally=bool(local),
+            node_exists=node is not None,
+            unpublish_waited=time.monotonic() - self.unpublish_since.get(uid, time.monotonic()),
+            unpublish_limit=self.settings.unpublish_limit,
+        )
+        return observation, host, refs
 
     def taint_rule_name(self, name: str) -> str:
         return f"detach-{name}"[:253]
@@ -367,370 +361,3 @@ def pending_task(call: AttachCall | None, record: AttachRecord | None) -> Operat
     if call is not None:
         return call.operation()
     return record.operation() if record is not None else None
-
-
-async def wait_visible(
-    body: kopf.Body, stopped: kopf.DaemonStopped, uuid: str, limit: float
-) -> bool:
-    """Until the plugin reports DeviceVisible=True for ``uuid`` (kopf keeps ``body`` live).
-
-    True when it did, False at the time limit or when the daemon stops.
-    """
-    deadline = time.monotonic() + limit
-    while not stopped and time.monotonic() < deadline:
-        status = dict(body.status)
-        if condition_status(status, names.DEVICE_VISIBLE) == "True" and normalize_uuid(
-            status.get("deviceUUID") or ""
-        ) == normalize_uuid(uuid):
-            return True
-        await stopped.wait(0.1)
-    return False
-
-
-def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
-    """Add the ComposableResource handlers to a kopf registry."""
-
-    @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="resources_by_device")
-    def resources_by_device(
-        name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
-    ) -> dict[tuple[str, str], DeviceHolder]:
-        """Every resource under (fabric, device): who else holds a device (kept by kopf)."""
-        return {
-            (str(spec.get("fabric", "")), str(spec.get("deviceID", ""))): DeviceHolder(
-                name,
-                bool(meta.get("deletionTimestamp")),
-                str(meta.get("creationTimestamp") or ""),
-            )
-        }
-
-    @kopf.daemon(
-        GROUP,
-        VERSION,
-        PLURAL,
-        registry=registry,
-        cancellation_timeout=10,
-        when=lambda meta, **_: not meta.get("deletionTimestamp"),
-    )
-    async def attach(
-        name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any
-    ) -> None:
-        # kopf passes each index by its handler's name.
-        by_device: kopf.Index[tuple[str, str], DeviceHolder] = kwargs["resources_by_device"]
-        rlog = log.bind(resource=name)
-        uid = str(body.meta.get("uid") or name)
-        followed: set[str] = set()  # recorded tasks this daemon followed to their end
-        started = time.monotonic()
-        backoff = 1.0
-        created = body.meta.get("creationTimestamp")
-        # The node's host as the last pass found it, when the next pass may keep it: right
-        # after our own operation ended or the node reported the device. The device
-        # itself is always read again before a decision.
-        reuse: tuple[FabricSpec, FabricBackend, str | None] | None = None
-        while not stopped:
-            if body.meta.get("deletionTimestamp"):
-                return
-            spec = ComposableResourceSpec.model_validate(dict(body.spec))
-            status = dict(body.status)
-            phase = status.get("phase")
-            if phase in ("Failed", "Detached", "Detaching"):
-                await stopped.wait(ctl.settings.online_poll)
-                continue
-            try:
-                if reuse is not None:
-                    fabric, backend, host = reuse
-                    reuse = None
-                    device = await asyncio.to_thread(backend.device, spec.device_id)
-                else:
-                    fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
-                    device, hosts, node = await read_fabric(ctl, backend, spec)
-                    host = host_for_node(node, fabric.node_mapping, hosts) if node else None
-                # Vendor-driver mode: no plugin of ours reports; the scaler waits for
-                # the vendor's slice instead (device_scaler/vendor.py).
-                visible = fabric.vendor_driver is not None or (
-                    condition_status(status, names.DEVICE_VISIBLE) == "True"
-                    and device is not None
-                    and normalize_uuid(status.get("deviceUUID") or "")
-                    == normalize_uuid(device.uuid)
-                )
-                holders = list(by_device.get((spec.fabric, spec.device_id), []))
-                open_task = pending_task(ctl.attaches.get(uid), parse_attach_record(status))
-                if open_task is not None and open_task.monitor in followed:
-                    open_task = None  # followed to its end already; its record is going
-                action = decide_attach(
-                    AttachObservation(
-                        held_by=first_holder(name, str(created or ""), holders),
-                        phase=phase,
-                        device=device,
-                        host=host,
-                        visible=visible,
-                        elapsed=time.monotonic() - started,
-                        timeout=float(fabric.operation_timeout_seconds),
-                        task_recorded=open_task is not None,
-                    )
-                )
-                limit = float(fabric.operation_timeout_seconds)
-                if action.kind == "attach":
-                    assert action.host is not None
-                    if stopped:
-                        break  # deletion began: from here the detach handler decides
-                    # No await between the check above and this: a detach finds the call.
-                    call = ctl.start_attach(uid, name, backend, spec.device_id, action.host)
-                    if phase != "Attaching":
-                        # The condition goes out with the request; the phase and the
-                        # record of the request went first (start_attach).
-                        await ctl.write_status(
-                            name,
-                            {},
-                            [condition(names.ATTACHED, False, "Attaching", action.message)],
-                        )
-                        kopf.info(
-                            body,
-                            reason="Attaching",
-                            message=f"attaching {spec.device_id} via host {action.host}",
-                        )
-                    metrics.FABRIC_CALLS.labels(spec.fabric, "attach").inc()
-                    rlog.info(
-                        "attaching", device=spec.device_id, node=spec.target_node, host=action.host
-                    )
-                    op = await asyncio.shield(call.request)
-                    await ctl.end_attach(uid, name, backend, op, limit)
-                    backoff = 1.0
-                    reuse = (fabric, backend, host)
-                    continue  # re-read the device: the fabric decides what happened
-                if action.kind == "follow":
-                    # A task recorded before a restart: follow it rather than wait for the
-                    # fabric to end it on its own.
-                    assert open_task is not None
-                    followed.add(open_task.monitor)
-                    await ctl.end_attach(uid, name, backend, open_task, limit)
-                    reuse = (fabric, backend, host)
-                    continue
-                if action.kind == "await_visible":
-                    if status.get("deviceUUID") != action.device_uuid or phase != "Attaching":
-                        await ctl.write_status(
-                            name,
-                            {
-                                "phase": "Attaching",
-                                "deviceUUID": action.device_uuid,
-                                "fabricHost": action.host,
-                                "error": None,
-                            },
-                            [condition(names.ATTACHED, True, "Attached", action.message)],
-                        )
-                        kopf.info(
-                            body,
-                            reason="Attached",
-                            message=f"attached as {action.device_uuid}; awaiting the node",
-                        )
-                        rlog.info("attached; awaiting the node", uuid=action.device_uuid)
-                    # The fabric has done its part: wait for the node's plugin to report,
-                    # watching the live object rather than reading the fabric again.
-                    if await wait_visible(body, stopped, action.device_uuid or "", 5.0):
-                        reuse = (fabric, backend, host)
-                    continue
-                elif action.kind == "online":
-                    if phase != "Online":
-                        await ctl.write_status(
-                            name,
-                            {
-                                "phase": "Online",
-                                "deviceUUID": action.device_uuid,
-                                "fabricHost": action.host,
-                                "error": None,
-                                "attachedAt": now(),
-                            },
-                            [
-                                condition(
-                                    names.ATTACHED, True, "Attached", "attached to the node's host"
-                                ),
-                                condition(names.READY, True, "Online", action.message),
-                            ],
-                        )
-                        kopf.info(
-                            body,
-                            reason="Online",
-                            message=f"{spec.device_id} is online on {spec.target_node}",
-                        )
-                        if created:
-                            t0 = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
-                            metrics.ATTACH_SECONDS.labels(spec.fabric).observe(
-                                (datetime.datetime.now(datetime.UTC) - t0).total_seconds()
-                            )
-                        rlog.info("online", device=spec.device_id, node=spec.target_node)
-                    started = time.monotonic()  # a later re-attach gets a fresh timeout
-                    await stopped.wait(ctl.settings.online_poll)
-                    continue
-                elif action.kind == "fail":
-                    await ctl.write_status(
-                        name,
-                        {"phase": "Failed", "error": action.message},
-                        [condition(names.READY, False, action.reason, action.message)],
-                    )
-                    kopf.warn(body, reason=action.reason, message=action.message)
-                    rlog.warning("failed", reason=action.reason, error=action.message)
-                    continue
-                else:  # wait
-                    await ctl.write_status(
-                        name,
-                        {},
-                        [condition(names.ATTACHED, False, action.reason, action.message)],
-                    )
-                await stopped.wait(action.delay)
-            except FabricError as exc:
-                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
-                delay = exc.retry_after if exc.retry_after is not None else backoff
-                backoff = min(ctl.settings.backoff_max, backoff * 2)
-                rlog.warning("fabric error", error=str(exc), type=exc.kind, retry_in=delay)
-                await ctl.write_status(
-                    name,
-                    {"error": str(exc)},
-                    [
-                        condition(
-                            names.ATTACHED,
-                            False,
-                            f"Fabric{exc.kind.title().replace('_', '')}",
-                            str(exc),
-                        )
-                    ],
-                )
-                await stopped.wait(delay)
-            except FabricConfigError as exc:
-                await ctl.write_status(
-                    name,
-                    {"error": str(exc)},
-                    [condition(names.ATTACHED, False, "FabricConfig", str(exc))],
-                )
-                await stopped.wait(backoff)
-                backoff = min(ctl.settings.backoff_max, backoff * 2)
-            except NotFound:
-                return  # the resource is gone
-            except Exception:
-                metrics.RECONCILE_ERRORS.labels("composableresource").inc()
-                rlog.exception("attach pass failed")
-                await stopped.wait(backoff)
-                backoff = min(ctl.settings.backoff_max, backoff * 2)
-
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-    async def detach(name: str, body: kopf.Body, retry: int, **_: Any) -> None:
-        spec = ComposableResourceSpec.model_validate(dict(body.spec))
-        rlog = log.bind(resource=name, device=spec.device_id, node=spec.target_node)
-        t0 = time.monotonic()
-        try:
-            fabric, backend = await asyncio.to_thread(ctl.fabrics.get, spec.fabric)
-        except FabricGoneError as exc:
-            # Nothing can reach that fabric any more: deleting the Fabric object took it out
-            # of our hands. Let the resource go, loudly, rather than block it forever.
-            kopf.warn(
-                body,
-                reason="FabricGone",
-                message=f"{exc}: {spec.device_id} may still be attached to {spec.target_node}",
-            )
-            rlog.warning("fabric gone; releasing the resource without a detach")
-            return
-        except FabricConfigError as exc:
-            raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
-        uid = str(body.meta.get("uid") or name)
-        record = parse_attach_record(dict(body.status))
-        limit = float(fabric.operation_timeout_seconds)
-        while True:
-            call = ctl.attaches.get(uid)
-            in_flight = attach_in_flight(record, call.state() if call else None, time.time())
-            try:
-                device, hosts, node = await read_fabric(ctl, backend, spec)
-                host = host_for_node(node, fabric.node_mapping, hosts) if node else None
-                if host is None and device is not None and device.state == "attached":
-                    host = (
-                        device.host if dict(body.status).get("fabricHost") == device.host else None
-                    )
-                refs, local = await asyncio.to_thread(ctl.device_refs, spec, device)
-                rules = await asyncio.to_thread(ctl.taint_rules, name)
-                claims = referencing_claims(
-                    await asyncio.to_thread(ctl.claim_results), ctl.settings.driver, refs
-                )
-                action = decide_detach(
-                    DetachObservation(
-                        device=device,
-                        host=host,
-                        tainted=len(rules) >= len(refs) > 0 or (bool(rules) and not refs),
-                        referencing_claims=claims,
-                        force=spec.force_detach,
-                        attach=in_flight,
-                        published_locally=bool(local),
-                        node_exists=node is not None,
-                        unpublish_waited=time.monotonic()
-                        - ctl.unpublish_since.get(uid, time.monotonic()),
-                        unpublish_limit=ctl.settings.unpublish_limit,
-                    )
-                )
-                if action.kind == "await_attach":
-                    assert call is not None
-                    rlog.info("attach request in flight; awaiting its answer")
-                    await asyncio.wait([call.request], timeout=limit)
-                    continue
-                if action.kind == "follow_attach":
-                    rlog.info("attach task in flight; following it")
-                    # A failed attach leaves the device free: the re-read shows it.
-                    with contextlib.suppress(OperationFailedError):
-                        await ctl.end_attach(uid, name, backend, pending_task(call, record), limit)
-                    record = None
-                    continue
-            except FabricError as exc:
-                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
-                raise kopf.TemporaryError(
-                    str(exc), delay=exc.retry_after or min(30, 2**retry)
-                ) from exc
-            if action.kind == "await_unpublish":
-                # Keep the taint: the block is back in the pool once this resource is gone.
-                if uid not in ctl.unpublish_since:  # written once, not at every look
-                    ctl.unpublish_since[uid] = time.monotonic()
-                    await ctl.write_status(
-                        name,
-                        {"phase": "Detaching", "error": None},
-                        [condition(names.READY, False, action.reason, action.message)],
-                    )
-                    rlog.info("detached; waiting for the node's plugin to drop the device")
-                raise kopf.TemporaryError(action.message, delay=action.delay)
-            if action.kind in ("done", "untaint_stale"):
-                ctl.attaches.pop(uid, None)
-                ctl.unpublish_since.pop(uid, None)
-                if action.kind == "untaint_stale":
-                    kopf.warn(body, reason=action.reason, message=action.message)
-                    rlog.warning("untainting a device the node still lists", why=action.reason)
-                await asyncio.to_thread(ctl.untaint, name)
-                metrics.DETACH_SECONDS.labels(spec.fabric).observe(time.monotonic() - t0)
-                kopf.info(body, reason="Detached", message=f"{spec.device_id} is back in the pool")
-                rlog.info("detached")
-                return
-            if action.kind == "taint":
-                await ctl.write_status(
-                    name,
-                    {"phase": "Detaching"},
-                    [condition(names.READY, False, "Detaching", action.message)],
-                )
-                kopf.info(body, reason="Detaching", message=action.message)
-                await asyncio.to_thread(ctl.taint, name, refs)
-                continue  # re-check allocations with the taint in place
-            if action.kind in ("blocked", "wait"):
-                await ctl.write_status(
-                    name,
-                    {"phase": "Detaching", "error": action.message},
-                    [condition(names.READY, False, action.reason, action.message)],
-                )
-                raise kopf.TemporaryError(action.message, delay=action.delay)
-            assert host is not None
-            metrics.FABRIC_CALLS.labels(spec.fabric, "detach").inc()
-            rlog.info("detaching", host=host)
-            try:
-                op = await asyncio.to_thread(backend.detach, spec.device_id, host)
-                await follow(backend, op, float(fabric.operation_timeout_seconds))
-            except FabricError as exc:
-                metrics.FABRIC_ERRORS.labels(spec.fabric, exc.kind).inc()
-                # The device stays tainted and attached; the next try re-reads the fabric.
-                await ctl.write_status(
-                    name,
-                    {"phase": "Detaching", "error": str(exc)},
-                    [condition(names.READY, False, "DetachFailed", str(exc))],
-                )
-                raise kopf.TemporaryError(
-                    str(exc), delay=exc.retry_after or min(30, 2**retry)
-                ) from exc

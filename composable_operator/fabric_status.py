@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.timestamps import now_rfc3339
 from composable_operator import metrics
 
 log = logs.get(__name__)
@@ -70,10 +70,6 @@ def find_orphans(
         if now - seen[d.id] >= grace:
             due.append(Orphan(d.id, d.host, host_nodes[d.host], d.model))
     return due, seen
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class FabricWatch:

@@ -28,6 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how often an Online device's attachment is checked against the fabric",
     )
     p.add_argument(
+        "--unpublish-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a detach waits for the node's plugin to drop the detached device "
+        "from its slice before it untaints it anyway (a Warning event, StillListed)",
+    )
+    p.add_argument(
         "--io-threads",
         type=int,
         default=int(env("IO_THREADS", "64")),
@@ -46,11 +53,18 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra import leader, logs, metrics
     from composable_dra.fabric.registry import Fabrics
     from composable_dra.kube import Kube
-    from composable_operator import controller, fabric_status, operator_setup, requests
+    from composable_operator import (
+        composability_requests,
+        controller,
+        fabric_status,
+        handlers,
+        operator_setup,
+    )
+    from composable_operator.cluster_cache import ClusterCache
 
     log = logs.get(__name__)
     if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login reads it
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's login_with_kubeconfig reads it
         config.load_kube_config(config_file=args.kubeconfig)
     else:
         config.load_incluster_config()
@@ -60,16 +74,21 @@ def run(args: argparse.Namespace) -> int:
         leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
     kube = Kube.from_config(args.kubeconfig, pool_size=args.io_threads)
     fabrics = Fabrics(kube)
-    ctl = controller.Controller(
-        kube,
-        fabrics,
-        controller.Settings(driver=args.driver_name, online_poll=args.online_poll_seconds),
+    settings = controller.Settings(
+        driver=args.driver_name,
+        online_poll=args.online_poll_seconds,
+        unpublish_limit=args.unpublish_timeout,
     )
+    # Claims and slices for the detach, kept by watches (started once, here).
+    cache = ClusterCache(kube, args.driver_name).start()
+    ctl = controller.Controller(kube, fabrics, settings, cache=cache)
     registry = kopf.OperatorRegistry()
-    operator_setup.register(registry)
-    controller.register(registry, ctl)
+    operator_setup.register(registry, in_cluster=not args.kubeconfig)
+    handlers.register(registry, ctl)
     fabric_status.register(registry, fabric_status.FabricWatch(kube, fabrics))
-    requests.register(registry, requests.RequestReconciler(kube, fabrics))
+    composability_requests.register(
+        registry, composability_requests.RequestReconciler(kube, fabrics)
+    )
     log.info("operator starting")
 
     async def operate() -> None:
@@ -77,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         # SIGTERM; an asyncio.Event, set from a daemon thread, does not.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        cache.slice_changes.bind(loop)
         # Every resource's daemon makes blocking fabric and API calls through
         # asyncio.to_thread; the default pool (cores + 4 threads) would queue twenty
         # concurrent attaches behind a handful of slow calls.
@@ -89,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop)
 
     asyncio.run(operate())
+    cache.stop()
     ctl.fabrics.close()
     if lost.is_set():
         log.error("lost leadership; exiting so that a fresh process can compete again")

@@ -1,4 +1,5 @@
-"""kopf settings shared by our controllers: where kopf keeps its own bookkeeping."""
+"""kopf settings shared by our controllers: where kopf keeps its own bookkeeping, and how
+it logs in (kopf's own login functions, so that refreshed credentials are picked up)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,11 @@ import logging
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from composable_dra import names
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
+def register(registry: kopf.OperatorRegistry, in_cluster: bool) -> None:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = names.FINALIZER
@@ -27,25 +27,13 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.execution.max_workers = 16
 
     @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info()
+    def on_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return login(in_cluster, **kwargs)
 
 
-def connection_info() -> kopf.ConnectionInfo:
-    """kopf's credentials from the official client's configuration (kubeconfig or in-cluster).
-
-    The caller loads that configuration first (config.load_kube_config/load_incluster_config).
-    """
-    cfg = client.Configuration.get_default_copy()
-    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-    scheme, _, token_value = (token or "").partition(" ")
-    return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
-        scheme=scheme or None if token_value else None,
-        token=token_value or None,
-        default_namespace=None,
-    )
+def login(in_cluster: bool, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own logins: kopf calls this again whenever the API server refuses the
+    credentials, so a rotated service-account token (or kubeconfig) is read afresh."""
+    if in_cluster:
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)  # KUBECONFIG, as the caller set it

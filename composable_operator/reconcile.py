@@ -1,7 +1,8 @@
 """Decisions of the ComposableResource controller, as pure functions.
 
 Observed state goes in (the resource, the fabric as just read, the node's view), one
-action comes out. The adapter in controller.py carries the action out and records it.
+action comes out. The attach daemon (attach_daemon.py) and the detach handler
+(handlers.py) carry the action out; actions.py records it.
 Because the fabric is re-read before every decision, a retry after a lost response, a
 restart or a duplicate event finds the device already attached (or detached) and does
 not act twice.
@@ -10,6 +11,7 @@ not act twice.
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,14 +22,16 @@ from composable_dra.fabric.backend import Device, Operation
 # flight) may still land: longer than the fabric client's request timeout (15 s).
 REQUEST_SETTLE_SECONDS = 20.0
 
-ActionKind = Literal[
-    "attach",  # call the fabric
-    "follow",  # an attach task recorded earlier (before a restart) is running: follow it
-    "await_visible",  # attached; wait for the node's plugin to see the device
-    "online",  # attached and visible
-    "wait",  # nothing to do yet; look again later
-    "fail",
-]
+
+class ActionKind(enum.StrEnum):
+    """What the attach daemon does next (a str, so logs and tests read it as text)."""
+
+    ATTACH = "attach"  # call the fabric
+    FOLLOW = "follow"  # an attach task recorded earlier (before a restart) is running
+    AWAIT_VISIBLE = "await_visible"  # attached; wait for the node's plugin to see the device
+    ONLINE = "online"  # attached and visible
+    WAIT = "wait"  # nothing to do yet; look again later
+    FAIL = "fail"
 
 
 @dataclass(frozen=True)
@@ -81,26 +85,33 @@ def decide_attach(o: AttachObservation) -> Action:
     late = o.elapsed > o.timeout
     if o.held_by is not None and o.phase != "Online":
         if late:
-            return Action("fail", "DeviceHeld", f"the device stayed held by resource {o.held_by}")
+            return Action(
+                ActionKind.FAIL, "DeviceHeld", f"the device stayed held by resource {o.held_by}"
+            )
         return Action(
-            "wait",
+            ActionKind.WAIT,
             "DeviceHeld",
             f"waiting for resource {o.held_by}, which holds the device",
             delay=1,
         )
     if o.host is None:
         if late:
-            return Action("fail", "NodeNotOnFabric", "the target node matches no fabric host")
+            return Action(
+                ActionKind.FAIL, "NodeNotOnFabric", "the target node matches no fabric host"
+            )
         return Action(
-            "wait", "NodeNotOnFabric", "the target node matches no fabric host yet", delay=2
+            ActionKind.WAIT,
+            "NodeNotOnFabric",
+            "the target node matches no fabric host yet",
+            delay=2,
         )
     if o.device is None:
-        return Action("fail", "DeviceNotFound", "the fabric does not know this device")
+        return Action(ActionKind.FAIL, "DeviceNotFound", "the fabric does not know this device")
     d = o.device
     if d.state == "attached" and d.host == o.host:
         if o.visible:
             return Action(
-                "online",
+                ActionKind.ONLINE,
                 "DeviceVisible",
                 "attached and visible on the node",
                 device_uuid=d.uuid,
@@ -108,14 +119,14 @@ def decide_attach(o: AttachObservation) -> Action:
             )
         if late:
             return Action(
-                "fail",
+                ActionKind.FAIL,
                 "DeviceNotVisible",
                 "attached, but the node's plugin did not see the device in time",
                 device_uuid=d.uuid,
                 host=o.host,
             )
         return Action(
-            "await_visible",
+            ActionKind.AWAIT_VISIBLE,
             "AwaitingNode",
             "attached; waiting for the node to see it",
             device_uuid=d.uuid,
@@ -123,14 +134,16 @@ def decide_attach(o: AttachObservation) -> Action:
             delay=0.5,
         )
     if late:
-        return Action("fail", "AttachTimeout", f"device still {d.state} after the timeout")
+        return Action(ActionKind.FAIL, "AttachTimeout", f"device still {d.state} after the timeout")
     if d.state == "attached":
-        return Action("wait", "DeviceInUse", f"device is attached to host {d.host}", delay=5)
+        return Action(
+            ActionKind.WAIT, "DeviceInUse", f"device is attached to host {d.host}", delay=5
+        )
     if d.state == "busy":
         if o.task_recorded:
-            return Action("follow", "Attaching", "following the fabric's attach task")
-        return Action("wait", "FabricBusy", "the fabric is changing this device", delay=1)
-    return Action("attach", "Attaching", f"attaching to host {o.host}", host=o.host)
+            return Action(ActionKind.FOLLOW, "Attaching", "following the fabric's attach task")
+        return Action(ActionKind.WAIT, "FabricBusy", "the fabric is changing this device", delay=1)
+    return Action(ActionKind.ATTACH, "Attaching", f"attaching to host {o.host}", host=o.host)
 
 
 # -- attaches in flight ---------------------------------------------------------------------
@@ -209,18 +222,19 @@ def attach_in_flight(record: AttachRecord | None, call: CallState | None, now: f
     return InFlight(unanswered_for=max(0.0, now - record.requested_at))
 
 
-DetachKind = Literal[
-    "done",
-    "taint",
-    "blocked",
-    "detach",
-    "wait",
-    "fail",
-    "await_attach",
-    "follow_attach",
-    "await_unpublish",  # detached, but the node's slice still lists it: keep the taint
-    "untaint_stale",  # the same, past the bound or with the Node gone: untaint, loudly
-]
+class DetachKind(enum.StrEnum):
+    """What the detach does next."""
+
+    DONE = "done"
+    TAINT = "taint"
+    BLOCKED = "blocked"
+    DETACH = "detach"
+    WAIT = "wait"
+    AWAIT_ATTACH = "await_attach"
+    FOLLOW_ATTACH = "follow_attach"
+    AWAIT_UNPUBLISH = "await_unpublish"  # detached, but the node's slice still lists it
+    UNTAINT_STALE = "untaint_stale"  # the same, past the bound or with the Node gone
+
 
 # How long a detached device may stay listed by its node's plugin before the detach stops
 # waiting for it: many of the plugin's polls (2 s by default), well short of forever.
@@ -264,35 +278,43 @@ def decide_detach(o: DetachObservation) -> DetachAction:
         p = o.attach
         if p.call_running:
             return DetachAction(
-                "await_attach", "AttachInFlight", "waiting for the answer to the attach request"
+                DetachKind.AWAIT_ATTACH,
+                "AttachInFlight",
+                "waiting for the answer to the attach request",
             )
         if p.task:
             return DetachAction(
-                "follow_attach", "AttachInFlight", "waiting for the fabric's attach task to end"
+                DetachKind.FOLLOW_ATTACH,
+                "AttachInFlight",
+                "waiting for the fabric's attach task to end",
             )
         if d is not None and d.state == "busy":
-            return DetachAction("wait", "FabricBusy", "the fabric is changing this device", delay=1)
+            return DetachAction(
+                DetachKind.WAIT, "FabricBusy", "the fabric is changing this device", delay=1
+            )
         if d is not None and p.unanswered_for is not None and p.unanswered_for < o.settle:
             return DetachAction(
-                "wait",
+                DetachKind.WAIT,
                 "AttachUnanswered",
                 "an attach request sent before a restart may still land",
                 delay=max(0.5, o.settle - p.unanswered_for),
             )
         if o.published_locally:
             return unpublish(o)
-        return DetachAction("done", "Detached", "the device is not attached to the node")
+        return DetachAction(DetachKind.DONE, "Detached", "the device is not attached to the node")
     # Attached to our node: taint first, then re-check allocations, then call the fabric.
     if not o.tainted:
-        return DetachAction("taint", "Tainting", "tainting the device NoSchedule before detach")
+        return DetachAction(
+            DetachKind.TAINT, "Tainting", "tainting the device NoSchedule before detach"
+        )
     if o.referencing_claims and not o.force:
         return DetachAction(
-            "blocked",
+            DetachKind.BLOCKED,
             "InUseByClaim",
             f"still allocated to {', '.join(o.referencing_claims)}; detach waits",
             delay=5,
         )
-    return DetachAction("detach", "Detaching", "detaching from the node's host")
+    return DetachAction(DetachKind.DETACH, "Detaching", "detaching from the node's host")
 
 
 def unpublish(o: DetachObservation) -> DetachAction:
@@ -305,20 +327,24 @@ def unpublish(o: DetachObservation) -> DetachAction:
     """
     if not o.node_exists:
         return DetachAction(
-            "untaint_stale", "NodeGone", "the node is gone; its slice still lists the device"
+            DetachKind.UNTAINT_STALE,
+            "NodeGone",
+            "the node is gone; its slice still lists the device",
         )
     if not o.tainted:
         # Detached behind our back (never tainted): taint it while the plugin catches up.
-        return DetachAction("taint", "Tainting", "tainting the detached device until unlisted")
+        return DetachAction(
+            DetachKind.TAINT, "Tainting", "tainting the detached device until unlisted"
+        )
     if o.unpublish_waited >= o.unpublish_limit:
         return DetachAction(
-            "untaint_stale",
+            DetachKind.UNTAINT_STALE,
             "StillListed",
             f"the node's plugin still lists the detached device after"
             f" {o.unpublish_waited:.0f} s; untainting it anyway",
         )
     return DetachAction(
-        "await_unpublish",
+        DetachKind.AWAIT_UNPUBLISH,
         "AwaitingNode",
         "detached; waiting for the node's plugin to drop the device",
         delay=1,
@@ -344,3 +370,20 @@ def referencing_claims(
             {r.claim for r in results if r.driver == driver and (r.pool, r.device) in device_refs}
         )
     )
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+FIRST_DELAY = 1.0
+
+
+def next_delay(previous: float, cap: float, retry_after: float | None = None) -> float:
+    """How long to wait before the next try after a failure: what the fabric asked for
+    (Retry-After), else twice the previous wait (0: none yet) within the cap.
+
+    The operator's one backoff (the attach daemon and the detach handler); the suite's
+    shared retry policy (composable_dra/retry.py) should replace it once merged.
+    """
+    if retry_after is not None:
+        return max(0.0, retry_after)
+    return max(FIRST_DELAY, min(cap, previous * 2))

@@ -20,22 +20,32 @@ Timestamps are seconds since the epoch; objects are plain dicts as the API serve
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.v1alpha1 import ClaimRef, ComposableResourceSpec
 from composable_dra import names
+from composable_dra.conditions import condition
 from composable_dra.kube import JSON
 from composable_dra.names import normalize_uuid
+from composable_dra.sizing import (
+    ANN_LAST_USED as ANN_LAST_USED,
+)
+from composable_dra.sizing import (
+    last_used,
+    least_recently_used,
+    limits,
+    spec_of,
+)
+from composable_dra.timestamps import format_time, parse_time
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
 ANN_POOL = f"{names.PREFIX}/pool"
 ANN_POOL_DEVICE = f"{names.PREFIX}/pool-device"
-ANN_LAST_USED = f"{names.PREFIX}/last-used"
 ANN_IN_USE_BY = f"{names.PREFIX}/in-use-by"
 ANN_EXPIRES = f"{names.PREFIX}/expires-at"
 # Set by the operator on the resources it creates for orphans (composable_operator
@@ -46,19 +56,6 @@ API_VERSION = "composable.dra.io/v1alpha1"
 
 
 # -- time --------------------------------------------------------------------------------
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def format_time(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- names -------------------------------------------------------------------------------
@@ -103,13 +100,6 @@ class Snapshot:
 
 
 # -- actions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)
@@ -208,16 +198,6 @@ def status_entry(claim: JSON, driver: str, pool: str, device: str) -> JSON | Non
     return None
 
 
-def _cond(kind: str, reason: str, message: str, now: float) -> JSON:
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": format_time(now),
-    }
-
-
 def _same_entry(a: JSON | None, b: JSON) -> bool:
     if a is None:
         return False
@@ -258,28 +238,6 @@ def _fabric_failure(cr: JSON) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Limits:
-    min_size: int = 0
-    max_size: int | None = None
-
-
-def limits(requests: Iterable[JSON], fabric: str, model: str, node: str | None) -> Limits:
-    """min/max of the ComposabilityRequests for a model on a node (node None: cluster-wide)."""
-    lo, hi = 0, None
-    for req in requests:
-        spec = req.get("spec") or {}
-        if spec.get("fabric") != fabric or spec.get("model") != model:
-            continue
-        if spec.get("targetNode") != node:
-            continue
-        if spec.get("minSize") is not None:
-            lo = max(lo, int(spec["minSize"]))
-        if spec.get("maxSize") is not None:
-            hi = int(spec["maxSize"]) if hi is None else min(hi, int(spec["maxSize"]))
-    return Limits(lo, hi)
-
-
 def _live(cr: JSON) -> bool:
     return not _meta(cr).get("deletionTimestamp") and (cr.get("status") or {}).get("phase") in (
         None,
@@ -288,296 +246,435 @@ def _live(cr: JSON) -> bool:
     )
 
 
-# -- the decision --------------------------------------------------------------------------
+# -- the decision: small phases over one read-only view -------------------------------------
 
 
-def decide(s: Snapshot, cfg: Settings) -> list[Action]:
-    actions: list[Action] = []
-    resources = {_meta(cr)["name"]: cr for cr in s.resources}
-    claims_by_uid = {_meta(c).get("uid"): c for c in s.claims}
-    counts: dict[tuple[str, str, str], int] = {}  # (fabric, node, model) -> live resources
-    for cr in s.resources:
-        if _live(cr):
-            spec = cr.get("spec") or {}
-            k = (spec.get("fabric", ""), spec.get("targetNode", ""), spec.get("model") or "")
-            counts[k] = counts.get(k, 0) + 1
+@dataclass(frozen=True)
+class Counts:
+    """Live resources by (fabric, node, model): what a request's min and max are checked
+    against. A value: ``add`` returns a new one, so each phase says what it changed."""
 
-    holders: dict[tuple[str, str], str] = {}  # (fabric, block) -> resource holding it
-    for cr in s.resources:
-        if (cr.get("status") or {}).get("phase") != "Detached":
-            spec = cr.get("spec") or {}
-            key = (str(spec.get("fabric", "")), str(spec.get("deviceID", "")))
-            holders[key] = _meta(cr)["name"]
+    by_key: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
 
-    def count(fabric: str, node: str | None, model: str) -> int:
+    def count(self, fabric: str, node: str | None, model: str) -> int:
+        """On one node, or cluster-wide when node is None."""
         return sum(
             n
-            for (f, nd, m), n in counts.items()
+            for (f, nd, m), n in self.by_key.items()
             if f == fabric and m == model and node in (None, nd)
         )
 
-    # 1. Allocations whose binding conditions are pending.
-    for claim in s.claims:
-        meta = _meta(claim)
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
-            continue
-        ref = ClaimRef(meta.get("namespace", ""), meta["name"], meta.get("uid", ""))
-        node = allocation_node(allocation)
-        # Fabric pool devices only: a remote-lease device (RemoteGPUReady) is a donor's.
-        ours = [
-            r
-            for r in our_results(claim, cfg.driver)
-            if names.FABRIC_DEVICE_READY in (r.get("bindingConditions") or [])
-        ]
-        if not ours:
-            continue
-        entries: list[JSON] = []
-        changed = False
-        ready: list[tuple[str, float | None]] = []
-        failed: list[tuple[str, str, str]] = []
-        doomed: list[tuple[str, str, str]] = []  # resources to delete after the status write
-        allocated_at = parse_time(allocation.get("allocationTimestamp"))
-        for r in ours:
-            pool, device = str(r.get("pool")), str(r.get("device"))
-            observed = status_entry(claim, cfg.driver, pool, device)
-            conds = (observed or {}).get("conditions") or []
-            if _true(conds, names.FABRIC_DEVICE_READY) or any(
-                _true(conds, c)
-                for c in (names.FABRIC_DEVICE_FAILED, names.FABRIC_DEVICE_RESCHEDULE)
-            ):
-                assert observed is not None
-                if not _true(conds, names.FABRIC_DEVICE_READY):
-                    # Failed earlier; make sure its resource is gone (a crash may have
-                    # come between the status write and the delete).
-                    doomed.append((resource_name(ref.uid, pool, device), "AttachFailed", ""))
-                entries.append(
-                    {
-                        k: observed[k]
-                        for k in ("driver", "pool", "device", "conditions", "data")
-                        if k in observed
-                    }
-                )
-                continue
-            name = resource_name(ref.uid, pool, device)
-            found = resources.get(name)
-            fail: tuple[str, str] | None = None
-            entry: JSON | None = None
-            if found is None:
-                pool_dev = s.pool_devices.get((pool, device))
-                attrs = (pool_dev or {}).get("attributes") or {}
-                fabric = str((attrs.get("fabric") or {}).get("string") or pool.split("/", 1)[0])
-                block = str((attrs.get("blockID") or {}).get("string") or device)
-                model = str((attrs.get("model") or {}).get("string") or "")
-                if meta.get("deletionTimestamp"):
-                    continue
-                held_by = holders.get((fabric, block))
-                if node is None:
-                    fail = ("NoNode", "the allocation names no single node")
-                elif held_by is not None:
-                    # Never two resources for one block: the scheduler saw it free in the
-                    # moment between an allocation ending and the pool dropping it.
-                    fail = ("DeviceInUse", f"{block} is held by ComposableResource {held_by}")
-                elif (
-                    lim := limits(s.requests, fabric, model, node)
-                ).max_size is not None and count(fabric, node, model) >= lim.max_size:
-                    fail = ("MaxSizeReached", f"{node} already has {lim.max_size} x {model}")
-                else:
-                    actions.append(
-                        CreateResource(
-                            name,
-                            resource_body(name, ref, pool, device, fabric, block, model, node),
-                            ref,
-                            device,
-                        )
-                    )
-                    k = (fabric, node, model)
-                    counts[k] = counts.get(k, 0) + 1
-                    continue
-            else:
-                cr = found
-                status = cr.get("status") or {}
-                phase = status.get("phase")
-                created = parse_time(_meta(cr).get("creationTimestamp")) or s.now
-                fabric_error = _fabric_failure(cr) if cfg.fail_on_fabric_error else None
-                if _meta(cr).get("deletionTimestamp"):
-                    fail = (
-                        "ResourceDeleted",
-                        "the ComposableResource was deleted before it was online",
-                    )
-                elif phase == "Online" and status.get("deviceUUID"):
-                    entry = {
-                        "driver": cfg.driver,
-                        "pool": pool,
-                        "device": device,
-                        "conditions": [
-                            _cond(
-                                names.FABRIC_DEVICE_READY,
-                                "Attached",
-                                f"attached to {(cr.get('spec') or {}).get('targetNode')} as "
-                                f"{status['deviceUUID']}",
-                                s.now,
-                            )
-                        ],
-                        "data": {"uuid": status["deviceUUID"]},
-                    }
-                    ready.append((device, s.now - allocated_at if allocated_at else None))
-                elif phase == "Failed":
-                    fail = ("AttachFailed", str(status.get("error") or "the attach failed"))
-                elif fabric_error is not None:
-                    fail = ("FabricOperationFailed", fabric_error)
-                elif s.now - created > cfg.attach_timeout:
-                    fail = ("AttachTimeout", f"not online after {cfg.attach_timeout:.0f}s")
-                else:
-                    continue  # still attaching
-            if fail is not None:
-                reason, message = fail
-                entry = {
-                    "driver": cfg.driver,
-                    "pool": pool,
-                    "device": device,
-                    "conditions": [_cond(names.FABRIC_DEVICE_FAILED, reason, message, s.now)],
-                }
-                failed.append((device, reason, message))
-                doomed.append((name, reason, message))
-                actions.append(Quarantine(pool, device, s.now + cfg.quarantine))
-            assert entry is not None
-            entries.append(entry)
-            changed = changed or not _same_entry(observed, entry)
-        if changed:
-            actions.append(SetDeviceStatus(ref, entries, ready, failed))
-        for name, reason, message in doomed:
-            if name in resources and not _meta(resources[name]).get("deletionTimestamp"):
-                actions.append(DeleteResource(name, reason, message))
+    def add(self, key: tuple[str, str, str], delta: int = 1) -> Counts:
+        return Counts({**self.by_key, key: self.by_key.get(key, 0) + delta})
 
-    # 2. Resources whose allocation ended: release (Online) or clean up (never online).
-    idle: list[tuple[float, JSON]] = []
-    for cr in s.resources:
-        meta = _meta(cr)
-        if not managed(cr) or meta.get("deletionTimestamp"):
-            continue
-        spec, status = cr.get("spec") or {}, cr.get("status") or {}
-        ann = meta.get("annotations") or {}
-        phase = status.get("phase")
-        claim_ref = spec.get("claimRef")
-        if claim_ref:
-            pool, device = ann.get(ANN_POOL, ""), ann.get(ANN_POOL_DEVICE, "")
-            holder = claims_by_uid.get(claim_ref.get("uid"))
-            live = holder is not None and any(
-                (r.get("pool"), r.get("device")) == (pool, device)
-                for r in our_results(holder, cfg.driver)
-            )
-            if live:
-                continue
-            if phase == "Online":
-                if (pool, device) in s.pool_devices:
-                    continue  # the pool publisher drops it first: published exactly once
-                actions.append(
-                    PatchResource(
-                        meta["name"],
-                        {
-                            "metadata": {
-                                "annotations": {
-                                    ANN_LAST_USED: format_time(s.now),
-                                    ANN_IN_USE_BY: None,
-                                }
-                            },
-                            "spec": {"claimRef": None},
-                        },
-                        "Released",
-                        f"claim {claim_ref.get('namespace')}/{claim_ref.get('name')} released "
-                        "the GPU; it stays attached as an idle local device",
-                    )
-                )
-            else:
-                # Never online for this allocation (failed, or the claim went away mid-attach).
-                actions.append(
-                    DeleteResource(
-                        meta["name"],
-                        "AllocationEnded",
-                        "the allocation ended before the GPU was online",
-                    )
-                )
-            continue
-        if phase != "Online":
-            continue
-        # 3. Idle bookkeeping: is the released GPU allocated again, as a local device?
-        node = spec.get("targetNode", "")
-        uuid = normalize_uuid(str(status.get("deviceUUID") or ""))
-        local = s.local_devices.get((node, uuid))
-        user = None
-        if local is not None:
-            for claim in s.claims:
-                if any(
-                    (r.get("pool"), r.get("device")) == (node, local)
-                    for r in our_results(claim, cfg.driver)
-                ):
-                    user = _meta(claim).get("uid")
-                    break
-        if user:
-            if ann.get(ANN_IN_USE_BY) != user:
-                actions.append(
-                    PatchResource(
-                        meta["name"],
-                        {"metadata": {"annotations": {ANN_IN_USE_BY: user}}},
-                        "InUse",
-                        f"allocated as local device {local}",
-                    )
-                )
-            continue
-        if ann.get(ANN_IN_USE_BY):
-            actions.append(
-                PatchResource(
-                    meta["name"],
-                    {
-                        "metadata": {
-                            "annotations": {ANN_IN_USE_BY: None, ANN_LAST_USED: format_time(s.now)}
-                        }
-                    },
-                    "Idle",
-                    "no allocation uses the GPU any more",
-                )
-            )
-            continue
-        last = (
-            parse_time(ann.get(ANN_LAST_USED))
-            or parse_time(status.get("attachedAt"))
-            or parse_time(meta.get("creationTimestamp"))
-            or s.now
-        )
-        idle.append((last, cr))
 
-    # 4. Idle scale-down: least recently used first, honouring min/max.
-    for last, cr in sorted(idle, key=lambda t: (t[0], _meta(t[1])["name"])):
-        spec = cr.get("spec") or {}
-        fabric, node, model = (
-            spec.get("fabric", ""),
-            spec.get("targetNode", ""),
-            spec.get("model") or "",
+def _key(spec: ComposableResourceSpec) -> tuple[str, str, str]:
+    return (spec.fabric, spec.target_node, spec.model or "")
+
+
+def live_counts(resources: Iterable[JSON], specs: Mapping[str, ComposableResourceSpec]) -> Counts:
+    counts: dict[tuple[str, str, str], int] = {}
+    for cr in resources:
+        spec = specs.get(_meta(cr)["name"])
+        if spec is not None and _live(cr):
+            counts[_key(spec)] = counts.get(_key(spec), 0) + 1
+    return Counts(counts)
+
+
+def block_holders(
+    resources: Iterable[JSON], specs: Mapping[str, ComposableResourceSpec]
+) -> dict[tuple[str, str], str]:
+    """(fabric, block) -> the resource that holds it (any not Detached)."""
+    holders = {}
+    for cr in resources:
+        spec = specs.get(_meta(cr)["name"])
+        if spec is not None and (cr.get("status") or {}).get("phase") != "Detached":
+            holders[(spec.fabric, spec.device_id)] = _meta(cr)["name"]
+    return holders
+
+
+@dataclass(frozen=True)
+class View:
+    """What every phase reads: the snapshot, indexed once."""
+
+    s: Snapshot
+    cfg: Settings
+    resources: Mapping[str, JSON]
+    specs: Mapping[str, ComposableResourceSpec]
+    holders: Mapping[tuple[str, str], str]
+
+
+def index(s: Snapshot, cfg: Settings) -> View:
+    resources = {_meta(cr)["name"]: cr for cr in s.resources}
+    specs = {n: spec for n, cr in resources.items() if (spec := spec_of(cr)) is not None}
+    return View(s, cfg, resources, specs, block_holders(s.resources, specs))
+
+
+# 1. Allocations whose binding conditions are pending.
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """A claim with pool devices of ours waiting on FabricDeviceReady."""
+
+    claim: JSON
+    ref: ClaimRef
+    node: str | None  # the allocation's node
+    deleting: bool
+    allocated_at: float | None
+    results: list[JSON]  # our allocation results that wait on FabricDeviceReady
+
+
+def pending_claim(claim: JSON, driver: str) -> PendingClaim | None:
+    meta = _meta(claim)
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return None
+    # Fabric pool devices only: a remote-lease device (RemoteGPUReady) is a donor's.
+    ours = [
+        r
+        for r in our_results(claim, driver)
+        if names.FABRIC_DEVICE_READY in (r.get("bindingConditions") or [])
+    ]
+    if not ours:
+        return None
+    return PendingClaim(
+        claim,
+        ClaimRef(meta.get("namespace", ""), meta["name"], meta.get("uid", "")),
+        allocation_node(allocation),
+        bool(meta.get("deletionTimestamp")),
+        parse_time(allocation.get("allocationTimestamp")),
+        ours,
+    )
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The claim's entry already says ready or failed: keep it as it is."""
+
+    entry: JSON
+    doomed: str | None  # a failed device's resource, to make sure it is gone
+
+
+@dataclass(frozen=True)
+class Create:
+    action: CreateResource
+    key: tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Ready:
+    entry: JSON
+    since: float | None  # seconds since the allocation
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    message: str
+
+
+Step = Settled | Create | Ready | Failed | None  # None: nothing to do yet
+
+
+def settled(observed: JSON | None, pc: PendingClaim, pool: str, device: str) -> Settled | None:
+    conds = (observed or {}).get("conditions") or []
+    if observed is None or not (
+        _true(conds, names.FABRIC_DEVICE_READY)
+        or any(
+            _true(conds, c) for c in (names.FABRIC_DEVICE_FAILED, names.FABRIC_DEVICE_RESCHEDULE)
         )
-        node_lim = limits(s.requests, fabric, model, node)
-        cluster_lim = limits(s.requests, fabric, model, None)
-        n_node, n_all = count(fabric, node, model), count(fabric, None, model)
+    ):
+        return None
+    # Failed earlier: make sure its resource is gone (a crash may have come between the
+    # status write and the delete).
+    doomed = None
+    if not _true(conds, names.FABRIC_DEVICE_READY):
+        doomed = resource_name(pc.ref.uid, pool, device)
+    keep = ("driver", "pool", "device", "conditions", "data")
+    return Settled({k: observed[k] for k in keep if k in observed}, doomed)
+
+
+def new_resource(view: View, counts: Counts, pc: PendingClaim, pool: str, device: str) -> Step:
+    """No resource yet for this allocated device: create one, unless that cannot work."""
+    if pc.deleting:
+        return None
+    attrs = (view.s.pool_devices.get((pool, device)) or {}).get("attributes") or {}
+    fabric = str((attrs.get("fabric") or {}).get("string") or pool.split("/", 1)[0])
+    block = str((attrs.get("blockID") or {}).get("string") or device)
+    model = str((attrs.get("model") or {}).get("string") or "")
+    held_by = view.holders.get((fabric, block))
+    if pc.node is None:
+        return Failed("NoNode", "the allocation names no single node")
+    if held_by is not None:
+        # Never two resources for one block: the scheduler saw it free in the moment
+        # between an allocation ending and the pool dropping it.
+        return Failed("DeviceInUse", f"{block} is held by ComposableResource {held_by}")
+    lim = limits(view.s.requests, fabric, model, pc.node)
+    if lim.max_size is not None and counts.count(fabric, pc.node, model) >= lim.max_size:
+        return Failed("MaxSizeReached", f"{pc.node} already has {lim.max_size} x {model}")
+    name = resource_name(pc.ref.uid, pool, device)
+    body = resource_body(name, pc.ref, pool, device, fabric, block, model, pc.node)
+    return Create(CreateResource(name, body, pc.ref, device), (fabric, pc.node, model))
+
+
+def attach_progress(view: View, cr: JSON, pc: PendingClaim, pool: str, device: str) -> Step:
+    """The resource exists: is its device ready, failed, or still attaching?"""
+    s, cfg = view.s, view.cfg
+    status = cr.get("status") or {}
+    phase = status.get("phase")
+    created = parse_time(_meta(cr).get("creationTimestamp")) or s.now
+    fabric_error = _fabric_failure(cr) if cfg.fail_on_fabric_error else None
+    if _meta(cr).get("deletionTimestamp"):
+        return Failed("ResourceDeleted", "the ComposableResource was deleted before it was online")
+    if phase == "Online" and status.get("deviceUUID"):
+        spec = view.specs.get(_meta(cr)["name"])
+        node = spec.target_node if spec is not None else None
+        message = f"attached to {node} as {status['deviceUUID']}"
+        entry = {
+            "driver": cfg.driver,
+            "pool": pool,
+            "device": device,
+            "conditions": [condition(names.FABRIC_DEVICE_READY, True, "Attached", message, s.now)],
+            "data": {"uuid": status["deviceUUID"]},
+        }
+        return Ready(entry, s.now - pc.allocated_at if pc.allocated_at else None)
+    if phase == "Failed":
+        return Failed("AttachFailed", str(status.get("error") or "the attach failed"))
+    if fabric_error is not None:
+        return Failed("FabricOperationFailed", fabric_error)
+    if s.now - created > cfg.attach_timeout:
+        return Failed("AttachTimeout", f"not online after {cfg.attach_timeout:.0f}s")
+    return None  # still attaching
+
+
+def result_step(view: View, counts: Counts, pc: PendingClaim, result: JSON) -> Step:
+    pool, device = str(result.get("pool")), str(result.get("device"))
+    done = settled(status_entry(pc.claim, view.cfg.driver, pool, device), pc, pool, device)
+    if done is not None:
+        return done
+    found = view.resources.get(resource_name(pc.ref.uid, pool, device))
+    if found is None:
+        return new_resource(view, counts, pc, pool, device)
+    return attach_progress(view, found, pc, pool, device)
+
+
+def claim_actions(view: View, counts: Counts, pc: PendingClaim) -> tuple[list[Action], Counts]:
+    """One claim: resources to create, its status entries, quarantines and deletes."""
+    actions: list[Action] = []
+    entries: list[JSON] = []
+    changed = False
+    ready: list[tuple[str, float | None]] = []
+    failed: list[tuple[str, str, str]] = []
+    doomed: list[tuple[str, str, str]] = []  # resources to delete after the status write
+    for r in pc.results:
+        pool, device = str(r.get("pool")), str(r.get("device"))
+        step = result_step(view, counts, pc, r)
+        if isinstance(step, Settled):
+            entries.append(step.entry)
+            if step.doomed is not None:
+                doomed.append((step.doomed, "AttachFailed", ""))
+            continue
+        if isinstance(step, Create):
+            actions.append(step.action)
+            counts = counts.add(step.key)
+            continue
+        if step is None:
+            continue
+        if isinstance(step, Ready):
+            entry = step.entry
+            ready.append((device, step.since))
+        else:
+            conds = [
+                condition(names.FABRIC_DEVICE_FAILED, True, step.reason, step.message, view.s.now)
+            ]
+            entry = {"driver": view.cfg.driver, "pool": pool, "device": device, "conditions": conds}
+            failed.append((device, step.reason, step.message))
+            doomed.append((resource_name(pc.ref.uid, pool, device), step.reason, step.message))
+            actions.append(Quarantine(pool, device, view.s.now + view.cfg.quarantine))
+        entries.append(entry)
+        observed = status_entry(pc.claim, view.cfg.driver, pool, device)
+        changed = changed or not _same_entry(observed, entry)
+    if changed:
+        actions.append(SetDeviceStatus(pc.ref, entries, ready, failed))
+    for name, reason, message in doomed:
+        if name in view.resources and not _meta(view.resources[name]).get("deletionTimestamp"):
+            actions.append(DeleteResource(name, reason, message))
+    return actions, counts
+
+
+def pending_allocations(view: View, counts: Counts) -> tuple[list[Action], Counts]:
+    actions: list[Action] = []
+    for claim in view.s.claims:
+        pc = pending_claim(claim, view.cfg.driver)
+        if pc is not None:
+            more, counts = claim_actions(view, counts, pc)
+            actions.extend(more)
+    return actions, counts
+
+
+# 2. Resources whose allocation ended: release (Online) or clean up (never online).
+
+
+def allocation_ended(
+    view: View, cr: JSON, ref: ClaimRef, claims_by_uid: Mapping[str, JSON]
+) -> Action | None:
+    """A resource made for a claim: None while that allocation lasts."""
+    meta = _meta(cr)
+    ann = meta.get("annotations") or {}
+    pool, device = ann.get(ANN_POOL, ""), ann.get(ANN_POOL_DEVICE, "")
+    holder = claims_by_uid.get(ref.uid)
+    if holder is not None and any(
+        (r.get("pool"), r.get("device")) == (pool, device)
+        for r in our_results(holder, view.cfg.driver)
+    ):
+        return None
+    if (cr.get("status") or {}).get("phase") != "Online":
+        # Never online for this allocation (failed, or the claim went away mid-attach).
+        return DeleteResource(
+            meta["name"], "AllocationEnded", "the allocation ended before the GPU was online"
+        )
+    if (pool, device) in view.s.pool_devices:
+        return None  # the pool publisher drops it first: published exactly once
+    return PatchResource(
+        meta["name"],
+        {
+            "metadata": {
+                "annotations": {ANN_LAST_USED: format_time(view.s.now), ANN_IN_USE_BY: None}
+            },
+            "spec": {"claimRef": None},
+        },
+        "Released",
+        f"claim {ref.namespace}/{ref.name} released the GPU; it stays attached as an idle "
+        "local device",
+    )
+
+
+# 3. Idle bookkeeping: is a released GPU allocated again, as a local device?
+
+
+@dataclass(frozen=True)
+class IdleGPU:
+    last_used: float
+    cr: JSON
+    spec: ComposableResourceSpec
+
+
+def local_users(claims: Iterable[JSON], driver: str) -> dict[tuple[str, str], str]:
+    """(pool, device) -> the uid of the first claim whose allocation names it."""
+    users: dict[tuple[str, str], str] = {}
+    for claim in claims:
+        for r in our_results(claim, driver):
+            users.setdefault(
+                (str(r.get("pool")), str(r.get("device"))), str(_meta(claim).get("uid") or "")
+            )
+    return users
+
+
+def idle_bookkeeping(
+    view: View, cr: JSON, spec: ComposableResourceSpec, users: Mapping[tuple[str, str], str]
+) -> Action | IdleGPU | None:
+    """A released, Online GPU: mark it in use or idle again, or count it idle."""
+    meta, status = _meta(cr), cr.get("status") or {}
+    ann = meta.get("annotations") or {}
+    node = spec.target_node
+    local = view.s.local_devices.get((node, normalize_uuid(str(status.get("deviceUUID") or ""))))
+    user = users.get((node, local)) if local is not None else None
+    if user:
+        if ann.get(ANN_IN_USE_BY) == user:
+            return None
+        return PatchResource(
+            meta["name"],
+            {"metadata": {"annotations": {ANN_IN_USE_BY: user}}},
+            "InUse",
+            f"allocated as local device {local}",
+        )
+    if ann.get(ANN_IN_USE_BY):
+        stamp = {ANN_IN_USE_BY: None, ANN_LAST_USED: format_time(view.s.now)}
+        return PatchResource(
+            meta["name"],
+            {"metadata": {"annotations": stamp}},
+            "Idle",
+            "no allocation uses the GPU any more",
+        )
+    return IdleGPU(last_used(cr, view.s.now), cr, spec)
+
+
+def ended_allocations(view: View) -> tuple[list[Action], list[IdleGPU]]:
+    claims_by_uid = {str(_meta(c).get("uid")): c for c in view.s.claims}
+    users = local_users(view.s.claims, view.cfg.driver)
+    actions: list[Action] = []
+    idle: list[IdleGPU] = []
+    for cr in view.s.resources:
+        spec = view.specs.get(_meta(cr)["name"])
+        if spec is None or not managed(cr) or _meta(cr).get("deletionTimestamp"):
+            continue
+        if spec.claim_ref is not None:
+            ref = ClaimRef(spec.claim_ref.namespace, spec.claim_ref.name, spec.claim_ref.uid)
+            if (action := allocation_ended(view, cr, ref, claims_by_uid)) is not None:
+                actions.append(action)
+            continue
+        if (cr.get("status") or {}).get("phase") != "Online":
+            continue
+        step = idle_bookkeeping(view, cr, spec, users)
+        if isinstance(step, IdleGPU):
+            idle.append(step)
+        elif step is not None:
+            actions.append(step)
+    return actions, idle
+
+
+# 4. Idle scale-down: least recently used first, honouring min/max.
+
+
+def scale_down(view: View, counts: Counts, idle: list[IdleGPU]) -> list[Action]:
+    actions: list[Action] = []
+    by_name = {_meta(i.cr)["name"]: i for i in idle}
+    for cr in least_recently_used((i.cr for i in idle), view.s.now):
+        gpu = by_name[_meta(cr)["name"]]
+        fabric, node, model = _key(gpu.spec)
+        node_lim = limits(view.s.requests, fabric, model, node)
+        cluster_lim = limits(view.s.requests, fabric, model, None)
+        n_node, n_all = counts.count(fabric, node, model), counts.count(fabric, None, model)
         over = (node_lim.max_size is not None and n_node > node_lim.max_size) or (
             cluster_lim.max_size is not None and n_all > cluster_lim.max_size
         )
-        expired = s.now - last >= cfg.no_removal
+        expired = view.s.now - gpu.last_used >= view.cfg.no_removal
         if not (over or expired):
             continue
         if n_node - 1 < node_lim.min_size or n_all - 1 < cluster_lim.min_size:
             continue
         reason = "IdleTimeout" if expired else "OverMaxSize"
-        actions.append(
-            DeleteResource(_meta(cr)["name"], reason, f"idle since {format_time(last)}; detaching")
-        )
-        counts[(fabric, node, model)] = counts.get((fabric, node, model), 0) - 1
-
-    # 5. Quarantines that ran out.
-    for rule in s.quarantines:
-        expires = parse_time((_meta(rule).get("annotations") or {}).get(ANN_EXPIRES))
-        if expires is None or expires <= s.now:
-            actions.append(Unquarantine(_meta(rule)["name"]))
+        message = f"idle since {format_time(gpu.last_used)}; detaching"
+        actions.append(DeleteResource(_meta(cr)["name"], reason, message))
+        counts = counts.add((fabric, node, model), -1)
     return actions
+
+
+# 5. Quarantines that ran out.
+
+
+def expired_quarantines(rules: Iterable[JSON], now: float) -> list[Action]:
+    out: list[Action] = []
+    for rule in rules:
+        expires = parse_time((_meta(rule).get("annotations") or {}).get(ANN_EXPIRES))
+        if expires is None or expires <= now:
+            out.append(Unquarantine(_meta(rule)["name"]))
+    return out
+
+
+def decide(s: Snapshot, cfg: Settings) -> list[Action]:
+    """The phases in order; a later one sees the counts an earlier one changed."""
+    view = index(s, cfg)
+    counts = live_counts(s.resources, view.specs)
+    attach, counts = pending_allocations(view, counts)
+    released, idle = ended_allocations(view)
+    return [
+        *attach,
+        *released,
+        *scale_down(view, counts, idle),
+        *expired_quarantines(s.quarantines, s.now),
+    ]
 
 
 def resource_body(
@@ -590,14 +687,13 @@ def resource_body(
     model: str,
     node: str,
 ) -> JSON:
-    spec: JSON = {
-        "fabric": fabric,
-        "deviceID": block,
-        "targetNode": node,
-        "claimRef": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
-    }
-    if model:
-        spec["model"] = model
+    spec = ComposableResourceSpec(
+        fabric=fabric,
+        device_id=block,
+        target_node=node,
+        model=model or None,
+        claim_ref=ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid),
+    ).model_dump(by_alias=True, exclude_defaults=True)
     return {
         "apiVersion": API_VERSION,
         "kind": "ComposableResource",

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from composable_dra.component import add_common_arguments, run_controller
+from composable_dra.remote_leases import add_client_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(p, lease="composable-dra-scaler")
-    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.composable.dra.io"))
     p.add_argument(
         "--attach-timeout",
         type=float,
@@ -40,10 +39,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resync", type=float, default=1.0, help="seconds between passes without events"
     )
+    add_client_arguments(p, "lease controller")
+    p.add_argument(
+        "--lease-resync",
+        type=float,
+        default=5.0,
+        help="seconds between reads of each donor's leases (closes what no claim holds)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from device_scaler.decide import Settings
+    from device_scaler.leases import Together
     from device_scaler.scaler import Scaler, ScalerConfig
 
     settings = Settings(
@@ -54,7 +61,21 @@ def run(args: argparse.Namespace) -> int:
         fail_on_fabric_error=args.fail_on_fabric_error,
     )
 
-    def make(kube: Any) -> Scaler:
-        return Scaler(kube, ScalerConfig(settings, resync=args.resync))
+    def make(kube: Any) -> Any:
+        scaler = Scaler(kube, ScalerConfig(settings, resync=args.resync))
+        if not args.lease_service_account:
+            return scaler
+        return Together(scaler, _lease_controller(args, kube))
 
     return run_controller(args, "scaler", make)
+
+
+def _lease_controller(args: argparse.Namespace, kube: Any) -> Any:
+    """The lease controller (remote GPUs), under the scaler's leader election."""
+    from composable_dra.remote_leases import client_from_args
+    from device_scaler.leases import LeaseController, LeaseSettings
+
+    client = client_from_args(args, kube)
+    return LeaseController(
+        kube, client, LeaseSettings(driver=args.driver_name, resync=args.lease_resync)
+    )

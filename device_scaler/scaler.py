@@ -11,18 +11,18 @@ harmless, and a restart picks up where the last leader stopped.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from composable_dra import logs, names
+from api.v1alpha1 import ClaimRef, ComposableResourceSpec
+from composable_dra import logs, names, retry
+from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import normalize_uuid
@@ -31,7 +31,6 @@ from device_scaler.decide import (
     ANN_POOL_DEVICE,
     API_VERSION,
     QUARANTINE_LABEL,
-    ClaimRef,
     CreateResource,
     DeleteResource,
     PatchResource,
@@ -82,10 +81,6 @@ log = logs.get(__name__)
 
 # Action kinds of which a run may be written concurrently (each touches its own object).
 _CONCURRENT = (CreateResource, SetDeviceStatus)
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -156,13 +151,15 @@ class Scaler(InformerDriven):
                 return
             self._stop.wait(self.config.debounce)
             self._wake.clear()
-            try:
-                self.reconcile()
-                self.synced.set()
-            except Exception:
-                RECONCILE_ERRORS.inc()
-                log.exception("scaler pass failed")
-                self._stop.wait(0.5)
+            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+
+    def _pass(self) -> None:
+        self.reconcile()
+        self.synced.set()
+
+    def _failed(self, exc: BaseException, retry_in: float) -> None:
+        RECONCILE_ERRORS.inc()
+        log.error("scaler pass failed", exc_info=exc, retry_in=retry_in)
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -314,21 +311,21 @@ class Scaler(InformerDriven):
                 self.kube.create(path(API_VERSION, "composableresources"), action.body)
             except Conflict:
                 return  # made by an earlier pass or leader
-            spec = action.body["spec"]
+            spec = ComposableResourceSpec.model_validate(action.body["spec"])
             log.info(
                 "attach requested",
                 claim=f"{action.claim.namespace}/{action.claim.name}",
                 resource=action.name,
-                fabric=spec["fabric"],
-                device=spec["deviceID"],
-                node=spec["targetNode"],
+                fabric=spec.fabric,
+                device=spec.device_id,
+                node=spec.target_node,
             )
             self._claim_event(
                 action.claim,
                 "Normal",
                 "AttachRequested",
-                f"ComposableResource {action.name}: attaching {spec['deviceID']} to "
-                f"{spec['targetNode']}",
+                f"ComposableResource {action.name}: attaching {spec.device_id} to "
+                f"{spec.target_node}",
                 action.device,
             )
         elif isinstance(action, SetDeviceStatus):
@@ -483,23 +480,7 @@ class Scaler(InformerDriven):
         )
 
     def _event(self, involved: JSON, namespace: str, kind: str, reason: str, message: str) -> None:
-        stamp = now_rfc3339()
-        body = {
-            "metadata": {
-                "name": f"{involved['name']}.{uuid.uuid4().hex[:12]}",
-                "namespace": namespace,
-            },
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1000],
-            "type": kind,
-            "source": {"component": COMPONENT},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-        }
+        body = event_body(involved, namespace, kind, reason, message, COMPONENT)
         # Events are for people: posted off the path that attaches devices.
         self._events.submit(self._post_event, namespace, body)
 

@@ -24,21 +24,19 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from api.v1alpha1 import FabricSpec
+from api.v1alpha1 import ClaimRef, FabricSpec
 from composable_dra import names
 from composable_dra.kube import JSON
 from composable_dra.names import normalize_uuid
+from composable_dra.timestamps import format_time, parse_time
 from device_scaler.decide import (
     Action,
-    ClaimRef,
     DeleteResource,
     PatchResource,
     SetDeviceStatus,
     Snapshot,
     allocation_node,
-    format_time,
     managed,
-    parse_time,
     resource_name,
 )
 

@@ -34,6 +34,32 @@ class CdiDevice:
     device_nodes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class RemoteCdiDevice:
+    """A lent GPU as a container sees it: where its donor is, and the lease's token."""
+
+    device_name: str
+    endpoint: str
+    lease: int
+    token_file: str  # on the host
+    container_token_file: str
+
+
+def remote_edits(dev: RemoteCdiDevice) -> dict[str, Any]:
+    """What ``remote_gpu.client.RemoteGPU.from_env()`` reads, and the token mounted."""
+    env = {
+        "REMOTE_GPU_ENDPOINT": dev.endpoint,
+        "REMOTE_GPU_LEASE": str(dev.lease),
+        "REMOTE_GPU_TOKEN_FILE": dev.container_token_file,
+    }
+    mount = {
+        "hostPath": dev.token_file,
+        "containerPath": dev.container_token_file,
+        "options": ["ro", "bind"],
+    }
+    return {"env": [f"{k}={v}" for k, v in env.items()], "mounts": [mount]}
+
+
 def cdi_device_name(claim_uid: str, device_name: str) -> str:
     return f"{claim_uid}-{device_name}"
 
@@ -51,7 +77,9 @@ def _env_suffix(device_name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", device_name.upper())
 
 
-def build_spec(claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
+def build_spec(
+    claim_uid: str, devices: Sequence[CdiDevice], remote: Sequence[RemoteCdiDevice] = ()
+) -> dict[str, Any]:
     """The CDI spec for one claim.
 
     Each device sets the claim-wide lists (same value on every device of the claim, so
@@ -74,6 +102,13 @@ def build_spec(claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
             edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
         spec_devices.append(
             {"name": cdi_device_name(claim_uid, dev.device_name), "containerEdits": edits}
+        )
+    for rdev in remote:
+        spec_devices.append(
+            {
+                "name": cdi_device_name(claim_uid, rdev.device_name),
+                "containerEdits": remote_edits(rdev),
+            }
         )
     return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": spec_devices}
 

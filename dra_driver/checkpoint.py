@@ -39,6 +39,16 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return "unknown"
 
 
+class RemoteLeaseRecord(BaseModel):
+    """A remote device's lease: where its token file is, and whom to close it with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    donor: str
+    lease: int
+    endpoint: str
+
+
 class PreparedDevice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +60,7 @@ class PreparedDevice(BaseModel):
     cdi_device_ids: list[str]
     shareable: bool = False
     share_id: str | None = None
+    remote: RemoteLeaseRecord | None = None
 
 
 class ClaimRecord(BaseModel):

@@ -17,6 +17,7 @@ import contextlib
 import re
 from concurrent import futures
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -28,9 +29,10 @@ from api.dra.v1beta1 import api_pb2 as v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from api.v1alpha1 import ClaimRef
 from composable_dra import logs
 from dra_driver import claimref
-from dra_driver.prepare import ClaimRef, Preparer, PrepareResult
+from dra_driver.prepare import Preparer, PrepareResult
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 PLUGIN_TYPE = "DRAPlugin"
@@ -120,14 +122,17 @@ def _unprepare(preparer: Preparer, claims: Any) -> dict[str, str]:
     return {**preparer.unprepare(refs), **refused}
 
 
-class DRAServicerV1(v1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
-        self._preparer = preparer
+class DRAServicer(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """The DRAPlugin service in one API version's messages (``api``: the ``api_pb2``
+    module of v1 or v1beta1); a Device's ``share_id`` where the version has one."""
 
-    def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: Any
-    ) -> v1.NodePrepareResourcesResponse:
-        resp = v1.NodePrepareResourcesResponse()
+    def __init__(self, preparer: Preparer, api: ModuleType) -> None:
+        self._preparer = preparer
+        self._api = api
+        self._share_ids = "share_id" in api.Device.DESCRIPTOR.fields_by_name
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        resp = self._api.NodePrepareResourcesResponse()
         for uid, result in _prepare(self._preparer, request.claims).items():
             entry = resp.claims[uid]
             if result.error:
@@ -140,47 +145,12 @@ class DRAServicerV1(v1_grpc.DRAPluginServicer):
                     device_name=dev.device_name,
                     cdi_device_ids=dev.cdi_device_ids,
                 )
-                if dev.share_id:
+                if dev.share_id and self._share_ids:
                     out.share_id = dev.share_id
         return resp
 
-    def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: Any
-    ) -> v1.NodeUnprepareResourcesResponse:
-        resp = v1.NodeUnprepareResourcesResponse()
-        for uid, error in _unprepare(self._preparer, request.claims).items():
-            resp.claims[uid].error = error
-        return resp
-
-
-class DRAServicerV1beta1(v1beta1_grpc.DRAPluginServicer):
-    """The same service in the older message package (no share_id)."""
-
-    def __init__(self, preparer: Preparer) -> None:
-        self._preparer = preparer
-
-    def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: Any
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        resp = v1beta1.NodePrepareResourcesResponse()
-        for uid, result in _prepare(self._preparer, request.claims).items():
-            entry = resp.claims[uid]
-            if result.error:
-                entry.error = result.error
-                continue
-            for dev in result.devices:
-                entry.devices.add(
-                    request_names=dev.request_names,
-                    pool_name=dev.pool_name,
-                    device_name=dev.device_name,
-                    cdi_device_ids=dev.cdi_device_ids,
-                )
-        return resp
-
-    def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Any
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        resp = v1beta1.NodeUnprepareResourcesResponse()
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        resp = self._api.NodeUnprepareResourcesResponse()
         for uid, error in _unprepare(self._preparer, request.claims).items():
             resp.claims[uid].error = error
         return resp
@@ -224,8 +194,8 @@ class PluginServer:
         self.registration = RegistrationServicer(driver, self.service_path)
         self.health = health.HealthServicer()
         self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-        v1_grpc.add_DRAPluginServicer_to_server(DRAServicerV1(preparer), self._service)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicerV1beta1(preparer), self._service)
+        v1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1), self._service)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1beta1), self._service)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._service)
         self._registrar = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         reg_grpc.add_RegistrationServicer_to_server(self.registration, self._registrar)

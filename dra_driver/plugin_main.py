@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.slices import LendPolicy
 
+from composable_dra.remote_leases import add_client_arguments
+
 DRIVER = "gpu.composable.dra.io"
 
 
@@ -130,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="node labels key=value[,key=value] a borrower must have (env BORROWERS; "
         "default: every other node in the same network domain)",
     )
+    add_client_arguments(p, "plugin")
     p.add_argument(
         "--no-fsync",
         action="store_true",
@@ -211,12 +214,13 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra.kube import Kube, path
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
+    from dra_driver.claim_reader import ClaimReader
     from dra_driver.device_source import DeviceInfo, SourceWatcher
+    from dra_driver.device_visibility import VisibilityReporter
     from dra_driver.grpc_server import InvalidUID, PluginServer, check_uid
-    from dra_driver.kube import ClaimReader
     from dra_driver.prepare import Preparer
+    from dra_driver.publish_once import LocalSliceGate, node_resources
     from dra_driver.slices import SlicePublisher
-    from dra_driver.visibility import AttachmentWatcher
 
     log = logs.get(__name__, node=args.node_name)
     try:
@@ -234,23 +238,35 @@ def run(args: argparse.Namespace) -> int:
     publisher = SlicePublisher(
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
-    # Devices serving a pool allocation keep their pool identity: the attachment watcher
-    # decides what the node's slices publish (nothing until it knows the node's resources).
-    attachments: AttachmentWatcher | None = None
+    # Devices serving a pool allocation keep their pool identity: the gate decides what the
+    # node's slices publish (nothing until it knows the node's resources). One watch on the
+    # node's ComposableResources feeds it and the DeviceVisible reporter.
+    wake = threading.Event()
+    resources = node_resources(kube, args.node_name, wake.set)
+    gate: LocalSliceGate | None = None
 
     def publish(_devices: list[DeviceInfo]) -> None:
-        if attachments is not None:
-            attachments.republish()
+        if gate is not None:
+            gate.republish()
 
     watcher = SourceWatcher(_make_source(args, node), publish)
-    attachments = AttachmentWatcher(
+    gate = LocalSliceGate(
         kube,
         args.node_name,
+        resources,
+        devices=lambda: watcher.devices,
+        publish=lambda out: publisher.set_devices(
+            out, keep=gate.fabric_uuids if gate is not None else frozenset()
+        ),
+    )
+    visibility = VisibilityReporter(
+        kube,
+        args.node_name,
+        resources,
+        wake,
         devices=lambda: watcher.devices,
         refresh=watcher.poll_once,
-        publish=lambda out: publisher.set_devices(
-            out, keep=attachments.fabric_uuids if attachments is not None else frozenset()
-        ),
+        republish=gate.republish,
         host_step=args.host_rescan_command,
     )
     preparer = Preparer(
@@ -260,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: watcher.devices,
         checkpoint,
         CdiWriter(args.cdi_dir, durable=durable),
+        remote=_remote_leases(args, kube, node, durable),
     )
     server = PluginServer(
         preparer,
@@ -281,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
 
     metrics.serve(args.metrics_port)
     watcher.start()
-    attachments.start()
+    visibility.start()
     publisher.start()
     server.start()
     log.info(
@@ -296,6 +313,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         watcher.stop()
-        attachments.stop()
+        visibility.stop()
         publisher.stop()
     return 0
+
+
+def _remote_leases(args: argparse.Namespace, kube: Any, node: dict[str, Any], durable: bool) -> Any:
+    """Credentials of remote GPUs, collected from donors with tokens bound to this Node;
+    None without ``--lease-service-account`` (remote devices then fail to prepare)."""
+    if not args.lease_service_account:
+        return None
+    from composable_dra.remote_leases import client_from_args
+    from dra_driver.remote_prepare import RemoteLeases
+
+    client = client_from_args(args, kube, node=(args.node_name, node["metadata"]["uid"]))
+    return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)

@@ -15,11 +15,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import logs
 from dra_driver import cdi, claimref, metrics
-from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
+from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
 from dra_driver.config import ConfigError, GpuConfig, claim_configs
 from dra_driver.device_source import DeviceInfo
+from dra_driver.remote_prepare import (
+    RemoteClaimError,
+    RemoteLeases,
+    RemotePlanned,
+    container_token_path,
+    is_remote,
+    plan_remote,
+)
 
 
 class ClaimError(Exception):
@@ -28,13 +37,6 @@ class ClaimError(Exception):
 
 class ClaimNotFound(ClaimError):
     pass
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,8 @@ def plan_claim(
     by_uuid = {d.uuid: d for d in devices}
     planned: list[PlannedDevice] = []
     for result in alloc_devices.get("results") or []:
-        if result.get("driver") != driver:
-            continue
+        if result.get("driver") != driver or is_remote(result, node_name):
+            continue  # remote devices: ``remote_prepare``
         pool, name, request = (
             result.get("pool", ""),
             result.get("device", ""),
@@ -150,8 +152,13 @@ def in_use_map(records: Sequence[ClaimRecord]) -> dict[str, list[tuple[str, bool
     return out
 
 
-def build_record(ref: ClaimRef, planned: Sequence[PlannedDevice]) -> ClaimRecord:
-    """The checkpoint record (state ``preparing``) and CDI spec for a planned claim."""
+def build_record(
+    ref: ClaimRef,
+    planned: Sequence[PlannedDevice],
+    remote: Sequence[tuple[RemotePlanned, str]] = (),
+) -> ClaimRecord:
+    """The checkpoint record (state ``preparing``) and CDI spec for a planned claim;
+    ``remote``: its remote devices with their token files."""
     cdi_devices = [
         cdi.CdiDevice(
             device_name=p.device.name,
@@ -174,13 +181,35 @@ def build_record(ref: ClaimRef, planned: Sequence[PlannedDevice]) -> ClaimRecord
         )
         for p in planned
     ]
+    remote_cdi = [
+        cdi.RemoteCdiDevice(
+            device_name=r.device,
+            endpoint=r.endpoint,
+            lease=r.lease,
+            token_file=token_file,
+            container_token_file=container_token_path(r.device),
+        )
+        for r, token_file in remote
+    ]
+    devices += [
+        PreparedDevice(
+            request_names=[r.request],
+            pool_name=r.donor,
+            device_name=r.device,
+            local_name=r.device,
+            uuid="",
+            cdi_device_ids=[cdi.cdi_device_id(ref.uid, r.device)],
+            remote=RemoteLeaseRecord(donor=r.donor, lease=r.lease, endpoint=r.endpoint),
+        )
+        for r, _ in remote
+    ]
     return ClaimRecord(
         uid=ref.uid,
         namespace=ref.namespace,
         name=ref.name,
         state="preparing",
         devices=devices,
-        cdi_spec=cdi.build_spec(ref.uid, cdi_devices) if cdi_devices else {},
+        cdi_spec=cdi.build_spec(ref.uid, cdi_devices, remote_cdi) if devices else {},
     )
 
 
@@ -198,12 +227,14 @@ class Preparer:
         devices: Callable[[], Sequence[DeviceInfo]],
         checkpoint: Checkpoint,
         cdi_writer: cdi.CdiWriter,
+        remote: RemoteLeases | None = None,
     ) -> None:
         self.driver, self.node_name = driver, node_name
         self._get_claim = get_claim
         self._devices = devices
         self._checkpoint = checkpoint
         self._cdi = cdi_writer
+        self._remote = remote
         self._lock = threading.Lock()
         self._log = logs.get(__name__, node=node_name)
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
@@ -254,9 +285,25 @@ class Preparer:
         planned = plan_claim(
             claim, ref, self.driver, self.node_name, self._devices(), in_use_map(others)
         )
-        record = build_record(ref, planned)
-        # Phase one: the devices are reserved before anything is written for them.
+        try:
+            remote = plan_remote(claim, self.driver, self.node_name)
+        except RemoteClaimError as exc:
+            raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
+        if remote and self._remote is None:
+            raise ClaimError("this plugin has no --lease-service-account: no remote GPUs here")
+        paths = [
+            (r, str(self._remote.token_path(ref.uid, r.device))) for r in remote if self._remote
+        ]
+        record = build_record(ref, planned, paths)
+        # Phase one: the devices are reserved before anything is written for them (and a
+        # crash from here on leaves a record whose unprepare removes the token files).
         self._checkpoint.put(record)
+        for r in remote:
+            assert self._remote is not None
+            try:
+                self._remote.fetch(ref.uid, r)
+            except RemoteClaimError as exc:
+                raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         if record.cdi_spec:
             self._cdi.write(ref.uid, record.cdi_spec)
         # Phase two: prepared, the answer every later call repeats.
@@ -281,6 +328,7 @@ class Preparer:
                     metrics.UNPREPARE_SECONDS.labels("error").observe(time.perf_counter() - start)
                     continue
                 try:
+                    self._release_remote(ref)
                     removed_spec = self._cdi.remove(ref.uid)
                     removed_entry = self._checkpoint.remove(ref.uid)
                     out[ref.uid] = ""
@@ -296,3 +344,14 @@ class Preparer:
                 metrics.UNPREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - start)
             metrics.PREPARED_CLAIMS.set(len(self._checkpoint.claims))
         return out
+
+    def _release_remote(self, ref: ClaimRef) -> None:
+        """Token files gone and leases closed at their donors, before the record goes."""
+        record = self._checkpoint.get(ref.uid)
+        held = [
+            (d.device_name, d.remote.donor, d.remote.lease)
+            for d in (record.devices if record else [])
+            if d.remote is not None
+        ]
+        if held and self._remote is not None:
+            self._remote.release(ref.uid, held)

@@ -21,8 +21,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_dra import logs
-from composable_dra.kube import Gone, Kube, path
+from composable_dra import logs, retry
+from composable_dra.informer import Informer
+from composable_dra.kube import Kube, path
 from composable_dra.names import normalize_uuid
 from composable_dra.quantity import format_bytes, parse_bytes
 from dra_driver import metrics
@@ -452,6 +453,17 @@ class SlicePublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Wakes the reconciler on every change of this pool's slices (and after a relist:
+        # events may have been missed); the reconciler reads the slices itself.
+        self._watch = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            self._wake.set,
+            name=f"slices-{node_name}",
+            watch_timeout=300,
+            fieldSelector=f"spec.driver={driver}",
+            labelSelector=self._label_selector,
+        )
         self._log = logs.get(__name__, node=node_name)
         self.synced = threading.Event()
 
@@ -463,21 +475,21 @@ class SlicePublisher:
         self._wake.set()
 
     def start(self) -> None:
-        for target, name in ((self._reconcile_loop, "slices"), (self._watch_loop, "slices-watch")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        t = threading.Thread(target=self._reconcile_loop, name="slices", daemon=True)
+        t.start()
+        self._threads.append(t)
+        self._watch.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        # The watch thread ends at its next event or timeout; it is a daemon thread.
+        self._watch.stop()
         if self._threads:
             self._threads[0].join(timeout=5)
 
     # -- reconcile ---------------------------------------------------------------------
 
-    def _list_labelled(self) -> tuple[list[dict[str, Any]], str]:
+    def _list_labelled(self) -> list[dict[str, Any]]:
         body = self._kube.get(
             path(RESOURCE_API, "resourceslices"),
             fieldSelector=f"spec.driver={self.driver}",
@@ -489,11 +501,11 @@ class SlicePublisher:
             for o in body.get("items") or []
             if ((o.get("spec") or {}).get("pool") or {}).get("name") == self.node_name
         ]
-        return items, str(body["metadata"].get("resourceVersion", ""))
+        return items
 
     def _list(self) -> list[dict[str, Any]]:
         by_node = self._kube.get(path(RESOURCE_API, "resourceslices"), fieldSelector=self._selector)
-        labelled, _ = self._list_labelled()
+        labelled = self._list_labelled()
         merged = {o["metadata"]["name"]: o for o in by_node.get("items") or []}
         merged.update((o["metadata"]["name"], o) for o in labelled)
         return list(merged.values())
@@ -533,48 +545,18 @@ class SlicePublisher:
         return plan
 
     def _reconcile_loop(self) -> None:
-        backoff = 0.2
         while not self._stop.is_set():
             self._wake.wait(self._resync)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            try:
-                if self.reconcile() is not None and not self.synced.is_set():
-                    self.synced.set()
-                    self._log.info("slices in sync", generation=self._generation)
-                backoff = 0.2
-            except Exception as exc:
-                metrics.RECONCILE_ERRORS.inc()
-                self._log.warning("publishing slices failed", error=str(exc), retry_in=backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-                self._wake.set()
+            retry.forever(self._reconcile_once, self._stop, cap=10.0, on_error=self._failed)
 
-    # -- watch -------------------------------------------------------------------------
+    def _reconcile_once(self) -> None:
+        if self.reconcile() is not None and not self.synced.is_set():
+            self.synced.set()
+            self._log.info("slices in sync", generation=self._generation)
 
-    def _watch_loop(self) -> None:
-        """List, then watch from the list's resourceVersion; relist on 410 or an ended watch."""
-        while not self._stop.is_set():
-            try:
-                _, rv = self._list_labelled()
-                for event in self._kube.watch(
-                    path(RESOURCE_API, "resourceslices"),
-                    rv,
-                    timeout_seconds=300,
-                    fieldSelector=f"spec.driver={self.driver}",
-                    labelSelector=self._label_selector,
-                ):
-                    if self._stop.is_set():
-                        return
-                    if event.get("type") in {"ADDED", "MODIFIED", "DELETED"}:
-                        self._wake.set()
-            except Gone:
-                pass
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                self._log.warning("slice watch failed", error=str(exc))
-                self._stop.wait(1.0)
-            # After a relist the reconciler looks again too: events may have been missed.
-            self._wake.set()
+    def _failed(self, exc: BaseException, retry_in: float) -> None:
+        metrics.RECONCILE_ERRORS.inc()
+        self._log.warning("publishing slices failed", error=str(exc), retry_in=retry_in)

@@ -8,8 +8,8 @@ import hmac
 import secrets
 from collections.abc import Mapping
 
+from composable_dra.timestamps import now_rfc3339
 from fabric_emulator.resources import ROOT, SessionInfo
-from fabric_emulator.tasks import now
 
 SESSIONS = f"{ROOT}/SessionService/Sessions"
 
@@ -51,7 +51,7 @@ class Auth:
         if not self.credentials_ok(user, password):
             return None
         token = secrets.token_urlsafe(24)
-        info = SessionInfo(id=secrets.token_hex(8), user=self.user, created=now())
+        info = SessionInfo(id=secrets.token_hex(8), user=self.user, created=now_rfc3339())
         self._by_token[token] = info
         self.sessions[info.id] = info
         return token, info

@@ -16,6 +16,7 @@ MAX_DEPTH = 32  # the deepest request this service reads is 4 levels
 # The largest value each runtime setting takes (from the CLI or PATCH /admin/config): a
 # task that never ends or a Retry-After of days would only wedge the clients under test.
 SETTING_MAX: dict[str, int] = {"async_polls": 1000, "retry_after": 3600, "task_seconds": 3600}
+PAGE_SIZE_MAX = 100_000  # --page-size: members in one response of a collection
 
 
 def _no_constant(name: str) -> Any:

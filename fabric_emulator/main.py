@@ -12,20 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fabric_emulator.fsas import config as fsas_config
-from fabric_emulator.limits import SETTING_MAX
+from fabric_emulator.limits import PAGE_SIZE_MAX, SETTING_MAX
+from fabric_emulator.query import DEFAULT_PAGE_SIZE
 
 
-def _bounded(setting: str) -> Callable[[str], int]:
-    """An argparse type: an integer from 0 to the setting's maximum (as /admin/config)."""
-    top = SETTING_MAX[setting]
+def _bounded(setting: str, low: int = 0) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to the setting's maximum (as
+    /admin/config)."""
+    top = PAGE_SIZE_MAX if setting == "page_size" else SETTING_MAX[setting]
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not 0 <= value <= top:
-            raise argparse.ArgumentTypeError(f"must be from 0 to {top}")
+        if not low <= value <= top:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {top}")
         return value
 
     return parse
@@ -58,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_bounded("task_seconds"),
         default=10,
         help="a task also ends on its own this long after it started, polled or not",
+    )
+    parser.add_argument(
+        "--page-size",
+        type=_bounded("page_size", 1),
+        default=DEFAULT_PAGE_SIZE,
+        help="the most members one response of a collection holds; the rest is behind "
+        "Members@odata.nextLink",
     )
     parser.add_argument("--faults", help="JSON or YAML file with a list of fault rules")
     parser.add_argument("--state-file", help="keep the composition in this file across restarts")
@@ -101,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         async_polls=args.async_polls,
         retry_after=args.retry_after,
         task_seconds=args.task_seconds,
+        page_size=args.page_size,
         state_file=Path(args.state_file) if args.state_file else None,
         admin_token=(
             Path(args.admin_token_file).read_text(encoding="utf-8").strip() or None

@@ -81,6 +81,30 @@ MESSAGES: dict[tuple[str, str], _Def] = {
         1,
         "Resubmit the request with a valid request header.",
     ),
+    ("Base", "QueryParameterUnsupported"): _Def(
+        "Query parameter '%1' is not supported.",
+        "Warning",
+        1,
+        "Correct or remove the query parameter and resubmit the request.",
+    ),
+    ("Base", "QueryNotSupportedOnResource"): _Def(
+        "Querying is not supported on the requested resource.",
+        "Warning",
+        0,
+        "Remove the query parameters and resubmit the request if the operation failed.",
+    ),
+    ("Base", "QueryParameterOutOfRange"): _Def(
+        "The value '%1' for the query parameter %2 is out of range %3.",
+        "Warning",
+        3,
+        "Reduce the value for the query parameter to a value that is within range, such as a start or count value that is within bounds of the number of resources in a collection or a page number that is within the range of valid pages.",
+    ),
+    ("Base", "QueryParameterValueFormatError"): _Def(
+        "The value '%1' for the parameter %2 is not a format that the parameter can accept.",
+        "Warning",
+        2,
+        "Correct the value for the query parameter in the request and resubmit the request if the operation failed.",
+    ),
     ("Base", "ActionNotSupported"): _Def(
         "The action %1 is not supported by the resource.",
         "Critical",

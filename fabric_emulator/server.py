@@ -20,7 +20,7 @@ from aiohttp import web
 
 from composable_dra import logs
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import limits, messages, persistence, resources, state, tasks
+from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, View
 from fabric_emulator.state import Composition, RedfishError
@@ -43,6 +43,8 @@ class Config:
     # A task also ends on its own this many seconds after it started, polled or not, as a
     # real fabric manager's would: a client that lost the 202 must not leave it pending.
     task_seconds: int = 10
+    # A collection answers at most this many members at a time (query.py).
+    page_size: int = query.DEFAULT_PAGE_SIZE
     state_file: Path | None = None
     # When set, /admin (but its health check) needs "Authorization: Bearer <token>".
     admin_token: str | None = None
@@ -103,6 +105,28 @@ def _drop(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.abort()
+
+
+def _log_fault(request: web.Request, rule: faults_mod.Rule, **extra: Any) -> None:
+    where = {"method": request.method, "path": request.path}
+    log.info("fault injected", kind=rule.kind, rule=rule.id, **where, **extra)
+
+
+def _fault_error(rule: faults_mod.Rule | None) -> RedfishError | None:
+    """The error an injected fault answers with instead of the handler, if it is one."""
+    if rule is None:
+        return None
+    if rule.kind == "status503":
+        return RedfishError(
+            503,
+            messages.base("ServiceTemporarilyUnavailable", rule.retry_after),
+            headers={"Retry-After": str(rule.retry_after)},
+        )
+    if rule.kind == "status500":
+        return RedfishError(500, messages.base("InternalError"))
+    if rule.kind == "conflict409":
+        return RedfishError(409, messages.base("ResourceInUse"))
+    return None
 
 
 ADD_ACTION = "ComputerSystem.AddResourceBlock"
@@ -209,40 +233,19 @@ class Emulator:
             log.info("fault: latency", path=request.path, seconds=decision.latency)
             await asyncio.sleep(decision.latency)
         rule = decision.rule
-        response: web.StreamResponse
         if rule is not None and rule.kind != "drop_after":
-            log.info(
-                "fault injected",
-                kind=rule.kind,
-                rule=rule.id,
-                method=request.method,
-                path=request.path,
-            )
+            _log_fault(request, rule)
         if rule is not None and rule.kind == "drop_before":
             _drop(request)
             return web.Response(status=500)
-        if rule is not None and rule.kind == "status503":
-            err = RedfishError(
-                503,
-                messages.base("ServiceTemporarilyUnavailable", rule.retry_after),
-                headers={"Retry-After": str(rule.retry_after)},
-            )
-            response = error_response(err)
-        elif rule is not None and rule.kind == "status500":
-            response = error_response(RedfishError(500, messages.base("InternalError")))
-        elif rule is not None and rule.kind == "conflict409":
-            response = error_response(RedfishError(409, messages.base("ResourceInUse")))
-        else:
-            response = await self._authenticated(request, handler)
+        canned = _fault_error(rule)
+        response = (
+            error_response(canned)
+            if canned is not None
+            else await self._authenticated(request, handler)
+        )
         if rule is not None and rule.kind == "drop_after":
-            log.info(
-                "fault injected",
-                kind=rule.kind,
-                rule=rule.id,
-                method=request.method,
-                path=request.path,
-                status=response.status,
-            )
+            _log_fault(request, rule, status=response.status)
             _drop(request)
         response.headers["OData-Version"] = "4.0"
         response.headers.setdefault("Cache-Control", "no-cache")
@@ -343,9 +346,13 @@ class Emulator:
             if task is not None:
                 async with self.lock:
                     await self.tasks.poll(task)
-        payload = resources.render(self.view(), norm)
+        view = self.view()
+        payload = resources.render(view, norm)
         if payload is None:
             raise self._missing(norm)
+        q = query.parse(list(request.query.items()))
+        payload = query.page(payload, q, self.config.page_size)
+        payload = query.expand(payload, q.expand, q.levels, lambda uri: resources.render(view, uri))
         etag = etag_of(payload)
         headers = {"ETag": etag, "Allow": self._allow(norm)}
         if norm.startswith(f"{tasks.TASKS}/") and payload.get("TaskState") == "Running":

@@ -10,13 +10,13 @@ monitor answer 404, while the Task resource stays readable.
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from composable_dra.timestamps import now_rfc3339
 from fabric_emulator import messages
 from fabric_emulator.resources import ROOT, odata_type
 from fabric_emulator.state import RedfishError
@@ -25,10 +25,6 @@ TASKS = f"{ROOT}/TaskService/Tasks"
 MONITORS = f"{ROOT}/TaskService/TaskMonitors"
 
 Complete = Callable[[], Awaitable[tuple[int, dict[str, Any]]]]
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -42,7 +38,7 @@ class Task:
     abort: Callable[[], None]
     failure: list[dict[str, Any]] | None = None
     state: str = "Running"
-    start: str = field(default_factory=now)
+    start: str = field(default_factory=now_rfc3339)
     end: str | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     result: tuple[int, dict[str, Any]] | None = None
@@ -155,12 +151,12 @@ class TaskStore:
             self._fail(task, err)
             return
         task.state = "Completed"
-        task.end = now()
+        task.end = now_rfc3339()
         task.messages.append(messages.message("TaskEvent", "TaskCompletedOK", task.id))
 
     def _fail(self, task: Task, err: RedfishError) -> None:
         task.state = "Exception"
-        task.end = now()
+        task.end = now_rfc3339()
         task.result = (err.status, err.body())
         task.messages.extend(err.messages)
         task.messages.append(messages.message("TaskEvent", "TaskAborted", task.id))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,14 +55,16 @@ def gpu_uuid(block_id: str) -> str:
     return "GPU-" + str(uuid.uuid5(NAMESPACE, f"gpu:{block_id}"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands at a fabric's scale
 class Host:
+    """An expandable ComputerSystem: ``uuid`` is the node's systemUUID."""
+
     id: str
     uuid: str
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Block:
     id: str
     zone: str
@@ -77,7 +80,7 @@ class Block:
         return self.uuid.removeprefix("GPU-")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Zone:
     id: str
     hosts: tuple[str, ...]
@@ -119,31 +122,38 @@ def _uuid(value: str, where: str) -> str:
         raise TopologyError(f"{where}: {value!r} is not a UUID") from exc
 
 
+def _entries(
+    items: Any, where: str, taken: Callable[[str], bool], what: str
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """Each entry of a list with its place (for errors) and its id, checked: a mapping
+    with a valid id that is not ``taken`` (``what``: the noun for that error)."""
+    for i, raw in enumerate(items or []):
+        at = f"{where}[{i}]"
+        if not isinstance(raw, dict):
+            raise TopologyError(f"{at}: must be a mapping")
+        ident = _ident(raw, at)
+        if taken(ident):
+            raise TopologyError(f"{at}: duplicate {what}id {ident!r}")
+        yield at, raw, ident
+
+
 def parse(data: Any) -> Topology:
     """Build a topology from the parsed file; raise TopologyError on anything wrong."""
     if not isinstance(data, dict):
         raise TopologyError("the topology must be a mapping with 'hosts' and 'zones'")
     hosts: dict[str, Host] = {}
-    for i, raw in enumerate(data.get("hosts") or []):
-        where = f"hosts[{i}]"
-        if not isinstance(raw, dict):
-            raise TopologyError(f"{where}: must be a mapping")
-        hid = _ident(raw, where)
-        if hid in hosts:
-            raise TopologyError(f"{where}: duplicate host id {hid!r}")
+    for where, raw, hid in _entries(data.get("hosts"), "hosts", hosts.__contains__, "host "):
         huuid = _uuid(raw["uuid"], where) if "uuid" in raw else host_uuid(hid)
         hosts[hid] = Host(id=hid, uuid=huuid, name=_str(raw, "name", where, hid))
     if not hosts:
         raise TopologyError("the topology needs at least one host")
     zones: dict[str, Zone] = {}
     blocks: dict[str, Block] = {}
-    for i, raw in enumerate(data.get("zones") or []):
-        where = f"zones[{i}]"
-        if not isinstance(raw, dict):
-            raise TopologyError(f"{where}: must be a mapping")
-        zid = _ident(raw, where)
-        if zid in zones:
-            raise TopologyError(f"{where}: duplicate zone id {zid!r}")
+
+    def _taken(ident: str) -> bool:  # block ids share a namespace with hosts' blocks
+        return ident in blocks or ident in hosts
+
+    for where, raw, zid in _entries(data.get("zones"), "zones", zones.__contains__, "zone "):
         zone_hosts = raw.get("hosts") or []
         if not isinstance(zone_hosts, list):
             raise TopologyError(f"{where}: hosts must be a list")
@@ -151,13 +161,7 @@ def parse(data: Any) -> Topology:
             if h not in hosts:
                 raise TopologyError(f"{where}: unknown host {h!r}")
         ids: list[str] = []
-        for j, braw in enumerate(raw.get("blocks") or []):
-            bwhere = f"{where}.blocks[{j}]"
-            if not isinstance(braw, dict):
-                raise TopologyError(f"{bwhere}: must be a mapping")
-            bid = _ident(braw, bwhere)
-            if bid in blocks or bid in hosts:
-                raise TopologyError(f"{bwhere}: duplicate id {bid!r}")
+        for bwhere, braw, bid in _entries(raw.get("blocks"), f"{where}.blocks", _taken, ""):
             if bid.startswith("system-"):
                 raise TopologyError(f"{bwhere}: ids starting 'system-' are reserved")
             memory = braw.get("memory_mib", 81920)

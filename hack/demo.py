@@ -36,11 +36,11 @@ from composable_dra.kube import Kube, path
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.realnode import RealNodeError, find_node_binaries
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.testimage import IMAGE
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
 
 EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim")
 NAMESPACE = "demo"

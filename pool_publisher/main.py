@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from composable_dra.component import add_common_arguments, run_controller
 
+SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(p, lease="composable-dra-pool-publisher")
-    p.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "gpu.composable.dra.io"))
     p.add_argument(
         "--max-devices-per-slice",
         type=int,
-        default=128,
-        help="split a pool into slices of at most this many devices (API limit 128)",
+        default=SLICE_LIMIT,
+        help=f"split a pool into slices of at most this many devices (API limit {SLICE_LIMIT})",
     )
 
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
             kube,
             Fabrics(kube),
             driver=args.driver_name,
-            max_per_slice=min(128, max(1, args.max_devices_per_slice)),
+            max_per_slice=min(SLICE_LIMIT, max(1, args.max_devices_per_slice)),
         )
 
     return run_controller(args, "pool-publisher", make)

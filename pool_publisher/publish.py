@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
-from composable_dra import logs, names
+from composable_dra import logs, names, retry
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
 from composable_dra.informer import Informer, InformerDriven
@@ -522,23 +522,21 @@ class PoolPublisher(InformerDriven):
     def _loop(self) -> None:
         if not self.wait_synced():
             return
-        backoff = 0.5
         while not self._stop.is_set():
             self._wake.wait(self._next_poll_in())
             if self._stop.is_set():
                 return
             self._stop.wait(self.debounce)  # let a burst of events settle into one pass
             self._wake.clear()
-            try:
-                self.reconcile()
-                self.synced.set()
-                backoff = 0.5
-            except Exception as exc:
-                PUBLISH_ERRORS.labels("reconcile").inc()
-                log.warning("pool publishing failed", error=str(exc), retry_in=backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-                self._wake.set()
+            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+
+    def _pass(self) -> None:
+        self.reconcile()
+        self.synced.set()
+
+    def _failed(self, exc: BaseException, retry_in: float) -> None:
+        PUBLISH_ERRORS.labels("reconcile").inc()
+        log.warning("pool publishing failed", error=str(exc), retry_in=retry_in)
 
     def _inventory(self, name: str, interval: float, force: bool) -> tuple[FabricSpec, Inventory]:
         spec, backend = self.fabrics.get(name)

@@ -12,6 +12,8 @@ import socket
 import threading
 import time
 
+from remote_gpu import metrics
+
 
 class AdmissionController:
     def __init__(self, bandwidth_bps: float | None, headroom: float = 1.0) -> None:
@@ -19,6 +21,7 @@ class AdmissionController:
         self.headroom = headroom
         self._held: dict[int, float] = {}
         self._lock = threading.Lock()
+        metrics.LINK_CAPACITY.set(0 if math.isinf(self.capacity) else self.capacity)
 
     @staticmethod
     def demand(frame_bytes: int, target_rate: float) -> float:
@@ -38,11 +41,13 @@ class AdmissionController:
             if sum(self._held.values()) + demand > self.capacity:
                 return False
             self._held[lease] = demand
+            metrics.LINK_ADMITTED.set(sum(self._held.values()))
             return True
 
     def release(self, lease: int) -> None:
         with self._lock:
             self._held.pop(lease, None)
+            metrics.LINK_ADMITTED.set(sum(self._held.values()))
 
     def predict_max_leases(self, demand: float) -> int:
         """How many leases of equal ``demand`` fit the link."""

@@ -25,7 +25,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
@@ -42,16 +42,17 @@ from remote_gpu.errors import (
     FrameError,
     RemoteGPUError,
 )
+from remote_gpu.errors import Fatal as _Fatal
 from remote_gpu.protocol import (
     HELLO_KEY,
     MAX_META,
     SUPPORTED_VERSIONS,
     VERSION,
     ArraySpec,
-    DType,
     Flags,
     Header,
     Op,
+    place_array,
     seq_after,
     session_key,
     unpack,
@@ -61,7 +62,7 @@ from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import check_claims, mac_for
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
 from remote_gpu.transports.tcp import TcpServerTransport
-from remote_gpu.worker import Session, Stats
+from remote_gpu.worker import Session, Stats, result_frames
 
 log = logs.get(__name__)
 
@@ -94,6 +95,8 @@ class DonorConfig:
     # connections (handshaking or serving a lease) one peer address may hold.
     handshake_timeout: float = 10.0
     max_connections_per_peer: int = 64
+    # With a lease API (``lease_api``): only the leases it opened may connect.
+    lease_gate: Callable[[int], bool] | None = None
 
 
 # ``accept`` failures (out of descriptors or memory): first pause, and the longest.
@@ -104,14 +107,6 @@ def accept_backoff(previous: float) -> float:
     """The pause after an ``accept`` failure that followed a pause of ``previous``."""
     first, longest = ACCEPT_BACKOFF
     return min(longest, max(first, previous * 2))
-
-
-class _Fatal(Exception):
-    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.seq = seq
 
 
 class Lease:
@@ -155,6 +150,7 @@ class Donor:
         # Closed leases until their tokens expire: the ids, and (expiry, id) in a heap.
         self._closed: dict[int, float] = {}
         self._expiries: list[tuple[float, int]] = []
+        self._lease_tasks: dict[int, asyncio.Task[Any]] = {}  # the connection serving each
 
     # ---- listening
 
@@ -244,6 +240,8 @@ class Donor:
         send_lock = asyncio.Lock()
         try:
             lease, key, shm = await self._hello(tr)
+            if (task := asyncio.current_task()) is not None:
+                self._lease_tasks[lease.id] = task
             if lease.ring:
                 await self._serve_ring_lease(tr, lease, key, send_lock)
             elif self.config.direct and isinstance(tr, TcpServerTransport):
@@ -271,6 +269,7 @@ class Donor:
         finally:
             tr.close()
             if lease is not None:
+                self._lease_tasks.pop(lease.id, None)
                 await self._end_lease(lease)
 
     async def _read_meta(self, tr: ServerTransport, header: Header) -> bytes:
@@ -315,6 +314,9 @@ class Donor:
             raise _Fatal(Code.AUTH_FAILED, str(exc)) from None
         if self._lease_closed(hello.lease):
             raise _Fatal(Code.AUTH_FAILED, f"lease {hello.lease} has closed; its token is spent")
+        gate = self.config.lease_gate
+        if gate is not None and not gate(hello.lease):
+            raise _Fatal(Code.AUTH_FAILED, f"lease {hello.lease} is not open on this donor")
         if hello.lease in self.leases:
             raise _Fatal(Code.LEASE_BUSY, f"lease {hello.lease} already has a connection")
         offers = [t for t in self.config.transports if t in ("shm", tr.name)]
@@ -385,6 +387,15 @@ class Donor:
         metrics.LEASES_TOTAL.labels(wanted).inc()
         log.info("lease opened", lease=lease.id, peer=tr.peer, transport=wanted, credits=credits)
         return lease, key, wanted == "shm"
+
+    def revoke(self, lease: int, expiry: float) -> None:
+        """End ``lease`` from outside (its lease was closed): its token opens nothing any
+        more, and the connection serving it, if any, ends with its worker and arena."""
+        self._closed[lease] = expiry
+        heapq.heappush(self._expiries, (expiry, lease))
+        task = self._lease_tasks.pop(lease, None)
+        if task is not None:
+            task.cancel()
 
     def _lease_closed(self, lease: int) -> bool:
         """Whether ``lease`` has been open and closed (forgetting the expired ones)."""
@@ -595,7 +606,6 @@ class Donor:
             assert free is not None  # busy < credits == slots
             slot = free
         base = arena.slot_base(slot)
-        end = base + arena.slot_size
         lease.busy.add(slot)
         cursor = base
         specs: list[ArraySpec] = []
@@ -604,28 +614,8 @@ class Donor:
                 h = unpack(await tr.recv_header(), key, arena.slot_size)
             except FrameError as exc:
                 raise _Fatal(Code.BAD_FRAME, str(exc), seq) from None
-            if (h.op, h.seq, h.part, h.parts, h.lease) != (
-                Op.INVOKE,
-                seq,
-                part,
-                head.parts,
-                lease.id,
-            ):
-                raise _Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
-            if h.flags & Flags.SHM:
-                if not shm:
-                    raise _Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
-                if not (base <= h.offset and h.offset + h.length <= end):
-                    raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
-                offset = h.offset
-            else:
-                offset = cursor
-                if offset + h.length > end:
-                    raise _Fatal(
-                        Code.MEMORY_QUOTA,
-                        f"arguments exceed the lease's {arena.slot_size}-byte slot",
-                        seq,
-                    )
+            offset = place_array(h, head, part, lease.id, shm, base, cursor, arena.slot_size)
+            if not h.flags & Flags.SHM:
                 await tr.recv_payload_into(arena.view(offset, h.length))
                 metrics.BYTES.labels("donor", "in", lease.transport).inc(h.length)
                 cursor = align(offset + h.length)
@@ -679,22 +669,8 @@ class Donor:
     def _result_frames(
         self, lease: Lease, key: bytes, seq: int, results: Sequence[ArraySpec]
     ) -> list[Frame]:
-        head = Header(Op.RESULT, lease.id, seq, parts=len(results))
-        frames: list[Frame] = [(head.pack(key), None)]
-        for i, (dtype, shape, offset, length) in enumerate(results, start=1):
-            h = Header(
-                Op.RESULT,
-                lease.id,
-                seq,
-                flags=Flags.SHM if lease.shm else Flags.NONE,
-                dtype=DType(dtype),
-                part=i,
-                parts=len(results),
-                shape=tuple(shape),
-                offset=offset,
-                length=length,
-            )
-            frames.append((h.pack(key), None if lease.shm else lease.arena.view(offset, length)))
+        inline = None if lease.shm else lease.arena
+        frames = result_frames(key, lease.id, seq, results, inline)
         metrics.BYTES.labels("donor", "out", lease.transport).inc(sum(r[3] for r in results))
         return frames
 

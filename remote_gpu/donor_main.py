@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +52,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="connections (handshaking or serving a lease) one peer address may hold",
     )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "numpy", "cupy", "torch"),
+        default=None,
+        help="where functions with a GPU kernel run (default: $REMOTE_GPU_BACKEND or auto: "
+        "the GPU when CuPy or PyTorch sees one; numpy forces numpy)",
+    )
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    _add_lease_api_arguments(parser)
+
+
+def _add_lease_api_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "lease API", "open leases for allocated remote devices (docs/operations.md, Remote GPUs)"
+    )
+    g.add_argument("--lease-api-listen", metavar="HOST:PORT", help="serve it here (unset: off)")
+    g.add_argument("--lease-api-cert", help="its TLS certificate (PEM)")
+    g.add_argument("--lease-api-key", help="its TLS key (PEM)")
+    g.add_argument("--node-name", help="the donor's node, its pool's name (default: --name)")
+    g.add_argument("--advertise", metavar="HOST:PORT", help="the data endpoint leases name")
+    g.add_argument("--kubeconfig", help="for TokenReviews and claim reads (default: in-cluster)")
+    g.add_argument("--driver-name", default="gpu.composable.dra.io")
+    g.add_argument(
+        "--lease-controller-sa",
+        metavar="NAMESPACE/NAME",
+        help="the lease controller's service account: it alone opens and lists leases",
+    )
+    g.add_argument(
+        "--lease-plugin-sa",
+        metavar="NAMESPACE/NAME",
+        help="the plugins' service account: a consumer node's plugin collects its credentials",
+    )
+    g.add_argument("--lease-ttl", type=float, default=86400.0, help="seconds a lease's token lives")
 
 
 def parse_allow(items: list[str]) -> dict[str, str]:
@@ -67,11 +101,20 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from composable_dra import logs
+    from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
     from remote_gpu.donor import Donor, DonorConfig
     from remote_gpu.tokens import read_secret
 
     log = logs.get(__name__)
+    if args.backend:
+        # The lease workers read it (they start from this process's environment).
+        os.environ[backends.ENV] = args.backend
+    try:
+        gpu = backends.from_env()  # checked here: a forced backend without a GPU stops it
+    except backends.BackendError as exc:
+        raise SystemExit(f"remote-gpu-donor: {exc}") from None
+    log.info("function backend", backend=gpu.name if gpu else "numpy")
     bandwidth = args.link_bandwidth
     if args.measure_link:
         bandwidth = measure_bandwidth(args.measure_link)
@@ -94,10 +137,19 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
+    leases = _lease_api(args, config) if args.lease_api_listen else None
 
     async def main() -> None:
         donor = Donor(config)
         await donor.start(host.strip("[]"), int(port))
+        runner = None
+        if leases is not None:
+            from remote_gpu.lease_api import serve
+
+            api, tls = leases
+            api.set_on_close(donor.revoke)
+            api_host, _, api_port = args.lease_api_listen.rpartition(":")
+            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls)
         listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
@@ -109,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        if runner is not None:
+            await runner.cleanup()
         # End every lease: workers stopped, arenas and doorbells removed from /dev/shm.
         await donor.close()
         del listener
@@ -116,3 +170,51 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
     return 0
+
+
+def _lease_api(args: argparse.Namespace, config: Any) -> Any:
+    """The lease API over a fresh book (a restarted donor has no leases); its data plane
+    then admits only the leases the API opened."""
+    from composable_dra.kube import Kube
+    from composable_dra.remote_leases import parse_service_account
+    from remote_gpu.lease_api import (
+        KubeReviewer,
+        LeaseAPI,
+        LeaseAPIConfig,
+        LeaseBook,
+        server_context,
+        service_account_user,
+    )
+
+    missing = [
+        flag
+        for flag, value in (
+            ("--lease-api-cert", args.lease_api_cert),
+            ("--lease-api-key", args.lease_api_key),
+            ("--lease-controller-sa", args.lease_controller_sa),
+            ("--lease-plugin-sa", args.lease_plugin_sa),
+        )
+        if not value
+    ]
+    if missing:
+        raise SystemExit(f"--lease-api-listen needs {', '.join(missing)}")
+    host = args.listen.rpartition(":")[0].strip("[]")
+    endpoint = args.advertise or (None if host in ("", "0.0.0.0", "::") else args.listen)
+    if endpoint is None:
+        raise SystemExit("--lease-api-listen with a wildcard --listen needs --advertise")
+    try:
+        controller = service_account_user(*parse_service_account(args.lease_controller_sa))
+        plugin = service_account_user(*parse_service_account(args.lease_plugin_sa))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    kube = Kube.from_config(args.kubeconfig)
+    reviewer = KubeReviewer(kube)
+    book = LeaseBook(config.name, endpoint, config.secret, args.lease_ttl)
+    config.lease_gate = book.is_open
+    api = LeaseAPI(
+        LeaseAPIConfig(args.node_name or args.name, args.driver_name, controller, plugin),
+        book,
+        reviewer,
+        reviewer,
+    )
+    return api, server_context(args.lease_api_cert, args.lease_api_key)

@@ -23,9 +23,19 @@ class Code(StrEnum):
 
 
 class RemoteGPUError(Exception):
-    """Base of every error the remote GPU service reports."""
+    """Base of every error the remote GPU service reports.
+
+    A subclass names its code as a class keyword (``class X(RemoteGPUError,
+    code=Code.Y)``); that also registers it as the exception :func:`from_code` raises
+    for the code."""
 
     code: Code = Code.INTERNAL
+
+    def __init_subclass__(cls, code: Code | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+            _BY_CODE[code] = cls
 
     def __init__(self, message: str, code: Code | None = None) -> None:
         super().__init__(message)
@@ -34,81 +44,60 @@ class RemoteGPUError(Exception):
         self.message = message
 
 
-class FrameError(RemoteGPUError):
-    code = Code.BAD_FRAME
+_BY_CODE: dict[Code, type[RemoteGPUError]] = {}
 
 
-class SequenceError(FrameError):
+class FrameError(RemoteGPUError, code=Code.BAD_FRAME): ...
+
+
+class SequenceError(FrameError, code=Code.BAD_SEQUENCE):
     """A request's sequence number does not follow the previous one's: replayed or out
     of order."""
 
-    code = Code.BAD_SEQUENCE
 
-
-class DeadlineExceeded(RemoteGPUError, TimeoutError):
+class DeadlineExceeded(RemoteGPUError, TimeoutError, code=Code.DEADLINE_EXCEEDED):
     """No answer in time (also a :class:`TimeoutError`)."""
 
-    code = Code.DEADLINE_EXCEEDED
+
+class VersionError(RemoteGPUError, code=Code.UNSUPPORTED_VERSION): ...
 
 
-class VersionError(RemoteGPUError):
-    code = Code.UNSUPPORTED_VERSION
+class AuthError(RemoteGPUError, code=Code.AUTH_FAILED): ...
 
 
-class AuthError(RemoteGPUError):
-    code = Code.AUTH_FAILED
+class LeaseBusy(RemoteGPUError, code=Code.LEASE_BUSY): ...
 
 
-class LeaseBusy(RemoteGPUError):
-    code = Code.LEASE_BUSY
+class NotAllowed(RemoteGPUError, code=Code.NOT_ALLOWED): ...
 
 
-class NotAllowed(RemoteGPUError):
-    code = Code.NOT_ALLOWED
+class MemoryQuotaExceeded(RemoteGPUError, code=Code.MEMORY_QUOTA): ...
 
 
-class MemoryQuotaExceeded(RemoteGPUError):
-    code = Code.MEMORY_QUOTA
+class RateLimited(RemoteGPUError, code=Code.RATE_LIMITED): ...
 
 
-class RateLimited(RemoteGPUError):
-    code = Code.RATE_LIMITED
+class FlowControlError(RemoteGPUError, code=Code.FLOW_CONTROL): ...
 
 
-class FlowControlError(RemoteGPUError):
-    code = Code.FLOW_CONTROL
+class AdmissionRefused(RemoteGPUError, code=Code.ADMISSION_REFUSED): ...
 
 
-class AdmissionRefused(RemoteGPUError):
-    code = Code.ADMISSION_REFUSED
+class FunctionFailed(RemoteGPUError, code=Code.FUNCTION_FAILED): ...
 
 
-class FunctionFailed(RemoteGPUError):
-    code = Code.FUNCTION_FAILED
+class WorkerDied(RemoteGPUError, code=Code.WORKER_DIED): ...
 
 
-class WorkerDied(RemoteGPUError):
-    code = Code.WORKER_DIED
+class Fatal(Exception):
+    """A defect in a peer's frames that ends its connection (donor and worker side): the
+    code and message its ERROR frame carries, for the request ``seq``."""
 
-
-_BY_CODE: dict[Code, type[RemoteGPUError]] = {
-    cls.code: cls
-    for cls in (
-        FrameError,
-        SequenceError,
-        DeadlineExceeded,
-        VersionError,
-        AuthError,
-        LeaseBusy,
-        NotAllowed,
-        MemoryQuotaExceeded,
-        RateLimited,
-        FlowControlError,
-        AdmissionRefused,
-        FunctionFailed,
-        WorkerDied,
-    )
-}
+    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.seq = seq
 
 
 def from_code(code: str, message: str) -> RemoteGPUError:

@@ -16,3 +16,13 @@ LATENCY = Histogram(
 LEASES = Gauge("remote_gpu_leases_held", "Leases held by the donor")
 LEASES_TOTAL = Counter("remote_gpu_leases_opened", "Leases opened", ["transport"])
 ADMISSION_REFUSALS = Counter("remote_gpu_admission_refusals_total", "Leases refused by admission")
+# Per-donor link use (one donor per process): what admission counts with, and how much
+# of it the open leases declared; the bytes actually moved are remote_gpu_bytes_total.
+LINK_CAPACITY = Gauge(
+    "remote_gpu_link_capacity_bytes_per_second",
+    "Usable link bandwidth for admission: measured or given x headroom (0: not limited)",
+)
+LINK_ADMITTED = Gauge(
+    "remote_gpu_link_admitted_bytes_per_second",
+    "Bytes/s the donor's open leases declared (their admitted demand)",
+)

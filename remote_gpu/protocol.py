@@ -71,7 +71,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from remote_gpu.errors import FrameError
+from remote_gpu.errors import Code, Fatal, FrameError
 
 MAGIC = b"RGPU"
 VERSION = 2  # 2: challenge-response handshake, sealed arenas, sequence checks
@@ -157,6 +157,23 @@ def _buildable(shape: tuple[int, ...], itemsize: int, max_length: int) -> bool:
     """A shape with a zero dimension has no payload, but numpy still refuses one whose
     other dimensions multiply past its limits; bound them by the payload limit."""
     return math.prod(d or 1 for d in shape) * itemsize <= max_length
+
+
+def _shape(ndim: int, dims: tuple[int, int, int, int]) -> tuple[int, ...]:
+    """The shape a header's ``ndim`` and four dimension fields describe."""
+    if ndim > MAX_NDIM:
+        raise FrameError(f"ndim {ndim} > {MAX_NDIM}")
+    if ndim < MAX_NDIM and any(dims[ndim:]):
+        raise FrameError("shape has dimensions beyond ndim")
+    return dims[:ndim]
+
+
+def _check_payload(shape: tuple[int, ...], itemsize: int, length: int, max_length: int) -> None:
+    """An array frame's length is exactly its shape's, and numpy can build the shape."""
+    if math.prod(shape) * itemsize != length:
+        raise FrameError(f"length {length} does not match dtype and shape")
+    if not length and not _buildable(shape, itemsize, max_length):
+        raise FrameError(f"shape {shape} exceeds the payload limit")
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> DType:
@@ -285,18 +302,10 @@ def unpack_arrays(
         itemsize = _ITEMSIZE.get(dtype)
         if itemsize is None:
             raise FrameError(f"unknown dtype {dtype}")
-        if ndim > MAX_NDIM:
-            raise FrameError(f"ndim {ndim} > {MAX_NDIM}")
-        dims = (d0, d1, d2, d3)
-        if ndim < MAX_NDIM and any(dims[ndim:]):
-            raise FrameError("shape has dimensions beyond ndim")
+        shape = _shape(ndim, (d0, d1, d2, d3))
         if n > max_length:
             raise FrameError(f"payload length {n} exceeds limit {max_length}")
-        shape = dims[:ndim]
-        if math.prod(shape) * itemsize != n:
-            raise FrameError(f"length {n} does not match dtype and shape")
-        if not n and not _buildable(shape, itemsize, max_length):
-            raise FrameError(f"shape {shape} exceeds the payload limit")
+        _check_payload(shape, itemsize, n, max_length)
         out.append((dtype, shape, at, n))
         pos = end
     if pos != len(data):
@@ -369,16 +378,11 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
         raise FrameError(f"unknown dtype {dtype}")
     if flags_ is None:
         raise FrameError(f"unknown flags {flags:#x}")
-    if ndim > MAX_NDIM:
-        raise FrameError(f"ndim {ndim} > {MAX_NDIM}")
-    dims = (d0, d1, d2, d3)
-    if ndim < MAX_NDIM and any(dims[ndim:]):
-        raise FrameError("shape has dimensions beyond ndim")
+    shape = _shape(ndim, (d0, d1, d2, d3))
     if parts > MAX_PARTS or (part > parts and part != 0):
         raise FrameError(f"part {part} of {parts}")
     if length > max_length:
         raise FrameError(f"payload length {length} exceeds limit {max_length}")
-    shape = dims[:ndim]
     if part == 0:
         if dtype or ndim or flags:
             raise FrameError("a head frame carries no array")
@@ -387,11 +391,31 @@ def unpack(data: bytes | bytearray | memoryview, key: bytes, max_length: int) ->
     else:
         if not dtype:
             raise FrameError("an array frame needs a dtype")
-        itemsize = _ITEMSIZE[dtype]
-        if math.prod(shape) * itemsize != length:
-            raise FrameError(f"length {length} does not match dtype and shape")
-        if not length and not _buildable(shape, itemsize, max_length):
-            raise FrameError(f"shape {shape} exceeds the payload limit")
+        _check_payload(shape, _ITEMSIZE[dtype], length, max_length)
     return _new(
         Header, (op_, lease, seq, version, flags_, dtype_, part, parts, shape, offset, length)
     )
+
+
+def place_array(
+    h: Header, head: Header, part: int, lease: int, shm: bool, base: int, cursor: int, size: int
+) -> int:
+    """Where array frame ``h`` (number ``part`` of the INVOKE ``head``) lands in the
+    request's slot ``[base, base + size)``: its own offset for an SHM frame, else
+    ``cursor``, where the caller then reads the inline payload. A frame out of sequence,
+    of the wrong kind for the lease or outside the slot raises :class:`Fatal`."""
+    seq = head.seq
+    if (h.op, h.seq, h.part, h.parts, h.lease) != (Op.INVOKE, seq, part, head.parts, lease):
+        raise Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
+    end = base + size
+    if h.flags & Flags.SHM:
+        if not shm:
+            raise Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
+        if not (base <= h.offset and h.offset + h.length <= end):
+            raise Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
+        return h.offset
+    if shm:
+        raise Fatal(Code.BAD_FRAME, "inline payload on a shared-memory lease", seq)
+    if cursor + h.length > end:
+        raise Fatal(Code.MEMORY_QUOTA, f"arguments exceed the lease's {size}-byte slot", seq)
+    return cursor

@@ -45,8 +45,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from remote_gpu import backends
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError
+from remote_gpu.errors import Fatal as _Fatal
 from remote_gpu.handshake import error_body
 from remote_gpu.protocol import (
     HEADER_SIZE,
@@ -58,13 +60,14 @@ from remote_gpu.protocol import (
     Op,
     dtype_code,
     pack_message,
+    place_array,
     seq_after,
     unpack,
     unpack_arrays,
 )
 from remote_gpu.quotas import TokenBucket
 from remote_gpu.ring import Ring
-from remote_gpu.transports import Frame
+from remote_gpu.transports import Frame, pieces
 from remote_gpu.transports.tcp import Reader, send_all
 
 STATS_INTERVAL = 0.25
@@ -179,12 +182,27 @@ def _call(
     return replies, time.perf_counter() - start
 
 
-class _Fatal(Exception):
-    def __init__(self, code: Code, message: str, seq: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.seq = seq
+def result_frames(
+    key: bytes, lease: int, seq: int, results: Sequence[ArraySpec], inline: Arena | None
+) -> list[Frame]:
+    """The RESULT message for arrays in the lease's arena: SHM frames, or with
+    ``inline`` (a stream lease's arena) each payload inline."""
+    frames: list[Frame] = [(Header(Op.RESULT, lease, seq, parts=len(results)).pack(key), None)]
+    for i, (dtype, shape, offset, length) in enumerate(results, start=1):
+        h = Header(
+            Op.RESULT,
+            lease,
+            seq,
+            flags=Flags.SHM if inline is None else Flags.NONE,
+            dtype=DType(dtype),
+            part=i,
+            parts=len(results),
+            shape=tuple(shape),
+            offset=offset,
+            length=length,
+        )
+        frames.append((h.pack(key), None if inline is None else inline.view(offset, length)))
+    return frames
 
 
 def error_frame(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:
@@ -280,35 +298,12 @@ class DirectServer:
         else:
             slot = 0  # requests are served in order: one slot at a time is busy
         base = arena.slot_base(slot)
-        end = base + arena.slot_size
         cursor = base
         specs: list[ArraySpec] = []
         for part in range(1, head.parts + 1):
             h = self._header(arena.slot_size)
-            if (h.op, h.seq, h.part, h.parts, h.lease) != (
-                Op.INVOKE,
-                seq,
-                part,
-                head.parts,
-                self.s.lease,
-            ):
-                raise _Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
-            if h.flags & Flags.SHM:
-                if not shm:
-                    raise _Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
-                if not (base <= h.offset and h.offset + h.length <= end):
-                    raise _Fatal(Code.MEMORY_QUOTA, "array lies outside the request's slot", seq)
-                offset = h.offset
-            else:
-                if shm:
-                    raise _Fatal(Code.BAD_FRAME, "inline payload on a shared-memory lease", seq)
-                offset = cursor
-                if offset + h.length > end:
-                    raise _Fatal(
-                        Code.MEMORY_QUOTA,
-                        f"arguments exceed the lease's {arena.slot_size}-byte slot",
-                        seq,
-                    )
+            offset = place_array(h, head, part, self.s.lease, shm, base, cursor, arena.slot_size)
+            if not h.flags & Flags.SHM:
                 self.reader.read_into(arena.view(offset, h.length))
                 cursor = align(offset + h.length)
             specs.append((int(h.dtype), h.shape, offset, h.length))
@@ -375,24 +370,9 @@ class DirectServer:
         self.send([error_frame(self.s.lease, seq, code, message, self.s.key)])
 
     def _result_frames(self, seq: int, results: Sequence[ArraySpec]) -> list[Frame]:
-        key, lease, shm = self.s.key, self.s.lease, self.s.shm
-        frames: list[Frame] = [(Header(Op.RESULT, lease, seq, parts=len(results)).pack(key), None)]
-        for i, (dtype, shape, offset, length) in enumerate(results, start=1):
-            h = Header(
-                Op.RESULT,
-                lease,
-                seq,
-                flags=Flags.SHM if shm else Flags.NONE,
-                dtype=DType(dtype),
-                part=i,
-                parts=len(results),
-                shape=tuple(shape),
-                offset=offset,
-                length=length,
-            )
-            frames.append((h.pack(key), None if shm else self.arena.view(offset, length)))
         self.stats.bytes_out += sum(r[3] for r in results)
-        return frames
+        inline = None if self.s.shm else self.arena
+        return result_frames(self.s.key, self.s.lease, seq, results, inline)
 
     def fail(self, exc: _Fatal) -> None:
         """Answer a fatal defect with ERROR (best effort); the connection then ends."""
@@ -407,6 +387,24 @@ def _report(conn: Connection, stats: Stats) -> Stats:
             conn.send(("stats", stats))
         return Stats()
     return stats
+
+
+def _reported(conn: Connection, server: DirectServer, last: float) -> float:
+    """Send the server's stats once ``STATS_INTERVAL`` has passed since ``last``; the time
+    of the latest report."""
+    now = time.monotonic()
+    if now - last < STATS_INTERVAL:
+        return last
+    server.stats = _report(conn, server.stats)
+    return now
+
+
+def _stop_asked(conn: Connection) -> bool:
+    """Read the donor's message on the pipe: None (or the pipe gone) asks to stop."""
+    try:
+        return conn.recv() is None
+    except (EOFError, OSError):
+        return True
 
 
 def _serve_direct(
@@ -437,14 +435,9 @@ def _serve_direct(
                 events = [(sock_fd, select.POLLIN)]  # the next request is here already
             else:
                 events = poller.poll(int(STATS_INTERVAL * 1000))
-            if any(fd != sock_fd for fd, _ in events):
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    msg = None
-                if msg is None:
-                    stop = True
-                    break
+            if any(fd != sock_fd for fd, _ in events) and _stop_asked(conn):
+                stop = True
+                break
             if events:
                 try:
                     if not server.step():
@@ -454,10 +447,7 @@ def _serve_direct(
                     break
                 except (ConnectionError, OSError):
                     break
-            now = time.monotonic()
-            if now - last >= STATS_INTERVAL:
-                server.stats = _report(conn, server.stats)
-                last = now
+            last = _reported(conn, server, last)
     finally:
         sock.close()
         _report(conn, server.stats)
@@ -478,12 +468,7 @@ def _serve_ring(
     ring = Ring(arena, session.credits, "worker")
 
     def send(frames: Sequence[Frame]) -> None:
-        chunks: list[bytes] = []
-        for header, payload in frames:
-            chunks.append(bytes(header))
-            if payload is not None and len(payload):
-                chunks.append(bytes(payload))
-        ring.post(chunks)
+        ring.post(b"".join(pieces(frames)))
 
     server = DirectServer(_NoStream(), send, arena, functions, session, ring)
     pipe = conn.fileno()
@@ -499,17 +484,11 @@ def _serve_ring(
                     server.stats.error(fatal.code)
                     conn.send(("fatal", fatal.code.value, fatal.message, fatal.seq))
                     serving = False
-            elif not serving or ring.wait(STATS_INTERVAL, pipe, spin=session.spin):
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    msg = None
-                if msg is None:
-                    return
-            now = time.monotonic()
-            if now - last >= STATS_INTERVAL:
-                server.stats = _report(conn, server.stats)
-                last = now
+            elif (
+                not serving or ring.wait(STATS_INTERVAL, pipe, spin=session.spin)
+            ) and _stop_asked(conn):
+                return
+            last = _reported(conn, server, last)
     finally:
         _report(conn, server.stats)
         ring.close()
@@ -525,8 +504,9 @@ def main(
 ) -> None:
     arena = Arena.attach(arena_path, size, slots, slot_size)
     functions: dict[str, Callable[..., Any]] = {}
+    gpu = backends.from_env()  # on the node's GPU where there is one (per function)
     for name, path in allow.items():
-        functions[name] = resolve(path)
+        functions[name] = backends.place(path, resolve(path), gpu)
     conn.send(("ready",))
     while True:
         try:
@@ -550,4 +530,6 @@ def main(
             conn.send(("err", seq, outcome[0].value, outcome[1]))
         else:
             conn.send(("ok", seq, outcome[0], outcome[1]))
+    # The lease is over, and its donor may be gone (killed): leave nothing in /dev/shm.
+    arena.owner = True
     arena.close()

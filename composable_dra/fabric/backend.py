@@ -85,7 +85,7 @@ def status_error(status: int, message: str, retry_after: float | None) -> Fabric
     return OperationFailedError(message)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands per inventory read
 class Host:
     """A fabric host (Redfish ComputerSystem) that a node runs on."""
 
@@ -94,7 +94,7 @@ class Host:
     name: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Device:
     """A fabric device (a GPU resource block)."""
 
@@ -108,7 +108,7 @@ class Device:
     manufacturer: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Zone:
     """Devices and the hosts they can be attached to."""
 

@@ -31,6 +31,7 @@ import redfish
 from redfish.rest.v1 import RetriesExhaustedError
 
 from api.v1alpha1 import DEVICE_ID
+from composable_dra.fabric import members
 from composable_dra.fabric.backend import (
     AuthError,
     BusyError,
@@ -199,6 +200,7 @@ class RedfishCompositionBackend:
         self._logged_in = False
         self._gpu_facts: dict[str, dict[str, Any]] = {}  # block id -> its GPU Processor
         self._action_targets: dict[tuple[str, str], str] = {}
+        self._expand: members.Expand | None = None  # what the ServiceRoot advertises
 
     # -- transport -----------------------------------------------------------------------
 
@@ -262,8 +264,15 @@ class RedfishCompositionBackend:
             raise error_for(status, body, headers, f"GET {uri}")
         return body
 
-    def _members(self, uri: str) -> list[str]:
-        return [m["@odata.id"] for m in self._get(uri).get("Members", [])]
+    def _collection(self, uri: str, levels: int = 1) -> list[dict[str, Any]]:
+        """The members of a collection: one request a page where the service inlines them
+        (``$expand``), else one more per member (members.py)."""
+        if self._expand is None:
+            self._expand = members.expand_of(self._get(f"{ROOT}/"))
+        try:
+            return members.members(self._get, uri, self.endpoint, self._expand, levels)
+        except members.PagingError as exc:
+            raise FabricError(str(exc)) from exc
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -288,8 +297,7 @@ class RedfishCompositionBackend:
 
     def _read_hosts(self) -> dict[str, Host]:
         hosts: dict[str, Host] = {}
-        for uri in self._members(f"{ROOT}/Systems"):
-            system = self._get(uri)
+        for system in self._collection(f"{ROOT}/Systems"):
             hosts[system["Id"]] = Host(
                 system["Id"], str(system.get("UUID", "")), system.get("Name", "")
             )
@@ -299,8 +307,8 @@ class RedfishCompositionBackend:
         hosts = self._read_hosts()
         devices: dict[str, Device] = {}
         system_block_host: dict[str, str] = {}
-        for uri in self._members(BLOCKS):
-            block = self._get(uri)
+        # Two levels: each block with its GPU Processor, where the service can.
+        for block in self._collection(BLOCKS, levels=2):
             if "ComputerSystem" in block.get("ResourceBlockType", []):
                 systems = block.get("Links", {}).get("ComputerSystems", [])
                 if systems:
@@ -310,13 +318,12 @@ class RedfishCompositionBackend:
             if device is not None:
                 devices[device.id] = device
         zones: dict[str, Zone] = {}
-        for uri in self._members(f"{ROOT}/CompositionService/ResourceZones"):
-            zone = self._get(uri)
-            members = [_id(b["@odata.id"]) for b in zone.get("Links", {}).get("ResourceBlocks", [])]
+        for zone in self._collection(f"{ROOT}/CompositionService/ResourceZones"):
+            ids = [_id(b["@odata.id"]) for b in zone.get("Links", {}).get("ResourceBlocks", [])]
             zones[zone["Id"]] = Zone(
                 id=zone["Id"],
-                hosts=frozenset(system_block_host[b] for b in members if b in system_block_host),
-                devices=frozenset(b for b in members if b in devices),
+                hosts=frozenset(system_block_host[b] for b in ids if b in system_block_host),
+                devices=frozenset(b for b in ids if b in devices),
             )
         return Inventory(hosts=hosts, devices=devices, zones=zones)
 
@@ -348,7 +355,8 @@ class RedfishCompositionBackend:
         """The block's GPU Processor; its model, UUID and memory never change, so kept."""
         if block["Id"] not in self._gpu_facts:
             for ref in block.get("Processors", []):
-                proc = self._get(ref["@odata.id"])
+                # Inlined by $expand, or only the link to read.
+                proc = ref if len(ref) > 1 else self._get(ref["@odata.id"])
                 if proc.get("ProcessorType") == "GPU":
                     self._gpu_facts[block["Id"]] = proc
                     break

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from composable_dra.fabric import members
 from dra_driver.device_source import DeviceInfo, device_name_for
 
 _MiB = 2**20
@@ -117,6 +118,8 @@ class RedfishSource:
         self._credentials = credentials
         self._logged_in = False
         self._system_path: str | None = None
+        self.endpoint = endpoint
+        self._expand: members.Expand | None = None  # what the ServiceRoot advertises
 
     def _get(self, path: str) -> dict[str, Any]:
         if self._credentials is not None and not self._logged_in:
@@ -132,14 +135,19 @@ class RedfishSource:
         body: dict[str, Any] = resp.dict
         return body
 
-    def _members(self, path: str) -> list[str]:
-        return [m["@odata.id"] for m in self._get(path).get("Members", []) if "@odata.id" in m]
+    def _members(self, path: str) -> list[dict[str, Any]]:
+        """A collection's members, inlined where the service can (members.py)."""
+        if self._expand is None:
+            self._expand = members.expand_of(self._get(f"{members.ROOT}/"))
+        try:
+            return members.members(self._get, path, self.endpoint, self._expand)
+        except members.PagingError as exc:
+            raise RedfishError(str(exc)) from exc
 
     def _find_system(self) -> str:
-        for path in self._members("/redfish/v1/Systems"):
-            system = self._get(path)
+        for system in self._members(f"{members.ROOT}/Systems"):
             if str(system.get("UUID", "")).lower() == self.system_uuid:
-                return path
+                return str(system["@odata.id"])
         raise RedfishError(f"no ComputerSystem with UUID {self.system_uuid}")
 
     def list_devices(self) -> list[DeviceInfo]:
@@ -154,8 +162,8 @@ class RedfishSource:
         if not processors:
             return []
         devices = []
-        for path in self._members(processors):
-            dev = gpu_from_processor(self._get(path))
+        for proc in self._members(processors):
+            dev = gpu_from_processor(proc)
             if dev is not None:
                 devices.append(dev)
         return devices

@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hack.bench.goals import finish, goal  # noqa: E402
+from hack.localcluster.process import donor_argv  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
@@ -81,18 +82,9 @@ class DonorProcess:
         secret.write_bytes(SECRET)
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "composable_dra.cli",
-            "--log-level",
-            "warning",
-            "remote-gpu-donor",
-            "--name",
+        cmd = donor_argv(
             "bench",
-            "--secret-file",
-            str(secret),
-            "--listen",
+            secret,
             self.endpoint,
             "--memory-quota",
             str(72 << 20),
@@ -103,7 +95,7 @@ class DonorProcess:
             "--allow",
             "fe=remote_gpu.builtins:feature_extract",
             *extra,
-        ]
+        )
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import textwrap
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +72,73 @@ def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 @dataclass
-class _Process:
+class BinaryProcess:
+    """A binary the harness started (etcd, the API server, a kubelet...) and its log."""
+
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+
+    @classmethod
+    def spawn(
+        cls, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> BinaryProcess:
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, not them
+            )
+        return cls(name, popen, log)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM; SIGKILL if it has not exited after ``timeout`` seconds."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def start_or_report(
+    start: Callable[[], None], stop: Callable[[], None], logs_tail: Callable[[], str]
+) -> None:
+    """Run ``start``, with ``stop`` registered to run at exit (an interrupted test run
+    still cleans up); if it fails, stop what it started and print the logs, then raise."""
+    atexit.register(stop)
+    try:
+        start()
+    except BaseException:
+        report = logs_tail()
+        stop()
+        if report:
+            print(report, flush=True)
+        raise
+
+
+def exited(procs: Sequence[BinaryProcess]) -> str:
+    """The processes that have exited, as ``name (exit N), ...``; empty when none."""
+    return ", ".join(
+        f"{p.name} (exit {p.popen.returncode})" for p in procs if p.popen.poll() is not None
+    )
+
+
+def log_tails(procs: Sequence[BinaryProcess], lines: int, prefix: str = "") -> list[str]:
+    """The last ``lines`` of each process's log, under a header naming it."""
+    parts = []
+    for proc in procs:
+        try:
+            text = proc.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        if text:
+            parts.append(f"--- {prefix}{proc.name} ({proc.log}) ---\n" + "\n".join(text))
+    return parts
 
 
 @dataclass
@@ -91,7 +154,7 @@ class ControlPlane:
     def __post_init__(self) -> None:
         self._owns_workdir = self.workdir is None
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="composable-dra-cp-"))
-        self._procs: list[_Process] = []
+        self._procs: list[BinaryProcess] = []
         self.api_port = 0
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.ca: CertificateAuthority | None = None
@@ -115,15 +178,7 @@ class ControlPlane:
         return self.workdir / "logs"
 
     def start(self) -> None:
-        atexit.register(self.stop)
-        try:
-            self._start()
-        except BaseException:
-            report = self.logs_tail()
-            self.stop()
-            if report:
-                print(report, flush=True)
-            raise
+        start_or_report(self._start, self.stop, self.logs_tail)
 
     def _start(self) -> None:
         assert self.workdir is not None
@@ -254,13 +309,7 @@ class ControlPlane:
         One at a time: the apiserver shuts down promptly only while etcd still answers.
         """
         for proc in reversed(self._procs):
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+            proc.stop(10)
         self._procs.clear()
         if (
             self._owns_workdir
@@ -274,21 +323,12 @@ class ControlPlane:
 
     def check_alive(self) -> None:
         """Raise, with the logs, when a control plane process has exited."""
-        dead = [p for p in self._procs if p.popen.poll() is not None]
-        if dead:
-            names = ", ".join(f"{p.name} (exit {p.popen.returncode})" for p in dead)
+        names = exited(self._procs)
+        if names:
             raise ControlPlaneError(f"control plane process exited: {names}\n{self.logs_tail()}")
 
     def logs_tail(self, lines: int = 40) -> str:
-        parts = []
-        for proc in self._procs:
-            try:
-                text = proc.log.read_text(errors="replace").splitlines()[-lines:]
-            except OSError:
-                continue
-            if text:
-                parts.append(f"--- {proc.name} ({proc.log}) ---\n" + "\n".join(text))
-        return "\n".join(parts)
+        return "\n".join(log_tails(self._procs, lines))
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -299,16 +339,8 @@ class ControlPlane:
         return [f"--feature-gates={value}"]
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = self.logs_dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a Ctrl-C in the terminal reaches us, not them
-            )
-        self._procs.append(_Process(name, popen, log))
+        argv = [str(self.bin_dir / name), *args]
+        self._procs.append(BinaryProcess.spawn(name, argv, self.logs_dir / f"{name}.log"))
 
     def _wait_http(self, name: str, url: str, client: KeyPair | None) -> None:
         if url.startswith("https"):

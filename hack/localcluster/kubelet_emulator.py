@@ -11,8 +11,11 @@ It does what the kubelet does for DRA and nothing else:
 - pod deletion: NodeUnprepareResources once no pod of the node uses a claim any more,
   then the final (grace period 0) delete that a real kubelet sends.
 
-Containers are not run. A pod annotated ``composable.dra.io/emulated-run-seconds: N``
-finishes (phase Succeeded) N seconds after it started, as its workload would.
+Containers with a ``command`` run as local processes with their CDI edits applied
+(``containers``): their exit codes become the pod's phase, and a deleted pod's processes
+are stopped before its claims are unprepared. Pods whose containers have no command are
+only marked Running; one annotated ``composable.dra.io/emulated-run-seconds: N`` finishes
+(phase Succeeded) N seconds after it started, as its workload would.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import heapq
-import json
 import threading
 import time
 import uuid
@@ -36,8 +38,17 @@ from api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from composable_dra import logs
-from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from composable_dra import logs, retry
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, KubeError, path
+from composable_dra.timestamps import now_rfc3339
+from hack.localcluster.containers import (
+    ContainerError,
+    Containers,
+    cdi_devices,
+    pod_status,
+    runs_processes,
+)
 
 RUN_SECONDS_ANNOTATION = "composable.dra.io/emulated-run-seconds"
 # Versions in order of preference, with the modules that speak them.
@@ -71,22 +82,9 @@ class _Due:
     key: str = field(compare=False)
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def cdi_devices_on_disk(cdi_dir: Path) -> set[str]:
     """Fully qualified CDI device names (vendor/class=name) of the spec files in cdi_dir."""
-    names: set[str] = set()
-    for spec_file in sorted(cdi_dir.glob("*.json")):
-        try:
-            spec = json.loads(spec_file.read_text())
-        except (OSError, ValueError):
-            continue
-        kind = spec.get("kind", "")
-        for dev in spec.get("devices", []):
-            names.add(f"{kind}={dev.get('name', '')}")
-    return names
+    return set(cdi_devices(cdi_dir))
 
 
 def claim_names(pod: JSON) -> list[str] | None:
@@ -131,7 +129,15 @@ class KubeletEmulator:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._drivers: dict[str, Driver] = {}
-        self._pods: dict[str, JSON] = {}  # key -> latest pod object
+        # This node's pods; each added, changed or deleted one is queued for a sync.
+        self.pods = Informer(
+            self.kube,
+            path("v1", "pods"),
+            on_event=lambda _type, pod: self._enqueue(_key(pod)),
+            name=f"pods-{node_name}",
+            watch_timeout=30,
+            fieldSelector=f"spec.nodeName={node_name}",
+        )
         self._due: list[_Due] = []
         self._attempts: dict[str, int] = {}
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> pod uids on this node
@@ -139,15 +145,17 @@ class KubeletEmulator:
         self._prepared_pods: dict[str, JSON] = {}  # key -> the pod as prepared
         self._claim_refs: dict[str, JSON] = {}  # claim uid -> {namespace, name, uid, drivers}
         self._threads: list[threading.Thread] = []
+        self._claim_uids: dict[str, dict[str, str]] = {}  # pod uid -> claim name -> uid
+        self.containers = Containers(self.root / "pods", self.cdi_dir, self._enqueue, node_name)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         for d in (self.plugins_registry_dir, self.plugins_dir, self.cdi_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self.pods.start()
         for target, name in (
             (self._registration_loop, "registration"),
-            (self._watch_loop, "pod-watch"),
             (self._work_loop, "pod-worker"),
         ):
             t = threading.Thread(target=target, name=f"kubelet-{self.node}-{name}", daemon=True)
@@ -156,11 +164,12 @@ class KubeletEmulator:
 
     def stop(self) -> None:
         self._stop.set()
+        self.containers.stop_all()
         with self._wake:
             self._wake.notify_all()
+        self.pods.stop()
         for t in self._threads:
-            if not t.name.endswith("pod-watch"):  # that one ends at its watch's next event
-                t.join(timeout=5)
+            t.join(timeout=5)
         for driver in self._drivers.values():
             driver.channel.close()
 
@@ -243,7 +252,7 @@ class KubeletEmulator:
             old = self._drivers.pop(info.name, None)
             self._drivers[info.name] = driver
             # Pods that waited for this driver get another go right away.
-            for key in self._pods:
+            for key in self.pods.cached_keys():
                 heapq.heappush(self._due, _Due(0.0, key))
             self._wake.notify_all()
         if old:
@@ -265,49 +274,6 @@ class KubeletEmulator:
             heapq.heappush(self._due, _Due(time.monotonic() + delay, key))
             self._wake.notify_all()
 
-    def _watch_loop(self) -> None:
-        pods_path = path("v1", "pods")
-        selector = f"spec.nodeName={self.node}"
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    listed = self.kube.get(pods_path, fieldSelector=selector)
-                    rv = listed["metadata"]["resourceVersion"]
-                    seen = set()
-                    for pod in listed["items"]:
-                        key = _key(pod)
-                        seen.add(key)
-                        with self._lock:
-                            self._pods[key] = pod
-                        self._enqueue(key)
-                    with self._lock:
-                        gone = [k for k in self._pods if k not in seen]
-                        for k in gone:
-                            self._pods.pop(k)
-                for event in self.kube.watch(pods_path, rv, 30, fieldSelector=selector):
-                    obj = event["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    key = _key(obj)
-                    with self._lock:
-                        if event["type"] == "DELETED":
-                            self._pods.pop(key, None)
-                        else:
-                            self._pods[key] = obj
-                    self._enqueue(key)
-                    if self._stop.is_set():
-                        return
-            except Gone:
-                rv = ""
-            except Exception as exc:
-                if self._stop.is_set():
-                    return
-                self._log.warning("pod watch failed; relisting", error=str(exc))
-                rv = ""
-                self._stop.wait(1.0)
-
     def _work_loop(self) -> None:
         while not self._stop.is_set():
             with self._wake:
@@ -319,14 +285,14 @@ class KubeletEmulator:
                 if self._stop.is_set():
                     return
                 key = heapq.heappop(self._due).key
-                pod = self._pods.get(key)
+            pod = self.pods.get(key)
             try:
                 self._sync(key, pod)
                 self._attempts.pop(key, None)
             except Exception as exc:
                 attempt = self._attempts.get(key, 0) + 1
                 self._attempts[key] = attempt
-                delay = min(self.retry_max, 0.2 * 2**attempt)
+                delay = retry.delay(attempt, cap=self.retry_max)
                 if not isinstance(exc, PrepareError | KubeError):
                     self._log.exception("pod sync failed", pod=key)
                 self._enqueue(key, delay)
@@ -338,11 +304,13 @@ class KubeletEmulator:
             with self._lock:
                 known = self._prepared_pods.get(key)
             if known is not None:
+                self.containers.stop(known["metadata"]["uid"])
                 self._release(known)
             return
         uid = pod["metadata"]["uid"]
         phase = pod.get("status", {}).get("phase", "Pending")
         if pod["metadata"].get("deletionTimestamp"):
+            self.containers.stop(uid)
             self._release(pod)
             self.kube.delete(
                 path("v1", "pods", pod["metadata"]["name"], namespace=pod["metadata"]["namespace"]),
@@ -356,6 +324,9 @@ class KubeletEmulator:
             prepared = uid in self._prepared
         if not prepared:
             self._prepare(pod)
+        if runs_processes(pod):
+            self._run_containers(pod)
+            return
         if phase != "Running":
             self._set_running(pod)
         self._maybe_finish(key, pod)
@@ -423,6 +394,9 @@ class KubeletEmulator:
                 results.setdefault(c["uid"], []).extend(ids)
         with self._lock:
             self._prepared[meta["uid"]] = results
+            self._claim_uids[meta["uid"]] = {
+                c["name"]: c["uid"] for by in by_driver.values() for c in by
+            }
             self._prepared_pods[f"{meta['namespace']}/{meta['name']}"] = pod
             for by in by_driver.values():
                 for c in by:
@@ -477,6 +451,7 @@ class KubeletEmulator:
                 raise PrepareError(message)
         with self._lock:
             self._prepared.pop(uid, None)
+            self._claim_uids.pop(uid, None)
             key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
             if self._prepared_pods.get(key, {}).get("metadata", {}).get("uid") == uid:
                 self._prepared_pods.pop(key)
@@ -527,6 +502,40 @@ class KubeletEmulator:
                 },
             },
         )
+
+    def _run_containers(self, pod: JSON) -> None:
+        """Start the pod's container processes once; report their state as the pod's."""
+        meta = pod["metadata"]
+        if not self.containers.started(meta["uid"]):
+            with self._lock:
+                uids = dict(self._claim_uids.get(meta["uid"], {}))
+                prepared = dict(self._prepared.get(meta["uid"], {}))
+            refs = pod["spec"].get("resourceClaims", [])
+            devices = {
+                ref["name"]: prepared.get(uids.get(name, ""), [])
+                for ref, name in zip(refs, claim_names(pod) or [], strict=False)
+            }
+            try:
+                self.containers.start(pod, devices)
+            except (ContainerError, OSError) as exc:
+                self._event(pod, "Warning", "Failed", f"cannot start containers: {exc}")
+                raise PrepareError(str(exc)) from exc
+        state = self.containers.status(meta["uid"])
+        if state is None:
+            return
+        phase, statuses = state
+        current = pod.get("status", {})
+        if current.get("phase") == phase and current.get("containerStatuses") == statuses:
+            return
+        started = current.get("startTime") or now_rfc3339()
+        self.kube.merge_patch(
+            path("v1", "pods", meta["name"], namespace=meta["namespace"], subresource="status"),
+            {"metadata": {"uid": meta["uid"]}, "status": pod_status(phase, statuses, started)},
+        )
+
+    def container_log(self, pod_uid: str, container: str) -> str:
+        """What a container process of the pod printed so far."""
+        return self.containers.log(pod_uid, container)
 
     def _maybe_finish(self, key: str, pod: JSON) -> None:
         seconds = pod["metadata"].get("annotations", {}).get(RUN_SECONDS_ANNOTATION)

@@ -7,10 +7,15 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        "the local control plane needs cryptography: pip install -e '.[dev]'", name=exc.name
+    ) from exc
 
 _VALIDITY = datetime.timedelta(days=2)
 

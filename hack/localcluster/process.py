@@ -16,6 +16,24 @@ def cli_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra.cli"]
 
 
+def donor_argv(name: str, secret: Path, listen: str, *extra: str) -> list[str]:
+    """The command line of a remote GPU donor (quiet: warnings only) that lends as
+    ``name`` on ``listen``, with ``extra`` flags (transports, --allow...)."""
+    return [
+        *cli_command(),
+        "--log-level",
+        "warning",
+        "remote-gpu-donor",
+        "--name",
+        name,
+        "--secret-file",
+        str(secret),
+        "--listen",
+        listen,
+        *extra,
+    ]
+
+
 @dataclass
 class ComponentProcess:
     """A component process that tests can stop, kill (as a crash would) and start again."""

@@ -28,7 +28,15 @@ from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import testimage
-from hack.localcluster.controlplane import ControlPlane, cached_build, free_port
+from hack.localcluster.controlplane import (
+    BinaryProcess,
+    ControlPlane,
+    cached_build,
+    exited,
+    free_port,
+    log_tails,
+    start_or_report,
+)
 from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.wait import WaitTimeout, wait_for
 
@@ -205,13 +213,6 @@ def _host_mounts_under(path: Path) -> list[str]:
     return found
 
 
-@dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-
 def metric_sample(port: int, name: str, **labels: str) -> float:
     """One sample of the Prometheus metrics served on ``port`` (0 when absent)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
@@ -260,7 +261,7 @@ class RealNode:
         self.pod_logs_dir = self.workdir / "pod-logs"
         self.logs_dir = self.workdir / "logs"
         self.socket = self.workdir / "containerd" / "containerd.sock"
-        self._procs: list[_Proc] = []
+        self._procs: list[BinaryProcess] = []
         self._holder: subprocess.Popen[bytes] | None = None
         self._ns: str | None = None
         self.plugin: PluginProcess | None = None
@@ -280,15 +281,7 @@ class RealNode:
         self.stop()
 
     def start(self) -> None:
-        atexit.register(self.stop)  # an interrupted test run still cleans up
-        try:
-            self._start()
-        except BaseException:
-            report = self.logs_tail()
-            self.stop()
-            if report:
-                print(report, flush=True)
-            raise
+        start_or_report(self._start, self.stop, self.logs_tail)
 
     def _start(self) -> None:
         cp = self.control_plane
@@ -615,48 +608,26 @@ class RealNode:
         return ["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", "--"]
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = self.logs_dir / f"{name}.log"
         env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-        with log.open("ab") as out:
-            popen = subprocess.Popen(
-                [*self._nsenter(), *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        self._procs.append(_Proc(name, popen, log))
+        log = self.logs_dir / f"{name}.log"
+        self._procs.append(BinaryProcess.spawn(name, [*self._nsenter(), *argv], log, env))
 
-    def _proc(self, name: str) -> _Proc | None:
+    def _proc(self, name: str) -> BinaryProcess | None:
         return next((p for p in self._procs if p.name == name), None)
 
     def _stop_proc(self, name: str) -> None:
         proc = self._proc(name)
         if proc is None:
             return
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGTERM)
-        try:
-            proc.popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait()
+        proc.stop(20)
 
     def check_alive(self) -> None:
-        dead = [p for p in self._procs if p.popen.poll() is not None]
-        if dead:
-            names = ", ".join(f"{p.name} (exit {p.popen.returncode})" for p in dead)
+        names = exited(self._procs)
+        if names:
             raise RealNodeError(f"node {self.name}: process exited: {names}\n{self.logs_tail()}")
 
     def logs_tail(self, lines: int = 30) -> str:
-        parts = []
-        for proc in self._procs:
-            try:
-                text = proc.log.read_text(errors="replace").splitlines()[-lines:]
-            except OSError:
-                continue
-            parts.append(f"--- {self.name}/{proc.name} ({proc.log}) ---\n" + "\n".join(text))
+        parts = log_tails(self._procs, lines, f"{self.name}/")
         if self.plugin is not None and self.plugin.starts:
             parts.append(self.plugin.log_tail(lines))
         return "\n".join(parts)

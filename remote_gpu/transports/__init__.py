@@ -22,6 +22,17 @@ Frame = tuple[bytes, Buffer | None]
 TRANSPORTS = ("shm", "ucx", "tcp")
 
 
+def pieces(frames: Sequence[Frame]) -> list[memoryview]:
+    """The frames as the byte views that go on the wire, in order (empty payloads left
+    out), for a scatter-gather send or one message each: no copies."""
+    out: list[memoryview] = []
+    for header, payload in frames:
+        out.append(memoryview(header))
+        if payload is not None and len(payload):
+            out.append(memoryview(payload).cast("B"))
+    return out
+
+
 class ClientTransport(ABC):
     """Blocking transport used by the client library."""
 

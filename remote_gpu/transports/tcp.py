@@ -12,18 +12,9 @@ from collections.abc import Callable, Sequence
 
 from remote_gpu.errors import DeadlineExceeded
 from remote_gpu.protocol import HEADER_SIZE
-from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport
+from remote_gpu.transports import Buffer, ClientTransport, Frame, ServerTransport, pieces
 
 _IOV_MAX = 512
-
-
-def _flatten(frames: Sequence[Frame]) -> list[memoryview]:
-    bufs: list[memoryview] = []
-    for header, payload in frames:
-        bufs.append(memoryview(header))
-        if payload is not None and len(payload):
-            bufs.append(memoryview(payload).cast("B"))
-    return bufs
 
 
 def _advance(bufs: list[memoryview], sent: int) -> list[memoryview]:
@@ -40,7 +31,7 @@ def _advance(bufs: list[memoryview], sent: int) -> list[memoryview]:
 
 def send_all(sock: socket.socket, frames: Sequence[Frame]) -> None:
     """Send frames on a blocking socket with scatter-gather ``sendmsg``: no joined copy."""
-    bufs = _flatten(frames)
+    bufs = pieces(frames)
     while bufs:
         sent = sock.sendmsg(bufs[:_IOV_MAX])
         bufs = _advance(bufs, sent)
@@ -157,7 +148,7 @@ class TcpClientTransport(ClientTransport):
     def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
         """Send; while the socket is full, let ``drain`` read replies (if it can), so that
         a peer blocked sending us replies cannot block us in turn."""
-        bufs = _flatten(frames)
+        bufs = pieces(frames)
         while bufs:
             try:
                 sent = self.sock.sendmsg(bufs[:_IOV_MAX], [], socket.MSG_DONTWAIT)
@@ -235,7 +226,7 @@ class TcpServerTransport(ServerTransport):
             self._loop.remove_writer(fd)
 
     async def send_frames(self, frames: Sequence[Frame]) -> None:
-        bufs = _flatten(frames)
+        bufs = pieces(frames)
         while bufs:
             try:
                 sent = self.sock.sendmsg(bufs[:_IOV_MAX])

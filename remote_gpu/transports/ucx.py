@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from remote_gpu.errors import DeadlineExceeded
-from remote_gpu.transports import ClientTransport, Frame, ServerTransport
+from remote_gpu.transports import ClientTransport, Frame, ServerTransport, pieces
 
 if TYPE_CHECKING:
     from remote_gpu.donor import Donor
@@ -39,15 +39,6 @@ def _ucxx() -> Any:
     return ucxx
 
 
-def _pieces(frames: Sequence[Frame]) -> list[memoryview]:
-    out: list[memoryview] = []
-    for header, payload in frames:
-        out.append(memoryview(header))
-        if payload is not None and len(payload):
-            out.append(memoryview(payload).cast("B"))
-    return out
-
-
 class UcxServerTransport(ServerTransport):
     name = "ucx"
 
@@ -56,7 +47,7 @@ class UcxServerTransport(ServerTransport):
         self.peer = "ucx"
 
     async def send_frames(self, frames: Sequence[Frame]) -> None:
-        for piece in _pieces(frames):
+        for piece in pieces(frames):
             await self.ep.send(piece)
 
     async def recv_into(self, view: memoryview) -> None:
@@ -101,7 +92,7 @@ class UcxClientTransport(ClientTransport):
 
     def send_frames(self, frames: Sequence[Frame], drain: Callable[[], bool] | None = None) -> None:
         async def send() -> None:
-            for piece in _pieces(frames):
+            for piece in pieces(frames):
                 await self.ep.send(piece)
 
         self._call(send())

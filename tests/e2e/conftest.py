@@ -16,8 +16,8 @@ from kubernetes import client, config
 from composable_dra.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.realnode import RealNode
-from hack.suite import Suite, SuiteOptions
 
 pytestmark = pytest.mark.e2e
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()

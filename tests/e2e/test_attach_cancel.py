@@ -1,6 +1,6 @@
 """Resources deleted mid-attach, and adopted orphans, end to end: the real
 control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/suite.py).
+and plugins each a process of their own (hack/localcluster/harness.py).
 
 Each cancellation ends with the block back in the pool, no ComposableResource left and
 no block composed to any host, once every fabric task has ended (a late attach must not
@@ -17,8 +17,8 @@ from api.v1alpha1 import API_VERSION
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
+from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e

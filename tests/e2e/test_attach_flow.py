@@ -16,8 +16,8 @@ from composable_dra import names
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
+from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e

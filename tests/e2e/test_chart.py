@@ -350,6 +350,22 @@ def allowed(kube: Kube, user: str, groups: list[str], attrs: JSON) -> bool:
     return bool(review["status"].get("allowed"))
 
 
+def wrong_access(
+    kube: Kube, namespace: str, rel: str, expected: dict[str, tuple[list[Access], list[Access]]]
+) -> list[str]:
+    """What each component's service account of release ``rel`` may do and should not, or
+    may not and should (SubjectAccessReviews)."""
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    groups.append("system:authenticated")
+    wrong = []
+    for component, (can, cannot) in expected.items():
+        user = f"system:serviceaccount:{namespace}:{rel}-composable-dra-{component}"
+        for access, want in [(a, True) for a in can] + [(a, False) for a in cannot]:
+            if allowed(kube, user, groups, access.attributes(namespace)) != want:
+                wrong.append(f"{component} {'cannot' if want else 'can'} {access}")
+    return wrong
+
+
 def test_each_service_account_can_do_what_it_needs_and_nothing_else(
     kube_json: Kube, release: Release, namespace: str, unique: str
 ) -> None:
@@ -360,12 +376,7 @@ def test_each_service_account_can_do_what_it_needs_and_nothing_else(
             release.create(obj)
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
     groups.append("system:authenticated")
-    wrong = []
-    for component, (can, cannot) in EXPECTED.items():
-        user = f"system:serviceaccount:{namespace}:{rel}-composable-dra-{component}"
-        for access, want in [(a, True) for a in can] + [(a, False) for a in cannot]:
-            if allowed(kube_json, user, groups, access.attributes(namespace)) != want:
-                wrong.append(f"{component} {'cannot' if want else 'can'} {access}")
+    wrong = wrong_access(kube_json, namespace, rel, EXPECTED)
     assert not wrong, "\n".join(wrong)
 
     # The same reviews answer differently for an account the chart did not bind.

@@ -1,6 +1,6 @@
 """A detached GPU leaves its node's slice before its block is back in the pool, end to
 end: the real control plane, the Redfish emulator, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/suite.py).
+and plugins each a process of their own (hack/localcluster/harness.py).
 
 The plugins poll the fabric every 6 s here, so a detached GPU stays in its node's slice
 for seconds after the fabric let it go. The detach must keep its taint until the slice
@@ -21,8 +21,8 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
+from hack.localcluster.harness import RESOURCE, Suite
 from hack.localcluster.wait import wait_for
-from hack.suite import RESOURCE, Suite
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e

@@ -5,6 +5,7 @@ No node has a GPU of its own: every example is served through the attach flow.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from composable_dra import names
 from composable_dra.kube import JSON, Kube
 from hack import examples
 from hack.localcluster import ControlPlane
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
+from tests.e2e.claims_seen import ClaimsSeen
 
 pytestmark = pytest.mark.e2e
 
@@ -112,3 +114,28 @@ def test_one_claim_shared_by_two_pods(suite: Suite, namespace: str) -> None:
     node = next(n for n in suite.nodes.values() if n.name == a["spec"]["nodeName"])
     prepared = [node.kubelet.prepared_devices(uid) for uid in uids]
     assert prepared[0] == prepared[1] and prepared[0]  # the same CDI devices in both
+
+
+def finished(suite: Suite, namespace: str, name: str) -> bool:
+    return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def test_prefer_local_pool_remote(suite: Suite, namespace: str) -> None:
+    """No node has a GPU and none lends one: the pool subrequest serves it, and the
+    pod's own process (the matmul workload) computes on its node and succeeds."""
+    seen = ClaimsSeen(suite.kube, namespace)
+    examples.apply(suite.kube, "prefer-local-pool-remote", namespace)
+    [name] = examples.pods("prefer-local-pool-remote")
+    wait_for(
+        lambda: finished(suite, namespace, name), 120, f"{name} to finish", describe=suite.describe
+    )
+    pod = suite.pod(namespace, name)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = wait_for(lambda: seen.allocated(claim_name), 30, "the claim's allocation seen")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["request"] == "gpu/pool"
+    node = next(n for n in suite.nodes.values() if n.name == pod["spec"]["nodeName"])
+    log = node.kubelet.container_log(pod["metadata"]["uid"], "main")
+    assert pod["status"]["phase"] == "Succeeded", log
+    out = json.loads(log.strip().splitlines()[-1])
+    assert out["ok"] is True and out["where"] == "local" and out["calls"] == 8

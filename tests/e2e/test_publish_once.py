@@ -19,8 +19,8 @@ import pytest
 from composable_dra.kube import Kube, path
 from hack.bench.time_to_gpu import block_uuids, final_allocations, shared_gpus
 from hack.localcluster import ControlPlane
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
 
 pytestmark = pytest.mark.e2e
 

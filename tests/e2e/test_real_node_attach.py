@@ -18,8 +18,8 @@ from composable_dra import names
 from composable_dra.kube import Kube, path
 from dra_driver.cdi import spec_file_name
 from hack.localcluster import ControlPlane
+from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
-from hack.suite import Suite, SuiteOptions
 from tests.e2e.realnodes import wait_output, wait_running
 
 pytestmark = pytest.mark.e2e

@@ -22,9 +22,9 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import Conflict, path
 from hack.localcluster import vendor_plugin
+from hack.localcluster.harness import CR_API, RESOURCE, Suite
 from hack.localcluster.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
 from hack.localcluster.wait import wait_for
-from hack.suite import CR_API, RESOURCE, Suite
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e

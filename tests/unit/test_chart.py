@@ -287,3 +287,47 @@ def test_kind_values_render() -> None:
 def test_paths_exist() -> None:
     for p in (chart.CHART / "values.schema.json", KIND_VALUES, Path(chart.ROOT / "Dockerfile")):
         assert p.is_file(), p
+
+
+def test_remote_gpu_leases_rbac_is_least_privilege(
+    default: list[Obj], everything: list[Obj]
+) -> None:
+    assert not any(
+        "lease-tokens" in o["metadata"]["name"] or o["metadata"]["name"].endswith("-donor")
+        for o in default
+    )
+    assert not any(a.startswith("--lease-") for a in container(one(default, "DaemonSet"))["args"])
+    for component in ("plugin", "scaler"):
+        sa = f"cdra-composable-dra-{component}"
+        role = one(everything, "Role", f"-{component}-lease-tokens")
+        # Tokens of its own service account, nothing else.
+        assert role["rules"] == [
+            {
+                "apiGroups": [""],
+                "resources": ["serviceaccounts/token"],
+                "resourceNames": [sa],
+                "verbs": ["create"],
+            }
+        ]
+        binding = one(everything, "RoleBinding", f"-{component}-lease-tokens")
+        assert binding["subjects"][0]["name"] == sa
+        workload = "DaemonSet" if component == "plugin" else "Deployment"
+        args = container(one(everything, workload, "" if component == "plugin" else "-scaler"))[
+            "args"
+        ]
+        assert f"--lease-service-account=composable-dra/{sa}" in args
+        assert "--donor-api-template=https://{node}:7471" in args
+        assert "--donor-ca-file=/etc/composable-dra/donor-ca/ca.crt" in args
+    donor = one(everything, "ClusterRole", "-remote-gpu-donor")
+    assert donor["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    ]
+    assert one(everything, "ServiceAccount", "-remote-gpu-donor")
+    assert not [r for r in by_kind(everything, "Role") if "donor-leader" in r["metadata"]["name"]]
+    with pytest.raises(chart.HelmError, match="donorApiTemplate"):
+        chart.render(values={"remoteGPU": {"donorApiTemplate": "http://{node}:80"}})

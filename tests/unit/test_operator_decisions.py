@@ -10,6 +10,8 @@ import pytest
 from api.v1alpha1 import ComposabilityRequestSpec
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.redfish import error_for, retry_after_seconds
+from composable_dra.sizing import desired_size
+from composable_operator.composability_requests import plan_request
 from composable_operator.fabric_status import find_orphans, free_devices
 from composable_operator.reconcile import (
     AttachObservation,
@@ -19,7 +21,6 @@ from composable_operator.reconcile import (
     decide_detach,
     referencing_claims,
 )
-from composable_operator.requests import desired_size, plan_request
 
 
 def dev(
@@ -134,7 +135,12 @@ def inventory(*devices: b.Device, zones: dict[str, set[str]] | None = None) -> b
 def owned(name: str, node: str, used: str, claim: bool = False) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {"targetNode": node, **({"claimRef": {"name": "c"}} if claim else {})},
+        "spec": {
+            "fabric": "f",
+            "deviceID": name,
+            "targetNode": node,
+            **({"claimRef": {"namespace": "ns", "name": "c", "uid": "u"}} if claim else {}),
+        },
         "status": {"phase": "Online", "lastUsedAt": used},
     }
 

@@ -22,7 +22,7 @@ from api.dra.v1beta1 import api_pb2 as v1beta1
 from dra_driver import claimref
 from dra_driver.cdi import CdiWriter
 from dra_driver.checkpoint import Checkpoint
-from dra_driver.grpc_server import DRAServicerV1, DRAServicerV1beta1
+from dra_driver.grpc_server import DRAServicer
 from dra_driver.prepare import Preparer
 from tests.unit.plugin_fixtures import DRIVER, NODE, claim, gpu, result
 from tests.unit.test_plugin_grpc import Plugin
@@ -178,7 +178,7 @@ def test_fuzz_grpc_claim_fields(
         CdiWriter(cdi_dir, durable=False),
     )
     module: Any = v1beta1 if beta else v1
-    servicer: Any = (DRAServicerV1beta1 if beta else DRAServicerV1)(preparer)
+    servicer: Any = DRAServicer(preparer, module)
     msgs = [module.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
     outside_before = {
         k: v for k, v in files_under(root).items() if not k.startswith(("a/b/cdi/", "state/"))

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import names
 from dra_driver.cdi import CdiDevice, CdiWriter, build_spec, cdi_device_id, resolve
 from dra_driver.checkpoint import Checkpoint, CheckpointError
 from dra_driver.config import ConfigError, parse_parameters
-from dra_driver.prepare import ClaimError, ClaimNotFound, ClaimRef, Preparer, plan_claim
+from dra_driver.prepare import ClaimError, ClaimNotFound, Preparer, plan_claim
 from tests.unit.plugin_fixtures import (
     DRIVER,
     NODE,

@@ -9,6 +9,7 @@ import pytest
 
 from composable_dra.quantity import format_bytes, parse_bytes
 from dra_driver.device_source import DeviceInfo
+from dra_driver.publish_once import publishable, reservations
 from dra_driver.slices import (
     NETWORK_DOMAIN_LABEL,
     POOL_LABEL,
@@ -21,7 +22,6 @@ from dra_driver.slices import (
     remote_device_name,
     same_slice,
 )
-from dra_driver.visibility import publishable, reservations
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
 
 UID = "0b7c1f3e-node-uid"

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from composable_dra import names
 from dra_driver.device_source import DeviceInfo
-from dra_driver.visibility import (
-    AttachmentWatcher,
-    awaiting,
-    publishable,
-    reservations,
-    visibility_updates,
-)
+from dra_driver.device_visibility import VisibilityReporter, awaiting, visibility_updates
+from dra_driver.publish_once import LocalSliceGate, node_resources, publishable, reservations
 
 
 def resource(
@@ -106,18 +102,39 @@ class FreshKube:
         return {"items": self.items}
 
 
+class Plugin:
+    """The gate and the reporter as the plugin wires them, over one (not started) watch."""
+
+    def __init__(self, kube: FreshKube, devices: list[DeviceInfo]) -> None:
+        self.published: list[list[DeviceInfo]] = []
+        self.resources = node_resources(kube, "n1", lambda: None)  # type: ignore[arg-type]
+        self.gate = LocalSliceGate(
+            kube,  # type: ignore[arg-type]  # only the consistent list
+            "n1",
+            self.resources,
+            devices=lambda: devices,
+            publish=self.published.append,
+        )
+        self.reporter = VisibilityReporter(
+            kube,  # type: ignore[arg-type]
+            "n1",
+            self.resources,
+            threading.Event(),
+            devices=lambda: devices,
+            refresh=lambda: None,
+            republish=self.gate.republish,
+        )
+
+    def seen(self, *resources: dict[str, Any]) -> None:
+        """The watch has listed these resources (and so knows the node's resources)."""
+        self.resources.replace(list(resources))
+
+
 def make_watcher(
     kube: FreshKube, devices: list[DeviceInfo]
-) -> tuple[AttachmentWatcher, list[list[DeviceInfo]]]:
-    published: list[list[DeviceInfo]] = []
-    watcher = AttachmentWatcher(
-        kube=kube,  # type: ignore[arg-type]  # not started: only the consistent list
-        node="n1",
-        devices=lambda: devices,
-        refresh=lambda: None,
-        publish=published.append,
-    )
-    return watcher, published
+) -> tuple[Plugin, list[list[DeviceInfo]]]:
+    plugin = Plugin(kube, devices)
+    return plugin, plugin.published
 
 
 def test_nothing_is_published_before_the_nodes_resources_are_known() -> None:
@@ -125,14 +142,13 @@ def test_nothing_is_published_before_the_nodes_resources_are_known() -> None:
     serving = resource("a", "aaa", "Online", claim=True, visible="True")
     watcher, published = make_watcher(FreshKube([serving]), devices)
     # A restarted plugin must not offer a GPU that serves a pool allocation as local.
-    watcher.republish()
-    watcher.sync()
+    watcher.gate.republish()
+    watcher.reporter.sync()
     assert published == []
-    watcher._resources = {"a": serving}
-    watcher.synced.set()
-    watcher.sync()
+    watcher.seen(serving)
+    watcher.reporter.sync()
     assert [uuids(p) for p in published] == [["bbb"]]
-    watcher.republish()  # nothing changed: nothing handed over again
+    watcher.gate.republish()  # nothing changed: nothing handed over again
     assert len(published) == 1
 
 
@@ -142,20 +158,20 @@ def test_a_new_device_is_published_only_when_a_consistent_read_agrees() -> None:
     devices = [gpu("aaa")]
     kube = FreshKube([resource("x", None, "Attaching", claim=True)])
     watcher, published = make_watcher(kube, devices)
-    watcher.synced.set()
-    watcher.republish()
+    watcher.seen()
+    watcher.gate.republish()
     assert kube.reads == 1
     assert [uuids(p) for p in published] == [[]]
     # The operator writes the UUID: still the pool allocation's.
     kube.items = [resource("x", "aaa", "Attaching", claim=True)]
-    watcher.republish()
+    watcher.gate.republish()
     assert [uuids(p) for p in published] == [[]]
     # Released: now a local device.
     kube.items = [resource("x", "aaa", "Online")]
-    watcher.republish()
+    watcher.gate.republish()
     assert [uuids(p) for p in published] == [[], ["aaa"]]
     reads = kube.reads
-    watcher.republish()  # nothing new to add: no read
+    watcher.gate.republish()  # nothing new to add: no read
     assert kube.reads == reads
 
 
@@ -163,15 +179,15 @@ def test_an_unreadable_api_server_never_grows_the_local_slice() -> None:
     devices = [gpu("aaa")]
     kube = FreshKube(None)
     watcher, published = make_watcher(kube, devices)
-    watcher.synced.set()
-    watcher.republish()
+    watcher.seen()
+    watcher.gate.republish()
     assert published == []  # nothing known: nothing published, not even an empty slice
     kube.items = []
-    watcher.republish()
+    watcher.gate.republish()
     assert [uuids(p) for p in published] == [["aaa"]]
     devices.append(gpu("bbb"))
     kube.items = None
-    watcher.republish()
+    watcher.gate.republish()
     assert [uuids(p) for p in published] == [["aaa"]]  # bbb waits for a read
 
 
@@ -181,13 +197,12 @@ def test_a_released_fabric_gpu_is_published_but_never_lent() -> None:
     devices = [gpu("aaa"), gpu("bbb")]
     kube = FreshKube([resource("x", "aaa", "Online")])  # released: an idle local device
     watcher, published = make_watcher(kube, devices)
-    watcher._resources = {"x": resource("x", "aaa", "Online")}
-    watcher.synced.set()
-    watcher.republish()
+    watcher.seen(resource("x", "aaa", "Online"))
+    watcher.gate.republish()
     assert [uuids(p) for p in published] == [["aaa", "bbb"]]
-    assert watcher.fabric_uuids == frozenset({"aaa"})
+    assert watcher.gate.fabric_uuids == frozenset({"aaa"})
     policy = LendPolicy(network_domain="d", link_gbps=10, max_leases=1)
-    layout = lend_layout("n1", published[-1], policy, keep=watcher.fabric_uuids)
+    layout = lend_layout("n1", published[-1], policy, keep=watcher.gate.fabric_uuids)
     lent = {
         d["attributes"]["uuid"]["string"]
         for s in layout
@@ -197,9 +212,9 @@ def test_a_released_fabric_gpu_is_published_but_never_lent() -> None:
     assert lent == {"bbb"}
     # A resource that comes to name an already published GPU (an adopted orphan): the
     # same devices are handed over again, with the new set never to lend.
-    watcher._resources["y"] = resource("y", "bbb", "Online")
-    watcher.republish()
-    assert len(published) == 2 and watcher.fabric_uuids == frozenset({"aaa", "bbb"})
+    watcher.seen(resource("x", "aaa", "Online"), resource("y", "bbb", "Online"))
+    watcher.gate.republish()
+    assert len(published) == 2 and watcher.gate.fabric_uuids == frozenset({"aaa", "bbb"})
 
 
 def test_only_local_gpus_are_lent() -> None:

@@ -13,12 +13,6 @@ from fabric_emulator.testing import EmulatorProcess
 from hack.localcluster.wait import wait_for
 
 
-@pytest.fixture(scope="module")
-def emu() -> Iterator[EmulatorProcess]:
-    with EmulatorProcess(async_polls=1) as e:
-        yield e
-
-
 @pytest.fixture
 def fabric(emu: EmulatorProcess) -> Iterator[RedfishCompositionBackend]:
     emu.reset()

@@ -16,12 +16,6 @@ from hack.localcluster.wait import wait_for
 BLOCK = "/redfish/v1/CompositionService/ResourceBlocks"
 
 
-@pytest.fixture(scope="module")
-def emu() -> Iterator[EmulatorProcess]:
-    with EmulatorProcess(async_polls=1) as e:
-        yield e
-
-
 @pytest.fixture
 def zones(emu: EmulatorProcess) -> Iterator[RedfishZonesBackend]:
     emu.reset()

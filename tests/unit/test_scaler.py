@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.v1alpha1 import ClaimRef
 from composable_dra import names
+from composable_dra.timestamps import format_time
 from device_scaler.decide import (
     ANN_IN_USE_BY,
     ANN_LAST_USED,
     ANN_POOL,
     ANN_POOL_DEVICE,
-    ClaimRef,
     CreateResource,
     DeleteResource,
     PatchResource,
@@ -21,7 +22,6 @@ from device_scaler.decide import (
     Unquarantine,
     allocation_node,
     decide,
-    format_time,
     resource_body,
     resource_name,
 )

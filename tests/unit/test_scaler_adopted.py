@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from composable_dra.kube import JSON
+from composable_dra.timestamps import format_time
 from composable_operator.fabric_status import ADOPTED, FabricWatch, Orphan
 from device_scaler.decide import (
     ANN_ADOPTED,
@@ -15,7 +16,6 @@ from device_scaler.decide import (
     Settings,
     Snapshot,
     decide,
-    format_time,
     managed,
 )
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from composable_dra import names
+from composable_dra.timestamps import format_time
 from device_scaler.decide import (
     DeleteResource,
     PatchResource,
@@ -13,7 +14,6 @@ from device_scaler.decide import (
     SetDeviceStatus,
     Snapshot,
     decide,
-    format_time,
     resource_name,
 )
 from device_scaler.vendor import (

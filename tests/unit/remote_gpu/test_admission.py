@@ -39,3 +39,17 @@ def test_transport_choice() -> None:
     assert choose("auto", ["shm", "tcp"], same_host=False) == "tcp"
     assert choose("auto", ["ucx", "tcp"], same_host=False) == "ucx"
     assert choose("tcp", ["shm", "tcp"], same_host=True) == "tcp"
+
+
+def test_link_use_is_exported() -> None:
+    from remote_gpu import metrics
+
+    ctl = AdmissionController(bandwidth_bps=100e6, headroom=0.9)
+    assert metrics.LINK_CAPACITY._value.get() == 90e6
+    ctl.try_admit(1, 10e6)
+    ctl.try_admit(2, 20e6)
+    assert metrics.LINK_ADMITTED._value.get() == 30e6
+    ctl.release(1)
+    assert metrics.LINK_ADMITTED._value.get() == 20e6
+    AdmissionController(None)
+    assert metrics.LINK_CAPACITY._value.get() == 0

@@ -7,33 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from remote_gpu import protocol as wire
 from remote_gpu.errors import FrameError
-from remote_gpu.protocol import (
-    HEADER_SIZE,
-    HELLO_KEY,
-    ArraySpec,
-    DType,
-    Flags,
-    Header,
-    Op,
-    dtype_code,
-    numpy_dtype,
-    pack_message,
-    session_key,
-    unpack,
-    unpack_arrays,
-)
 
 KEY = b"k" * 32
 
 
 def test_header_round_trips() -> None:
-    h = Header(
-        Op.INVOKE,
+    h = wire.Header(
+        wire.Op.INVOKE,
         lease=7,
         seq=9,
-        flags=Flags.SHM,
-        dtype=DType.FLOAT32,
+        flags=wire.Flags.SHM,
+        dtype=wire.DType.FLOAT32,
         part=1,
         parts=2,
         shape=(3, 4),
@@ -41,83 +27,92 @@ def test_header_round_trips() -> None:
         length=48,
     )
     raw = h.pack(KEY)
-    assert len(raw) == HEADER_SIZE == 76
+    assert len(raw) == wire.HEADER_SIZE == 76
     assert raw[:4] == b"RGPU"
-    assert unpack(raw, KEY, 1 << 20) == h
+    assert wire.unpack(raw, KEY, 1 << 20) == h
 
 
 def test_mac_binds_the_header_to_the_key() -> None:
-    raw = bytearray(Header(Op.HEARTBEAT, 1, 2).pack(KEY))
+    raw = bytearray(wire.Header(wire.Op.HEARTBEAT, 1, 2).pack(KEY))
     with pytest.raises(FrameError, match="MAC"):
-        unpack(raw, b"other" * 8, 0)
+        wire.unpack(raw, b"other" * 8, 0)
     raw[16] ^= 1  # flip a bit of the sequence number
     with pytest.raises(FrameError, match="MAC"):
-        unpack(raw, KEY, 0)
+        wire.unpack(raw, KEY, 0)
 
 
 def test_length_must_match_dtype_and_shape() -> None:
-    bad = Header(Op.RESULT, 1, 1, dtype=DType.INT32, part=1, parts=1, shape=(5,), length=16)
+    bad = wire.Header(
+        wire.Op.RESULT, 1, 1, dtype=wire.DType.INT32, part=1, parts=1, shape=(5,), length=16
+    )
     with pytest.raises(FrameError, match="does not match"):
-        unpack(bad.pack(KEY), KEY, 1 << 20)
+        wire.unpack(bad.pack(KEY), KEY, 1 << 20)
 
 
 def test_limits_are_enforced() -> None:
-    big = Header(Op.RESULT, 1, 1, dtype=DType.UINT8, part=1, parts=1, shape=(1000,), length=1000)
+    big = wire.Header(
+        wire.Op.RESULT, 1, 1, dtype=wire.DType.UINT8, part=1, parts=1, shape=(1000,), length=1000
+    )
     with pytest.raises(FrameError, match="exceeds"):
-        unpack(big.pack(KEY), KEY, 999)
+        wire.unpack(big.pack(KEY), KEY, 999)
     with pytest.raises(FrameError):
-        Header(Op.INVOKE, 1, 1, shape=(1, 1, 1, 1, 1)).pack(KEY)
+        wire.Header(wire.Op.INVOKE, 1, 1, shape=(1, 1, 1, 1, 1)).pack(KEY)
 
 
 def test_dtype_codes_cover_numpy_types() -> None:
-    for code in DType:
-        if code is DType.NONE:
+    for code in wire.DType:
+        if code is wire.DType.NONE:
             continue
-        assert dtype_code(numpy_dtype(code)) == code
+        assert wire.dtype_code(wire.numpy_dtype(code)) == code
     with pytest.raises(FrameError):
-        dtype_code(np.dtype(object))
+        wire.dtype_code(np.dtype(object))
     with pytest.raises(FrameError):
-        dtype_code(np.dtype(">f4"))
+        wire.dtype_code(np.dtype(">f4"))
 
 
 def test_session_keys_differ_per_nonce() -> None:
     mac = bytes(32)
-    assert session_key(mac, b"a" * 16, b"b" * 16) != session_key(mac, b"a" * 16, b"c" * 16)
+    assert wire.session_key(mac, b"a" * 16, b"b" * 16) != wire.session_key(
+        mac, b"a" * 16, b"c" * 16
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(min_size=0, max_size=HEADER_SIZE + 8))
+@given(st.binary(min_size=0, max_size=wire.HEADER_SIZE + 8))
 def test_parser_rejects_garbage_with_frame_error_only(data: bytes) -> None:
     with contextlib.suppress(FrameError):
-        unpack(data, HELLO_KEY, 1 << 20)
+        wire.unpack(data, wire.HELLO_KEY, 1 << 20)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, HEADER_SIZE - 17), st.integers(1, 255))
+@given(st.integers(0, wire.HEADER_SIZE - 17), st.integers(1, 255))
 def test_any_header_corruption_is_detected(index: int, xor: int) -> None:
-    raw = bytearray(Header(Op.INVOKE, 3, 4, length=5).pack(HELLO_KEY))
+    raw = bytearray(wire.Header(wire.Op.INVOKE, 3, 4, length=5).pack(wire.HELLO_KEY))
     raw[index] ^= xor
     with pytest.raises(FrameError):
-        unpack(raw, HELLO_KEY, 1 << 20)
+        wire.unpack(raw, wire.HELLO_KEY, 1 << 20)
 
 
-ARRAYS: list[ArraySpec] = [(DType.FLOAT32, (3, 4), 4096, 48), (DType.UINT8, (), 4160, 1)]
+ARRAYS: list[wire.ArraySpec] = [
+    (wire.DType.FLOAT32, (3, 4), 4096, 48),
+    (wire.DType.UINT8, (), 4160, 1),
+]
 
 
 def _ring_message(seq: int = 9) -> bytes:
-    return pack_message(KEY, Op.RESULT, 7, seq, 0, b"meta", ARRAYS)
+    return wire.pack_message(KEY, wire.Op.RESULT, 7, seq, 0, b"meta", ARRAYS)
 
 
 def test_ring_messages_are_the_frames_joined_and_parse_back() -> None:
     data = _ring_message()
-    frames = [Header(Op.RESULT, 7, 9, parts=2, length=4).pack(KEY), b"meta"]
+    frames = [wire.Header(wire.Op.RESULT, 7, 9, parts=2, length=4).pack(KEY), b"meta"]
     for part, (dtype, shape, offset, length) in enumerate(ARRAYS, start=1):
-        h = Header(
-            Op.RESULT,
+        h = wire.Header(
+            wire.Op.RESULT,
             7,
             9,
-            flags=Flags.SHM,
-            dtype=DType(dtype),
+            flags=wire.Flags.SHM,
+            dtype=wire.DType(dtype),
             part=part,
             parts=2,
             shape=shape,
@@ -126,44 +121,44 @@ def test_ring_messages_are_the_frames_joined_and_parse_back() -> None:
         )
         frames.append(h.pack(KEY))
     assert data == b"".join(frames)
-    head = unpack(data[:HEADER_SIZE], KEY, 1 << 16)
-    assert unpack_arrays(data, HEADER_SIZE + head.length, KEY, head, 1 << 20) == ARRAYS
+    head = wire.unpack(data[: wire.HEADER_SIZE], KEY, 1 << 16)
+    assert wire.unpack_arrays(data, wire.HEADER_SIZE + head.length, KEY, head, 1 << 20) == ARRAYS
 
 
 def test_ring_message_defects_are_frame_errors() -> None:
     data = _ring_message()
-    head = unpack(data[:HEADER_SIZE], KEY, 1 << 16)
-    at = HEADER_SIZE + head.length
-    first, second = data[at : at + HEADER_SIZE], data[at + HEADER_SIZE :]
+    head = wire.unpack(data[: wire.HEADER_SIZE], KEY, 1 << 16)
+    at = wire.HEADER_SIZE + head.length
+    first, second = data[at : at + wire.HEADER_SIZE], data[at + wire.HEADER_SIZE :]
     other = _ring_message(seq=10)
     cases = {
         "trailing": (data + b"x", "bytes after"),
         "truncated": (data[:-1], "truncated"),
         "swapped": (data[:at] + second + first, "out of sequence"),
-        "foreign": (data[:at] + other[at : at + HEADER_SIZE] + second, "out of sequence"),
+        "foreign": (data[:at] + other[at : at + wire.HEADER_SIZE] + second, "out of sequence"),
     }
     for name, (bad, match) in cases.items():
         with pytest.raises(FrameError, match=match):
-            unpack_arrays(bad, at, KEY, head, 1 << 20)
+            wire.unpack_arrays(bad, at, KEY, head, 1 << 20)
             pytest.fail(name)
     with pytest.raises(FrameError, match="MAC"):
-        unpack_arrays(data, at, b"other" * 8, head, 1 << 20)
+        wire.unpack_arrays(data, at, b"other" * 8, head, 1 << 20)
     with pytest.raises(FrameError, match="exceeds"):
-        unpack_arrays(data, at, KEY, head, 47)
-    inline = Header(
-        Op.RESULT, 7, 9, dtype=DType.FLOAT32, part=1, parts=1, shape=(3, 4), length=48
+        wire.unpack_arrays(data, at, KEY, head, 47)
+    inline = wire.Header(
+        wire.Op.RESULT, 7, 9, dtype=wire.DType.FLOAT32, part=1, parts=1, shape=(3, 4), length=48
     ).pack(KEY)
     one = head._replace(parts=1)
     with pytest.raises(FrameError, match="inline"):
-        unpack_arrays(data[:at] + inline, at, KEY, one, 1 << 20)
+        wire.unpack_arrays(data[:at] + inline, at, KEY, one, 1 << 20)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2 * HEADER_SIZE - 1), st.integers(1, 255))
+@given(st.integers(0, 2 * wire.HEADER_SIZE - 1), st.integers(1, 255))
 def test_any_corruption_of_ring_array_frames_is_detected(index: int, xor: int) -> None:
     data = bytearray(_ring_message())
-    at = HEADER_SIZE + 4
+    at = wire.HEADER_SIZE + 4
     data[at + index] ^= xor
-    head = unpack(bytes(data[:HEADER_SIZE]), KEY, 1 << 16)
+    head = wire.unpack(bytes(data[: wire.HEADER_SIZE]), KEY, 1 << 16)
     with pytest.raises(FrameError):
-        unpack_arrays(bytes(data), at, KEY, head, 1 << 20)
+        wire.unpack_arrays(bytes(data), at, KEY, head, 1 << 20)

@@ -1,7 +1,8 @@
 """The UCX transport end to end, over UCX's tcp transport on loopback (no GPU, no RDMA).
 
 The donor runs as its own process (``remote-gpu-donor --ucx-port``), as in production; the
-client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``dev`` extra.
+client connects with a ``ucx://`` endpoint. ``ucxx`` comes with the ``ucx`` extra, which
+``make install`` installs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import itertools
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hack.localcluster.process import donor_argv
 from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
@@ -47,18 +48,9 @@ def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
     secret = tmp_path_factory.mktemp("ucx") / "secret"
     secret.write_bytes(SECRET)
     tcp_port, ucx_port = _free_port(), _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "composable_dra.cli",
-        "--log-level",
-        "warning",
-        "remote-gpu-donor",
-        "--name",
+    cmd = donor_argv(
         "ucx-donor",
-        "--secret-file",
-        str(secret),
-        "--listen",
+        secret,
         f"127.0.0.1:{tcp_port}",
         "--ucx-port",
         str(ucx_port),
@@ -68,7 +60,7 @@ def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
         "echo=remote_gpu.builtins:echo",
         "--allow",
         "add=remote_gpu.builtins:add",
-    ]
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "UCX_TLS": "tcp"})
     try:
         wait_for(lambda: proc.poll() is not None or _listening(tcp_port), 30, "the donor to listen")

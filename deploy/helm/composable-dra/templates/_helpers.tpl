@@ -12,6 +12,16 @@
 {{- printf "%s-%s" (include "cdra.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Lease API caller flags (remote GPUs): cdra.leaseArgs (dict "root" $ "component" "plugin"). */}}
+{{- define "cdra.leaseArgs" -}}
+{{- $r := .root.Values.remoteGPU -}}
+- --lease-service-account={{ .root.Release.Namespace }}/{{ include "cdra.name" . }}
+- {{ printf "--donor-api-template=%s" $r.donorApiTemplate | quote }}
+{{- if $r.donorCAFile }}
+- --donor-ca-file={{ $r.donorCAFile }}
+{{- end }}
+{{- end -}}
+
 {{- define "cdra.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}

@@ -3,7 +3,8 @@
 plan_request decides, from the request and what the fabric and the cluster show, which
 ComposableResources to create and which to delete; the kopf daemon applies the plan on
 every change and every few seconds. Shrinking removes the least recently used devices
-first and never one that serves a claim.
+first (composable_dra.sizing: the scaler's idle rule uses the same order) and never one
+that serves a claim.
 """
 
 from __future__ import annotations
@@ -15,32 +16,20 @@ from typing import Any
 
 import kopf
 
-from api.v1alpha1 import API_VERSION, GROUP, VERSION, ComposabilityRequestSpec
+from api.v1alpha1 import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    ComposabilityRequestSpec,
+    ComposableResourceSpec,
+)
 from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.sizing import desired_size, least_recently_used, spec_of
 
 log = logs.get(__name__)
-
-
-def desired_size(spec: ComposabilityRequestSpec) -> int:
-    size = spec.size
-    if spec.min_size is not None:
-        size = max(size, spec.min_size)
-    if spec.max_size is not None:
-        size = min(size, spec.max_size)
-    return size
-
-
-def last_used(resource: JSON) -> str:
-    status = resource.get("status") or {}
-    return str(
-        status.get("lastUsedAt")
-        or status.get("attachedAt")
-        or resource["metadata"].get("creationTimestamp")
-        or ""
-    )
 
 
 @dataclass(frozen=True)
@@ -61,22 +50,26 @@ def plan_request(
     host_nodes maps fabric hosts to our nodes; taken are device ids that some
     ComposableResource already names (ours or anyone's).
     """
+    specs = {r["metadata"]["name"]: s for r in owned if (s := spec_of(r)) is not None}
     live = [
         r
         for r in owned
-        if not r["metadata"].get("deletionTimestamp")
+        if r["metadata"]["name"] in specs
+        and not r["metadata"].get("deletionTimestamp")
         and (r.get("status") or {}).get("phase") != "Failed"
     ]
     want = desired_size(spec)
     if len(live) > want:
-        idle = [r for r in live if not r["spec"].get("claimRef")]
-        idle.sort(key=last_used)
-        return RequestPlan([], [r["metadata"]["name"] for r in idle[: len(live) - want]])
+        idle = [r for r in live if specs[r["metadata"]["name"]].claim_ref is None]
+        victims = least_recently_used(idle, default=0.0)[: len(live) - want]
+        return RequestPlan([], [r["metadata"]["name"] for r in victims])
     create: list[tuple[str, str]] = []
     nodes = sorted(set(host_nodes.values())) if spec.target_node is None else [spec.target_node]
     if not nodes:
         return RequestPlan([], [])
-    per_node = {n: sum(1 for r in live if r["spec"]["targetNode"] == n) for n in nodes}
+    per_node = {
+        n: sum(1 for r in live if specs[r["metadata"]["name"]].target_node == n) for n in nodes
+    }
     free = sorted(
         d.id
         for d in inv.devices.values()
@@ -124,7 +117,7 @@ class RequestReconciler:
         owned = [
             r for r in resources if r["metadata"].get("labels", {}).get(names.LABEL_REQUEST) == name
         ]
-        taken = {r["spec"]["deviceID"] for r in resources}
+        taken = {s.device_id for r in resources if (s := spec_of(r)) is not None}
         plan = plan_request(spec, owned, inv, host_nodes, taken)
         for device, node in plan.create:
             body = {
@@ -134,12 +127,9 @@ class RequestReconciler:
                     "name": f"{name}-{device}".lower()[:253],
                     "labels": {names.LABEL_REQUEST: name, names.LABEL_FABRIC: spec.fabric},
                 },
-                "spec": {
-                    "fabric": spec.fabric,
-                    "deviceID": device,
-                    "targetNode": node,
-                    "model": spec.model,
-                },
+                "spec": ComposableResourceSpec(
+                    fabric=spec.fabric, device_id=device, target_node=node, model=spec.model
+                ).model_dump(by_alias=True, exclude_defaults=True),
             }
             with contextlib.suppress(Conflict):  # created on an earlier pass
                 self.kube.create(path(API_VERSION, "composableresources"), body)

@@ -1,4 +1,4 @@
-"""The whole attach-flow suite on a control plane, every component a process of its own.
+"""A test harness: the whole suite of components on a control plane, each a process of its own.
 
 Used by the end-to-end tests (tests/e2e/test_attach_flow.py), the demo and the
 time-to-GPU benchmark::

@@ -1,0 +1,32 @@
+"""Kubernetes Events (core/v1) as the controllers post them: for people, never for logic."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+def event_body(
+    involved: JSON, namespace: str, kind: str, reason: str, message: str, component: str
+) -> JSON:
+    """An Event about ``involved`` (kind, apiVersion, name, uid[, namespace])."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "metadata": {
+            "name": f"{involved['name']}.{uuid.uuid4().hex[:12]}",
+            "namespace": namespace,
+        },
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1000],
+        "type": kind,
+        "source": {"component": component},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "reportingComponent": component,
+        "reportingInstance": component,
+    }

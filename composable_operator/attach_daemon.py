@@ -1,0 +1,225 @@
+"""The attach daemon of one ComposableResource: attach it, then keep it Online.
+
+Each pass re-reads the fabric, asks reconcile.decide_attach what to do, does it (the
+fabric call through the Controller) and records it (actions.Recorder). kopf runs one per
+resource (handlers.py) and hands it the live object and its stop flag; nothing here
+imports kopf, so a test drives it with a fake object, flag and backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from api.v1alpha1 import ComposableResourceSpec, FabricSpec
+from composable_dra import logs, names
+from composable_dra.fabric.backend import Device, FabricBackend, FabricError, Operation
+from composable_dra.fabric.registry import FabricConfigError, condition_status, host_for_node
+from composable_dra.kube import NotFound
+from composable_dra.names import normalize_uuid
+from composable_operator.actions import EventSink, Recorder, Seen
+from composable_operator.controller import Controller, pending_task, read_fabric
+from composable_operator.reconcile import (
+    Action,
+    ActionKind,
+    AttachObservation,
+    DeviceHolder,
+    decide_attach,
+    first_holder,
+    next_delay,
+    parse_attach_record,
+)
+
+log = logs.get(__name__)
+
+
+class LiveResource(Protocol):
+    """The resource as its watch keeps it current (kopf's Body)."""
+
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+    @property
+    def spec(self) -> Mapping[str, Any]: ...
+    @property
+    def status(self) -> Mapping[str, Any]: ...
+
+
+class Stopped(Protocol):
+    """True once the daemon must stop; ``wait`` sleeps until then or the timeout."""
+
+    def __bool__(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> Awaitable[Any]: ...
+
+
+def visible(status: Mapping[str, Any], uuid: str) -> bool:
+    """The node's plugin reports DeviceVisible=True for this UUID."""
+    return condition_status(dict(status), names.DEVICE_VISIBLE) == "True" and normalize_uuid(
+        status.get("deviceUUID") or ""
+    ) == normalize_uuid(uuid)
+
+
+async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
+    """Until the plugin reports the device visible (True), the time limit or a stop."""
+    deadline = time.monotonic() + limit
+    while not stopped and time.monotonic() < deadline:
+        if visible(body.status, uuid):
+            return True
+        await stopped.wait(0.1)
+    return False
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One pass's read of the fabric for this resource."""
+
+    fabric: FabricSpec
+    backend: FabricBackend
+    host: str | None  # the target node's fabric host
+    device: Device | None
+
+
+@dataclass
+class AttachDaemon:
+    ctl: Controller
+    body: LiveResource
+    stopped: Stopped
+    holders: Callable[[tuple[str, str]], Iterable[DeviceHolder]]  # others for one device
+    event: EventSink
+    name: str
+    followed: set[str] = field(default_factory=set)  # recorded tasks followed to their end
+    started: float = field(default_factory=time.monotonic)
+    delay: float = 0.0  # the last wait after a failure; 0: none since the last attach
+    # The node's host as the last pass found it, when the next pass may keep it: right
+    # after our own operation ended or the node reported the device. The device itself
+    # is always read again before a decision.
+    reuse: Reading | None = None
+
+    @property
+    def uid(self) -> str:
+        return str(self.body.meta.get("uid") or self.name)
+
+    async def run(self) -> None:
+        rlog = log.bind(resource=self.name)
+        while not self.stopped:
+            if self.body.meta.get("deletionTimestamp"):
+                return
+            spec = ComposableResourceSpec.model_validate(dict(self.body.spec))
+            status = dict(self.body.status)
+            if status.get("phase") in ("Failed", "Detached", "Detaching"):
+                await self.stopped.wait(self.ctl.settings.online_poll)
+                continue
+            created = self.body.meta.get("creationTimestamp")
+            rec = Recorder(self.ctl, self.event, self.name, spec, rlog, created)
+            cap = self.ctl.settings.backoff_max
+            try:
+                wait = await self.step(spec, status, rec)
+            except FabricError as exc:
+                self.delay = wait = next_delay(self.delay, cap, exc.retry_after)
+                await rec.fabric_error(exc, wait)
+            except FabricConfigError as exc:
+                await rec.config_error(exc)
+                self.delay = wait = next_delay(self.delay, cap)
+            except NotFound:
+                return  # the resource is gone
+            except Exception:
+                rec.unexpected()
+                self.delay = wait = next_delay(self.delay, cap)
+            if wait is None:
+                return
+            if wait > 0:
+                await self.stopped.wait(wait)
+
+    async def read(self, spec: ComposableResourceSpec) -> Reading:
+        if self.reuse is not None:
+            kept, self.reuse = self.reuse, None
+            return replace(
+                kept, device=await asyncio.to_thread(kept.backend.device, spec.device_id)
+            )
+        fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
+        device, hosts, node = await read_fabric(self.ctl, backend, spec)
+        host = host_for_node(node, fabric.node_mapping, hosts) if node else None
+        return Reading(fabric, backend, host, device)
+
+    async def step(
+        self, spec: ComposableResourceSpec, status: dict[str, Any], rec: Recorder
+    ) -> float | None:
+        """One pass: the seconds to wait before the next, or None to stop."""
+        r = await self.read(spec)
+        open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
+        if open_task is not None and open_task.monitor in self.followed:
+            open_task = None  # followed to its end already; its record is going
+        action = decide_attach(
+            AttachObservation(
+                held_by=first_holder(
+                    self.name,
+                    str(self.body.meta.get("creationTimestamp") or ""),
+                    list(self.holders((spec.fabric, spec.device_id))),
+                ),
+                phase=status.get("phase"),
+                device=r.device,
+                host=r.host,
+                # Vendor-driver mode: no plugin of ours reports; the scaler waits for
+                # the vendor's slice instead (device_scaler/vendor.py).
+                visible=r.fabric.vendor_driver is not None
+                or (r.device is not None and visible(status, r.device.uuid)),
+                elapsed=time.monotonic() - self.started,
+                timeout=float(r.fabric.operation_timeout_seconds),
+                task_recorded=open_task is not None,
+            )
+        )
+        return await self.act(
+            action, r, spec, Seen(status.get("phase"), status.get("deviceUUID")), rec, open_task
+        )
+
+    async def act(
+        self,
+        action: Action,
+        r: Reading,
+        spec: ComposableResourceSpec,
+        seen: Seen,
+        rec: Recorder,
+        open_task: Operation | None,
+    ) -> float | None:
+        limit = float(r.fabric.operation_timeout_seconds)
+        match action.kind:
+            case ActionKind.ATTACH:
+                assert action.host is not None
+                if self.stopped:
+                    return None  # deletion began: from here the detach handler decides
+                # No await between the check above and this: a detach finds the call.
+                call = self.ctl.start_attach(
+                    self.uid, self.name, r.backend, spec.device_id, action.host
+                )
+                await rec.execute(action, seen)
+                op = await asyncio.shield(call.request)
+                await self.ctl.end_attach(self.uid, self.name, r.backend, op, limit)
+                self.delay, self.reuse = 0.0, r
+                return 0.0  # re-read the device: the fabric decides what happened
+            case ActionKind.FOLLOW:
+                # A task recorded before a restart: follow it rather than wait for the
+                # fabric to end it on its own.
+                assert open_task is not None
+                self.followed.add(open_task.monitor)
+                await self.ctl.end_attach(self.uid, self.name, r.backend, open_task, limit)
+                self.reuse = r
+                return 0.0
+            case ActionKind.AWAIT_VISIBLE:
+                await rec.execute(action, seen)
+                # The fabric has done its part: wait for the node's plugin to report,
+                # watching the live object rather than reading the fabric again.
+                if await wait_visible(self.body, self.stopped, action.device_uuid or "", 5.0):
+                    self.reuse = r
+                return 0.0
+            case ActionKind.ONLINE:
+                await rec.execute(action, seen)
+                self.started = time.monotonic()  # a later re-attach gets a fresh timeout
+                return self.ctl.settings.online_poll
+            case ActionKind.FAIL:
+                await rec.execute(action, seen)
+                return 0.0
+            case ActionKind.WAIT:
+                await rec.execute(action, seen)
+                return action.delay

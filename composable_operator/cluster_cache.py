@@ -1,0 +1,127 @@
+"""What the detach reads of the cluster besides its own resources: ResourceClaims and our
+driver's ResourceSlices, in caches kept by watches (composable_dra.informer), started once.
+
+A detach pass reads these caches; only the step that ends something (the fabric call, or
+letting the resource go) reads the API server itself, since a cache may lag behind an
+allocation made just before the taint (docs/architecture.md, Invariants 2). A detach that
+waits for the node's plugin to drop a device waits on the slice watch's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, path
+from composable_dra.names import normalize_uuid
+from composable_operator.reconcile import ClaimResult
+
+RESOURCE = "resource.k8s.io/v1"
+
+
+def claim_results(claims: Iterable[JSON]) -> list[ClaimResult]:
+    """Every allocation result of every claim."""
+    out = []
+    for c in claims:
+        key = f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        allocation = (c.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            out.append(
+                ClaimResult(key, r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+            )
+    return out
+
+
+def local_refs(slices: Iterable[JSON], node: str, uuid: str) -> set[tuple[str, str]]:
+    """(pool, device) of the devices with this UUID in the node's own slices."""
+    wanted = normalize_uuid(uuid)
+    refs = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("nodeName") != node:
+            continue
+        for d in spec.get("devices") or []:
+            found = ((d.get("attributes") or {}).get("uuid") or {}).get("string", "")
+            if found and normalize_uuid(found) == wanted:
+                refs.add((spec["pool"]["name"], d["name"]))
+    return refs
+
+
+class Changes:
+    """Wakes coroutines of one event loop when an informer thread reports a change."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+        self.version = 0  # changes seen so far (read on the loop)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def notify(self) -> None:  # called on an informer's thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self.version += 1
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, since: int, limit: float) -> bool:
+        """Until a change after ``since`` (a version read before the cache was; True) or
+        the time limit (False)."""
+        if self.version != since:
+            return True
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        try:
+            await asyncio.wait_for(event.wait(), max(0.0, limit))
+        except TimeoutError:
+            return False
+        return True
+
+
+class ClusterCache:
+    """ResourceClaims and our driver's ResourceSlices, each a list + watch (Informer)."""
+
+    def __init__(self, kube: Kube, driver: str) -> None:
+        self.kube, self.driver = kube, driver
+        self.slice_changes = Changes()
+        self.claims = Informer(kube, path(RESOURCE, "resourceclaims"))
+        self.slices = Informer(
+            kube,
+            path(RESOURCE, "resourceslices"),
+            self.slice_changes.notify,
+            fieldSelector=f"spec.driver={driver}",
+        )
+
+    def start(self) -> ClusterCache:
+        self.claims.start()
+        self.slices.start()
+        return self
+
+    def stop(self) -> None:
+        self.claims.stop()
+        self.slices.stop()
+
+    def synced(self) -> bool:
+        return self.claims.synced.is_set() and self.slices.synced.is_set()
+
+    def claim_results(self, consistent: bool) -> list[ClaimResult]:
+        """From the cache, or (consistent) a list from the API server."""
+        if consistent or not self.claims.synced.is_set():
+            return claim_results(self.kube.get(path(RESOURCE, "resourceclaims"))["items"])
+        return claim_results(self.claims.items())
+
+    def local_refs(self, node: str, uuid: str, consistent: bool) -> set[tuple[str, str]]:
+        if consistent or not self.slices.synced.is_set():
+            listed = self.kube.get(
+                path(RESOURCE, "resourceslices"),
+                fieldSelector=f"spec.nodeName={node},spec.driver={self.driver}",
+            )["items"]
+            return local_refs(listed, node, uuid)
+        return local_refs(self.slices.items(), node, uuid)

@@ -1,0 +1,493 @@
+"""The lease controller: a remote GPU's allocation gets a lease at its donor.
+
+For each allocated ``<gpu>-remote`` device of our driver (the donor is the pool's node,
+the consumer the allocation's node), it has the donor open a lease for that claim and
+node and sets the device's ``RemoteGPUReady`` condition with ``data`` = {donor, endpoint,
+lease}; no credentials (the consumer's plugin collects those at prepare). A donor that is
+unreachable or refuses, after a few tries, gets ``RemoteGPUFailed``, and the scheduler
+picks again. Leases whose claim was deallocated or deleted are closed, and a ready lease
+its donor no longer has (the donor restarted) is marked failed: each donor's list of
+leases is read every ``resync`` seconds, so a restart of either side ends with nothing
+left open. The decisions are pure functions (``remote_allocations``, ``plan``); the
+controller runs under the scaler's leader election.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from composable_dra import logs
+from composable_dra.component import Controller
+from composable_dra.events import event_body
+from composable_dra.informer import Informer, InformerDriven
+from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.remote_leases import (
+    REMOTE_FAILED,
+    REMOTE_READY,
+    REMOTE_SUFFIX,
+    LeaseAPIError,
+    LeaseClient,
+    LeaseList,
+    OpenLease,
+    allocation_node,
+    is_node_name,
+)
+
+RESOURCE_API = "resource.k8s.io/v1"
+FIELD_MANAGER = "composable-dra-lease-controller"
+COMPONENT = "composable-dra-lease-controller"
+
+LEASE_SETUP = Histogram(
+    "composable_dra_lease_setup_seconds",
+    "From a remote device's allocation being seen to RemoteGPUReady on it",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+LEASES_OPEN = Gauge("composable_dra_leases_open", "Leases open at donors, by donor", ["donor"])
+LEASE_FAILURES = Counter(
+    "composable_dra_lease_failures_total", "RemoteGPUFailed set, by reason", ["reason"]
+)
+LEASES_CLOSED = Counter(
+    "composable_dra_leases_closed_total", "Leases the controller closed, by why", ["why"]
+)
+
+log = logs.get(__name__)
+
+
+# -- decisions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteAlloc:
+    """One allocated remote device of one claim, and what its status says so far."""
+
+    uid: str
+    namespace: str
+    name: str
+    donor: str  # the pool: the donor's node
+    device: str
+    node: str  # the consumer
+    state: str  # "" (no condition yet), "ready" or "failed"
+    lease: int | None = None  # from a ready device's data
+    instance: str | None = None  # the donor process that opened it, from the data
+
+
+def _device_state(
+    claim: JSON, driver: str, pool: str, device: str
+) -> tuple[str, int | None, str | None]:
+    for st in (claim.get("status") or {}).get("devices") or []:
+        if (st.get("driver"), st.get("pool"), st.get("device")) != (driver, pool, device):
+            continue
+        conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+        if conds.get(REMOTE_FAILED) == "True":
+            return "failed", None, None
+        if conds.get(REMOTE_READY) == "True":
+            data = st.get("data") if isinstance(st.get("data"), dict) else {}
+            lease, instance = data.get("lease"), data.get("instance")
+            return (
+                "ready",
+                lease if isinstance(lease, int) else None,
+                instance if isinstance(instance, str) else None,
+            )
+    return "", None, None
+
+
+def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]:
+    """Every allocated remote device of ``driver`` in ``claims``."""
+    out: list[RemoteAlloc] = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation or meta.get("deletionTimestamp"):
+            continue
+        node = allocation_node(allocation)
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            pool, device = str(r.get("pool", "")), str(r.get("device", ""))
+            if r.get("driver") != driver or not device.endswith(REMOTE_SUFFIX):
+                continue
+            if node is None or not is_node_name(pool):
+                continue  # not a lent device: a node pool's remote device has both
+            state, lease, instance = _device_state(claim, driver, pool, device)
+            out.append(
+                RemoteAlloc(
+                    uid=str(meta.get("uid", "")),
+                    namespace=str(meta.get("namespace", "")),
+                    name=str(meta.get("name", "")),
+                    donor=pool,
+                    device=device,
+                    node=node,
+                    state=state,
+                    lease=lease,
+                    instance=instance,
+                )
+            )
+    return out
+
+
+def lending_donors(slices: Iterable[JSON], driver: str) -> set[str]:
+    """The donor nodes whose pools offer remote devices: whose leases a controller that
+    just started must read, though no claim it sees holds one of theirs any more."""
+    out: set[str] = set()
+    for sl in slices:
+        spec = sl.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        lends = any(
+            str(d.get("name", "")).endswith(REMOTE_SUFFIX) for d in spec.get("devices") or []
+        )
+        if spec.get("driver") == driver and is_node_name(pool) and lends:
+            out.add(pool)
+    return out
+
+
+@dataclass(frozen=True)
+class Open:
+    alloc: RemoteAlloc
+
+
+@dataclass(frozen=True)
+class Fail:
+    alloc: RemoteAlloc
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Close:
+    donor: str
+    lease: int
+    why: str
+
+
+Action = Open | Fail | Close
+
+
+def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list[Action]:
+    """What to do: closes first (a claim's old lease blocks its new one), then opens and
+    failures. ``listed`` has the leases of the donors whose list is current (read after
+    this controller's last open there); leases of other donors are not judged. A ready
+    lease missing from the donor process that opened it was closed by its consumer's
+    plugin (the pod ended; the claim, reserved by no pod, is deallocated next) and is
+    left alone. Missing from a restarted donor, it is lost: its pod's token is dead."""
+    wanted = {(a.donor, a.uid): a for a in allocs}
+    actions: list[Action] = []
+    for donor, leases in sorted(listed.items()):
+        for info in leases.items:
+            a = wanted.get((donor, info.claim_uid))
+            if a is None:
+                why = "claim gone or deallocated"
+            elif (a.device, a.node) != (info.device, info.node):
+                why = "claim allocated elsewhere"
+            elif a.state == "failed":
+                why = "allocation failed"
+            elif a.state == "ready" and a.lease is not None and a.lease != info.lease:
+                why = "superseded"
+            else:
+                continue
+            actions.append(Close(donor, info.lease, why))
+    for a in allocs:
+        if a.state == "":
+            actions.append(Open(a))
+        elif a.state == "ready" and a.donor in listed:
+            now = listed[a.donor]
+            held = {i.lease for i in now.items if i.claim_uid == a.uid}
+            if a.lease not in held and a.instance != now.instance:
+                actions.append(
+                    Fail(a, "LeaseLost", f"donor {a.donor} no longer holds lease {a.lease}")
+                )
+    return actions
+
+
+def condition_entry(
+    driver: str, a: RemoteAlloc, ready: bool, reason: str, message: str, data: JSON | None
+) -> JSON:
+    """The claim's device status entry for ``a``: its binding condition, and the lease."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    entry: JSON = {
+        "driver": driver,
+        "pool": a.donor,
+        "device": a.device,
+        "conditions": [
+            {
+                "type": REMOTE_READY if ready else REMOTE_FAILED,
+                "status": "True",
+                "reason": reason,
+                "message": message[:1000],
+                "lastTransitionTime": now,
+            }
+        ],
+    }
+    if data is not None:
+        entry["data"] = data
+    return entry
+
+
+_T = TypeVar("_T")
+
+
+def with_retries(call: Callable[[], _T], attempts: int, pause: float, stop: threading.Event) -> _T:
+    """``call`` until it succeeds or fails for good: retryable errors (the donor not
+    reached, or failing inside) are tried ``attempts`` times, ``pause`` doubling."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except LeaseAPIError as exc:
+            if not exc.retryable or attempt == attempts or stop.wait(pause):
+                raise
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+# -- the adapter -----------------------------------------------------------------------
+
+
+@dataclass
+class LeaseSettings:
+    driver: str
+    resync: float = 5.0  # seconds between reads of each donor's leases
+    attempts: int = 3
+    pause: float = 0.2
+    debounce: float = 0.02
+
+
+class LeaseController(InformerDriven):
+    thread_name = "lease-controller"
+
+    def __init__(self, kube: Kube, client: LeaseClient, settings: LeaseSettings) -> None:
+        super().__init__()
+        self.kube, self.client, self.settings = kube, client, settings
+        self.claims = Informer(
+            kube, path(RESOURCE_API, "resourceclaims"), self._wake.set, name="lease-claims"
+        )
+        # Which nodes lend (no wake-ups: slices change often, and a donor's leases are
+        # read every ``resync`` seconds anyway).
+        self.slices = Informer(
+            kube,
+            path(RESOURCE_API, "resourceslices"),
+            name="lease-slices",
+            fieldSelector=f"spec.driver={settings.driver}",
+        )
+        self.informers = [self.claims, self.slices]
+        self._listed: dict[str, tuple[float, LeaseList]] = {}
+        self._donors: set[str] = set()  # every donor seen, so their leases are judged
+        self._first_seen: dict[tuple[str, str], float] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lease-open")
+        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-events")
+
+    def stop(self) -> None:
+        super().stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._events.shutdown(wait=False, cancel_futures=True)
+
+    def _event(self, a: RemoteAlloc, kind: str, reason: str, message: str) -> None:
+        """An Event on the claim, posted off the path that opens leases."""
+        involved = {
+            "kind": "ResourceClaim",
+            "apiVersion": RESOURCE_API,
+            "name": a.name,
+            "namespace": a.namespace,
+            "uid": a.uid,
+        }
+        body = event_body(involved, a.namespace, kind, reason, message, COMPONENT)
+
+        def post() -> None:
+            try:
+                self.kube.create(path("v1", "events", namespace=a.namespace), body)
+            except KubeError as exc:
+                log.debug("event not posted", error=str(exc))
+
+        self._events.submit(post)
+
+    def _loop(self) -> None:
+        if not self.wait_synced():
+            return
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("lease controller pass failed")
+            self._wake.wait(min(1.0, self.settings.resync))
+            if self._stop.is_set():
+                return
+            self._stop.wait(self.settings.debounce)
+            self._wake.clear()
+
+    def _list(self, donors: Iterable[str]) -> dict[str, LeaseList]:
+        """The donors' leases, read again when older than ``resync``; unreachable ones
+        are left out (nothing of theirs is judged until they answer)."""
+        now = time.monotonic()
+        out: dict[str, LeaseList] = {}
+        for donor in sorted(donors):
+            cached = self._listed.get(donor)
+            if cached is None or now - cached[0] >= self.settings.resync:
+                try:
+                    cached = (now, self.client.list(donor))
+                except LeaseAPIError as exc:
+                    log.warning("cannot list a donor's leases", donor=donor, error=str(exc))
+                    self._listed.pop(donor, None)
+                    continue
+                self._listed[donor] = cached
+                LEASES_OPEN.labels(donor).set(len(cached[1].items))
+            out[donor] = cached[1]
+        return out
+
+    def reconcile(self) -> int:
+        allocs = remote_allocations(self.claims.items(), self.settings.driver)
+        now = time.monotonic()
+        live = {(a.uid, a.device) for a in allocs}
+        for a in allocs:
+            self._first_seen.setdefault((a.uid, a.device), now)
+        for key in [k for k in self._first_seen if k not in live]:
+            del self._first_seen[key]
+        self._donors |= {a.donor for a in allocs}
+        self._donors |= lending_donors(self.slices.items(), self.settings.driver)
+        actions = plan(allocs, self._list(self._donors))
+        for action in actions:
+            if isinstance(action, Close):
+                self._close(action)
+        opens = [a for a in actions if isinstance(a, Open)]
+        results = list(self._pool.map(self._open, opens))
+        for action in [a for a in actions if isinstance(a, Fail)] + [r for r in results if r]:
+            self._fail(action)
+        return len(actions)
+
+    def _close(self, action: Close) -> None:
+        try:
+            with_retries(
+                lambda: self.client.close(action.donor, action.lease),
+                self.settings.attempts,
+                self.settings.pause,
+                self._stop,
+            )
+        except LeaseAPIError as exc:
+            log.warning(
+                "cannot close a lease", donor=action.donor, lease=action.lease, error=str(exc)
+            )
+            return
+        LEASES_CLOSED.labels(action.why).inc()
+        self._listed.pop(action.donor, None)
+        log.info("lease closed", donor=action.donor, lease=action.lease, why=action.why)
+
+    def _open(self, action: Open) -> Fail | None:
+        a = action.alloc
+        request = OpenLease(
+            claim_uid=a.uid, namespace=a.namespace, name=a.name, device=a.device, node=a.node
+        )
+        self._listed.pop(a.donor, None)  # a list read before this open is stale
+        try:
+            info = with_retries(
+                lambda: self.client.open(a.donor, request),
+                self.settings.attempts,
+                self.settings.pause,
+                self._stop,
+            )
+        except LeaseAPIError as exc:
+            reason = "DonorUnreachable" if exc.retryable else "LeaseRefused"
+            return Fail(a, reason, f"donor {a.donor}: {exc.message}")
+        data = {
+            "donor": a.donor,
+            "endpoint": info.endpoint,
+            "lease": info.lease,
+            "instance": info.instance,
+        }
+        message = f"lease {info.lease} at donor {a.donor} ({info.endpoint})"
+        if self._write(
+            a, condition_entry(self.settings.driver, a, True, "LeaseOpen", message, data)
+        ):
+            seen = self._first_seen.get((a.uid, a.device))
+            if seen is not None:
+                LEASE_SETUP.observe(max(0.0, time.monotonic() - seen))
+            log.info(
+                "remote GPU ready",
+                claim=f"{a.namespace}/{a.name}",
+                donor=a.donor,
+                device=a.device,
+                node=a.node,
+                lease=info.lease,
+            )
+            self._event(a, "Normal", REMOTE_READY, f"{a.device}: {message}")
+        return None
+
+    def _fail(self, action: Fail) -> None:
+        a = action.alloc
+        entry = condition_entry(self.settings.driver, a, False, action.reason, action.message, None)
+        if self._write(a, entry):
+            LEASE_FAILURES.labels(action.reason).inc()
+            log.warning(
+                "remote GPU failed",
+                claim=f"{a.namespace}/{a.name}",
+                donor=a.donor,
+                device=a.device,
+                reason=action.reason,
+                error=action.message,
+            )
+            self._event(
+                a, "Warning", REMOTE_FAILED, f"{a.device}: {action.reason}: {action.message}"
+            )
+
+    def _write(self, a: RemoteAlloc, entry: JSON) -> bool:
+        """Apply ``entry`` and keep this manager's other entries of the claim (apply
+        drops what a manager stops sending)."""
+        claim = self.claims.get(f"{a.namespace}/{a.name}") or {}
+        others = [
+            st
+            for st in (claim.get("status") or {}).get("devices") or []
+            if (st.get("pool"), st.get("device")) != (a.donor, a.device)
+            and st.get("driver") == self.settings.driver
+            and any(
+                c.get("type") in (REMOTE_READY, REMOTE_FAILED) for c in st.get("conditions") or []
+            )
+        ]
+        body = {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaim",
+            "metadata": {"name": a.name, "namespace": a.namespace, "uid": a.uid},
+            "status": {"devices": [*others, entry]},
+        }
+        try:
+            self.kube.apply(
+                path(
+                    RESOURCE_API,
+                    "resourceclaims",
+                    a.name,
+                    namespace=a.namespace,
+                    subresource="status",
+                ),
+                body,
+                FIELD_MANAGER,
+            )
+        except NotFound:
+            return False
+        except KubeError as exc:
+            log.warning(
+                "cannot set the claim's lease status",
+                claim=f"{a.namespace}/{a.name}",
+                error=str(exc),
+            )
+            self._wake.set()
+            return False
+        return True
+
+
+class Together:
+    """Controllers started and stopped together (the scaler and this one)."""
+
+    def __init__(self, *parts: Controller) -> None:
+        self.parts = parts
+
+    def start(self) -> None:
+        for p in self.parts:
+            p.start()
+
+    def stop(self) -> None:
+        for p in self.parts:
+            try:
+                p.stop()
+            except Exception:
+                log.exception("stopping a controller failed")

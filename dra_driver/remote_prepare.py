@@ -1,0 +1,135 @@
+"""Prepare a remote GPU on the consumer node: its lease's credentials, as a token file.
+
+A claim allocated a donor's ``<gpu>-remote`` device carries, once the lease controller
+opened the lease, ``RemoteGPUReady`` with ``data`` = {donor, endpoint, lease} on that
+device. Prepare asks the donor's lease API for the lease's token (proving this node with
+a service-account token bound to it), writes it 0400 under the plugin's state directory,
+and the CDI spec gives the container ``REMOTE_GPU_ENDPOINT``, ``REMOTE_GPU_LEASE`` and
+``REMOTE_GPU_TOKEN_FILE`` (the file mounted read-only): what ``RemoteGPU.from_env()``
+reads. Unprepare removes the file and closes the lease at the donor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composable_dra import logs
+from composable_dra.remote_leases import (
+    REMOTE_READY,
+    REMOTE_SUFFIX,
+    LeaseAPIError,
+    LeaseClient,
+    allocation_node,
+    is_node_name,
+)
+from dra_driver.claimref import InvalidClaimRef, check_uid
+from dra_driver.fsutil import atomic_write
+
+log = logs.get(__name__)
+
+CONTAINER_DIR = "/var/run/composable-dra/remote-gpu"
+_DEVICE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class RemoteClaimError(Exception):
+    """What keeps one claim's remote device from being prepared (reported for it)."""
+
+
+@dataclass(frozen=True)
+class RemotePlanned:
+    request: str
+    donor: str  # the pool: the donor's node
+    device: str
+    endpoint: str
+    lease: int
+
+
+def is_remote(result: dict[str, Any], node_name: str) -> bool:
+    """A lent device of another node's pool, not one of this node's or a fabric pool's."""
+    pool, device = str(result.get("pool", "")), str(result.get("device", ""))
+    return device.endswith(REMOTE_SUFFIX) and pool != node_name and is_node_name(pool)
+
+
+def _lease_data(claim: dict[str, Any], driver: str, pool: str, device: str) -> tuple[str, int]:
+    for st in (claim.get("status") or {}).get("devices") or []:
+        if (st.get("driver"), st.get("pool"), st.get("device")) != (driver, pool, device):
+            continue
+        ready = any(
+            c.get("type") == REMOTE_READY and c.get("status") == "True"
+            for c in st.get("conditions") or []
+        )
+        data = st.get("data") or {}
+        endpoint, lease = data.get("endpoint"), data.get("lease")
+        if ready and isinstance(endpoint, str) and isinstance(lease, int) and lease > 0:
+            return endpoint, lease
+    raise RemoteClaimError(f"remote device {pool}/{device} has no ready lease in the claim status")
+
+
+def plan_remote(claim: dict[str, Any], driver: str, node_name: str) -> list[RemotePlanned]:
+    """The claim's remote devices this node prepares, with their leases."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    out: list[RemotePlanned] = []
+    for r in (allocation.get("devices") or {}).get("results") or []:
+        if r.get("driver") != driver or not is_remote(r, node_name):
+            continue
+        if allocation_node(allocation) != node_name:
+            raise RemoteClaimError(f"remote device {r['device']} is allocated to another node")
+        pool, device = str(r["pool"]), str(r["device"])
+        endpoint, lease = _lease_data(claim, driver, pool, device)
+        out.append(RemotePlanned(str(r.get("request", "")), pool, device, endpoint, lease))
+    return out
+
+
+def container_token_path(device: str) -> str:
+    return f"{CONTAINER_DIR}/{device}.token"
+
+
+class RemoteLeases:
+    """Credentials in and out: token files under ``token_dir``, named from checked names."""
+
+    def __init__(self, client: LeaseClient, token_dir: Path, durable: bool = True) -> None:
+        self.client = client
+        self.token_dir = token_dir
+        self.durable = durable
+
+    def token_path(self, claim_uid: str, device: str) -> Path:
+        if _DEVICE.fullmatch(device) is None:
+            raise InvalidClaimRef(f"device name {device!r} is not a DNS label")
+        path = self.token_dir / f"{check_uid(claim_uid)}-{device}.token"
+        if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.token_dir):
+            raise InvalidClaimRef(f"{claim_uid!r}/{device!r} leads outside {self.token_dir}")
+        return path
+
+    def fetch(self, claim_uid: str, planned: RemotePlanned) -> Path:
+        """Collect the lease's token from its donor and write it (0400)."""
+        path = self.token_path(claim_uid, planned.device)
+        try:
+            token = self.client.credentials(planned.donor, planned.lease)
+        except LeaseAPIError as exc:
+            raise RemoteClaimError(
+                f"donor {planned.donor} refused lease {planned.lease}'s credentials: {exc}"
+            ) from None
+        if token.get("lease") != planned.lease:
+            raise RemoteClaimError(f"donor {planned.donor} sent another lease's credentials")
+        self.token_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, json.dumps(token).encode(), mode=0o400, durable=self.durable)
+        return path
+
+    def release(self, claim_uid: str, donors: Sequence[tuple[str, str, int]]) -> None:
+        """Remove the token files of (device, donor, lease) and close the leases; a donor
+        that cannot be reached is left to the lease controller, which closes the lease
+        once the claim is deallocated."""
+        for device, donor, lease in donors:
+            self.token_path(claim_uid, device).unlink(missing_ok=True)
+            try:
+                self.client.close(donor, lease)
+            except LeaseAPIError as exc:
+                log.warning(
+                    "cannot close a lease at its donor", donor=donor, lease=lease, error=str(exc)
+                )

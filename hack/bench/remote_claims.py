@@ -1,0 +1,442 @@
+"""Remote claims: pods on nodes no fabric reaches, each with a GPU another node lends.
+
+Starts a local control plane and, each as its own process: D donors (the plugin lending
+G static GPUs with ``--lend --max-leases=M``, and ``remote-gpu-donor`` with its lease
+API), the scaler (its lease controller), and C consumer nodes without GPUs (a plugin
+under a kubelet emulator that runs containers as processes). Then N pods at once, spread
+over the consumers, each with a claim for a remote GPU and the matmul workload
+(``remote_gpu.workloads.matmul``: 1 MiB operands, ``--seconds`` of calls, every product
+checked) as its container's command.
+
+A watch on the claims records, per claim, when its allocation was seen and when
+``RemoteGPUReady`` was: ``lease_ready`` is the difference (the lease controller and the
+donor's share; the scheduler's PreBind re-check comes after it). It also counts, per
+donor, the claims allocated its remote devices at once: a donor whose count ever passed
+its ``--max-leases`` is an oversubscribed link (the scheduler enforces the donor-link
+counter; this checks it did). ``goodput_GBps_per_pod`` is the median over pods of the
+payload bytes their calls moved (both ways) per second spent in calls. After every pod
+and claim is deleted, ``leaked_leases`` counts leases still open at the donors and token
+files still on the consumers, once they had ``--settle`` seconds to go.
+
+Goals (in ``goals``; exit status 1 when one is missed): every pod ran (exit 0, its
+products right), ``oversubscribed_links`` = 0, ``leaked_leases`` = 0,
+``lease_ready_p50_s`` <= 1. The last line is JSON.
+
+    python -m hack.bench.remote_claims --pods 8 --seconds 5
+
+Runs on the development machine (2 vCPUs, load average about 24 from other work, donors
+without a GPU): every pod ran, no link oversubscribed (4 leases on each donor at once,
+its cap), nothing leaked. ``lease_ready_p50_s`` 0.50 (p99 0.56) once the donor reused
+TokenReview answers; before that 0.80 to 1.51 (p99 up to 2.0), the eight leases
+becoming ready one after another on a saturated CPU. ``goodput_GBps_per_pod`` 0.004 to
+0.008: eight workloads, two donors' workers and the control plane share two CPUs, so
+the figure is the machine's, not the link's (one lease alone on it: 0.036 GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from composable_dra.kube import JSON, Kube, path  # noqa: E402
+from composable_dra.remote_leases import (  # noqa: E402
+    REMOTE_READY,
+    DonorDirectory,
+    LeaseClient,
+    TokenSource,
+)
+from dra_driver.slices import NETWORK_DOMAIN_LABEL  # noqa: E402
+from hack.bench.goals import finish, goal  # noqa: E402
+from hack.localcluster import ControlPlane  # noqa: E402
+from hack.localcluster.controlplane import find_binaries, free_port  # noqa: E402
+from hack.localcluster.crds import install_crds  # noqa: E402
+from hack.localcluster.kubelet_emulator import KubeletEmulator  # noqa: E402
+from hack.localcluster.nodes import create_node  # noqa: E402
+from hack.localcluster.pki import CertificateAuthority  # noqa: E402
+from hack.localcluster.plugin_process import PluginProcess, write_static_devices  # noqa: E402
+from hack.localcluster.process import ComponentProcess  # noqa: E402
+from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS  # noqa: E402
+from hack.localcluster.remote_pods import DRIVER, matmul_claim_and_pod  # noqa: E402
+from hack.localcluster.wait import wait_for  # noqa: E402
+
+RESOURCE = "resource.k8s.io/v1"
+NAMESPACE = "bench"
+CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
+DOMAIN = "bench-domain"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Donor:
+    node: str
+    plugin: PluginProcess
+    kubelet: KubeletEmulator
+    process: ComponentProcess
+    api_url: str
+
+
+@dataclass
+class Consumer:
+    node: str
+    plugin: PluginProcess
+    kubelet: KubeletEmulator
+
+
+@dataclass
+class Lab:
+    """Donors, consumers and the scaler on one control plane."""
+
+    kube: Kube
+    cp: ControlPlane
+    root: Path
+    donors: list[Donor] = field(default_factory=list)
+    consumers: list[Consumer] = field(default_factory=list)
+    procs: list[ComponentProcess] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ca = CertificateAuthority(self.root / "pki")
+        self.secret = self.root / "donor-secret"
+        self.secret.write_bytes(os.urandom(32).hex().encode())
+
+    def client_flags(self, sa: str) -> list[str]:
+        return [
+            f"--lease-service-account={NAMESPACE}/{sa}",
+            *(f"--donor-api={d.node}={d.api_url}" for d in self.donors),
+            f"--donor-ca-file={self.ca.cert_path}",
+        ]
+
+    def node(self, name: str) -> tuple[KubeletEmulator, Path]:
+        create_node(self.kube.api, name, labels={NETWORK_DOMAIN_LABEL: DOMAIN})
+        root = self.root / name
+        kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
+        kubelet.start()
+        return kubelet, root
+
+    def plugin(
+        self, name: str, kubelet: KubeletEmulator, root: Path, args: list[str]
+    ) -> PluginProcess:
+        return PluginProcess(
+            node=name,
+            kubeconfig=self.cp.kubeconfig,
+            plugins_registry_dir=kubelet.plugins_registry_dir,
+            plugins_dir=kubelet.plugins_dir,
+            cdi_dir=kubelet.cdi_dir,
+            workdir=root / "plugin",
+            extra_args=args,
+        )
+
+    def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
+        name = f"donor-{i}"
+        kubelet, root = self.node(name)
+        plugin = self.plugin(
+            name, kubelet, root, ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"]
+        )
+        write_static_devices(
+            plugin.static_file,
+            [
+                {"uuid": f"GPU-{name}-{g}", "name": f"gpu-{g}", "model": "A100", "memory": "80Gi"}
+                for g in range(gpus)
+            ],
+        )
+        plugin.start()
+        api_port = free_port()
+        tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
+        process = ComponentProcess(
+            "remote-gpu-donor",
+            [
+                f"--name={name}",
+                f"--node-name={name}",
+                f"--secret-file={self.secret}",
+                f"--listen=127.0.0.1:{free_port()}",
+                "--transports=tcp",
+                "--allow=matmul=remote_gpu.builtins:matmul",
+                f"--memory-quota={16 << 20}",
+                f"--lease-api-listen=127.0.0.1:{api_port}",
+                f"--lease-api-cert={tls.cert}",
+                f"--lease-api-key={tls.key}",
+                f"--kubeconfig={self.cp.kubeconfig}",
+                f"--lease-controller-sa={NAMESPACE}/{CONTROLLER_SA}",
+                f"--lease-plugin-sa={NAMESPACE}/{PLUGIN_SA}",
+            ],
+            root / "donor",
+        )
+        process.start()
+        self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))
+
+    def start(self, donors: int, gpus: int, max_leases: int, consumers: int) -> None:
+        self.kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+        for sa in (CONTROLLER_SA, PLUGIN_SA):
+            self.kube.create(
+                path("v1", "serviceaccounts", namespace=NAMESPACE), {"metadata": {"name": sa}}
+            )
+        self.kube.create(
+            path(RESOURCE, "deviceclasses"),
+            {
+                "metadata": {"name": CLASS},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+            },
+        )
+        install_crds(self.kube)
+        for i in range(donors):
+            self.add_donor(i, gpus, max_leases)
+        for d in self.donors:
+            wait_for(
+                lambda d=d: any(  # type: ignore[misc]
+                    e.get("event") == "lease API listening" for e in d.process.log_events(True)
+                ),
+                60,
+                f"the lease API of {d.node}",
+                describe=d.process.log_tail,
+            )
+        scaler = ComponentProcess(
+            "scaler",
+            [
+                f"--kubeconfig={self.cp.kubeconfig}",
+                "--no-leader-elect",
+                "--lease-resync=1",
+                *self.client_flags(CONTROLLER_SA),
+            ],
+            self.root / "scaler",
+        )
+        self.procs.append(scaler.start())
+        for i in range(consumers):
+            name = f"consumer-{i}"
+            kubelet, root = self.node(name)
+            plugin = self.plugin(name, kubelet, root, self.client_flags(PLUGIN_SA))
+            write_static_devices(plugin.static_file, [])  # no GPU, and no fabric reaches it
+            plugin.start()
+            self.consumers.append(Consumer(name, plugin, kubelet))
+        for n in self.nodes():
+            wait_for(
+                lambda n=n: DRIVER in n.kubelet.registered_drivers(),  # type: ignore[misc]
+                60,
+                f"the plugin of {n.node} to register",
+                describe=n.plugin.log_tail,
+            )
+
+    def open_leases(self) -> int:
+        client = LeaseClient(
+            DonorDirectory({d.node: d.api_url for d in self.donors}),
+            TokenSource(self.kube, NAMESPACE, CONTROLLER_SA),
+            str(self.ca.cert_path),
+        )
+        return sum(len(client.list(d.node).items) for d in self.donors)
+
+    def token_files(self) -> int:
+        return sum(
+            len(list((c.plugin.state_dir / "remote-gpu").glob("*.token"))) for c in self.consumers
+        )
+
+    def nodes(self) -> list[Donor | Consumer]:
+        return [*self.donors, *self.consumers]
+
+    def describe(self) -> str:
+        procs = [*self.procs, *(d.process for d in self.donors)]
+        plugins = [n.plugin for n in self.nodes()]
+        return "\n".join([*(p.log_tail(15) for p in procs), *(p.log_tail(15) for p in plugins)])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+        for n in self.nodes():
+            n.kubelet.stop()
+            n.plugin.stop()
+        for d in self.donors:
+            d.process.stop()
+
+
+class ClaimWatch:
+    """When each claim was allocated and got RemoteGPUReady; per donor, the claims
+    allocated its remote devices at once (the most ever)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.url = path(RESOURCE, "resourceclaims", namespace=NAMESPACE)
+        self.rv = kube.get(self.url)["metadata"]["resourceVersion"]
+        self.allocated_at: dict[str, float] = {}
+        self.ready_at: dict[str, float] = {}
+        self.holding: dict[str, set[str]] = {}  # donor -> claims allocated its devices now
+        self.most: dict[str, int] = {}
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.kube.watch(self.url, self.rv, 30):
+                    obj = event["object"]
+                    self.rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self.seen(obj, deleted=event["type"] == "DELETED", at=time.monotonic())
+                    if self._stop.is_set():
+                        return
+            except Exception:
+                if self._stop.wait(0.5):
+                    return
+
+    def seen(self, claim: JSON, deleted: bool, at: float) -> None:
+        name = claim["metadata"]["name"]
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        donors = {r["pool"] for r in results if str(r.get("device", "")).endswith("-remote")}
+        for donor, names in self.holding.items():
+            if deleted or donor not in donors:
+                names.discard(name)
+        if deleted:
+            return
+        for donor in donors:
+            self.allocated_at.setdefault(name, at)
+            held = self.holding.setdefault(donor, set())
+            held.add(name)
+            self.most[donor] = max(self.most.get(donor, 0), len(held))
+        for st in status.get("devices") or []:
+            if any(
+                c.get("type") == REMOTE_READY and c.get("status") == "True"
+                for c in st.get("conditions") or []
+            ):
+                self.ready_at.setdefault(name, at)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def phase(kube: Kube, name: str) -> str:
+    pod = kube.get_or_none(path("v1", "pods", name, namespace=NAMESPACE)) or {}
+    return str((pod.get("status") or {}).get("phase", ""))
+
+
+def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -> dict[str, Any]:
+    lab = Lab(kube, cp, workdir)
+    out: dict[str, Any] = {"pods": args.pods, "ran": 0}
+    watch: ClaimWatch | None = None
+    try:
+        lab.start(args.donors, args.gpus, args.max_leases, args.consumers)
+        watch = ClaimWatch(kube)
+        names = [f"matmul-{i}" for i in range(args.pods)]
+        where: dict[str, Consumer] = {}
+        for i, name in enumerate(names):
+            consumer = lab.consumers[i % len(lab.consumers)]
+            where[name] = consumer
+            # 1 MiB left operands; a narrow right one keeps the donor's CPU (no GPU here)
+            # from bounding what the link carries.
+            claim, pod = matmul_claim_and_pod(
+                name,
+                consumer.node,
+                [
+                    *("--size", str(args.size), "--cols", "8"),
+                    *("--calls", "1", "--seconds", str(args.seconds)),
+                ],
+            )
+            kube.create(path(RESOURCE, "resourceclaims", namespace=NAMESPACE), claim)
+            kube.create(path("v1", "pods", namespace=NAMESPACE), pod)
+        deadline = args.seconds * args.pods + 120
+        try:
+            wait_for(
+                lambda: all(phase(kube, n) in ("Succeeded", "Failed") for n in names),
+                deadline,
+                "every pod to finish",
+                interval=0.5,
+            )
+        except TimeoutError as exc:
+            print(f"not every pod finished: {exc}", file=sys.stderr)
+        lines: list[dict[str, Any]] = []
+        for name in names:
+            finished = kube.get_or_none(path("v1", "pods", name, namespace=NAMESPACE))
+            if finished is None:
+                continue
+            log = where[name].kubelet.container_log(finished["metadata"]["uid"], "main")
+            try:
+                line = json.loads(log.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                print(f"{name}: no JSON line: {log[-500:]!r}", file=sys.stderr)
+                continue
+            if (
+                phase(kube, name) == "Succeeded"
+                and line.get("ok")
+                and line.get("where") == "remote"
+            ):
+                lines.append(line)
+            else:
+                print(f"{name}: {line}", file=sys.stderr)
+        out["ran"] = len(lines)
+        waits = [
+            watch.ready_at[n] - watch.allocated_at[n]
+            for n in names
+            if n in watch.ready_at and n in watch.allocated_at
+        ]
+        out["lease_ready_p50_s"] = percentile(waits, 0.5)
+        out["lease_ready_p99_s"] = percentile(waits, 0.99)
+        rates = [ln["bytes"] / ln["seconds"] / 1e9 for ln in lines if ln.get("seconds")]
+        out["goodput_GBps_per_pod"] = round(statistics.median(rates), 4) if rates else None
+        out["calls_per_pod_p50"] = statistics.median([ln["calls"] for ln in lines]) if lines else 0
+        out["most_leases_per_donor"] = dict(sorted(watch.most.items()))
+        out["oversubscribed_links"] = sum(1 for n in watch.most.values() if n > args.max_leases)
+        for name in names:
+            kube.delete(path("v1", "pods", name, namespace=NAMESPACE))
+            kube.delete(path(RESOURCE, "resourceclaims", name, namespace=NAMESPACE))
+        with contextlib.suppress(TimeoutError):  # what is left then is counted below
+            wait_for(
+                lambda: lab.open_leases() == 0 and lab.token_files() == 0,
+                args.settle,
+                "every lease and token file to go",
+                interval=0.5,
+            )
+        out["leaked_leases"] = lab.open_leases() + lab.token_files()
+    finally:
+        if watch is not None:
+            watch.stop()
+        lab.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pods", type=int, default=8)
+    p.add_argument("--donors", type=int, default=2)
+    p.add_argument("--gpus", type=int, default=4, help="GPUs each donor lends")
+    p.add_argument("--max-leases", type=int, default=4, help="each donor's link cap")
+    p.add_argument("--consumers", type=int, default=4, help="fabric-less nodes")
+    p.add_argument("--seconds", type=float, default=5.0, help="each pod's time of calls")
+    p.add_argument("--size", type=int, default=512, help="N x N float32: 512 is 1 MiB")
+    p.add_argument("--settle", type=float, default=30.0, help="seconds for leases to close")
+    args = p.parse_args(argv)
+    from kubernetes import config
+
+    workdir = Path(tempfile.mkdtemp(prefix="rclaims-", dir="/tmp"))
+    with ControlPlane(find_binaries(), workdir=workdir / "cp") as cp:
+        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        out = run(args, kube, cp, workdir)
+    out["workdir"] = str(workdir)
+    return finish(
+        out,
+        {
+            "ran": goal(out["ran"], floor=args.pods),
+            "oversubscribed_links": goal(out.get("oversubscribed_links"), ceiling=0),
+            "leaked_leases": goal(out.get("leaked_leases"), ceiling=0),
+            "lease_ready_p50_s": goal(out.get("lease_ready_p50_s"), ceiling=1.0),
+        },
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,435 @@
+"""The donor's lease API: who may open a lease, and who may have its credentials.
+
+HTTPS (aiohttp), JSON, served beside the data plane by ``remote-gpu-donor`` with
+``--lease-api-listen``. Every call carries a service-account token for this donor's
+audience, checked with a TokenReview:
+
+- ``POST /v1/leases`` (the lease controller's account only): open a lease for one
+  allocated remote device of one claim and its consumer node; idempotent per claim UID.
+  Answers the lease id and the data plane's endpoint: no credentials.
+- ``GET /v1/leases`` (the controller): every open lease, to resync after a restart.
+- ``POST /v1/leases/{id}/credentials`` (the plugin's account, with a token bound to the
+  lease's consumer node): the lease's token JSON, once the claim itself (read from the
+  API server) shows that device allocated to that node.
+- ``DELETE /v1/leases/{id}`` (the controller, or the consumer node's plugin): close it;
+  its token opens nothing any more and a connection using it ends.
+
+Leases live in memory: a restarted donor has none, and the data plane admits only the
+leases this API opened (``LeaseBook.is_open``), so a token from before the restart is
+refused. Refusals are typed (``composable_dra.remote_leases.Code``) with their HTTP
+status; bodies are capped at ``MAX_BODY`` bytes; nothing from a request names a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from composable_dra import logs
+from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.remote_leases import (
+    API_PREFIX,
+    MAX_BODY,
+    NODE_NAME_EXTRA,
+    STATUS,
+    Code,
+    ErrorBody,
+    LeaseAPIError,
+    LeaseInfo,
+    LeaseList,
+    OpenLease,
+    allocation_node,
+    audience,
+)
+from remote_gpu.tokens import Token, issue
+
+log = logs.get(__name__)
+
+MAX_LEASES = 1024  # leases one donor holds at most; the link's knee is far below
+REVIEW_SECONDS = 10.0  # how long a TokenReview's answer is reused
+REVIEW_CACHE = 4096  # answers kept at most
+_LEASE_ID_MAX = 2**53  # fits a JSON number exactly, as the claim status carries it
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who called, as the TokenReview says: the user, and the node a token is bound to."""
+
+    user: str
+    node: str | None = None
+
+
+class Reviewer(Protocol):
+    def review(self, token: str, aud: str) -> Identity: ...
+
+
+class ClaimSource(Protocol):
+    def claim(self, namespace: str, name: str) -> JSON | None: ...
+
+
+class KubeReviewer:
+    """TokenReview and claim reads against the API server (blocking: run off the loop)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+
+    def review(self, token: str, aud: str) -> Identity:
+        try:
+            out = self._kube.create(
+                path("authentication.k8s.io/v1", "tokenreviews"),
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenReview",
+                    "spec": {"token": token, "audiences": [aud]},
+                },
+            )
+        except KubeError as exc:
+            raise LeaseAPIError(Code.UNAVAILABLE, f"TokenReview failed: {exc.reason}") from None
+        return identity_of(out.get("status") or {}, aud)
+
+    def claim(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return self._kube.get(
+                path("resource.k8s.io/v1", "resourceclaims", name, namespace=namespace)
+            )
+        except NotFound:
+            return None
+        except KubeError as exc:
+            raise LeaseAPIError(Code.UNAVAILABLE, f"cannot read the claim: {exc.reason}") from None
+
+
+def identity_of(status: JSON, aud: str) -> Identity:
+    """The caller a TokenReview's status names; UNAUTHENTICATED unless it vouches for
+    the token for this audience."""
+    if not status.get("authenticated"):
+        raise LeaseAPIError(Code.UNAUTHENTICATED, "the token does not authenticate")
+    if aud not in (status.get("audiences") or []):
+        raise LeaseAPIError(Code.UNAUTHENTICATED, "the token is for another audience")
+    user = status.get("user") or {}
+    extra = user.get("extra") or {}
+    nodes = extra.get(NODE_NAME_EXTRA) or []
+    node = str(nodes[0]) if isinstance(nodes, list) and len(nodes) == 1 else None
+    return Identity(str(user.get("username") or ""), node)
+
+
+def service_account_user(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+# -- the leases ------------------------------------------------------------------------
+
+
+@dataclass
+class Lease:
+    info: LeaseInfo
+    token: Token = field(repr=False)
+
+
+class LeaseBook:
+    """The open leases, by id and by claim UID; thread-safe (the data plane asks too)."""
+
+    def __init__(self, donor: str, endpoint: str, secret: bytes, ttl_s: float) -> None:
+        self.donor, self.endpoint = donor, endpoint
+        self._secret = secret
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._by_id: dict[int, Lease] = {}
+        self._by_claim: dict[str, int] = {}
+        self.instance = secrets.token_hex(8)  # this process's: leases die with it
+
+    def open(self, req: OpenLease) -> tuple[Lease, bool]:
+        """The claim's lease (and True when new). CONFLICT when the claim's lease is for
+        another device or node: that allocation ended, and its lease must close first."""
+        with self._lock:
+            known = self._by_claim.get(req.claim_uid)
+            if known is not None:
+                lease = self._by_id[known]
+                i = lease.info
+                if (i.namespace, i.name, i.device, i.node) != (
+                    req.namespace,
+                    req.name,
+                    req.device,
+                    req.node,
+                ):
+                    raise LeaseAPIError(
+                        Code.CONFLICT,
+                        f"claim {req.claim_uid} holds lease {i.lease} for {i.device} on {i.node}",
+                    )
+                return lease, False
+            if len(self._by_id) >= MAX_LEASES:
+                raise LeaseAPIError(Code.UNAVAILABLE, f"{MAX_LEASES} leases open already")
+            lease_id = 0
+            while lease_id == 0 or lease_id in self._by_id:
+                lease_id = secrets.randbelow(_LEASE_ID_MAX - 1) + 1
+            info = LeaseInfo(
+                lease=lease_id,
+                donor=self.donor,
+                endpoint=self.endpoint,
+                instance=self.instance,
+                claim_uid=req.claim_uid,
+                namespace=req.namespace,
+                name=req.name,
+                device=req.device,
+                node=req.node,
+            )
+            lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl))
+            self._by_id[lease_id] = lease
+            self._by_claim[req.claim_uid] = lease_id
+            return lease, True
+
+    def get(self, lease_id: int) -> Lease | None:
+        with self._lock:
+            return self._by_id.get(lease_id)
+
+    def close(self, lease_id: int) -> Lease | None:
+        with self._lock:
+            lease = self._by_id.pop(lease_id, None)
+            if lease is not None:
+                self._by_claim.pop(lease.info.claim_uid, None)
+            return lease
+
+    def items(self) -> list[LeaseInfo]:
+        with self._lock:
+            return [lease.info for lease in self._by_id.values()]
+
+    def is_open(self, lease_id: int) -> bool:
+        """The data plane's gate: only leases this API opened may connect."""
+        with self._lock:
+            return lease_id in self._by_id
+
+
+# -- pure checks ----------------------------------------------------------------------
+
+
+def claim_problem(claim: JSON | None, info: LeaseInfo, driver: str, pool: str) -> str | None:
+    """Why ``claim`` does not back this lease, or None: the same claim (UID), allocated
+    with this donor's device, to the lease's consumer node."""
+    if claim is None:
+        return "the claim is gone"
+    if (claim.get("metadata") or {}).get("uid") != info.claim_uid:
+        return "the claim was replaced"
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    if not any(
+        (r.get("driver"), r.get("pool"), r.get("device")) == (driver, pool, info.device)
+        for r in results
+    ):
+        return f"the claim is not allocated {pool}/{info.device}"
+    if allocation_node(allocation) != info.node:
+        return f"the claim's allocation is not for node {info.node}"
+    return None
+
+
+def parse_lease_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 16):
+        raise LeaseAPIError(Code.BAD_REQUEST, "a lease id is a decimal number")
+    value = int(text)
+    if not 1 <= value < _LEASE_ID_MAX:
+        raise LeaseAPIError(Code.BAD_REQUEST, "lease id out of range")
+    return value
+
+
+def parse_open(body: bytes) -> OpenLease:
+    if len(body) > MAX_BODY:
+        raise LeaseAPIError(Code.TOO_LARGE, f"a body of at most {MAX_BODY} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise LeaseAPIError(Code.BAD_REQUEST, "the body is not JSON") from None
+    try:
+        return OpenLease.model_validate(data)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors()})
+        raise LeaseAPIError(Code.BAD_REQUEST, f"invalid fields: {', '.join(fields)}") from None
+
+
+def bearer(header: str | None) -> str:
+    scheme, _, token = (header or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > 8192:
+        raise LeaseAPIError(Code.UNAUTHENTICATED, "a bearer token is required")
+    return token
+
+
+# -- the server -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseAPIConfig:
+    node: str  # the donor's node: its pool's name, and the tokens' audience
+    driver: str
+    controller: str  # username of the lease controller (system:serviceaccount:NS:NAME)
+    plugin: str  # username of the consumer nodes' plugins
+
+
+class LeaseAPI:
+    """The HTTP handlers over a :class:`LeaseBook`; ``on_close`` ends the data plane's
+    side of a closed lease (its connection, its token)."""
+
+    def __init__(
+        self,
+        config: LeaseAPIConfig,
+        book: LeaseBook,
+        reviewer: Reviewer,
+        claims: ClaimSource,
+        on_close: Callable[[int, float], None] = lambda _lease, _expiry: None,
+    ) -> None:
+        self.config, self.book = config, book
+        self._reviewer, self._claims = reviewer, claims
+        self._on_close = on_close
+        self._audience = audience(config.node)
+        # TokenReview answers for a few seconds, by the token's digest: a caller's burst
+        # (or a flood of one bad token) costs the API server one review.
+        self._reviews: dict[bytes, tuple[float, Identity | LeaseAPIError]] = {}
+
+    def set_on_close(self, on_close: Callable[[int, float], None]) -> None:
+        self._on_close = on_close
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app.router.add_post(API_PREFIX, self._open)
+        app.router.add_get(API_PREFIX, self._list)
+        app.router.add_post(API_PREFIX + "/{lease}/credentials", self._credentials)
+        app.router.add_delete(API_PREFIX + "/{lease}", self._close)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except LeaseAPIError as exc:
+            return _error(exc.code, exc.message)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(Code.TOO_LARGE, f"a body of at most {MAX_BODY} bytes")
+        except web.HTTPException as exc:  # no such route or method
+            code = next((c for c, s in STATUS.items() if s == exc.status), Code.NOT_FOUND)
+            return _error(code, exc.reason)
+        except Exception:
+            log.exception("lease API request failed", path=request.path)
+            return _error(Code.INTERNAL, "internal error")
+
+    async def _who(self, request: web.Request) -> Identity:
+        token = bearer(request.headers.get("Authorization"))
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        cached = self._reviews.get(key)
+        if cached is None or cached[0] <= now:
+            loop = asyncio.get_running_loop()
+            try:
+                who: Identity | LeaseAPIError = await loop.run_in_executor(
+                    None, self._reviewer.review, token, self._audience
+                )
+            except LeaseAPIError as exc:
+                if exc.code is not Code.UNAUTHENTICATED:
+                    raise  # the API server not answering: ask again next time
+                who = exc
+            if len(self._reviews) >= REVIEW_CACHE:
+                self._reviews = {k: v for k, v in self._reviews.items() if v[0] > now}
+            if len(self._reviews) < REVIEW_CACHE:
+                self._reviews[key] = (now + REVIEW_SECONDS, who)
+            cached = (now + REVIEW_SECONDS, who)
+        if isinstance(cached[1], LeaseAPIError):
+            raise cached[1]
+        return cached[1]
+
+    def _controller(self, who: Identity) -> None:
+        if who.user != self.config.controller:
+            raise LeaseAPIError(Code.FORBIDDEN, f"{who.user} may not open or list leases")
+
+    def _lease(self, request: web.Request) -> Lease:
+        lease = self.book.get(parse_lease_id(request.match_info["lease"]))
+        if lease is None:
+            raise LeaseAPIError(Code.NOT_FOUND, "no such lease")
+        return lease
+
+    async def _open(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self._controller(await self._who(request))
+        req = parse_open(body)
+        lease, created = self.book.open(req)
+        if created:
+            log.info(
+                "lease opened for claim",
+                lease=lease.info.lease,
+                claim=f"{req.namespace}/{req.name}",
+                device=req.device,
+                node=req.node,
+            )
+        return _json(lease.info.model_dump(by_alias=True), 201 if created else 200)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        self._controller(await self._who(request))
+        return _json(
+            LeaseList(instance=self.book.instance, items=self.book.items()).model_dump(
+                by_alias=True
+            )
+        )
+
+    async def _credentials(self, request: web.Request) -> web.Response:
+        who = await self._who(request)
+        lease = self._lease(request)
+        info = lease.info
+        if who.user != self.config.plugin or who.node != info.node:
+            raise LeaseAPIError(
+                Code.FORBIDDEN, f"only the plugin of node {info.node} may have this lease's token"
+            )
+        loop = asyncio.get_running_loop()
+        claim = await loop.run_in_executor(None, self._claims.claim, info.namespace, info.name)
+        why = claim_problem(claim, info, self.config.driver, self.config.node)
+        if why is not None:
+            raise LeaseAPIError(Code.FORBIDDEN, why)
+        log.info("lease credentials handed out", lease=info.lease, node=info.node)
+        return _json(lease.token.to_json())
+
+    async def _close(self, request: web.Request) -> web.Response:
+        who = await self._who(request)
+        lease = self._lease(request)
+        if who.user != self.config.controller and not (
+            who.user == self.config.plugin and who.node == lease.info.node
+        ):
+            raise LeaseAPIError(Code.FORBIDDEN, f"{who.user} may not close this lease")
+        closed = self.book.close(lease.info.lease)
+        if closed is not None:
+            self._on_close(closed.info.lease, closed.token.expiry)
+            log.info("lease closed by its owner", lease=closed.info.lease, by=who.user)
+        return web.Response(status=204)
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.json_response(payload, status=status, headers={"Cache-Control": "no-store"})
+
+
+def _error(code: Code, message: str) -> web.Response:
+    return _json(ErrorBody(code=code, message=message).model_dump(mode="json"), STATUS[code])
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def serve(
+    api: LeaseAPI, host: str, port: int, ssl_context: ssl.SSLContext | None
+) -> tuple[web.AppRunner, int]:
+    """Start serving; the runner (``cleanup()`` stops it) and the bound port."""
+    runner = web.AppRunner(api.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    bound = runner.addresses[0][1]  # the port bound when asked for 0
+    log.info("lease API listening", address=f"{host}:{bound}", tls=ssl_context is not None)
+    return runner, int(bound)

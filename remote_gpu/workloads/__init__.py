@@ -1,0 +1,1 @@
+"""Workloads a pod runs on a lent GPU (``python -m remote_gpu.workloads.<name>``)."""

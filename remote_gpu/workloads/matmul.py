@@ -1,0 +1,156 @@
+"""A pod's workload on a lent GPU: matrix products on the donor, checked here.
+
+``python -m remote_gpu.workloads.matmul --size N --calls K`` connects with
+``RemoteGPU.from_env()`` (what the claim's CDI spec injected), multiplies ``K`` pairs of
+random float32 matrices (``N x N`` by ``N x --cols``, square by default) with the
+donor's ``matmul`` and checks each product against numpy here. It prints one JSON line
+(``ok``, ``calls``, ``bytes`` moved both ways, ``seconds`` spent in calls, ``GBps`` of
+payload, ``lease``, ``function``) and exits 0; 1 when a product is wrong, 2 on a typed
+error of the remote GPU service (its ``code`` in the line), 3 when what the CDI spec
+should have given is missing. ``--seconds S`` keeps calling for S seconds instead (at
+least ``--calls`` calls): a steady load. ``--local-fallback``: a claim that may be
+served by a GPU of the pod's own node (no lease in the env) computes here instead, on
+that GPU where a GPU library sees it (``remote_gpu.backends``), and says
+``"where": "local"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from remote_gpu import backends, builtins
+from remote_gpu.client import RemoteGPU
+from remote_gpu.errors import RemoteGPUError
+
+OK, WRONG, SERVICE_ERROR, NOT_CONFIGURED = 0, 1, 2, 3
+REQUIRED = ("REMOTE_GPU_ENDPOINT", "REMOTE_GPU_TOKEN_FILE")
+# float32 products of sums of N terms: relative error grows with N; numpy and a GPU's
+# BLAS sum in different orders.
+RTOL, ATOL = 1e-4, 1e-3
+
+
+def correct(a: np.ndarray, b: np.ndarray, product: np.ndarray) -> bool:
+    expected = np.matmul(a, b)
+    return product.shape == expected.shape and bool(
+        np.allclose(product, expected, rtol=RTOL, atol=ATOL * a.shape[-1] ** 0.5)
+    )
+
+
+class Local:
+    """The same calls on this node: its GPU where a GPU library sees one, else numpy."""
+
+    def __init__(self, backend: backends.Backend | None) -> None:
+        self._matmul = backends.place("remote_gpu.builtins:matmul", builtins.matmul, backend)
+
+    def invoke(self, name: str, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        if name != "matmul":
+            raise RemoteGPUError(f"{name!r} has no local implementation")
+        return (self._matmul(*arrays),)
+
+
+def run(
+    gpu: RemoteGPU | Local,
+    size: int,
+    calls: int,
+    seconds: float,
+    function: str,
+    seed: int,
+    cols: int | None = None,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    # Two left operands taken in turn: consecutive calls compute different products.
+    lefts = [rng.standard_normal((size, size), dtype=np.float32) for _ in range(2)]
+    b = rng.standard_normal((size, cols or size), dtype=np.float32)
+    done = moved = 0
+    spent = 0.0
+    until = time.monotonic() + seconds
+    while done < calls or time.monotonic() < until:
+        a = lefts[done % 2]
+        start = time.perf_counter()
+        (product,) = gpu.invoke(function, a, b)
+        spent += time.perf_counter() - start
+        done += 1
+        moved += a.nbytes + b.nbytes + product.nbytes
+        if not correct(a, b, product):
+            return {
+                "ok": False,
+                "calls": done,
+                "bytes": moved,
+                "seconds": spent,
+                "error": "wrong product",
+            }
+    return {
+        "ok": True,
+        "calls": done,
+        "bytes": moved,
+        "seconds": round(spent, 6),
+        "GBps": round(moved / spent / 1e9, 4) if spent else None,
+    }
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, default=256, help="N of the N x N matrices")
+    parser.add_argument(
+        "--cols", type=int, help="columns of the right operand (default: N, square)"
+    )
+    parser.add_argument("--calls", type=int, default=4, help="products to compute (at least)")
+    parser.add_argument("--seconds", type=float, default=0.0, help="keep calling this long")
+    parser.add_argument("--function", default="matmul", help="the donor's name for matmul")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--local-fallback",
+        action="store_true",
+        help="when the claim gave no remote GPU (no REMOTE_GPU_ENDPOINT), compute here",
+    )
+    args = parser.parse_args(argv)
+    if args.size < 1 or args.calls < 1 or args.seconds < 0 or (args.cols or 1) < 1:
+        parser.error("--size, --cols and --calls must be positive, --seconds not negative")
+    return args
+
+
+def run_as_asked(gpu: RemoteGPU | Local, args: argparse.Namespace) -> dict[str, Any]:
+    return run(gpu, args.size, args.calls, args.seconds, args.function, args.seed, args.cols)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    out: dict[str, Any] = {"function": args.function, "size": args.size}
+    missing = [name for name in REQUIRED if not os.environ.get(name)]
+    if missing and args.local_fallback:
+        # The claim gave a GPU of this node (local or attached): no lease to reach.
+        here = backends.from_env()
+        out.update(where="local", backend=here.name if here else "numpy")
+        out.update(run_as_asked(Local(here), args))
+        print(json.dumps(out), flush=True)
+        return OK if out["ok"] else WRONG
+    if missing:
+        out.update(ok=False, error=f"not set: {', '.join(missing)}", code="not_configured")
+        print(json.dumps(out), flush=True)
+        return NOT_CONFIGURED
+    code = OK
+    try:
+        with RemoteGPU.from_env() as gpu:
+            out.update(where="remote", lease=gpu.lease)
+            out.update(run_as_asked(gpu, args))
+            code = OK if out["ok"] else WRONG
+    except RemoteGPUError as exc:
+        out.update(ok=False, error=exc.message, code=str(exc.code))
+        code = SERVICE_ERROR
+    except OSError as exc:
+        out.update(ok=False, error=f"{type(exc).__name__}: {exc}", code="unreachable")
+        code = SERVICE_ERROR
+    print(json.dumps(out), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""A remote GPU end to end: lease controller, donor lease API, prepare on the consumer.
+
+Every component is its own process on the real control plane: donor A's plugin lends
+its GPU (``--lend``, kubelet emulator), the donor (``remote-gpu-donor`` with its lease
+API over HTTPS), the scaler (whose lease controller opens leases), and node C's plugin
+(no GPU, no fabric) under its own kubelet emulator. The pod's claim selects a remote
+device; the test builds ``RemoteGPU.from_env()`` from the env the CDI spec gives the
+container (the token file the plugin wrote, mapped through the spec's mount) and runs
+``matmul`` on the donor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from composable_dra.kube import JSON, Kube, path
+from composable_dra.remote_leases import (
+    Code,
+    DonorDirectory,
+    LeaseAPIError,
+    LeaseClient,
+    LeaseInfo,
+    TokenSource,
+)
+from dra_driver import cdi
+from hack import chart
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import free_port
+from hack.localcluster.crds import install_crds
+from hack.localcluster.kubelet_emulator import KubeletEmulator
+from hack.localcluster.pki import CertificateAuthority
+from hack.localcluster.plugin_process import PluginProcess, write_static_devices
+from hack.localcluster.process import ComponentProcess
+from hack.localcluster.wait import wait_for
+from remote_gpu.client import RemoteGPU
+from remote_gpu.errors import RemoteGPUError
+from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, wrong_access
+from tests.e2e.test_lend import (
+    DRIVER,
+    Cluster,
+    allocated,
+    claim_pod,
+    device_class,  # noqa: F401  (the fixture, for every test)
+    get_claim,
+    wait_allocated,
+)
+
+pytestmark = pytest.mark.usefixtures("device_class")
+
+RESOURCE = "resource.k8s.io/v1"
+SHM = Path("/dev/shm")
+CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
+
+
+class RemoteSetup:
+    """Donor A (lending plugin + donor process), consumer C (plugin), the scaler."""
+
+    def __init__(self, kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str) -> None:
+        self.kube, self.cp, self.root, self.ns = kube, cp, root, ns
+        self.cluster = Cluster(kube, cp, root, unique)
+        self.procs: list[ComponentProcess] = []
+        self.consumer_kubelet: KubeletEmulator | None = None
+        self.consumer_plugin: PluginProcess | None = None
+        self.ca = CertificateAuthority(root / "pki")
+        self.tls = self.ca.issue("donor", "donor", ips=("127.0.0.1",), server=True)
+        for sa in (CONTROLLER_SA, PLUGIN_SA):
+            kube.create(path("v1", "serviceaccounts", namespace=ns), {"metadata": {"name": sa}})
+        self.data_port, self.api_port = free_port(), free_port()
+        self.secret = root / "donor-secret"
+        self.secret.write_bytes(os.urandom(32).hex().encode())
+
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def client_flags(self, sa: str) -> list[str]:
+        return [
+            f"--lease-service-account={self.ns}/{sa}",
+            f"--donor-api={self.donor}={self.api_url}",
+            f"--donor-ca-file={self.ca.cert_path}",
+        ]
+
+    def start(self) -> None:
+        self.donor = self.cluster.donor(gpus=1, max_leases=2)
+        self.donor_proc = ComponentProcess(
+            "remote-gpu-donor",
+            [
+                f"--name={self.donor}",
+                f"--node-name={self.donor}",
+                f"--secret-file={self.secret}",
+                f"--listen=127.0.0.1:{self.data_port}",
+                "--transports=tcp",
+                "--allow=matmul=remote_gpu.builtins:matmul",
+                f"--lease-api-listen=127.0.0.1:{self.api_port}",
+                f"--lease-api-cert={self.tls.cert}",
+                f"--lease-api-key={self.tls.key}",
+                f"--kubeconfig={self.cp.kubeconfig}",
+                f"--lease-controller-sa={self.ns}/{CONTROLLER_SA}",
+                f"--lease-plugin-sa={self.ns}/{PLUGIN_SA}",
+            ],
+            self.root / "donor",
+        )
+        self.start_donor()
+        install_crds(self.kube)
+        scaler = ComponentProcess(
+            "scaler",
+            [
+                f"--kubeconfig={self.cp.kubeconfig}",
+                "--no-leader-elect",
+                "--lease-resync=1",
+                *self.client_flags(CONTROLLER_SA),
+            ],
+            self.root / "scaler",
+        )
+        self.procs.append(scaler.start())
+        self.consumer = self.cluster.node("consumer")
+        kubelet = KubeletEmulator(self.kube, self.consumer, self.root / "kc", self.root / "cdic")
+        kubelet.start()
+        self.consumer_kubelet = kubelet
+        plugin = PluginProcess(
+            node=self.consumer,
+            kubeconfig=self.cp.kubeconfig,
+            plugins_registry_dir=kubelet.plugins_registry_dir,
+            plugins_dir=kubelet.plugins_dir,
+            cdi_dir=kubelet.cdi_dir,
+            workdir=self.root / "consumer-plugin",
+            extra_args=self.client_flags(PLUGIN_SA),
+        )
+        write_static_devices(plugin.static_file, [])
+        plugin.start()
+        self.consumer_plugin = plugin
+        wait_for(
+            lambda: DRIVER in kubelet.registered_drivers(),
+            30,
+            "the consumer's plugin to register",
+            describe=plugin.log_tail,
+        )
+
+    def start_donor(self) -> None:
+        proc = self.donor_proc.start()
+        wait_for(
+            lambda: any(e.get("event") == "lease API listening" for e in proc.log_events(True)),
+            30,
+            "the donor's lease API",
+            describe=proc.log_tail,
+        )
+
+    def client(self, sa: str, node: str | None = None) -> LeaseClient:
+        """A lease API client with real tokens of ``sa`` (bound to ``node`` if given)."""
+        bound = None
+        if node is not None:
+            bound = (node, self.kube.get(path("v1", "nodes", node))["metadata"]["uid"])
+        return LeaseClient(
+            DonorDirectory({self.donor: self.api_url}),
+            TokenSource(self.kube, self.ns, sa, bound),
+            str(self.ca.cert_path),
+        )
+
+    def leases(self) -> list[LeaseInfo]:
+        """The donor's open leases, asked as the lease controller."""
+        return self.client(CONTROLLER_SA).list(self.donor).items
+
+    def describe(self) -> str:
+        parts = [p.log_tail(30) for p in (*self.procs, self.donor_proc)]
+        if self.consumer_plugin is not None:
+            parts.append(self.consumer_plugin.log_tail(30))
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stop()
+        if getattr(self, "donor_proc", None) is not None:
+            self.donor_proc.stop()
+        if self.consumer_plugin is not None:
+            self.consumer_plugin.stop()
+        if self.consumer_kubelet is not None:
+            self.consumer_kubelet.stop()
+        self.cluster.close()
+
+
+@pytest.fixture
+def remote(
+    kube_json: Kube,
+    control_plane: ControlPlane,
+    short_tmp: Path,
+    unique: str,
+    namespace: str,
+) -> Iterator[RemoteSetup]:
+    setup = RemoteSetup(kube_json, control_plane, short_tmp, unique, namespace)
+    try:
+        setup.start()
+        yield setup
+    finally:
+        setup.close()
+
+
+def device_status(claim: JSON) -> JSON | None:
+    for st in (claim.get("status") or {}).get("devices") or []:
+        if st["device"].endswith("-remote"):
+            found: JSON = st
+            return found
+    return None
+
+
+def condition(claim: JSON | None, kind: str) -> JSON | None:
+    st = device_status(claim or {}) or {}
+    for c in st.get("conditions") or []:
+        if c["type"] == kind and c["status"] == "True":
+            found: JSON = c
+            return found
+    return None
+
+
+def pod_running(kube: Kube, ns: str, name: str) -> bool:
+    pod = kube.get_or_none(path("v1", "pods", name, namespace=ns)) or {}
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def container_env(setup: RemoteSetup, pod: JSON) -> tuple[dict[str, str], dict[str, str]]:
+    """The env the CDI spec gives the pod's container, and its mounts (container path ->
+    host path), as a container runtime would apply them."""
+    assert setup.consumer_kubelet is not None
+    ids = setup.consumer_kubelet.prepared_devices(pod["metadata"]["uid"])
+    env: dict[str, str] = {}
+    mounts: dict[str, str] = {}
+    for device_id in [i for v in ids.values() for i in v]:
+        dev = cdi.resolve(setup.consumer_kubelet.cdi_dir, device_id)
+        assert dev is not None, device_id
+        edits: dict[str, Any] = dev["containerEdits"]
+        env.update(e.split("=", 1) for e in edits.get("env") or [])
+        mounts.update({m["containerPath"]: m["hostPath"] for m in edits.get("mounts") or []})
+    return env, mounts
+
+
+def run_matmul(env: dict[str, str], mounts: dict[str, str]) -> None:
+    # The container's view of its token file is the host file the spec mounts there.
+    local = {**env, "REMOTE_GPU_TOKEN_FILE": mounts[env["REMOTE_GPU_TOKEN_FILE"]]}
+    rng = np.random.default_rng(7)
+    a, b = rng.random((64, 32)), rng.random((32, 16))
+    with RemoteGPU.from_env(local, timeout=10) as gpu:
+        (out,) = gpu.invoke("matmul", a, b)
+    np.testing.assert_allclose(out, a @ b)
+
+
+def lease_and_run(setup: RemoteSetup, name: str) -> tuple[JSON, dict[str, str], dict[str, str]]:
+    kube, ns = setup.kube, setup.ns
+    claim_pod(kube, ns, name, setup.consumer, remote=True)
+    assert wait_allocated(kube, ns, name) == (setup.donor, "gpu-0-remote")
+    ready = wait_for(
+        lambda: condition(get_claim(kube, ns, name), "RemoteGPUReady"),
+        60,
+        "RemoteGPUReady on the claim",
+        describe=setup.describe,
+    )
+    assert ready["reason"] == "LeaseOpen"
+    claim = get_claim(kube, ns, name) or {}
+    data = (device_status(claim) or {})["data"]
+    assert data["donor"] == setup.donor
+    assert data["endpoint"] == f"127.0.0.1:{setup.data_port}"
+    # No credentials in the claim: the lease id and where, nothing that opens it.
+    assert set(data) == {"donor", "endpoint", "lease", "instance"}
+    wait_for(lambda: pod_running(kube, ns, name), 60, "the pod to run", describe=setup.describe)
+    pod = kube.get(path("v1", "pods", name, namespace=ns))
+    env, mounts = container_env(setup, pod)
+    assert env["REMOTE_GPU_ENDPOINT"] == data["endpoint"]
+    assert env["REMOTE_GPU_LEASE"] == str(data["lease"])
+    token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
+    assert token_file.stat().st_mode & 0o777 == 0o400
+    assert json.loads(token_file.read_text())["lease"] == data["lease"]
+    assert [i.lease for i in setup.leases()] == [data["lease"]]
+    return claim, env, mounts
+
+
+def end_pod_and_claim(setup: RemoteSetup, name: str) -> None:
+    kube, ns = setup.kube, setup.ns
+    kube.delete(path("v1", "pods", name, namespace=ns))
+    wait_for(
+        lambda: kube.get_or_none(path("v1", "pods", name, namespace=ns)) is None,
+        60,
+        "the pod to go (unprepared by the consumer's kubelet)",
+        describe=setup.describe,
+    )
+    kube.delete(path(RESOURCE, "resourceclaims", name, namespace=ns))
+    wait_for(lambda: get_claim(kube, ns, name) is None, 60, "the claim to go")
+
+
+def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
+    claim, env, mounts = lease_and_run(remote, "lent")
+    run_matmul(env, mounts)
+    # Real TokenReviews: the credentials go to the consumer node's plugin only.
+    lease = int(env["REMOTE_GPU_LEASE"])
+    for sa, node in ((PLUGIN_SA, remote.donor), (PLUGIN_SA, None), (CONTROLLER_SA, None)):
+        with pytest.raises(LeaseAPIError) as err:
+            remote.client(sa, node).credentials(remote.donor, lease)
+        assert err.value.code is Code.FORBIDDEN, (sa, node, err.value)
+    with pytest.raises(LeaseAPIError) as err:  # and leases open for the controller only
+        remote.client(PLUGIN_SA, remote.consumer).list(remote.donor)
+    assert err.value.code is Code.FORBIDDEN
+    token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
+    mac = json.loads(token_file.read_text())["mac"]
+
+    end_pod_and_claim(remote, "lent")
+    assert not token_file.exists()
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+    # The lease's secret (the token's MAC) and the donor's key reached no log, no Event
+    # and not the claim.
+    events = remote.kube.get(path("v1", "events", namespace=remote.ns))["items"]
+    reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "lent"}
+    assert "RemoteGPUReady" in reasons
+    logs = [p.read_text(errors="replace") for p in remote.root.rglob("*.log")]
+    assert len(logs) >= 4  # donor, scaler, both plugins
+    for text in (*logs, json.dumps(events), json.dumps(claim)):
+        assert mac not in text
+        assert remote.secret.read_text() not in text
+
+
+def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
+    claim, env, mounts = lease_and_run(remote, "lent")
+    local = {**env, "REMOTE_GPU_TOKEN_FILE": mounts[env["REMOTE_GPU_TOKEN_FILE"]]}
+    a = np.ones((8, 8))
+    arenas = f"remote-gpu-{int(env['REMOTE_GPU_LEASE']):016x}-*"
+    with RemoteGPU.from_env(local, timeout=5) as gpu:
+        gpu.invoke("matmul", a, a)
+        assert list(SHM.glob(arenas))  # the lease's arena, while it serves
+        remote.donor_proc.kill()
+        with pytest.raises(RemoteGPUError):
+            gpu.invoke("matmul", a, a)
+    # The killed donor's worker ends with its lease and takes the arena with it.
+    wait_for(lambda: not list(SHM.glob(arenas)), 30, "the lease's arena to go")
+    # The donor comes back with no leases: the controller sees the lease gone.
+    remote.start_donor()
+    lost = wait_for(
+        lambda: condition(get_claim(remote.kube, remote.ns, "lent"), "RemoteGPUFailed"),
+        60,
+        "RemoteGPUFailed once the donor lost the lease",
+        describe=remote.describe,
+    )
+    assert lost["reason"] == "LeaseLost"
+    # The old token opens nothing at the restarted donor.
+    with pytest.raises(RemoteGPUError):
+        RemoteGPU.from_env(local, timeout=5)
+    end_pod_and_claim(remote, "lent")
+    assert not Path(local["REMOTE_GPU_TOKEN_FILE"]).exists()
+    assert remote.leases() == []
+    assert claim["metadata"]["uid"]
+
+
+def test_chart_rbac_for_leases_is_what_they_need_and_no_more(
+    kube_json: Kube, namespace: str, unique: str
+) -> None:
+    """SubjectAccessReviews against the chart's roles with remote GPUs on."""
+    rel = f"r{unique}"
+    release = Release(Resources(kube_json), namespace)
+    try:
+        for obj in chart.render(
+            release=rel, namespace=namespace, values={"remoteGPU": {"enabled": True}}
+        ):
+            if obj["kind"] in RBAC_KINDS:
+                release.create(obj)
+
+        def sa(component: str) -> str:
+            return f"{rel}-composable-dra-{component}"
+
+        def token_for(component: str) -> Access:
+            return Access(
+                "create", "serviceaccounts", subresource="token", namespace="@", name=sa(component)
+            )
+
+        expected = {
+            "plugin": ([token_for("plugin")], [token_for("scaler"), token_for("remote-gpu-donor")]),
+            "scaler": ([token_for("scaler")], [token_for("plugin")]),
+            "remote-gpu-donor": (
+                [Access("create", "tokenreviews", "authentication.k8s.io"),
+                 Access("get", "resourceclaims", "resource.k8s.io", namespace="any", name="c")],
+                [Access("list", "resourceclaims", "resource.k8s.io"),
+                 Access("patch", "resourceclaims", "resource.k8s.io", "status", namespace="any"),
+                 token_for("plugin"),
+                 Access("get", "secrets", namespace="@")],
+            ),
+        }  # fmt: skip
+        wrong = wrong_access(kube_json, namespace, rel, expected)
+        assert not wrong, "\n".join(wrong)
+    finally:
+        release.cleanup()
+
+
+def test_donor_unreachable_fails_the_lease_and_the_pod_runs_once_it_returns(
+    remote: RemoteSetup,
+) -> None:
+    kube, ns = remote.kube, remote.ns
+    assert remote.donor_proc.stop() == 0
+    claim_pod(kube, ns, "late", remote.consumer, remote=True)
+    scaler = remote.procs[0]
+    wait_for(
+        lambda: any(
+            e.get("event") == "remote GPU failed" and e.get("reason") == "DonorUnreachable"
+            for e in scaler.log_events()
+        ),
+        60,
+        "RemoteGPUFailed for the unreachable donor",
+        describe=remote.describe,
+    )
+    pod = kube.get(path("v1", "pods", "late", namespace=ns))
+    assert not pod["spec"].get("nodeName")  # the failure condition kept it from binding
+    # The scheduler picks again; once the donor is back, the lease opens and the pod runs.
+    remote.start_donor()
+    wait_for(lambda: pod_running(kube, ns, "late"), 90, "the pod to run", describe=remote.describe)
+    pod = kube.get(path("v1", "pods", "late", namespace=ns))
+    run_matmul(*container_env(remote, pod))
+    end_pod_and_claim(remote, "late")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+
+
+def test_a_restarted_controller_closes_the_leases_no_claim_holds(remote: RemoteSetup) -> None:
+    """The claim goes while the controller is down: it closes the lease from the donor's
+    list when it starts. (The pod is on a node with no kubelet, so no plugin ever
+    prepared the claim or would close the lease at unprepare.)"""
+    kube, ns = remote.kube, remote.ns
+    idle = remote.cluster.node("idle")
+    claim_pod(kube, ns, "orphan", idle, remote=True)
+    wait_for(
+        lambda: condition(get_claim(kube, ns, "orphan"), "RemoteGPUReady"),
+        60,
+        "RemoteGPUReady on the claim",
+        describe=remote.describe,
+    )
+    (held,) = remote.leases()
+    scaler = remote.procs[0]
+    scaler.kill()
+    kube.delete(path("v1", "pods", "orphan", namespace=ns), gracePeriodSeconds=0)
+    kube.delete(path(RESOURCE, "resourceclaims", "orphan", namespace=ns))
+    wait_for(lambda: get_claim(kube, ns, "orphan") is None, 60, "the claim to go")
+    assert [i.lease for i in remote.leases()] == [held.lease]  # nobody closed it yet
+    scaler.start()
+    wait_for(lambda: remote.leases() == [], 60, "the lease to close", describe=remote.describe)
+
+
+def test_a_claim_used_by_a_second_pod_gets_a_new_lease(remote: RemoteSetup) -> None:
+    """The first pod's end closes its lease (the plugin, at unprepare) and the claim,
+    reserved by no pod, is deallocated; the next pod on it gets a new allocation and a
+    new lease, and runs."""
+    kube, ns = remote.kube, remote.ns
+    claim, env, mounts = lease_and_run(remote, "shared")
+    first = (device_status(claim) or {})["data"]["lease"]
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "shared", namespace=ns))
+    wait_for(lambda: allocated(kube, ns, "shared") is None, 60, "the claim to be deallocated")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
+    pod = {
+        "metadata": {"name": "second"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": remote.consumer},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.invalid/app",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+        },
+    }
+    kube.create(path("v1", "pods", namespace=ns), pod)
+    wait_for(lambda: pod_running(kube, ns, "second"), 60, "the second pod to run")
+    env, mounts = container_env(remote, kube.get(path("v1", "pods", "second", namespace=ns)))
+    assert int(env["REMOTE_GPU_LEASE"]) != first
+    run_matmul(env, mounts)
+    kube.delete(path("v1", "pods", "second", namespace=ns))
+    kube.delete(path(RESOURCE, "resourceclaims", "shared", namespace=ns))
+    wait_for(lambda: remote.leases() == [], 60, "every lease to close", describe=remote.describe)

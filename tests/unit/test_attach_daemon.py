@@ -1,0 +1,238 @@
+"""The attach daemon (composable_operator.attach_daemon) without kopf: a fake live object,
+stop flag, fabric and API server; what it records goes through actions.Recorder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from api.v1alpha1 import FabricSpec
+from composable_dra import names
+from composable_dra.fabric.backend import BusyError, Device, Host, Operation
+from composable_dra.kube import JSON
+from composable_operator.actions import EventType
+from composable_operator.attach_daemon import AttachDaemon
+from composable_operator.cluster_cache import Changes, claim_results, local_refs
+from composable_operator.controller import Controller, Settings
+from composable_operator.reconcile import DeviceHolder, next_delay
+
+FABRIC = FabricSpec.model_validate(
+    {
+        "backend": "redfish-composition",
+        "endpoint": "https://fabric.example",
+        "credentialsSecret": {"name": "s", "namespace": "ns"},
+        "operationTimeoutSeconds": 60,
+    }
+)
+NODE = {"metadata": {"name": "n1"}, "status": {"nodeInfo": {"systemUUID": "uuid-h1"}}}
+
+
+@dataclass
+class Body:
+    """The live object kopf keeps current: status writes land here at once."""
+
+    meta: dict[str, Any] = field(
+        default_factory=lambda: {"uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"}
+    )
+    spec: dict[str, Any] = field(
+        default_factory=lambda: {"fabric": "fab", "deviceID": "gpu-1", "targetNode": "n1"}
+    )
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+class Stopped:
+    """Stops after ``limit`` waits; records what the daemon waited for, and never sleeps."""
+
+    def __init__(self, limit: int = 50) -> None:
+        self.waits: list[float | None] = []
+        self.limit = limit
+
+    def __bool__(self) -> bool:
+        return len(self.waits) >= self.limit
+
+    def wait(self, timeout: float | None = None) -> Awaitable[None]:
+        self.waits.append(timeout)
+        return asyncio.sleep(0)
+
+
+class Kube:
+    def __init__(self, body: Body) -> None:
+        self.body = body
+
+    def merge_patch(self, _path: str, patch: JSON) -> JSON:
+        for k, v in patch["status"].items():
+            if v is None:
+                self.body.status.pop(k, None)
+            else:
+                self.body.status[k] = v
+        return {}
+
+    def apply(self, _path: str, obj: JSON, _manager: str) -> JSON:
+        conds = {c["type"]: c for c in self.body.status.get("conditions", [])}
+        conds.update({c["type"]: c for c in obj["status"]["conditions"]})
+        self.body.status["conditions"] = list(conds.values())
+        return obj
+
+    def get_or_none(self, _path: str) -> JSON | None:
+        return NODE
+
+
+class Fabric:
+    """One device; attach composes it at once. ``errors`` fail the next device reads."""
+
+    def __init__(self, body: Body, plugin_sees: bool = True) -> None:
+        self.dev = Device("gpu-1", "H100", "z1", "GPU-1", "free")
+        self.body, self.plugin_sees = body, plugin_sees
+        self.attaches: list[tuple[str, str]] = []
+        self.errors: list[Exception] = []
+
+    def get(self, _name: str) -> tuple[FabricSpec, Fabric]:
+        return FABRIC, self
+
+    def hosts(self) -> dict[str, Host]:
+        return {"h1": Host("h1", "uuid-h1")}
+
+    def device(self, _id: str) -> Device:
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.dev
+
+    def attach(self, device_id: str, host: str) -> Operation | None:
+        self.attaches.append((device_id, host))
+        self.dev = replace(self.dev, state="attached", host=host)
+        if self.plugin_sees:  # the node's plugin reports the GPU (its own status write)
+            visible = {"type": names.DEVICE_VISIBLE, "status": "True"}
+            self.body.status["conditions"] = [visible]
+        return None
+
+
+def daemon(
+    body: Body, fabric: Fabric, stopped: Stopped, holders: list[DeviceHolder] | None = None
+) -> tuple[AttachDaemon, list[tuple[EventType, str, str]]]:
+    ctl = Controller(Kube(body), fabrics=fabric, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    events: list[tuple[EventType, str, str]] = []
+    d = AttachDaemon(
+        ctl,
+        body,
+        stopped,
+        lambda _key: holders or [],
+        lambda kind, reason, message: events.append((kind, reason, message)),
+        "r1",
+    )
+    return d, events
+
+
+def test_a_free_device_is_attached_once_and_goes_online() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    stopped = Stopped(limit=3)
+    d, events = daemon(body, fabric, stopped)
+    asyncio.run(d.run())
+    assert fabric.attaches == [("gpu-1", "h1")]
+    assert body.status["phase"] == "Online" and body.status["deviceUUID"] == "GPU-1"
+    assert "pendingAttach" not in body.status
+    assert [r for _, r, _ in events] == ["Attaching", "Attached", "Online"]
+    ready = {c["type"]: c["status"] for c in body.status["conditions"]}
+    assert ready[names.READY] == "True" and ready[names.ATTACHED] == "True"
+    # Online: the daemon checks again every online_poll, and writes nothing new.
+    assert set(stopped.waits) == {10}
+
+
+def test_fabric_errors_back_off_and_are_recorded() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    fabric.errors = [BusyError("busy"), BusyError("busy"), BusyError("busy", retry_after=7)]
+    stopped = Stopped(limit=3)
+    d, _ = daemon(body, fabric, stopped)
+    asyncio.run(d.run())
+    assert stopped.waits == [1.0, 2.0, 7.0]
+    assert fabric.attaches == []
+    attached = next(c for c in body.status["conditions"] if c["type"] == names.ATTACHED)
+    assert attached["reason"] == "FabricBusy" and body.status["error"] == "busy"
+
+
+def test_a_device_another_resource_holds_is_waited_for() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    stopped = Stopped(limit=1)
+    older = DeviceHolder("r0", deleting=False, created="2025-01-01T00:00:00Z")
+    d, _ = daemon(body, fabric, stopped, [older])
+    asyncio.run(d.run())
+    assert fabric.attaches == [] and stopped.waits == [1]
+    [cond] = body.status["conditions"]
+    assert (cond["type"], cond["reason"]) == (names.ATTACHED, "DeviceHeld")
+
+
+def test_a_device_the_node_never_sees_fails_after_the_timeout() -> None:
+    body = Body()
+    fabric = Fabric(body, plugin_sees=False)
+    stopped = Stopped(limit=200)
+    d, events = daemon(body, fabric, stopped)
+    d.started -= 61  # the attach began longer ago than the fabric's operation timeout
+    asyncio.run(d.run())
+    assert body.status["phase"] == "Failed"
+    assert (EventType.WARNING, "AttachTimeout") in {(k, r) for k, r, _ in events}
+
+
+def test_a_deleted_resource_stops_the_daemon_before_any_call() -> None:
+    body = Body()
+    body.meta["deletionTimestamp"] = "2026-01-01T00:00:01Z"
+    fabric = Fabric(body)
+    d, events = daemon(body, fabric, Stopped())
+    asyncio.run(d.run())
+    assert fabric.attaches == [] and events == [] and body.status == {}
+
+
+@pytest.mark.parametrize(
+    ("previous", "retry_after", "expected"),
+    [(0, None, 1.0), (1, None, 2.0), (16, None, 30.0), (30, None, 30.0), (4, 7.0, 7.0)],
+)
+def test_next_delay_doubles_within_the_cap_unless_the_fabric_says(
+    previous: float, retry_after: float | None, expected: float
+) -> None:
+    assert next_delay(previous, 30, retry_after) == expected
+
+
+def test_claim_results_and_local_refs_read_plain_objects() -> None:
+    claim = {
+        "metadata": {"namespace": "ns", "name": "c"},
+        "status": {
+            "allocation": {"devices": {"results": [{"driver": "d", "pool": "p", "device": "x"}]}}
+        },
+    }
+    [r] = claim_results([claim, {"metadata": {"namespace": "ns", "name": "unallocated"}}])
+    assert (r.claim, r.driver, r.pool, r.device) == ("ns/c", "d", "p", "x")
+    slices = [
+        {
+            "spec": {
+                "nodeName": node,
+                "pool": {"name": node},
+                "devices": [{"name": "gpu-a", "attributes": {"uuid": {"string": "GPU-ABC"}}}],
+            }
+        }
+        for node in ("n1", "n2")
+    ]
+    assert local_refs(slices, "n1", "abc") == {("n1", "gpu-a")}
+    assert local_refs(slices, "n1", "other") == set()
+
+
+def test_changes_wake_a_waiter_and_a_change_before_the_wait_is_not_lost() -> None:
+    async def main() -> None:
+        changes = Changes()
+        changes.bind(asyncio.get_running_loop())
+        seen = changes.version
+        changes.notify()  # as an informer thread would, before the wait began
+        await asyncio.sleep(0)
+        assert await changes.wait(seen, 5) is True
+        seen = changes.version
+        assert await changes.wait(seen, 0.01) is False
+        waiter = asyncio.ensure_future(changes.wait(seen, 5))
+        await asyncio.sleep(0)
+        changes.notify()
+        assert await waiter is True
+
+    asyncio.run(main())

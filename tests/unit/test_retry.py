@@ -1,0 +1,138 @@
+"""composable_dra.retry: the one retry policy (bounds, Retry-After, stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from composable_dra import retry
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(
+    attempt=st.integers(min_value=1, max_value=200),
+    first=st.floats(min_value=0.01, max_value=2.0),
+    extra=st.floats(min_value=0.0, max_value=60.0),
+)
+def test_each_wait_lies_between_half_and_all_of_the_capped_exponential(
+    attempt: int, first: float, extra: float
+) -> None:
+    cap = first + extra
+    ceiling = min(cap, first * 2 ** min(attempt - 1, 64))
+    wait = retry.delay(attempt, cap=cap, first=first)
+    assert ceiling / 2 - 1e-9 <= wait <= ceiling + 1e-9
+
+
+def test_waits_grow_to_the_cap_and_are_jittered() -> None:
+    waits = [retry.delay(n, cap=5.0) for n in range(1, 30)]
+    assert max(waits[:2]) <= 0.4  # the first retries come quickly
+    assert all(2.5 <= w <= 5.0 for w in waits[10:])  # later ones stay near the cap
+    assert len({round(w, 6) for w in waits[10:]}) > 1  # not in lockstep
+
+
+def test_a_first_wait_above_the_cap_is_the_cap() -> None:
+    assert 0.05 <= retry.delay(1, cap=0.1, first=1.0) <= 0.1
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError):
+        retry.policy(cap=0.0, first=1.0)
+    with pytest.raises(ValueError):
+        retry.policy(cap=1.0, first=-1)
+    with pytest.raises(ValueError):
+        retry.delay(0, cap=1.0)
+
+
+def test_forever_retries_until_success_and_reports_each_failure() -> None:
+    calls: list[int] = []
+    heard: list[tuple[str, float]] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError(f"try {len(calls)}")
+        return "done"
+
+    got = retry.forever(
+        flaky,
+        threading.Event(),
+        cap=0.05,
+        first=0.01,
+        on_error=lambda e, w: heard.append((str(e), w)),
+    )
+    assert got == "done" and len(calls) == 3
+    assert [h[0] for h in heard] == ["try 1", "try 2"]
+    assert all(0 < w <= 0.05 for _, w in heard)
+
+
+def test_an_errors_own_retry_after_is_its_wait() -> None:
+    class Busy(Exception):
+        retry_after = 0.03
+
+    heard: list[float] = []
+    calls: list[int] = []
+
+    def busy_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Busy()
+
+    retry.forever(
+        busy_once, threading.Event(), cap=60, first=30, on_error=lambda _e, w: heard.append(w)
+    )
+    assert heard == [0.03]
+
+
+def test_forever_ends_promptly_when_stopped_during_a_wait() -> None:
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise RuntimeError("down")
+
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    assert retry.forever(failing, stop, cap=60, first=30, on_error=lambda *_: None) is None
+    assert time.monotonic() - start < 5  # not the 15-30 s wait
+    assert len(calls) == 1  # no attempt after the stop
+
+
+def test_forever_does_not_start_once_stopped() -> None:
+    stop = threading.Event()
+    stop.set()
+    called: list[int] = []
+    assert retry.forever(lambda: called.append(1), stop, cap=1) is None
+    assert called == []
+
+
+def test_forever_async_retries_and_stops() -> None:
+    async def scenario() -> tuple[str | None, int | None]:
+        calls: list[int] = []
+
+        async def flaky() -> str:
+            calls.append(1)
+            if len(calls) < 2:
+                raise RuntimeError("once")
+            return "ok"
+
+        stop = asyncio.Event()
+        first = await retry.forever_async(
+            flaky, stop, cap=0.05, first=0.01, on_error=lambda *_: None
+        )
+
+        async def failing() -> int:
+            raise RuntimeError("down")
+
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        second = await asyncio.wait_for(
+            retry.forever_async(failing, stop, cap=60, first=30, on_error=lambda *_: None), 5
+        )
+        return first, second
+
+    assert asyncio.run(scenario()) == ("ok", None)
