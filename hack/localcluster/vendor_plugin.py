@@ -10,11 +10,8 @@ controller and the kubelet would.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +19,7 @@ from pathlib import Path
 from composable_dra.informer import Informer
 from composable_dra.kube import Conflict, Kube, path
 from hack.localcluster.controlplane import cached_build
+from hack.localcluster.process import ComponentProcess
 
 DRIVER = "gpu.vendor.example"
 DEVICE_CLASS = "vendor-gpu"
@@ -57,54 +55,42 @@ class VendorPlugin:
     redfish_endpoint: str
     credentials: tuple[str, str]
     workdir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
 
-    def start(self) -> None:
+    def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         creds = self.workdir / "redfish-credentials.json"
-        creds.write_text(
-            json.dumps({"username": self.credentials[0], "password": self.credentials[1]})
-        )
+        user, password = self.credentials
+        creds.write_text(json.dumps({"username": user, "password": password}))
         os.chmod(creds, 0o600)
-        self.starts += 1
-        with (self.workdir / f"vendor-plugin-{self.starts}.log").open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(self.binary),
-                    f"--node-name={self.node}",
-                    f"--kubeconfig={self.kubeconfig}",
-                    f"--driver-name={DRIVER}",
-                    f"--plugins-registry-dir={self.registry_dir}",
-                    f"--plugins-dir={self.plugins_dir}",
-                    f"--cdi-dir={self.cdi_dir}",
-                    f"--redfish-endpoint={self.redfish_endpoint}",
-                    f"--redfish-credentials-file={creds}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        args = [
+            f"--node-name={self.node}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--driver-name={DRIVER}",
+            f"--plugins-registry-dir={self.registry_dir}",
+            f"--plugins-dir={self.plugins_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--redfish-endpoint={self.redfish_endpoint}",
+            f"--redfish-credentials-file={creds}",
+        ]
+        self.process = ComponentProcess(BINARY, args, self.workdir, binary=self.binary)
+
+    @property
+    def starts(self) -> int:
+        return self.process.starts
+
+    def start(self) -> None:
+        self.process.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        self.process.stop()
 
     def restart(self) -> None:
         """The hook a restart goes through (a pod deletion in a real cluster)."""
-        self.stop()
-        self.start()
+        self.process.stop()
+        self.process.start()
 
     def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            text = (self.workdir / f"vendor-plugin-{self.starts}.log").read_text(errors="replace")
-            return "\n".join(text.splitlines()[-lines:])
-        return ""
+        return self.process.log_tail(lines)
 
 
 @dataclass
