@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
 from composable_dra import names
 from composable_dra.timestamps import format_time
 from device_scaler.decide import (
+    ANN_POOL,
     DeleteResource,
     PatchResource,
     Quarantine,
@@ -25,7 +27,7 @@ from device_scaler.vendor import (
     complete_vendor,
     vendor_modes,
 )
-from tests.unit.test_scaler import CFG, NOW, POOL, claim, only, resource, snap
+from tests.unit.test_scaler import CFG, NOW, POOL, SlicesKube, claim, only, resource, snap
 
 VENDOR = "gpu.vendor.example"
 MODE = VendorMode(VENDOR, frozenset({"fab"}), "vendor-ns", "app=vendor-plugin", 30.0)
@@ -164,3 +166,60 @@ def test_vendor_modes_from_fabrics():
     [mode] = vendor_modes(fabrics)
     assert mode == VendorMode(VENDOR, frozenset({"b", "c"}), None, None, 30.0)  # b is first
     assert vendor_modes([fabrics[1]])[0].restart_selector == "app=x"
+
+
+class _Synced:
+    """A vendor slice informer that has listed: these slices."""
+
+    def __init__(self, items: list[JSON]) -> None:
+        self._items = items
+        self.synced = threading.Event()
+        self.synced.set()
+
+    def items(self) -> list[JSON]:
+        return self._items
+
+
+def test_the_scaler_decides_each_resource_with_its_fabrics_driver_only():
+    from device_scaler.scaler import Scaler, ScalerConfig
+
+    # Fabric "fab" is in vendor mode; "own" is not. Each has an Online GPU for a live claim.
+    vendor_claim = vclaim(uid="c1")
+    own_claim = claim(uid="c2", pool="own/zone-1")
+    vendor_cr = online()
+    own_cr = resource(
+        claim_uid="c2",
+        phase="Online",
+        uuid="GPU-BBB",
+        name=resource_name("c2", "own/zone-1", "gpu-1"),
+    )
+    own_cr["spec"]["fabric"] = "own"
+    own_cr["metadata"]["annotations"].update({ANN_POOL: "own/zone-1"})
+    vendor_node_slice = {
+        "spec": {
+            "driver": VENDOR,
+            "nodeName": "node-a",
+            "pool": {"name": "node-a"},
+            "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": "aaa"}}}],
+        }
+    }
+    scaler = Scaler(SlicesKube([]), ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
+    done: list[Any] = []
+    try:
+        scaler.claims.items = lambda: [vendor_claim, own_claim]  # type: ignore[method-assign]
+        scaler.resources.items = lambda: [vendor_cr, own_cr]  # type: ignore[method-assign]
+        scaler.fabrics.items = lambda: [  # type: ignore[method-assign]
+            fabric("fab", {"name": VENDOR}),
+            fabric("own", None),
+        ]
+        scaler.vendor_slices[VENDOR] = _Synced([vendor_node_slice])  # type: ignore[assignment]
+        scaler._do = done.append  # type: ignore[method-assign]
+        scaler.reconcile()
+    finally:
+        scaler.stop()
+    statuses = {a.claim.uid: a for a in only(done, SetDeviceStatus)}
+    # The vendor claim is rescheduled; ours gets FabricDeviceReady: neither pass touched
+    # the other's resource (our pass would release the vendor's: no allocation of ours).
+    assert statuses["c1"].entries[0]["conditions"][0]["type"] == names.FABRIC_DEVICE_RESCHEDULE
+    assert statuses["c2"].entries[0]["conditions"][0]["type"] == names.FABRIC_DEVICE_READY
+    assert not only(done, PatchResource) and not only(done, DeleteResource)
