@@ -213,7 +213,7 @@ def test_the_scaler_decides_each_resource_with_its_fabrics_driver_only():
             fabric("own", None),
         ]
         scaler.vendor_slices[VENDOR] = _Synced([vendor_node_slice])  # type: ignore[assignment]
-        scaler._do = done.append  # type: ignore[method-assign]
+        scaler._do = done.append  # type: ignore[method-assign,assignment]
         scaler.reconcile()
     finally:
         scaler.stop()
