@@ -35,6 +35,7 @@ from device_scaler.decide import (
     PatchResource,
     SetDeviceStatus,
     Snapshot,
+    Unquarantine,
     allocation_node,
     managed,
     resource_name,
@@ -238,6 +239,8 @@ def complete_vendor(actions: Sequence[Action], s: Snapshot, mode: VendorMode) ->
                 out.extend(done)
         elif isinstance(a, DeleteResource) and a.name in keep:
             continue
+        elif isinstance(a, Unquarantine):
+            continue  # the pass for our own driver sees every quarantine rule and ends it
         else:
             out.append(a)
     return out + restarts(s, mode)

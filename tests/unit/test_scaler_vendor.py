@@ -15,6 +15,7 @@ from device_scaler.decide import (
     Quarantine,
     SetDeviceStatus,
     Snapshot,
+    Unquarantine,
     decide,
     resource_name,
 )
@@ -118,6 +119,13 @@ def test_failures_stay_failures_and_quarantine_under_the_vendor_driver():
     [status] = only(actions, SetDeviceStatus)
     assert status.entries[0]["conditions"][0]["type"] == names.FABRIC_DEVICE_FAILED
     assert only(actions, Quarantine) and only(actions, DeleteResource)
+
+
+def test_expired_quarantines_are_ended_once_by_the_pass_for_our_driver():
+    rule = {"metadata": {"name": "q", "annotations": {"composable.dra.io/expires-at": "x"}}}
+    s = replace(snap(), quarantines=[rule])
+    assert only(decide(s, CFG), Unquarantine)
+    assert not only(run(s), Unquarantine)
 
 
 def test_after_the_reschedule_the_gpu_is_released_and_its_vendor_allocation_counts_as_use():
