@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit e2e bench control-plane node install protos fmt clean
+.PHONY: demo test lint unit e2e bench control-plane node vendor-plugin install protos fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ control-plane:
 ## (and install runc where missing); prints their directory last
 node:
 	@bash hack/node/build.sh
+
+## vendor-plugin: build or reuse the vendor-like DRA kubelet plugin (Go) that the
+## vendor-driver mode's end-to-end test runs; prints its directory last
+vendor-plugin:
+	@bash hack/vendor-plugin/build.sh
 
 ## demo: the local demo on a real control plane (see README)
 demo: install

@@ -84,6 +84,55 @@ class FsasSettings(_Model):
     )
 
 
+class VendorRestart(_Model):
+    """Which pods run the vendor's kubelet plugin, to restart after an attach."""
+
+    namespace: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
+    pod_selector: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z0-9./_=!,() -]+$",
+        description="A label selector (e.g. 'app=nvidia-dra-driver-kubelet-plugin'); the "
+        "scaler deletes the matching pods on the GPU's node once the GPU is attached.",
+    )
+
+
+class VendorDriver(_Model):
+    """Vendor-driver mode (docs/operations.md): the pool is published under another
+    driver's name, and the attach completes with FabricDeviceReschedule once that driver's
+    node slice lists the GPU, instead of FabricDeviceReady with our own plugin."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_SUBDOMAIN,
+        description="The vendor's DRA driver name, e.g. gpu.nvidia.com.",
+    )
+    attribute_names: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Our pool attribute name -> the vendor's (e.g. productName: "
+        "productName); attributes not named keep our names.",
+    )
+    attributes: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Extra string attributes every pool device carries, so that the "
+        "vendor's DeviceClass selects it (e.g. type: gpu).",
+    )
+    restart: VendorRestart | None = Field(
+        default=None,
+        description="Restart the vendor plugin after an attach, for drivers that do not "
+        "see hot-plugged GPUs. Without it the scaler waits for the driver to publish it.",
+    )
+    restart_retry_seconds: int = Field(
+        default=30,
+        ge=5,
+        le=3600,
+        description="Restart again when the GPU is still not in the driver's slice after this.",
+    )
+
+
 class FabricSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -144,6 +193,12 @@ class FabricSpec(_Model):
         "(back to the pool, after the usual taint and allocation check), or Ignore.",
     )
     orphan_grace_period_seconds: int = Field(default=300, ge=0, le=86400)
+    vendor_driver: VendorDriver | None = Field(
+        default=None,
+        description="Vendor-driver mode: publish this fabric's pools under a vendor's DRA "
+        "driver and complete attaches by rescheduling onto it (docs/operations.md). "
+        "Unset: the one-cycle path with our own kubelet plugin.",
+    )
 
     @field_validator("endpoint", mode="before")
     @classmethod

@@ -161,7 +161,10 @@ class AttachDaemon:
                 phase=status.get("phase"),
                 device=r.device,
                 host=r.host,
-                visible=r.device is not None and visible(status, r.device.uuid),
+                # Vendor-driver mode: no plugin of ours reports; the scaler waits for
+                # the vendor's slice instead (device_scaler/vendor.py).
+                visible=r.fabric.vendor_driver is not None
+                or (r.device is not None and visible(status, r.device.uuid)),
                 elapsed=time.monotonic() - self.started,
                 timeout=float(r.fabric.operation_timeout_seconds),
                 task_recorded=open_task is not None,

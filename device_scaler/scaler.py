@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -43,6 +43,13 @@ from device_scaler.decide import (
     managed,
     quarantine_body,
     quarantine_rule_name,
+)
+from device_scaler.vendor import (
+    Rescheduled,
+    RestartVendorPlugin,
+    complete_vendor,
+    fabric_of,
+    vendor_modes,
 )
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -111,7 +118,19 @@ class Scaler(InformerDriven):
             name="quarantines",
             labelSelector=f"{QUARANTINE_LABEL}=scaler",
         )
-        self.informers = [self.claims, self.resources, self.slices, self.requests, self.quarantines]
+        # Vendor-driver mode (device_scaler/vendor.py): Fabrics name the vendor drivers,
+        # whose slices are watched from the first pass that needs them.
+        self.fabrics = Informer(kube, path(API_VERSION, "fabrics"), wake)
+        self.vendor_slices: dict[str, Informer] = {}
+        self._pool_driver: dict[str, str] = {}  # vendor fabric -> its driver (quarantines)
+        self.informers = [
+            self.claims,
+            self.resources,
+            self.slices,
+            self.requests,
+            self.quarantines,
+            self.fabrics,
+        ]
         self.synced = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scaler-write")
         self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaler-events")
@@ -144,10 +163,10 @@ class Scaler(InformerDriven):
 
     # -- one pass ---------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, slices: list[JSON] | None = None) -> Snapshot:
         pool_devices: dict[tuple[str, str], JSON] = {}
         local: dict[tuple[str, str], str] = {}
-        for sl in self.slices.items():
+        for sl in self.slices.items() if slices is None else slices:
             spec = sl.get("spec") or {}
             pool = str((spec.get("pool") or {}).get("name", ""))
             node = spec.get("nodeName")
@@ -178,7 +197,25 @@ class Scaler(InformerDriven):
 
     def reconcile(self) -> int:
         snap = self.snapshot()
-        actions = self._confirm_releases(decide(snap, self.settings), snap)
+        modes = vendor_modes(self.fabrics.items())
+        self._pool_driver = {f: m.driver for m in modes for f in m.fabrics}
+        # Each resource is decided with its fabric's driver: ours, or a vendor's.
+        own = replace(
+            snap, resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver]
+        )
+        actions: list[Any] = self._confirm_releases(decide(own, self.settings), own)
+        for mode in modes:
+            vendor_slices = self._vendor_slice_items(mode.driver)
+            if vendor_slices is None:
+                continue  # its informer has not listed yet; it wakes us when it has
+            vsnap = replace(
+                self.snapshot(vendor_slices),
+                resources=[r for r in snap.resources if fabric_of(r) in mode.fabrics],
+            )
+            settings = replace(self.settings, driver=mode.driver)
+            actions += self._confirm_releases(
+                complete_vendor(decide(vsnap, settings), vsnap, mode), vsnap, mode.driver
+            )
         # decide's order matters between kinds (a device is quarantined before its claim
         # is marked failed, and that before its resource is deleted), not within one: a
         # run of creates or of claim status writes, one per claim, goes out at once.
@@ -204,7 +241,24 @@ class Scaler(InformerDriven):
             IDLE_DEVICES.labels(node).set(n)
         return len(actions)
 
-    def _confirm_releases(self, actions: list[Any], snap: Snapshot) -> list[Any]:
+    def _vendor_slice_items(self, driver: str) -> list[JSON] | None:
+        informer = self.vendor_slices.get(driver)
+        if informer is None:
+            informer = Informer(
+                self.kube,
+                path(RESOURCE_API, "resourceslices"),
+                self._wake.set,
+                name=f"slices-{driver}",
+                fieldSelector=f"spec.driver={driver}",
+            )
+            self.vendor_slices[driver] = informer
+            self.informers.append(informer)  # stopped with the others
+            informer.start()
+        return informer.items() if informer.synced.is_set() else None
+
+    def _confirm_releases(
+        self, actions: list[Any], snap: Snapshot, driver: str | None = None
+    ) -> list[Any]:
         """Drop the releases whose device a consistent read still finds in a pool.
 
         ``decide`` releases a GPU once the slice cache no longer shows it in its pool; a
@@ -218,7 +272,7 @@ class Scaler(InformerDriven):
         try:
             listed = self.kube.get(
                 path(RESOURCE_API, "resourceslices"),
-                fieldSelector=f"spec.driver={self.settings.driver}",
+                fieldSelector=f"spec.driver={driver or self.settings.driver}",
                 labelSelector=f"{POOL_MANAGED_LABEL}={POOL_MANAGED_VALUE}",
             )
         except KubeError as exc:
@@ -295,7 +349,8 @@ class Scaler(InformerDriven):
                 self._resource_event(action.name, action.reason, action.message)
         elif isinstance(action, Quarantine):
             ACTIONS.labels("quarantine").inc()
-            body = quarantine_body(action, self.settings.driver)
+            fabric = action.pool.split("/", 1)[0]
+            body = quarantine_body(action, self._pool_driver.get(fabric, self.settings.driver))
             try:
                 self.kube.create(path(RESOURCE_API, "devicetaintrules"), body)
             except Conflict:
@@ -308,9 +363,36 @@ class Scaler(InformerDriven):
                     {"metadata": {"annotations": body["metadata"]["annotations"]}},
                 )
             log.info("device quarantined", pool=action.pool, device=action.device)
+        elif isinstance(action, RestartVendorPlugin):
+            self._restart_vendor_plugin(action)
+        elif isinstance(action, Rescheduled):
+            log.info("device rescheduled", claim=action.claim.name, device=action.device)
+            self._claim_event(
+                action.claim,
+                "Normal",
+                names.FABRIC_DEVICE_RESCHEDULE,
+                f"{action.device} is attached; rescheduling onto local device {action.local}",
+                action.device,
+            )
         elif isinstance(action, Unquarantine):
             ACTIONS.labels("unquarantine").inc()
             self.kube.delete(path(RESOURCE_API, "devicetaintrules", action.rule))
+
+    def _restart_vendor_plugin(self, action: RestartVendorPlugin) -> None:
+        """Delete the vendor plugin's pods on the node: its DaemonSet starts them again,
+        and the new process enumerates the GPUs (with the hot-plugged one)."""
+        ACTIONS.labels("restart-vendor-plugin").inc()
+        pods = self.kube.get(
+            path("v1", "pods", namespace=action.namespace),
+            labelSelector=action.selector,
+            fieldSelector=f"spec.nodeName={action.node}",
+        )
+        for pod in pods.get("items") or []:
+            with contextlib.suppress(NotFound):
+                self.kube.delete(
+                    path("v1", "pods", pod["metadata"]["name"], namespace=action.namespace)
+                )
+            log.info("vendor plugin restarted", node=action.node, pod=pod["metadata"]["name"])
 
     def _set_status(self, action: SetDeviceStatus) -> None:
         c = action.claim

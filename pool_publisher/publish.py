@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
+from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names, retry
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node, uuid_index
@@ -44,6 +44,7 @@ MANAGED_VALUE = "pool-publisher"
 ZONE_LABEL = f"{names.PREFIX}/zone"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 _ATTR_MAX = 64
+_ATTRIBUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 POOL_FREE_DEVICES = Gauge(
@@ -89,8 +90,11 @@ def _label(value: str, limit: int = 63) -> str:
     return f"{cleaned[: limit - 9].strip('-')}-{_short_hash(value)}"
 
 
-def slice_name(fabric: str, zone: str, index: int) -> str:
-    suffix = f"-{_label(zone)}-{index}"
+def slice_name(fabric: str, zone: str, index: int, vendor: str = "") -> str:
+    # A slice's driver is immutable: a vendor pool's slices get names of their own (a
+    # digest of the driver), so that switching modes replaces them instead of failing.
+    tag = f"-v{_short_hash(vendor, 6)}" if vendor else ""
+    suffix = f"-{_label(zone)}{tag}-{index}"
     return fabric[: 253 - len(suffix)] + suffix
 
 
@@ -106,6 +110,7 @@ class FabricView:
     inventory: Inventory
     host_nodes: Mapping[str, Sequence[str]]  # fabric host id -> node names on it
     held: frozenset[str] = frozenset()  # block ids a live ComposableResource holds
+    vendor: VendorDriver | None = None  # vendor-driver mode (docs/operations.md)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class PoolSpec:
     nodes: tuple[str, ...]
     devices: tuple[Device, ...]
     allocated: frozenset[str] = frozenset()  # block ids a live allocation names
+    vendor: VendorDriver | None = None
 
     @property
     def name(self) -> str:
@@ -209,12 +215,18 @@ def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, Poo
             if referenced:
                 allocated.add(dev.id)
         pools[pool] = PoolSpec(
-            view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated)
+            view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated), view.vendor
         )
     return pools
 
 
-def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -> JSON:
+def device_entry(
+    fabric: str,
+    zone: str,
+    dev: Device,
+    allocated: bool = False,
+    vendor: VendorDriver | None = None,
+) -> JSON:
     """One pool device. An allocated one carries a NoSchedule taint: when its allocation
     ends, the scheduler sees it unallocated before this publisher drops it (it may be
     attached by then), and must not hand it to another claim in that moment."""
@@ -228,6 +240,8 @@ def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -
         "zone": {"string": zone[:_ATTR_MAX]},
         "blockID": {"string": dev.id[:_ATTR_MAX]},
     }
+    if vendor is not None:
+        attributes = vendor_attributes(attributes, vendor)
     entry: JSON = {
         "name": device_name(dev.id),
         "attributes": attributes,
@@ -240,6 +254,25 @@ def device_entry(fabric: str, zone: str, dev: Device, allocated: bool = False) -
     if dev.memory_mib:
         entry["capacity"] = {"memory": {"value": format_bytes(dev.memory_mib * 2**20)}}
     return entry
+
+
+def vendor_attributes(ours: Mapping[str, JSON], vendor: VendorDriver) -> dict[str, JSON]:
+    """Our pool attributes under the vendor's names, plus its fixed ones, so that the
+    vendor's DeviceClass selects pool devices as it selects its own (an extra wins)."""
+    out = {vendor.attribute_names.get(k, k): v for k, v in ours.items()}
+    out.update({k: {"string": v[:_ATTR_MAX]} for k, v in vendor.attributes.items()})
+    return out
+
+
+def vendor_config_error(vendor: VendorDriver | None) -> str | None:
+    """Why a Fabric's vendorDriver cannot be published, or None (the schema allows any
+    map keys; an attribute name must be a C identifier of at most 32 characters)."""
+    if vendor is None:
+        return None
+    for key in [*vendor.attribute_names.values(), *vendor.attributes]:
+        if not _ATTRIBUTE_NAME.match(key):
+            return f"vendorDriver attribute name {key!r} is not a C identifier of <= 32 chars"
+    return None
 
 
 def pool_slices(
@@ -265,7 +298,9 @@ def pool_slices(
             "apiVersion": RESOURCE_API,
             "kind": "ResourceSlice",
             "metadata": {
-                "name": slice_name(spec.fabric, spec.zone, i),
+                "name": slice_name(
+                    spec.fabric, spec.zone, i, spec.vendor.name if spec.vendor else ""
+                ),
                 "labels": {
                     MANAGED_LABEL: MANAGED_VALUE,
                     names.LABEL_FABRIC: _label(spec.fabric),
@@ -282,7 +317,7 @@ def pool_slices(
                 ],
             },
             "spec": {
-                "driver": driver,
+                "driver": spec.vendor.name if spec.vendor else driver,
                 "pool": {
                     "name": spec.name,
                     "generation": generation,
@@ -290,7 +325,8 @@ def pool_slices(
                 },
                 "nodeSelector": selector,
                 "devices": [
-                    device_entry(spec.fabric, spec.zone, d, d.id in spec.allocated) for d in chunk
+                    device_entry(spec.fabric, spec.zone, d, d.id in spec.allocated, spec.vendor)
+                    for d in chunk
                 ],
             },
         }
@@ -541,7 +577,14 @@ class PoolPublisher(InformerDriven):
         claims = self.claim_informer.items()
         resources = self.cr_informer.items()
         attachments = attachment_states(resources)
-        live = live_allocations(claims, self.driver)
+        # Vendor-mode pools are allocated under the vendor's driver name (pool names
+        # <fabric>/<zone> never clash with a node's pool: node names have no '/').
+        drivers = {self.driver} | {
+            str(v["name"])
+            for f in self.fabric_informer.items()
+            if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
+        }
+        live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
@@ -558,12 +601,17 @@ class PoolPublisher(InformerDriven):
                 log.warning("fabric skipped", fabric=name, error=str(exc))
                 continue
             mapping = spec.node_mapping
+            if (why := vendor_config_error(spec.vendor_driver)) is not None:
+                PUBLISH_ERRORS.labels("config").inc()
+                log.warning("fabric skipped", fabric=name, error=why)
+                continue
             view = FabricView(
                 name=name,
                 uid=meta["uid"],
                 inventory=inv,
                 host_nodes=host_nodes(nodes, mapping, inv),
                 held=held_blocks(resources, name),
+                vendor=spec.vendor_driver,
             )
             desired.update(desired_pools(view, live))
         plan = plan_pools(

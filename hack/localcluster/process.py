@@ -44,6 +44,8 @@ class ComponentProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     env: dict[str, str] | None = field(default=None)
+    # A program that is not ours (hack/vendor-plugin): run it instead of composable-dra.
+    binary: Path | None = None
 
     @property
     def name(self) -> str:
@@ -58,7 +60,9 @@ class ComponentProcess:
         self.starts += 1
         with self.log_path.open("wb") as out:
             self.proc = subprocess.Popen(
-                [*cli_command(), "--log-format=json", self.command, *self.args],
+                [str(self.binary), *self.args]
+                if self.binary
+                else [*cli_command(), "--log-format=json", self.command, *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,162 @@
+"""The vendor-like kubelet plugin (hack/vendor-plugin, Go) on fake nodes, and a stand-in
+for its DaemonSet, for the vendor-driver mode's end-to-end test.
+
+``VendorPluginSet`` keeps, per node, the plugin process and a Pod object that stands for
+it (label ``app=vendor-plugin``, bound to the node, so the kubelet emulator runs it).
+When that Pod is deleted, as the scaler does to restart a plugin that does not see
+hot-plug, the set restarts the process and creates the Pod again, as the DaemonSet
+controller and the kubelet would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from composable_dra.informer import Informer
+from composable_dra.kube import Conflict, Kube, path
+from hack.localcluster.controlplane import cached_build
+from hack.localcluster.process import ComponentProcess
+
+DRIVER = "gpu.vendor.example"
+DEVICE_CLASS = "vendor-gpu"
+LABEL = "app=vendor-plugin"
+BINARY = "vendor-plugin"
+
+
+def find_vendor_plugin(bin_dir: str | None = None) -> Path:
+    """The plugin binary: VENDOR_PLUGIN_DIR, or hack/vendor-plugin/build.sh (builds it when
+    missing, cached by version; fails rather than skips)."""
+    return cached_build("VENDOR_PLUGIN_DIR", "vendor-plugin/build.sh", [BINARY], bin_dir) / BINARY
+
+
+def device_class() -> dict[str, object]:
+    """The vendor's DeviceClass, as NVIDIA's selects its GPUs: by driver and a type."""
+    expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    return {
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": expr}}]},
+    }
+
+
+@dataclass
+class VendorPlugin:
+    """One node's plugin process."""
+
+    binary: Path
+    node: str
+    kubeconfig: Path
+    registry_dir: Path
+    plugins_dir: Path
+    cdi_dir: Path
+    redfish_endpoint: str
+    credentials: tuple[str, str]
+    workdir: Path
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        creds = self.workdir / "redfish-credentials.json"
+        user, password = self.credentials
+        creds.write_text(json.dumps({"username": user, "password": password}))
+        os.chmod(creds, 0o600)
+        args = [
+            f"--node-name={self.node}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--driver-name={DRIVER}",
+            f"--plugins-registry-dir={self.registry_dir}",
+            f"--plugins-dir={self.plugins_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--redfish-endpoint={self.redfish_endpoint}",
+            f"--redfish-credentials-file={creds}",
+        ]
+        self.process = ComponentProcess(BINARY, args, self.workdir, binary=self.binary)
+
+    @property
+    def starts(self) -> int:
+        return self.process.starts
+
+    def start(self) -> None:
+        self.process.start()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def restart(self) -> None:
+        """The hook a restart goes through (a pod deletion in a real cluster)."""
+        self.process.stop()
+        self.process.start()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines)
+
+
+@dataclass
+class VendorPluginSet:
+    """The plugins of some nodes, restarted when their Pod is deleted (a DaemonSet's job)."""
+
+    kube: Kube
+    namespace: str
+    plugins: dict[str, VendorPlugin] = field(default_factory=dict)  # node -> plugin
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uids: dict[str, str] = {}  # node -> uid of its live pod ("" while replaced)
+        self._informer = Informer(
+            self.kube,
+            path("v1", "pods", namespace=self.namespace),
+            self._pods_changed,
+            name="vendor-plugin-pods",
+            labelSelector=LABEL,
+        )
+
+    def start(self) -> None:
+        for node, plugin in self.plugins.items():
+            plugin.start()
+            self._create_pod(node)
+        self._informer.start()
+
+    def stop(self) -> None:
+        self._informer.stop()
+        for plugin in self.plugins.values():
+            plugin.stop()
+
+    def restarts(self, node: str) -> int:
+        return self.plugins[node].starts - 1
+
+    def _pod_name(self, node: str) -> str:
+        return f"vendor-plugin-{node}"[:63]
+
+    def _create_pod(self, node: str) -> None:
+        key, value = LABEL.split("=", 1)
+        body = {
+            "metadata": {"name": self._pod_name(node), "labels": {key: value}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "plugin", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+        try:
+            created = self.kube.create(path("v1", "pods", namespace=self.namespace), body)
+        except Conflict:
+            return  # the old one is still finalizing: its DELETED event comes next
+        self._uids[node] = str(created["metadata"]["uid"])
+
+    def _pods_changed(self) -> None:
+        if not self._informer.synced.is_set():
+            return
+        pods = {p["metadata"]["name"]: p for p in self._informer.items()}
+        with self._lock:
+            for node, plugin in self.plugins.items():
+                pod = pods.get(self._pod_name(node))
+                if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                    continue
+                if self._uids.get(node):
+                    # Our pod is going: restart once, however many events its end takes.
+                    self._uids[node] = ""
+                    plugin.restart()
+                if pod is None:
+                    self._create_pod(node)
