@@ -71,6 +71,10 @@ async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: f
     return False
 
 
+# Seconds between looks for kopf's finalizer before a first attach.
+FINALIZER_WAIT = 0.2
+
+
 @dataclass(frozen=True)
 class Reading:
     """One pass's read of the fabric for this resource."""
@@ -189,6 +193,11 @@ class AttachDaemon:
                 assert action.host is not None
                 if self.stopped:
                     return None  # deletion began: from here the detach handler decides
+                if names.FINALIZER not in (self.body.meta.get("finalizers") or []):
+                    # kopf adds its finalizer in the pass that starts this daemon: an attach
+                    # sent before the finalizer is on the object could land after a deletion
+                    # that no detach handler sees, leaving the device composed. Wait for it.
+                    return FINALIZER_WAIT
                 # No await between the check above and this: a detach finds the call.
                 call = self.ctl.start_attach(
                     self.uid, self.name, r.backend, spec.device_id, action.host

@@ -15,7 +15,7 @@ from composable_dra import names
 from composable_dra.fabric.backend import BusyError, Device, Host, Operation
 from composable_dra.kube import JSON
 from composable_operator.actions import EventType
-from composable_operator.attach_daemon import AttachDaemon
+from composable_operator.attach_daemon import FINALIZER_WAIT, AttachDaemon
 from composable_operator.cluster_cache import Changes, claim_results, local_refs
 from composable_operator.controller import Controller, Settings
 from composable_operator.reconcile import DeviceHolder, next_delay
@@ -36,7 +36,11 @@ class Body:
     """The live object kopf keeps current: status writes land here at once."""
 
     meta: dict[str, Any] = field(
-        default_factory=lambda: {"uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"}
+        default_factory=lambda: {
+            "uid": "u1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": [names.FINALIZER],
+        }
     )
     spec: dict[str, Any] = field(
         default_factory=lambda: {"fabric": "fab", "deviceID": "gpu-1", "targetNode": "n1"}
@@ -140,6 +144,24 @@ def test_a_free_device_is_attached_once_and_goes_online() -> None:
     assert ready[names.READY] == "True" and ready[names.ATTACHED] == "True"
     # Online: the daemon checks again every online_poll, and writes nothing new.
     assert set(stopped.waits) == {10}
+
+
+def test_no_attach_is_sent_before_the_finalizer_is_on_the_resource() -> None:
+    # Deleted in that window, the resource would go with no detach handler run: an attach
+    # sent then would leave the device composed to the node.
+    body = Body()
+    body.meta["finalizers"] = []
+    fabric = Fabric(body)
+    stopped = Stopped(limit=3)
+    d, _ = daemon(body, fabric, stopped)
+    asyncio.run(d.run())
+    assert fabric.attaches == []
+    assert stopped.waits == [FINALIZER_WAIT] * 3
+    body.meta["finalizers"] = [names.FINALIZER]
+    stopped = Stopped(limit=3)
+    d, _ = daemon(body, fabric, stopped)
+    asyncio.run(d.run())
+    assert fabric.attaches == [("gpu-1", "h1")]
 
 
 def test_fabric_errors_back_off_and_are_recorded() -> None:
