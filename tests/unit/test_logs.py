@@ -35,7 +35,9 @@ def _fail_with_a_secret_local() -> None:
     )
 
 
-def _log_a_failure(capsys: pytest.CaptureFixture[str], fmt: str, log: Callable[[], object]) -> str:
+def _log_a_failure(
+    capsys: pytest.CaptureFixture[str], fmt: logs.Format, log: Callable[[], object]
+) -> str:
     """Configure the logs in ``fmt``, call ``log`` while handling the failure above and
     return what reached stderr."""
     logs.configure("test", fmt=fmt)
