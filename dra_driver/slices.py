@@ -26,6 +26,7 @@ from composable_dra.informer import Informer
 from composable_dra.kube import Kube, path
 from composable_dra.names import normalize_uuid
 from composable_dra.quantity import format_bytes, parse_bytes
+from composable_dra.resource_slices import common_fields, write_slices
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 
@@ -343,22 +344,13 @@ def _norm_devices(devices: Any) -> list[tuple[str, ...]]:
 
 
 def _norm_slice(obj: dict[str, Any]) -> tuple[Any, ...]:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    pool = spec.get("pool") or {}
-    labels = meta.get("labels") or {}
-    owners = sorted(
-        (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
-    )
+    labels, spec, common = common_fields(obj)
     return (
+        *common,
         labels.get(MANAGED_LABEL),
         labels.get(POOL_LABEL),
-        owners,
-        spec.get("driver"),
         spec.get("nodeName"),
         bool(spec.get("perDeviceNodeSelection")),
-        pool.get("name"),
-        pool.get("generation"),
-        pool.get("resourceSliceCount"),
         [
             (c.get("name"), _norm_counters(c.get("counters")))
             for c in spec.get("sharedCounters") or []
@@ -526,12 +518,7 @@ class SlicePublisher:
             lend=self.lend,
             keep=keep,
         )
-        for obj in plan.apply:
-            self._kube.apply(
-                path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
-            )
-        for name in plan.delete:
-            self._kube.delete(path(RESOURCE_API, "resourceslices", name))
+        write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generation = plan.generation
         metrics.DEVICES_PUBLISHED.set(len(devices))
         if not plan.empty:
