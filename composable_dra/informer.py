@@ -235,3 +235,24 @@ class InformerDriven:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    def _debounced_passes(
+        self,
+        one_pass: Callable[[], None],
+        *,
+        every: Callable[[], float],
+        debounce: float,
+        on_error: retry.OnError,
+    ) -> None:
+        """A ``_loop``: once synced, ``one_pass`` on each wake, or ``every()`` seconds
+        after the last; a burst of changes within ``debounce`` makes one pass, and a
+        failed pass is retried (cap 10 s) until it succeeds or the controller stops."""
+        if not self.wait_synced():
+            return
+        while not self._stop.is_set():
+            self._wake.wait(every())
+            if self._stop.is_set():
+                return
+            self._stop.wait(debounce)  # let a burst of events settle into one pass
+            self._wake.clear()
+            retry.forever(one_pass, self._stop, cap=10.0, first=0.5, on_error=on_error)

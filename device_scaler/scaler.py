@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import ClaimRef, ComposableResourceSpec
-from composable_dra import logs, names, retry
+from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
@@ -143,15 +143,12 @@ class Scaler(InformerDriven):
         self._events.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
-        if not self.wait_synced():
-            return
-        while not self._stop.is_set():
-            self._wake.wait(self.config.resync)
-            if self._stop.is_set():
-                return
-            self._stop.wait(self.config.debounce)
-            self._wake.clear()
-            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+        self._debounced_passes(
+            self._pass,
+            every=lambda: self.config.resync,
+            debounce=self.config.debounce,
+            on_error=self._failed,
+        )
 
     def _pass(self) -> None:
         self.reconcile()

@@ -27,7 +27,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
-from composable_dra import logs, names, retry
+from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node, uuid_index
 from composable_dra.informer import Informer, InformerDriven
@@ -523,15 +523,9 @@ class PoolPublisher(InformerDriven):
         return min(waits)
 
     def _loop(self) -> None:
-        if not self.wait_synced():
-            return
-        while not self._stop.is_set():
-            self._wake.wait(self._next_poll_in())
-            if self._stop.is_set():
-                return
-            self._stop.wait(self.debounce)  # let a burst of events settle into one pass
-            self._wake.clear()
-            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+        self._debounced_passes(
+            self._pass, every=self._next_poll_in, debounce=self.debounce, on_error=self._failed
+        )
 
     def _pass(self) -> None:
         self.reconcile()
