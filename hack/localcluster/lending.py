@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node
-from hack.localcluster.pki import CertificateAuthority
+from hack.localcluster.pki import CertificateAuthority, KeyPair
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS
@@ -31,6 +32,52 @@ from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
+
+
+def donor_process(
+    name: str,
+    secret: Path,
+    tls: KeyPair,
+    ports: tuple[int, int],
+    cp: ControlPlane,
+    namespace: str,
+    workdir: Path,
+    extra: Sequence[str] = (),
+) -> ComponentProcess:
+    """``remote-gpu-donor`` for node ``name``: ``matmul`` allowed over TCP on ``ports[0]``,
+    its lease API over HTTPS on ``ports[1]`` for the lease controller's and the plugins'
+    service accounts in ``namespace``."""
+    data_port, api_port = ports
+    return ComponentProcess(
+        "remote-gpu-donor",
+        [
+            f"--name={name}",
+            f"--node-name={name}",
+            f"--secret-file={secret}",
+            f"--listen=127.0.0.1:{data_port}",
+            "--transports=tcp",
+            "--allow=matmul=remote_gpu.builtins:matmul",
+            *extra,
+            f"--lease-api-listen=127.0.0.1:{api_port}",
+            f"--lease-api-cert={tls.cert}",
+            f"--lease-api-key={tls.key}",
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--lease-controller-sa={namespace}/{CONTROLLER_SA}",
+            f"--lease-plugin-sa={namespace}/{PLUGIN_SA}",
+        ],
+        workdir,
+    )
+
+
+def scaler_process(
+    cp: ControlPlane, client_flags: Sequence[str], workdir: Path
+) -> ComponentProcess:
+    """The scaler for a lending lab: its lease controller lists the donors' leases each second."""
+    return ComponentProcess(
+        "scaler",
+        [f"--kubeconfig={cp.kubeconfig}", "--no-leader-elect", "--lease-resync=1", *client_flags],
+        workdir,
+    )
 
 
 @dataclass
@@ -111,24 +158,15 @@ class Lab:
         plugin.start()
         api_port = free_port()
         tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
-        process = ComponentProcess(
-            "remote-gpu-donor",
-            [
-                f"--name={name}",
-                f"--node-name={name}",
-                f"--secret-file={self.secret}",
-                f"--listen=127.0.0.1:{free_port()}",
-                "--transports=tcp",
-                "--allow=matmul=remote_gpu.builtins:matmul",
-                f"--memory-quota={16 << 20}",
-                f"--lease-api-listen=127.0.0.1:{api_port}",
-                f"--lease-api-cert={tls.cert}",
-                f"--lease-api-key={tls.key}",
-                f"--kubeconfig={self.cp.kubeconfig}",
-                f"--lease-controller-sa={self.namespace}/{CONTROLLER_SA}",
-                f"--lease-plugin-sa={self.namespace}/{PLUGIN_SA}",
-            ],
+        process = donor_process(
+            name,
+            self.secret,
+            tls,
+            (free_port(), api_port),
+            self.cp,
+            self.namespace,
             root / "donor",
+            [f"--memory-quota={16 << 20}"],
         )
         process.start()
         self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))
@@ -163,16 +201,7 @@ class Lab:
                 f"the lease API of {d.node}",
                 describe=d.process.log_tail,
             )
-        scaler = ComponentProcess(
-            "scaler",
-            [
-                f"--kubeconfig={self.cp.kubeconfig}",
-                "--no-leader-elect",
-                "--lease-resync=1",
-                *self.client_flags(CONTROLLER_SA),
-            ],
-            self.root / "scaler",
-        )
+        scaler = scaler_process(self.cp, self.client_flags(CONTROLLER_SA), self.root / "scaler")
         self.procs.append(scaler.start())
         for i in range(consumers):
             name = f"{self.prefix}consumer-{i}"
