@@ -18,6 +18,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from composable_dra import logs, retry
@@ -210,6 +211,13 @@ class InformerDriven:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._executors: list[ThreadPoolExecutor] = []
+
+    def _executor(self, workers: int, name: str) -> ThreadPoolExecutor:
+        """A thread pool for the controller's writes; stop() drops what it has queued."""
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._executors.append(pool)
+        return pool
 
     def start(self) -> None:
         for inf in self.informers:
@@ -224,6 +232,8 @@ class InformerDriven:
             inf.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for pool in self._executors:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def wait_synced(self) -> bool:
         """Until every informer has listed once; False when stopped first."""

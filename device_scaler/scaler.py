@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,15 +131,10 @@ class Scaler(InformerDriven):
             self.fabrics,
         ]
         self.synced = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scaler-write")
-        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaler-events")
+        self._pool = self._executor(8, "scaler-write")
+        self._events = self._executor(1, "scaler-events")
 
     # -- lifecycle ----------------------------------------------------------------------
-
-    def stop(self) -> None:
-        super().stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._events.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
         self._debounced_passes(

@@ -174,6 +174,7 @@ class _Passes(InformerDriven):
 
 def test_debounced_passes_run_on_a_wake_and_retry_a_failed_pass() -> None:
     ctl = _Passes()
+    writes = ctl._executor(1, "test-writes")
     ctl.start()
     try:
         ctl._wake.set()
@@ -183,3 +184,5 @@ def test_debounced_passes_run_on_a_wake_and_retry_a_failed_pass() -> None:
     finally:
         ctl.stop()
     assert ctl._thread is not None and not ctl._thread.is_alive()
+    with pytest.raises(RuntimeError):  # its thread pools stop with it
+        writes.submit(print)
