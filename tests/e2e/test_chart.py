@@ -394,44 +394,30 @@ def test_each_service_account_can_do_what_it_needs_and_nothing_else(
 
 
 def slice_body(name: str, node: str) -> JSON:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": names.DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
+    return _slice(name, node, {"nodeName": node}, [{"name": "gpu-0"}])
 
 
 def lend_slice_body(name: str, pool: str, local_node: str) -> JSON:
     """A lending pool's device slice: a local device on ``local_node`` and a lent one."""
+    term = {"matchExpressions": [{"key": "example.com/x", "operator": "In", "values": ["y"]}]}
+    devices = [
+        {"name": "gpu-0", "nodeName": local_node},
+        {"name": "gpu-0-remote", "nodeSelector": {"nodeSelectorTerms": [term]}},
+    ]
+    return _slice(name, pool, {"perDeviceNodeSelection": True}, devices)
+
+
+def _slice(name: str, pool: str, where: JSON, devices: list[JSON]) -> JSON:
+    """A one-slice pool ``pool`` of our driver; ``where``: the nodes it is for."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
         "spec": {
             "driver": names.DRIVER,
-            "perDeviceNodeSelection": True,
+            **where,
             "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": "gpu-0", "nodeName": local_node},
-                {
-                    "name": "gpu-0-remote",
-                    "nodeSelector": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": "example.com/x", "operator": "In", "values": ["y"]}
-                                ]
-                            }
-                        ]
-                    },
-                },
-            ],
+            "devices": devices,
         },
     }
 
