@@ -132,15 +132,7 @@ class Lab:
     def plugin(
         self, name: str, kubelet: KubeletEmulator, root: Path, args: list[str]
     ) -> PluginProcess:
-        return PluginProcess(
-            node=name,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-            extra_args=args,
-        )
+        return PluginProcess.beside(kubelet, name, self.cp.kubeconfig, root / "plugin", args)
 
     def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
         name = f"{self.prefix}donor-{i}"

@@ -400,7 +400,7 @@ def slice_body(name: str, node: str) -> JSON:
 def lend_slice_body(name: str, pool: str, local_node: str) -> JSON:
     """A lending pool's device slice: a local device on ``local_node`` and a lent one."""
     term = {"matchExpressions": [{"key": "example.com/x", "operator": "In", "values": ["y"]}]}
-    devices = [
+    devices: list[JSON] = [
         {"name": "gpu-0", "nodeName": local_node},
         {"name": "gpu-0-remote", "nodeSelector": {"nodeSelectorTerms": [term]}},
     ]
