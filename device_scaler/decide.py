@@ -30,7 +30,15 @@ from api.v1alpha1 import ClaimRef, ComposableResourceSpec
 from composable_dra import names
 from composable_dra.conditions import condition
 from composable_dra.kube import JSON
-from composable_dra.names import normalize_uuid
+from composable_dra.names import (
+    ANN_ADOPTED,
+    ANN_EXPIRES,
+    ANN_IN_USE_BY,
+    ANN_POOL,
+    ANN_POOL_DEVICE,
+    QUARANTINE_LABEL,
+    normalize_uuid,
+)
 from composable_dra.sizing import (
     ANN_LAST_USED as ANN_LAST_USED,
 )
@@ -44,14 +52,6 @@ from composable_dra.timestamps import format_time, parse_time
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
-ANN_POOL = f"{names.PREFIX}/pool"
-ANN_POOL_DEVICE = f"{names.PREFIX}/pool-device"
-ANN_IN_USE_BY = f"{names.PREFIX}/in-use-by"
-ANN_EXPIRES = f"{names.PREFIX}/expires-at"
-# Set by the operator on the resources it creates for orphans (composable_operator
-# fabric_status.ADOPTED); "adopt": kept, and idle like any GPU the scaler attached.
-ANN_ADOPTED = f"{names.PREFIX}/adopted"
-QUARANTINE_LABEL = f"{names.PREFIX}/quarantine"
 API_VERSION = "composable.dra.io/v1alpha1"
 
 

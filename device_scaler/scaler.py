@@ -24,12 +24,9 @@ from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
-from composable_dra.names import normalize_uuid
+from composable_dra.names import ANN_POOL, ANN_POOL_DEVICE, QUARANTINE_LABEL, normalize_uuid
 from device_scaler.decide import (
-    ANN_POOL,
-    ANN_POOL_DEVICE,
     API_VERSION,
-    QUARANTINE_LABEL,
     CreateResource,
     DeleteResource,
     PatchResource,

@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from composable_dra import names
+from composable_dra.names import ANN_POOL
 from composable_dra.timestamps import format_time
 from device_scaler.decide import (
-    ANN_POOL,
     DeleteResource,
     PatchResource,
     Quarantine,
