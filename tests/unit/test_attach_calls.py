@@ -19,7 +19,7 @@ from composable_dra.fabric.backend import (
     OperationStatus,
 )
 from composable_dra.kube import JSON
-from composable_operator.controller import AttachCall, Controller
+from composable_operator.controller import Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
@@ -65,96 +65,94 @@ def controller(kube: FakeKube) -> Controller:
     return Controller(kube, fabrics=None)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def ctl(kube: FakeKube) -> Controller:
-    return controller(kube)
-
-
-def start(ctl: Controller, backend: FakeBackend) -> AttachCall:
-    return ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
-
-
-def task_backend(kube: FakeKube) -> FakeBackend:
-    """A fabric that answers the attach with task /t/3."""
-    return FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-
-
-async def assert_forgotten(ctl: Controller, kube: FakeKube, call: AttachCall | None) -> None:
-    """Once its records are written, the request has ended and left nothing in status."""
-    await ctl.records_written("uid")
-    assert call is None or call.state() == "ended"
-    assert "pendingAttach" not in kube.status
-
-
-async def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended(
-    kube: FakeKube, ctl: Controller
-) -> None:
-    backend = task_backend(kube)
-    call = start(ctl, backend)
-    assert ctl.attaches["uid"] is call and call.state() == "running"
-    op = await call.request
-    await ctl.records_written("uid")
-    assert kube.status["phase"] == "Attaching"
-    record = parse_attach_record(kube.status)
-    assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
-    assert call.state() == "task" and call.operation() == op
-    backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
-    await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-    await assert_forgotten(ctl, kube, call)
-
-
-async def test_a_failed_task_is_forgotten_and_reported(kube: FakeKube, ctl: Controller) -> None:
-    backend = task_backend(kube)
-    call = start(ctl, backend)
-    op = await call.request
-    backend.states = [OperationStatus("failed", "no")]
-    with pytest.raises(OperationFailedError):
+def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        assert ctl.attaches["uid"] is call and call.state() == "running"
+        op = await call.request
+        await ctl.records_written("uid")
+        assert kube.status["phase"] == "Attaching"
+        record = parse_attach_record(kube.status)
+        assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
+        assert call.state() == "task" and call.operation() == op
+        backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
         await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-    await assert_forgotten(ctl, kube, call)
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
 
 
-async def test_a_task_whose_monitor_and_task_are_gone_has_ended(
-    kube: FakeKube, ctl: Controller
-) -> None:
-    backend = FakeBackend(kube, None)
-    backend.states = [NotFoundError("gone")]
-    await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
-    await assert_forgotten(ctl, kube, None)
+def test_a_failed_task_is_forgotten_and_reported() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        op = await call.request
+        backend.states = [OperationStatus("failed", "no")]
+        with pytest.raises(OperationFailedError):
+            await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
 
 
-async def test_a_refused_request_leaves_nothing_in_flight(kube: FakeKube, ctl: Controller) -> None:
-    call = start(ctl, FakeBackend(kube, InUseError("taken")))
-    with pytest.raises(InUseError):
-        await call.request
-    await assert_forgotten(ctl, kube, call)
+def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, None)
+        backend.states = [NotFoundError("gone")]
+        await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
+        await ctl.records_written("uid")
+        assert "pendingAttach" not in kube.status
+
+    asyncio.run(main())
 
 
-async def test_the_request_outlives_the_daemon_that_started_it(
-    kube: FakeKube, ctl: Controller
-) -> None:
+def test_a_refused_request_leaves_nothing_in_flight() -> None:
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, InUseError("taken"))
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        with pytest.raises(InUseError):
+            await call.request
+        await ctl.records_written("uid")
+        assert call.state() == "ended" and "pendingAttach" not in kube.status
+
+    asyncio.run(main())
+
+
+def test_the_request_outlives_the_daemon_that_started_it() -> None:
     # kopf cancels a resource's daemon as soon as the resource is deleted; the request
     # must go on, and its answer stay there for the detach.
-    backend = task_backend(kube)
-    backend.release.clear()
-    call = start(ctl, backend)
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        backend.release.clear()
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
 
-    async def daemon() -> Any:
-        return await asyncio.shield(call.request)
+        async def daemon() -> Any:
+            return await asyncio.shield(call.request)
 
-    task = asyncio.ensure_future(daemon())
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert call.state() == "running"
-    backend.release.set()
-    await asyncio.wait([call.request], timeout=5)
-    assert call.state() == "task"
+        task = asyncio.ensure_future(daemon())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert call.state() == "running"
+        backend.release.set()
+        await asyncio.wait([call.request], timeout=5)
+        assert call.state() == "task"
+
+    asyncio.run(main())
 
 
 def test_record_writes_land_in_the_order_they_were_made() -> None:
