@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.v1alpha1 import ClaimRef, ComposableResourceSpec
+from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra import names
 from composable_dra.conditions import condition
 from composable_dra.kube import JSON
@@ -52,7 +52,6 @@ from composable_dra.timestamps import format_time, parse_time
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
-API_VERSION = "composable.dra.io/v1alpha1"
 
 
 # -- time --------------------------------------------------------------------------------

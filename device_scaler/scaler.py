@@ -19,14 +19,13 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from api.v1alpha1 import ClaimRef, ComposableResourceSpec
+from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import ANN_POOL, ANN_POOL_DEVICE, QUARANTINE_LABEL, normalize_uuid
 from device_scaler.decide import (
-    API_VERSION,
     CreateResource,
     DeleteResource,
     PatchResource,
