@@ -1,10 +1,10 @@
-"""The vendor-like kubelet plugin (hack/vendor-plugin, Go) beside a node's kubelet (a real
-one, hack.localcluster.realnode, or the emulator), and a stand-in for its DaemonSet, for
-the vendor-driver mode's end-to-end test.
+"""The vendor-like kubelet plugin (hack/vendor-plugin, Go) beside a real node's kubelet
+(hack.localcluster.realnode), and a stand-in for its DaemonSet, for the vendor-driver
+mode's end-to-end test.
 
 ``VendorPluginSet`` keeps, per node, the plugin process and a Pod that stands for it
-(label ``app=vendor-plugin``, bound to the node; on a real node it runs the test image
-and waits). When that Pod is deleted, as the scaler does to restart a plugin that does
+(label ``app=vendor-plugin``, bound to the node, running the test image and waiting).
+When that Pod is deleted, as the scaler does to restart a plugin that does
 not see hot-plug, the set restarts the process and creates the Pod again, as the
 DaemonSet controller and the kubelet would.
 """
@@ -118,9 +118,8 @@ class VendorPluginSet:
 
     kube: Kube
     namespace: str
+    image: str  # the stand-in pods' (the real nodes' test image)
     plugins: dict[str, VendorPlugin] = field(default_factory=dict)  # node -> plugin
-    # The image of the stand-in pods on real nodes (None: kubelet emulators run them).
-    image: str | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -152,18 +151,17 @@ class VendorPluginSet:
 
     def _create_pod(self, node: str) -> None:
         key, value = LABEL.split("=", 1)
+        # A real container that only waits: the process beside it is the plugin.
+        container = {
+            "name": "plugin",
+            "image": self.image,
+            "command": ["sh", "-c", "exec sleep 3600"],
+        }
         body: JSON = {
             "metadata": {"name": self._pod_name(node), "labels": {key: value}},
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "plugin", "image": "registry.k8s.io/pause:3.10"}],
-                "terminationGracePeriodSeconds": 0,
-            },
+            "spec": {"nodeName": node, "containers": [container]},
         }
-        if self.image is not None:
-            # A real container that only waits: the process beside it is the plugin.
-            body = for_real_node(body, node, self.image)
-            body["spec"]["containers"][0]["command"] = ["sh", "-c", "exec sleep 3600"]
+        body = for_real_node(body, node, self.image)
         try:
             created = self.kube.create(path("v1", "pods", namespace=self.namespace), body)
         except Conflict:

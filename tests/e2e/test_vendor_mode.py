@@ -90,7 +90,7 @@ def start_vendor_plugin(
 ) -> VendorPluginSet:
     """The Go plugin beside ``real``'s kubelet, its stand-in pod in ``plugins_ns``; returns
     once the kubelet has registered it."""
-    plugins = VendorPluginSet(suite.kube, plugins_ns, image=real.image)
+    plugins = VendorPluginSet(suite.kube, plugins_ns, real.image)
     plugin = VendorPlugin(
         binary,
         real.name,
