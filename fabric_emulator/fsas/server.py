@@ -6,6 +6,8 @@ Both APIs change one composition under one lock, with the same topology, fault r
 (latency, 503, 500, 409, dropped connections before or after the change, and
 ``task_failure``: the FM answers 500 and changes nothing), state file and admin API, so
 a test can attach through the FM and watch the Redfish side (or the plugin) see it.
+``FsasConfig.attach_by_model`` and ``list_resources`` make it behave as CoHDI's CI mock of
+the FM where that differs from what the fsas-fm backend assumes (docs/fabrics.md).
 """
 
 from __future__ import annotations
