@@ -86,16 +86,16 @@ class LendingMonitor:
         return LendingStatus(
             instance=instance,
             leases=len(admitted),
-            windowSeconds=window,
-            linkBytesPerSecond=rate,
-            linkCapacityBytesPerSecond=self.link,
-            linkLoad=load,
-            leaseCapacity=slo.lease_capacity(admitted, models, MAX_KNEE),
+            window_s=window,
+            link_bytes_per_second=rate,
+            link_capacity=self.link,
+            link_load=load,
+            lease_capacity=slo.lease_capacity(admitted, models, MAX_KNEE),
             functions={
                 name: FunctionModel(
                     samples=counts.get(name, 0),
-                    serviceSeconds=m.service_s,
-                    growthSeconds=m.growth_s,
+                    service_s=m.service_s,
+                    growth_s=m.growth_s,
                 )
                 for name, m in sorted(models.items())[:256]
             },
