@@ -20,15 +20,20 @@ from dra_driver.slices import LendState
 
 
 def next_state(
-    previous: LendState, status: LendingStatus | None, rule: netaware.LinkBusyRule
+    previous: LendState,
+    status: LendingStatus | None,
+    rule: netaware.LinkBusyRule,
+    knee: int,
 ) -> LendState:
-    """The state to publish after reading ``status`` (None: the donor did not answer)."""
+    """The state to publish after reading ``status`` (None: the donor did not answer);
+    the lease capacity above the link's ``knee`` changes nothing, so it reads as None."""
     if status is None:
         return previous
     busy = status.link_load is not None and netaware.link_busy(
         previous.busy, status.link_load, rule
     )
-    return LendState(busy=busy, leases=status.lease_capacity)
+    leases = status.lease_capacity if status.lease_capacity < knee else None
+    return LendState(busy=busy, leases=leases)
 
 
 class DonorStatusPoller:
@@ -39,9 +44,10 @@ class DonorStatusPoller:
         publish: Callable[[LendState], None],
         rule: netaware.LinkBusyRule,
         interval: float,
+        knee: int,
     ) -> None:
         self._client, self._node, self._publish = client, node, publish
-        self.rule, self.interval = rule, interval
+        self.rule, self.interval, self.knee = rule, interval, knee
         self.state = LendState()
         self._failing = False
         self._stop = threading.Event()
@@ -59,7 +65,7 @@ class DonorStatusPoller:
             if not self._failing:  # once per outage, not every interval
                 self._log.warning("donor status unreadable; slices keep", error=exc.message)
             self._failing = True
-        state = next_state(self.state, status, self.rule)
+        state = next_state(self.state, status, self.rule, self.knee)
         if state != self.state:
             self._log.info(
                 "lending state changed",

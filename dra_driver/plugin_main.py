@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
     client = _lease_client(args, kube, node)
-    poller = _donor_status(args, client, publisher) if lend is not None else None
+    poller = _donor_status(args, client, publisher, lend) if lend is not None else None
     # Devices serving a pool allocation keep their pool identity: the gate decides what the
     # node's slices publish (nothing until it knows the node's resources). One watch on the
     # node's ComposableResources feeds it and the DeviceVisible reporter.
@@ -371,7 +371,7 @@ def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:
     return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)
 
 
-def _donor_status(args: argparse.Namespace, client: Any, publisher: Any) -> Any:
+def _donor_status(args: argparse.Namespace, client: Any, publisher: Any, lend: Any) -> Any:
     """The poller of this node's donor status (lending on); None when off or without a
     lease client. SystemExit on thresholds that cannot work."""
     from composable_dra.lending import netaware
@@ -384,5 +384,10 @@ def _donor_status(args: argparse.Namespace, client: Any, publisher: Any) -> Any:
     if client is None or args.donor_status_interval <= 0:
         return None
     return DonorStatusPoller(
-        client, args.node_name, publisher.set_lend_state, rule, args.donor_status_interval
+        client,
+        args.node_name,
+        publisher.set_lend_state,
+        rule,
+        args.donor_status_interval,
+        knee=lend.max_leases,
     )
