@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra.lending.claim_config import LatencySLO
+from composable_dra.lending.claim_config import LatencySLO, problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -71,11 +71,7 @@ def parse_parameters(parameters: Any) -> GpuConfig:
     try:
         return GpuConfig.model_validate(parameters)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"invalid {KIND}: {problems}") from None
+        raise ConfigError(f"invalid {KIND}: {problems(exc, 'config')}") from None
 
 
 class RequestConfigs:

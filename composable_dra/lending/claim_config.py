@@ -97,12 +97,15 @@ def lease_of_claim(claim: Any, driver: str, pool: str, device: str) -> slo.Lease
     return slo.Lease(function=found.function, slo_s=found.seconds)
 
 
+def problems(exc: ValidationError, root: str) -> str:
+    """A validation error as one readable line: each field's path and what is wrong."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in exc.errors()
+    )
+
+
 def parse_slo(value: Any) -> LatencySLO:
     try:
         return LatencySLO.model_validate(value)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'latencySLO'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise SLOConfigError(f"invalid latencySLO: {problems}") from None
+        raise SLOConfigError(f"invalid latencySLO: {problems(exc, 'latencySLO')}") from None
