@@ -109,6 +109,10 @@ class Lab:
     donors: list[Donor] = field(default_factory=list)
     consumers: list[Consumer] = field(default_factory=list)
     procs: list[ComponentProcess] = field(default_factory=list)
+    # Donors' plugins read their donor's status this often (0: never; the lending policy).
+    donor_status_interval: float = 0.0
+    donor_args: list[str] = field(default_factory=list)  # more flags for each donor
+    donor_plugin_args: list[str] = field(default_factory=list)  # and for its plugin
 
     def __post_init__(self) -> None:
         self.ca = CertificateAuthority(self.root / "pki")
@@ -137,8 +141,26 @@ class Lab:
     def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
         name = f"{self.prefix}donor-{i}"
         kubelet, root = self.node(name)
+        api_port = free_port()
+        status: list[str] = []
+        if self.donor_status_interval > 0:  # its own donor's API, with its node's token
+            status = [
+                f"--lease-service-account={self.namespace}/{PLUGIN_SA}",
+                f"--donor-api={name}=https://127.0.0.1:{api_port}",
+                f"--donor-ca-file={self.ca.cert_path}",
+                f"--donor-status-interval={self.donor_status_interval}",
+            ]
         plugin = self.plugin(
-            name, kubelet, root, ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"]
+            name,
+            kubelet,
+            root,
+            [
+                "--lend",
+                "--link-gbps=100",
+                f"--max-leases={max_leases}",
+                *status,
+                *self.donor_plugin_args,
+            ],
         )
         write_static_devices(
             plugin.static_file,
@@ -148,7 +170,6 @@ class Lab:
             ],
         )
         plugin.start()
-        api_port = free_port()
         tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
         process = donor_process(
             name,
@@ -158,7 +179,7 @@ class Lab:
             self.cp,
             self.namespace,
             root / "donor",
-            [f"--memory-quota={16 << 20}"],
+            [f"--memory-quota={16 << 20}", *self.donor_args],
         )
         process.start()
         self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))

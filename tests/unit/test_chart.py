@@ -145,10 +145,17 @@ def test_plugin_lending_is_off_by_default_and_flags_follow_values(default: list[
         "--max-leases=5",
         "--lend-transports=tcp,ucx",
         "--borrowers=example.com/tier=gpu-less",
+        "--link-busy-at=0.7",
+        "--link-clear-at=0.5",
     ):
         assert flag in args
     assert not any(a.startswith("--network-domain") for a in args)  # the node label
-    for bad in ({"maxLeases": 0}, {"transports": "shm"}, {"networkDomain": "a b"}):
+    for bad in (
+        {"maxLeases": 0},
+        {"transports": "shm"},
+        {"networkDomain": "a b"},
+        {"linkBusyAt": 2},
+    ):
         with pytest.raises(chart.HelmError, match="lend"):
             chart.render(values={"plugin": {"lend": bad}})
 
@@ -350,6 +357,9 @@ def test_the_donor_runs_on_lending_nodes_with_its_lease_api_and_its_own_identity
         "--lease-controller-sa=composable-dra/cdra-composable-dra-scaler",
         "--lease-plugin-sa=composable-dra/cdra-composable-dra-plugin",
         "--allow=matmul=remote_gpu.builtins:matmul",
+        "--link-bandwidth=12500000000",  # plugin.lend.linkGbps (100) in bytes/s
+        "--status-window=10",
+        "--latency-model=matmul=0.01:0.002",
     ):
         assert flag in args, flag
     # Its token key is a Secret of its own, mounted read-only; TLS from the named Secret.
