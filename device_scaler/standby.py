@@ -113,7 +113,7 @@ def policies(fabrics: Iterable[JSON]) -> dict[str, StandbyPolicy]:
     out: dict[str, StandbyPolicy] = {}
     for fab in fabrics:
         spec = fab.get("spec") or {}
-        if not spec.get("standby") or spec.get("vendorDriver"):
+        if not spec.get("standby") or spec.get("vendorDriver") is not None:
             continue
         try:
             out[str(fab["metadata"]["name"])] = StandbyPolicy.model_validate(spec["standby"])
