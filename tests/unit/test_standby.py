@@ -281,6 +281,10 @@ def snap(
     )
 
 
+def run(s: Snapshot) -> list[Any]:
+    return list(decide(s, CFG))
+
+
 def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks():
     allocated = claim(uid="c1", device="gpu-1", node="node-b")
     quarantined = {
@@ -288,12 +292,10 @@ def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks(
         "spec": {"deviceSelector": {"driver": names.DRIVER, "pool": POOL, "device": "gpu-2"}},
     }
     holder = resource(claim_uid="c9", device="gpu-3", phase="Online", uuid="U9", name="r9")
-    actions = decide(
-        snap([], [holder], inputs(6), pool=("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")), CFG
-    )
+    actions = run(snap([], [holder], inputs(6), pool=("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")))
     creates = [a for a in actions if isinstance(a, CreateResource)]
     assert [c.device for c in creates] == ["gpu-1", "gpu-2", "gpu-4"]
-    actions = decide(
+    actions = run(
         snap(
             [allocated],
             [holder],
@@ -301,7 +303,6 @@ def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks(
             pool=("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5"),
             quarantines=[quarantined],
         ),
-        CFG,
     )
     creates = [a for a in actions if isinstance(a, CreateResource) and a.claim is None]
     assert [c.device for c in creates] == ["gpu-4", "gpu-5"]
@@ -314,8 +315,8 @@ def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks(
 
 
 def test_decide_nothing_without_a_policy_or_demand():
-    assert decide(snap([], [], sb.StandbyInputs()), CFG) == []
-    assert decide(snap([], [], inputs(0)), CFG) == []
+    assert run(snap([], [], sb.StandbyInputs())) == []
+    assert run(snap([], [], inputs(0))) == []
 
 
 def standby_gpu(name: str, last: float, device: str, **kw: Any) -> JSON:
@@ -329,20 +330,20 @@ def standby_gpu(name: str, last: float, device: str, **kw: Any) -> JSON:
 def test_the_idle_rule_keeps_what_the_standby_wants_and_returns_the_rest():
     # Idle well past the no-removal window (100 s): two kept for K = 2, one detached.
     gpus = [standby_gpu(f"s{i}", NOW - 200 - i, f"gpu-{i + 5}") for i in range(3)]
-    actions = decide(snap([], gpus, inputs(4)), CFG)
+    actions = run(snap([], gpus, inputs(4)))
     assert [(a.name, a.reason) for a in actions] == [("s2", "IdleTimeout")]
     # Demand gone: K = 0, every one goes under the idle rule.
-    actions = decide(snap([], gpus, inputs(0)), CFG)
+    actions = run(snap([], gpus, inputs(0)))
     assert sorted(a.name for a in actions if isinstance(a, DeleteResource)) == ["s0", "s1", "s2"]
     # Within the window and beyond K but under max: kept by the idle window.
     fresh = [standby_gpu(f"s{i}", NOW - 1 - i, f"gpu-{i + 5}") for i in range(3)]
-    assert decide(snap([], fresh, inputs(0)), CFG) == []
+    assert run(snap([], fresh, inputs(0))) == []
 
 
 def test_standby_gpus_over_max_go_at_once_and_failed_ones_are_cleaned_up():
     p = policy(maxPerZone=1)
     gpus = [standby_gpu(f"s{i}", NOW - 1 - i, f"gpu-{i + 5}") for i in range(3)]
-    actions = decide(snap([], gpus, inputs(4, p)), CFG)
+    actions = run(snap([], gpus, inputs(4, p)))
     assert sorted((a.name, a.reason) for a in actions) == [
         ("s1", "StandbySurplus"),
         ("s2", "StandbySurplus"),
@@ -352,7 +353,7 @@ def test_standby_gpus_over_max_go_at_once_and_failed_ones_are_cleaned_up():
     stuck = standby_gpu("t", NOW, "gpu-8")
     stuck["status"] = {"phase": "Attaching"}
     stuck["metadata"]["creationTimestamp"] = format_time(NOW - CFG.attach_timeout - 1)
-    actions = decide(snap([], [failed, stuck], inputs(0)), CFG)
+    actions = run(snap([], [failed, stuck], inputs(0)))
     assert sorted((a.name, a.reason) for a in actions) == [
         ("f", "StandbyFailed"),
         ("t", "StandbyFailed"),
@@ -365,9 +366,9 @@ def test_an_attaching_standby_counts_and_a_used_one_does_not():
     in_use = standby_gpu("u", NOW, "gpu-8", ann={ANN_IN_USE_BY: "c5"})
     user = claim(uid="c5", device="gpu-u-u", pool="node-a", binding=False)
     local = {("node-a", "u-u"): "gpu-u-u"}
-    actions = decide(snap([user], [attaching, in_use], inputs(2), local=local), CFG)  # K = 1
+    actions = run(snap([user], [attaching, in_use], inputs(2), local=local))  # K = 1
     assert actions == []
-    actions = decide(snap([user], [in_use], inputs(2), local=local), CFG)
+    actions = run(snap([user], [in_use], inputs(2), local=local))
     assert [a.device for a in actions if isinstance(a, CreateResource)] == ["gpu-1"]
     assert standby_held([attaching, in_use]) == {POOL: 1}
 
@@ -376,5 +377,5 @@ def test_a_composability_request_max_bounds_the_standby_per_node():
     req = {
         "spec": {"fabric": "fab", "model": "H100", "targetNode": "node-a", "size": 0, "maxSize": 0}
     }
-    actions = decide(snap([], [], inputs(6), requests=[req]), CFG)
+    actions = run(snap([], [], inputs(6), requests=[req]))
     assert [a.body["spec"]["targetNode"] for a in actions] == ["node-b", "node-c", "node-b"]
