@@ -1,0 +1,168 @@
+"""Warm standby end to end (deploy/examples/warm-standby.yaml): the real control plane and
+scheduler, the Redfish emulator, every component a process, kubelet emulators.
+
+The suite's Fabric gets the example's ``spec.standby`` (with a shorter window, so that the
+demand falls within the test). After a warm-up of claims, the scaler attaches standby GPUs
+and the nodes publish them as local devices; the example's claim is allocated one of them
+with no binding condition (no FabricDeviceReady wait); the standby never holds more idle
+GPUs than maxPerZone; and once the demand is gone they are detached under the idle rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import pytest
+
+from api.v1alpha1 import API_VERSION
+from composable_dra import names
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, path
+from composable_dra.names import normalize_uuid
+from device_scaler.scaler import standby_held
+from device_scaler.standby import STANDBY_LABEL
+from hack import examples
+from hack.localcluster.wait import wait_for
+from tests.e2e.conftest import MakeSuite
+
+pytestmark = pytest.mark.e2e
+RESOURCE = "resource.k8s.io/v1"
+EXAMPLE = "warm-standby"
+HOSTS = ("node-1", "node-2")
+TOPOLOGY = {
+    "hosts": [{"id": h} for h in HOSTS],
+    "zones": [
+        {
+            "id": "zone-1",
+            "hosts": list(HOSTS),
+            "blocks": [{"id": f"gpu-{i}", "model": "NVIDIA H100 80GB HBM3"} for i in range(1, 7)],
+        }
+    ],
+}
+
+
+def example(kind: str) -> JSON:
+    return next(o for o in examples.load(EXAMPLE) if o["kind"] == kind)
+
+
+class StandbyWatch:
+    """The most standby GPUs held idle at any moment, by pool, from a watch."""
+
+    def __init__(self) -> None:
+        self.informer: Informer | None = None
+        self.most: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, _kind: str, _obj: JSON) -> None:
+        if self.informer is None:
+            return
+        with self._lock:
+            for pool, n in standby_held(self.informer.items()).items():
+                self.most[pool] = max(self.most.get(pool, 0), n)
+
+
+def standby_resources(suite: Any) -> list[JSON]:
+    return [r for r in suite.resources() if STANDBY_LABEL in r["metadata"].get("labels", {})]
+
+
+def online_standby_uuids(suite: Any) -> dict[str, str]:
+    """Normalized UUID -> node of every Online standby GPU serving no claim."""
+    return {
+        normalize_uuid(r["status"]["deviceUUID"]): r["spec"]["targetNode"]
+        for r in standby_resources(suite)
+        if (r.get("status") or {}).get("phase") == "Online" and r["status"].get("deviceUUID")
+    }
+
+
+def published_standby(suite: Any) -> set[str]:
+    """Standby GPUs that their node publishes as a local device."""
+    standby = online_standby_uuids(suite)
+    return {
+        u
+        for host in HOSTS
+        for d in suite.local_devices(host)
+        if (u := normalize_uuid(d["attributes"]["uuid"]["string"])) in standby
+        and standby[u] == suite.node_of(host)
+    }
+
+
+def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite(hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
+    policy = dict(example("Fabric")["spec"]["standby"])
+    policy["windowSeconds"] = 60  # the demand falls within the test
+    max_per_zone = int(policy["maxPerZone"])
+    pool = f"{suite.fabric}/zone-1"
+
+    watch = StandbyWatch()
+    informer = Informer(
+        suite.kube, path(API_VERSION, "composableresources"), on_event=watch, name="standby"
+    )
+    watch.informer = informer
+    informer.start()
+    try:
+        suite.kube.merge_patch(
+            path(API_VERSION, "fabrics", suite.fabric), {"spec": {"standby": policy}}
+        )
+
+        # Warm-up: two claims served from the pool; their pods keep their GPUs.
+        for name in ("w1", "w2"):
+            suite.create_pod(namespace, name)
+        for name in ("w1", "w2"):
+            wait_for(functools.partial(suite.running, namespace, name), 90, f"warm-up pod {name}")
+
+        # K = ceil(2 arrivals x 30 s / 60 s) = 1: one standby GPU, attached and local.
+        wait_for(
+            lambda: published_standby(suite),
+            90,
+            "a standby GPU attached and published as a node's local device",
+            describe=suite.describe,
+        )
+
+        # The example's claim: allocated the standby GPU, no binding condition to wait on.
+        template = example("ResourceClaimTemplate")
+        suite.kube.create(path(RESOURCE, "resourceclaimtemplates", namespace=namespace), template)
+        pod = example("Pod")
+        pod["spec"]["containers"][0]["image"] = "registry.k8s.io/pause:3.10"
+        suite.kube.create(path("v1", "pods", namespace=namespace), pod)
+        standby_before = online_standby_uuids(suite)
+        wait_for(lambda: suite.running(namespace, "gpu-standby"), 60, "the example's pod to run")
+        bound = suite.pod(namespace, "gpu-standby")
+        claim_name = bound["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = suite.claim(namespace, claim_name)
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert r["request"] == "gpu/local" and r["pool"] == bound["spec"]["nodeName"], r
+        assert not r.get("bindingConditions"), r
+        assert not [
+            c
+            for d in claim["status"].get("devices") or []
+            for c in d.get("conditions") or []
+            if c["type"] == names.FABRIC_DEVICE_READY
+        ]
+        local = {
+            d["name"]: normalize_uuid(d["attributes"]["uuid"]["string"])
+            for host in HOSTS
+            if suite.node_of(host) == r["pool"]
+            for d in suite.local_devices(host)
+        }
+        assert local[r["device"]] in standby_before, (r, standby_before)
+        assert max(watch.most.values(), default=0) >= 1
+
+        # Demand gone: after the window K is 0 and the idle rule returns every standby GPU.
+        for name in ("w1", "w2", "gpu-standby"):
+            suite.kube.delete(path("v1", "pods", name, namespace=namespace))
+        for name in ("w1", "w2"):
+            suite.kube.delete(path(RESOURCE, "resourceclaims", name, namespace=namespace))
+        wait_for(
+            lambda: not standby_resources(suite),
+            180,
+            "the standby GPUs to be detached once the demand is gone",
+            describe=suite.describe,
+        )
+        assert watch.most.get(pool, 0) <= max_per_zone, watch.most
+        assert set(watch.most) <= {pool}
+    finally:
+        informer.stop()
