@@ -290,7 +290,9 @@ def plan(
         for h in idle:
             per_node[h.node] = per_node.get(h.node, 0) + 1
         created = 0
-        for block in sorted(blocks, key=lambda b: b.device):
+        # Last blocks first: the scheduler's allocator takes a pool's devices first fit,
+        # so a standby attach and a claim in flight rarely reach for the same block.
+        for block in sorted(blocks, key=lambda b: b.device, reverse=True):
             if created >= missing:
                 break
             room = _room(fits, zone.fabric, block.model)

@@ -68,7 +68,7 @@ def standby_resources(suite: Any) -> list[JSON]:
 
 
 def online_standby_uuids(suite: Any) -> dict[str, str]:
-    """Normalized UUID -> node of every Online standby GPU serving no claim."""
+    """Normalized UUID -> node of every Online standby GPU."""
     return {
         normalize_uuid(r["status"]["deviceUUID"]): r["spec"]["targetNode"]
         for r in standby_resources(suite)
@@ -76,15 +76,29 @@ def online_standby_uuids(suite: Any) -> dict[str, str]:
     }
 
 
-def published_standby(suite: Any) -> set[str]:
-    """Standby GPUs that their node publishes as a local device."""
+def allocated(suite: Any, namespace: str) -> set[tuple[str, str]]:
+    claims = suite.kube.get(path(RESOURCE, "resourceclaims", namespace=namespace))["items"]
+    return {
+        (r["pool"], r["device"])
+        for c in claims
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        )
+        or []
+    }
+
+
+def free_standby(suite: Any, namespace: str) -> set[str]:
+    """Standby GPUs that their node publishes as a local device and no claim holds."""
     standby = online_standby_uuids(suite)
+    taken = allocated(suite, namespace)
     return {
         u
         for host in HOSTS
         for d in suite.local_devices(host)
         if (u := normalize_uuid(d["attributes"]["uuid"]["string"])) in standby
         and standby[u] == suite.node_of(host)
+        and (suite.node_of(host), d["name"]) not in taken
     }
 
 
@@ -116,7 +130,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
 
         # K = ceil(2 arrivals x 30 s / 60 s) = 1: one standby GPU, attached and local.
         wait_for(
-            lambda: published_standby(suite),
+            lambda: free_standby(suite, namespace),
             90,
             "a standby GPU attached and published as a node's local device",
             describe=suite.describe,
@@ -128,7 +142,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         pod = example("Pod")
         pod["spec"]["containers"][0]["image"] = "registry.k8s.io/pause:3.10"
         suite.kube.create(path("v1", "pods", namespace=namespace), pod)
-        standby_before = online_standby_uuids(suite)
+        standby_before = free_standby(suite, namespace)
         wait_for(lambda: suite.running(namespace, "gpu-standby"), 60, "the example's pod to run")
         bound = suite.pod(namespace, "gpu-standby")
         claim_name = bound["status"]["resourceClaimStatuses"][0]["resourceClaimName"]

@@ -201,9 +201,9 @@ def inputs(n: int, p: StandbyPolicy | None = None, age: float = 5) -> sb.Standby
 def test_plan_attaches_what_is_missing_spread_over_the_zone():
     out = sb.plan(inputs(6), [], free("gpu-1", "gpu-2", "gpu-3", "gpu-4"), NOW)
     assert [(c.block.device, c.node) for c in out.create] == [
-        ("gpu-1", "node-a"),
-        ("gpu-2", "node-b"),
-        ("gpu-3", "node-c"),
+        ("gpu-4", "node-a"),
+        ("gpu-3", "node-b"),
+        ("gpu-2", "node-c"),
     ]
     assert out.zones[POOL] == sb.ZoneState(want=3, held=3)
 
@@ -294,7 +294,7 @@ def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks(
     holder = resource(claim_uid="c9", device="gpu-3", phase="Online", uuid="U9", name="r9")
     actions = run(snap([], [holder], inputs(6), pool=("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")))
     creates = [a for a in actions if isinstance(a, CreateResource)]
-    assert [c.device for c in creates] == ["gpu-1", "gpu-2", "gpu-4"]
+    assert [c.device for c in creates] == ["gpu-5", "gpu-4", "gpu-2"]
     actions = run(
         snap(
             [allocated],
@@ -305,13 +305,13 @@ def test_decide_attaches_standby_gpus_marked_as_such_on_free_unallocated_blocks(
         ),
     )
     creates = [a for a in actions if isinstance(a, CreateResource) and a.claim is None]
-    assert [c.device for c in creates] == ["gpu-4", "gpu-5"]
+    assert [c.device for c in creates] == ["gpu-5", "gpu-4"]
     body = creates[0].body
     assert body["metadata"]["labels"][sb.STANDBY_LABEL] == "true"
     assert body["metadata"]["annotations"][ANN_POOL] == POOL
     assert "claimRef" not in body["spec"]
     assert body["spec"]["targetNode"] in NODES
-    assert creates[0].name == sb.standby_name(POOL, "gpu-4")
+    assert creates[0].name == sb.standby_name(POOL, "gpu-5")
 
 
 def test_decide_nothing_without_a_policy_or_demand():
@@ -369,7 +369,7 @@ def test_an_attaching_standby_counts_and_a_used_one_does_not():
     actions = run(snap([user], [attaching, in_use], inputs(2), local=local))  # K = 1
     assert actions == []
     actions = run(snap([user], [in_use], inputs(2), local=local))
-    assert [a.device for a in actions if isinstance(a, CreateResource)] == ["gpu-1"]
+    assert [a.device for a in actions if isinstance(a, CreateResource)] == ["gpu-3"]
     assert standby_held([attaching, in_use]) == {POOL: 1}
 
 
