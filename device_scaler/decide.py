@@ -684,6 +684,8 @@ def standby_phase(
         for i in idle
         if (pool := (_meta(i.cr).get("annotations") or {}).get(ANN_POOL))
     ]
+    users = local_users(s.claims, view.cfg.driver)
+    used = False  # a standby GPU serves a claim since the last pass
     for name, cr in view.resources.items():
         spec = view.specs.get(name)
         if spec is None or sb.STANDBY_LABEL not in (_meta(cr).get("labels") or {}):
@@ -691,6 +693,18 @@ def standby_phase(
         if spec.claim_ref is not None or _meta(cr).get("deletionTimestamp"):
             continue
         phase = (cr.get("status") or {}).get("phase")
+        uuid = normalize_uuid(str((cr.get("status") or {}).get("deviceUUID") or ""))
+        local = s.local_devices.get((spec.target_node, uuid)) if uuid else None
+        if (_meta(cr).get("annotations") or {}).get(ANN_IN_USE_BY) or (
+            local is not None and (spec.target_node, local) in users
+        ):
+            # Serving a claim, it is an ordinary GPU from now on (released under the idle
+            # rule): the label counts only the idle GPUs the standby holds.
+            message = "serves a claim; no longer a standby GPU"
+            patch = {"metadata": {"labels": {sb.STANDBY_LABEL: None}}}
+            actions.append(PatchResource(name, patch, "StandbyUsed", message))
+            used = True
+            continue
         created = parse_time(_meta(cr).get("creationTimestamp")) or s.now
         trouble = _fabric_failure(cr) or (
             f"not online after {view.cfg.attach_timeout:.0f}s"
@@ -703,7 +717,7 @@ def standby_phase(
         elif phase in (None, "Attaching"):
             pool = (_meta(cr).get("annotations") or {}).get(ANN_POOL, "")
             held.append(sb.Held(name, pool, spec.target_node, spec.model or "", s.now, True, True))
-    taken = set(local_users(s.claims, view.cfg.driver)) | {
+    taken = set(users) | {
         (str(sel.get("pool")), str(sel.get("device")))
         for rule in s.quarantines
         if (sel := (rule.get("spec") or {}).get("deviceSelector") or {})
@@ -730,7 +744,9 @@ def standby_phase(
         )
         spec = view.specs[name]
         counts = counts.add(_key(spec), -1)
-    for new in plan.create:
+    # A replacement for a GPU just used waits a pass: its label goes first, so the labelled
+    # idle GPUs never outnumber K, not even for a moment.
+    for new in [] if used else plan.create:
         key = (new.fabric, new.node, new.block.model)
         if not fits(*key):
             continue

@@ -360,17 +360,27 @@ def test_standby_gpus_over_max_go_at_once_and_failed_ones_are_cleaned_up():
     ]
 
 
-def test_an_attaching_standby_counts_and_a_used_one_does_not():
+def test_an_attaching_standby_counts_and_a_used_one_stops_being_standby():
     attaching = standby_gpu("a", NOW, "gpu-9")
     attaching["status"] = {"phase": "Attaching"}
-    in_use = standby_gpu("u", NOW, "gpu-8", ann={ANN_IN_USE_BY: "c5"})
+    assert run(snap([], [attaching], inputs(2))) == []  # K = 1, met by the attaching one
+    # A claim is allocated a standby GPU: it loses the label, and its replacement waits a
+    # pass, so the labelled idle GPUs never outnumber K.
+    used = standby_gpu("u", NOW, "gpu-8")
     user = claim(uid="c5", device="gpu-u-u", pool="node-a", binding=False)
     local = {("node-a", "u-u"): "gpu-u-u"}
-    actions = run(snap([user], [attaching, in_use], inputs(2), local=local))  # K = 1
-    assert actions == []
-    actions = run(snap([user], [in_use], inputs(2), local=local))
+    actions = run(snap([user], [used], inputs(2), local=local))
+    assert [(type(a).__name__, a.reason) for a in actions] == [
+        ("PatchResource", "InUse"),
+        ("PatchResource", "StandbyUsed"),
+    ]
+    assert actions[1].patch == {"metadata": {"labels": {sb.STANDBY_LABEL: None}}}
+    assert standby_held([attaching, used]) == {POOL: 2}
+    # The next pass: an ordinary GPU in use; a new standby GPU replaces it.
+    marked = idle("u", NOW, uuid="U-u", ann={ANN_IN_USE_BY: "c5", ANN_POOL: POOL})
+    actions = run(snap([user], [marked], inputs(2), local=local))
     assert [a.device for a in actions if isinstance(a, CreateResource)] == ["gpu-3"]
-    assert standby_held([attaching, in_use]) == {POOL: 1}
+    assert standby_held([marked]) == {}
 
 
 def test_a_composability_request_max_bounds_the_standby_per_node():
