@@ -107,7 +107,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
 ) -> None:
     suite = make_suite(hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
     policy = dict(example("Fabric")["spec"]["standby"])
-    policy["windowSeconds"] = 60  # the demand falls within the test
+    policy["windowSeconds"] = 90  # the demand falls within the test
     max_per_zone = int(policy["maxPerZone"])
     pool = f"{suite.fabric}/zone-1"
 
@@ -128,7 +128,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         for name in ("w1", "w2"):
             wait_for(functools.partial(suite.running, namespace, name), 90, f"warm-up pod {name}")
 
-        # K = ceil(2 arrivals x 30 s / 60 s) = 1: one standby GPU, attached and local.
+        # K = ceil(2 arrivals x 30 s / 90 s) = 1: one standby GPU, attached and local.
         wait_for(
             lambda: free_standby(suite, namespace),
             90,
@@ -137,12 +137,12 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         )
 
         # The example's claim: allocated the standby GPU, no binding condition to wait on.
+        standby_before = free_standby(suite, namespace)
         template = example("ResourceClaimTemplate")
         suite.kube.create(path(RESOURCE, "resourceclaimtemplates", namespace=namespace), template)
         pod = example("Pod")
         pod["spec"]["containers"][0]["image"] = "registry.k8s.io/pause:3.10"
         suite.kube.create(path("v1", "pods", namespace=namespace), pod)
-        standby_before = free_standby(suite, namespace)
         wait_for(lambda: suite.running(namespace, "gpu-standby"), 60, "the example's pod to run")
         bound = suite.pod(namespace, "gpu-standby")
         claim_name = bound["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
@@ -172,7 +172,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
             suite.kube.delete(path(RESOURCE, "resourceclaims", name, namespace=namespace))
         wait_for(
             lambda: not standby_resources(suite),
-            180,
+            240,
             "the standby GPUs to be detached once the demand is gone",
             describe=suite.describe,
         )
