@@ -1,11 +1,13 @@
 """Warm standby end to end (deploy/examples/warm-standby.yaml): the real control plane and
-scheduler, the Redfish emulator, every component a process, kubelet emulators.
+scheduler, the Redfish emulator, every component a process, two real nodes (the upstream
+kubelet, containerd, runc).
 
 The suite's Fabric gets the example's ``spec.standby`` (with a shorter window, so that the
 demand falls within the test). After a warm-up of claims, the scaler attaches standby GPUs
 and the nodes publish them as local devices; the example's claim is allocated one of them
 with no binding condition (no FabricDeviceReady wait); the standby never holds more idle
-GPUs than maxPerZone; and once the demand is gone they are detached under the idle rule.
+GPUs than maxPerZone; the pod's container prints the standby GPU; and once the demand is
+gone they are detached under the idle rule.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from composable_dra.names import normalize_uuid
 from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack import examples
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, printed_gpus, suite_pod
 
 pytestmark = pytest.mark.e2e
 RESOURCE = "resource.k8s.io/v1"
@@ -105,7 +109,7 @@ def free_standby(suite: Any, namespace: str) -> set[str]:
 def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite(hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
+    suite = make_suite(hosts=HOSTS, real_hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
     policy = dict(example("Fabric")["spec"]["standby"])
     policy["windowSeconds"] = 90  # the demand falls within the test
     max_per_zone = int(policy["maxPerZone"])
@@ -124,7 +128,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
 
         # Warm-up: two claims served from the pool; their pods keep their GPUs.
         for name in ("w1", "w2"):
-            suite.create_pod(namespace, name)
+            suite_pod(suite, namespace, name)
         for name in ("w1", "w2"):
             wait_for(functools.partial(suite.running, namespace, name), 90, f"warm-up pod {name}")
 
@@ -140,10 +144,15 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         standby_before = free_standby(suite, namespace)
         template = example("ResourceClaimTemplate")
         suite.kube.create(path(RESOURCE, "resourceclaimtemplates", namespace=namespace), template)
-        pod = example("Pod")
-        pod["spec"]["containers"][0]["image"] = "registry.k8s.io/pause:3.10"
+        image = next(iter(suite.real_nodes.values())).image
+        pod = for_real_node(example("Pod"), None, image)
         suite.kube.create(path("v1", "pods", namespace=namespace), pod)
-        wait_for(lambda: suite.running(namespace, "gpu-standby"), 60, "the example's pod to run")
+        wait_for(
+            lambda: suite.running(namespace, "gpu-standby"),
+            60,
+            "the example's pod to run",
+            describe=lambda: describe_nodes(suite),
+        )
         bound = suite.pod(namespace, "gpu-standby")
         claim_name = bound["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
         claim = suite.claim(namespace, claim_name)
@@ -163,6 +172,9 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
             for d in suite.local_devices(host)
         }
         assert local[r["device"]] in standby_before, (r, standby_before)
+        real = suite.real_nodes[suite.host_of_node(r["pool"])]
+        printed = printed_gpus(real, namespace, "gpu-standby")
+        assert normalize_uuid(printed) == local[r["device"]]
         assert max(watch.most.values(), default=0) >= 1
 
         # Demand gone: after the window K is 0 and the idle rule returns every standby GPU.
