@@ -381,25 +381,19 @@ class Scaler(InformerDriven):
             except Conflict:
                 return  # made by an earlier pass or leader
             spec = ComposableResourceSpec.model_validate(action.body["spec"])
-            if action.claim is None:
-                log.info(
-                    "standby attach requested",
-                    resource=action.name,
-                    fabric=spec.fabric,
-                    device=spec.device_id,
-                    node=spec.target_node,
-                )
-                return
+            claim = action.claim  # None: a warm standby GPU
             log.info(
-                "attach requested",
-                claim=f"{action.claim.namespace}/{action.claim.name}",
+                "attach requested" if claim else "standby attach requested",
+                claim=f"{claim.namespace}/{claim.name}" if claim else None,
                 resource=action.name,
                 fabric=spec.fabric,
                 device=spec.device_id,
                 node=spec.target_node,
             )
+            if claim is None:
+                return
             self._claim_event(
-                action.claim,
+                claim,
                 "Normal",
                 "AttachRequested",
                 f"ComposableResource {action.name}: attaching {spec.device_id} to "

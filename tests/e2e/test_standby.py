@@ -13,7 +13,6 @@ gone they are detached under the idle rule.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
 
 import pytest
@@ -23,9 +22,9 @@ from composable_dra import names
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
-from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack import examples
+from hack.bench.standby import Held
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
@@ -49,22 +48,6 @@ TOPOLOGY = {
 
 def example(kind: str) -> JSON:
     return next(o for o in examples.load(EXAMPLE) if o["kind"] == kind)
-
-
-class StandbyWatch:
-    """The most standby GPUs held idle at any moment, by pool, from a watch."""
-
-    def __init__(self) -> None:
-        self.informer: Informer | None = None
-        self.most: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, _kind: str, _obj: JSON) -> None:
-        if self.informer is None:
-            return
-        with self._lock:
-            for pool, n in standby_held(self.informer.items()).items():
-                self.most[pool] = max(self.most.get(pool, 0), n)
 
 
 def standby_resources(suite: Any) -> list[JSON]:
@@ -115,7 +98,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     max_per_zone = int(policy["maxPerZone"])
     pool = f"{suite.fabric}/zone-1"
 
-    watch = StandbyWatch()
+    watch = Held()
     informer = Informer(
         suite.kube, path(API_VERSION, "composableresources"), on_event=watch, name="standby"
     )
