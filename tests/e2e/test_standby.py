@@ -20,11 +20,12 @@ import pytest
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.informer import Informer
-from composable_dra.kube import JSON, path
+from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
 from device_scaler.standby import STANDBY_LABEL
 from hack import examples
 from hack.bench.standby import Held
+from hack.localcluster.crds import install_crds
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
@@ -175,3 +176,60 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         assert set(watch.most) <= {pool}
     finally:
         informer.stop()
+
+
+def fabric_with(name: str, standby: JSON, **spec: Any) -> JSON:
+    body = {
+        "backend": "redfish-composition",
+        "endpoint": "https://fm.example:8443",
+        "credentialsSecret": {"name": "fm", "namespace": "ops"},
+        "standby": standby,
+        **spec,
+    }
+    return {"apiVersion": API_VERSION, "kind": "Fabric", "metadata": {"name": name}, "spec": body}
+
+
+@pytest.mark.parametrize(
+    ("standby", "spec", "complaint"),
+    [
+        ({"maxPerZone": 1, "minPerZone": 2}, {}, "minPerZone must not exceed maxPerZone"),
+        ({"maxPerZone": 2000}, {}, "maxPerZone"),
+        ({"maxPerZone": -1}, {}, "maxPerZone"),
+        ({"minPerZone": 1}, {}, "maxPerZone"),  # required
+        ({"maxPerZone": 2, "windowSeconds": 5}, {}, "windowSeconds"),
+        ({"maxPerZone": 2, "attachSeconds": 0}, {}, "attachSeconds"),
+        ({"maxPerZone": 2}, {"vendorDriver": {"name": "gpu.nvidia.com"}}, "not with vendorDriver"),
+    ],
+)
+def test_the_crd_refuses_bad_standby_policies(
+    kube_json: Kube, unique: str, standby: JSON, spec: JSON, complaint: str
+) -> None:
+    install_crds(kube_json)
+    with pytest.raises(KubeError) as exc:
+        kube_json.create(path(API_VERSION, "fabrics"), fabric_with(f"sb-{unique}", standby, **spec))
+    assert exc.value.status == 422, exc.value
+    assert complaint in exc.value.message
+
+
+def test_the_crd_defaults_a_standby_policy(kube_json: Kube, unique: str) -> None:
+    install_crds(kube_json)
+    body = fabric_with(f"sb-{unique}", dict(example("Fabric")["spec"]["standby"]))
+    created = kube_json.create(path(API_VERSION, "fabrics"), body)
+    try:
+        assert created["spec"]["standby"] == {
+            "maxPerZone": 2,
+            "minPerZone": 0,
+            "windowSeconds": 300,
+            "attachSeconds": 30,
+        }
+        bare = fabric_with(f"sb2-{unique}", {"maxPerZone": 3})
+        defaulted = kube_json.create(path(API_VERSION, "fabrics"), bare)
+        kube_json.delete(path(API_VERSION, "fabrics", f"sb2-{unique}"))
+        assert defaulted["spec"]["standby"] == {
+            "maxPerZone": 3,
+            "minPerZone": 0,
+            "windowSeconds": 300,
+            "attachSeconds": 30,
+        }
+    finally:
+        kube_json.delete(path(API_VERSION, "fabrics", f"sb-{unique}"))
