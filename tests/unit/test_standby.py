@@ -389,3 +389,35 @@ def test_a_composability_request_max_bounds_the_standby_per_node():
     }
     actions = run(snap([], [], inputs(6), requests=[req]))
     assert [a.body["spec"]["targetNode"] for a in actions] == ["node-b", "node-c", "node-b"]
+
+
+# -- the scaler's inputs: arrivals outlive their claims, for the window ---------------------
+
+
+def test_the_scaler_remembers_arrivals_for_the_window_after_their_claims_are_gone():
+    from dataclasses import replace
+
+    from device_scaler.scaler import Scaler, ScalerConfig
+    from tests.unit.test_scaler import SlicesKube
+
+    scaler = Scaler(SlicesKube([]), ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
+    try:
+        scaler.fabrics.items = lambda: [fabric("fab")]  # type: ignore[method-assign]
+        slices = [pool_slice(POOL, ["node-a"]), node_slice("node-a")]
+        scaler.slices.items = lambda: slices  # type: ignore[method-assign]
+        c = claim(uid="c1", node="node-a")
+        c["metadata"]["creationTimestamp"] = format_time(NOW - 10)
+        base = snap([c], [], sb.StandbyInputs())
+        first = scaler._standby_inputs(base)
+        assert [z.pool for z in first.zones] == [POOL]
+        assert len(first.arrivals) == 1
+        # The claim is gone: its arrival still counts within the window (300 s) ...
+        assert len(scaler._standby_inputs(replace(base, claims=[])).arrivals) == 1
+        # ... and not after it.
+        late = replace(base, claims=[], now=NOW + 300)
+        assert scaler._standby_inputs(late).arrivals == ()
+        # No policy left: nothing to count.
+        scaler.fabrics.items = lambda: []  # type: ignore[method-assign]
+        assert scaler._standby_inputs(base) == sb.StandbyInputs()
+    finally:
+        scaler.stop()
