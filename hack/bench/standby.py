@@ -38,6 +38,7 @@ from composable_dra.names import normalize_uuid
 from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.goals import finish, goal
+from hack.bench.time_to_gpu import percentile
 from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
 
@@ -72,13 +73,6 @@ class Bound:
         if (pod.get("spec") or {}).get("nodeName"):
             with self._lock:
                 self.at.setdefault(pod["metadata"]["name"], time.time())
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
 
 
 def policy(burst: int, window: int) -> JSON:
@@ -175,7 +169,7 @@ def one_side(
             local += any("/" not in str(r.get("pool")) for r in results)
         failed = sum(1 for n in burst if not suite.running(ns, n))
         p50 = statistics.median(times) if times else None
-        p99 = percentile(times, 0.99)
+        p99 = percentile(times, 0.99) if times else None
         out = {
             "bound_p50_s": round(p50, 3) if p50 is not None else None,
             "bound_p99_s": round(p99, 3) if p99 is not None else None,
@@ -207,10 +201,15 @@ def run(args: Any, kube: Kube, kubeconfig: Path, opts: SuiteOptions) -> int:
         "standby_idle_max": with_["standby_idle_max"],
         "standby_max_per_zone": args.burst,
     }
-    goals = {
+    return finish(out, goals(with_, without, args.burst))
+
+
+def goals(
+    with_: dict[str, Any], without: dict[str, Any], max_per_zone: int
+) -> dict[str, dict[str, Any]]:
+    return {
         "bound_p50_s": goal(with_["bound_p50_s"], ceiling=BOUND_P50_CEILING_S),
-        "standby_idle_max": goal(with_["standby_idle_max"], ceiling=args.burst),
+        "standby_idle_max": goal(with_["standby_idle_max"], ceiling=max_per_zone),
         "failed_with_standby": goal(with_["failed"], ceiling=0),
         "failed_without_standby": goal(without["failed"], ceiling=0),
     }
-    return finish(out, goals)
