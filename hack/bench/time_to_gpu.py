@@ -30,6 +30,8 @@ the exit status is 1 when any is missed: ``failed`` = 0, ``shared_gpus`` = 0 and
 100 claims. The last line is JSON.
 
     python -m hack.bench.time_to_gpu --claims 20 --attach-latency 2
+    python -m hack.bench.time_to_gpu --standby   # with and without a warm standby
+                                                 # (hack/bench/standby.py)
 """
 
 from __future__ import annotations
