@@ -712,6 +712,11 @@ def standby_phase(
             else None
         )
         if phase == "Failed" or trouble is not None:
+            # Quarantined like a claim's failed block, so the next pass picks another.
+            ann = _meta(cr).get("annotations") or {}
+            if ann.get(ANN_POOL) and ann.get(ANN_POOL_DEVICE):
+                until = s.now + view.cfg.quarantine
+                actions.append(Quarantine(ann[ANN_POOL], ann[ANN_POOL_DEVICE], until))
             actions.append(DeleteResource(name, "StandbyFailed", trouble or "the attach failed"))
             counts = counts.add(_key(spec), -1)
         elif phase in (None, "Attaching"):

@@ -227,7 +227,7 @@ class NewStandby:
 
 @dataclass(frozen=True)
 class ZoneState:
-    """What the standby holds in one zone: for status and the metric."""
+    """What the standby wants and holds in one zone."""
 
     want: int
     held: int  # idle GPUs the standby keeps, attaching ones included

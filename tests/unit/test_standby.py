@@ -18,8 +18,10 @@ from device_scaler.decide import (
     ANN_EXPIRES,
     ANN_IN_USE_BY,
     ANN_POOL,
+    ANN_POOL_DEVICE,
     CreateResource,
     DeleteResource,
+    Quarantine,
     Snapshot,
     decide,
 )
@@ -323,6 +325,7 @@ def standby_gpu(name: str, last: float, device: str, **kw: Any) -> JSON:
     cr = idle(name, last, uuid=f"U-{name}", **kw)
     cr["metadata"]["labels"][sb.STANDBY_LABEL] = "true"
     cr["metadata"]["annotations"][ANN_POOL] = POOL
+    cr["metadata"]["annotations"][ANN_POOL_DEVICE] = device
     cr["spec"]["deviceID"] = device
     return cr
 
@@ -354,10 +357,13 @@ def test_standby_gpus_over_max_go_at_once_and_failed_ones_are_cleaned_up():
     stuck["status"] = {"phase": "Attaching"}
     stuck["metadata"]["creationTimestamp"] = format_time(NOW - CFG.attach_timeout - 1)
     actions = run(snap([], [failed, stuck], inputs(0)))
-    assert sorted((a.name, a.reason) for a in actions) == [
+    assert sorted((a.name, a.reason) for a in actions if isinstance(a, DeleteResource)) == [
         ("f", "StandbyFailed"),
         ("t", "StandbyFailed"),
     ]
+    # Their blocks are quarantined: not attached again at the next pass.
+    quarantined = [(a.pool, a.device) for a in actions if isinstance(a, Quarantine)]
+    assert sorted(quarantined) == [(POOL, "gpu-8"), (POOL, "gpu-9")]
 
 
 def test_an_attaching_standby_counts_and_a_used_one_stops_being_standby():
