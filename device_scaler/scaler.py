@@ -49,6 +49,7 @@ from device_scaler.decide import (
 from device_scaler.vendor import (
     Rescheduled,
     RestartVendorPlugin,
+    VendorMode,
     complete_vendor,
     fabric_of,
     vendor_modes,
@@ -100,6 +101,8 @@ class ScalerConfig:
     settings: Settings
     resync: float = 1.0  # seconds between passes without events (timeouts, idle windows)
     debounce: float = 0.02
+    # The only namespace whose pods vendor-driver mode may delete (None: any).
+    vendor_plugin_namespace: str | None = None
 
 
 def standby_held(resources: list[JSON]) -> dict[str, int]:
@@ -152,6 +155,7 @@ class Scaler(InformerDriven):
         self.fabrics = Informer(kube, path(API_VERSION, "fabrics"), wake)
         self.vendor_slices: dict[str, Informer] = {}
         self._pool_driver: dict[str, str] = {}  # vendor fabric -> its driver (quarantines)
+        self._refused_warned: set[tuple[str, str | None]] = set()
         self.informers = [
             self.claims,
             self.resources,
@@ -229,7 +233,8 @@ class Scaler(InformerDriven):
 
     def reconcile(self) -> int:
         snap = self.snapshot()
-        modes = vendor_modes(self.fabrics.items())
+        modes = vendor_modes(self.fabrics.items(), self.config.vendor_plugin_namespace)
+        self._warn_refused(modes)
         self._pool_driver = {f: m.driver for m in modes for f in m.fabrics}
         # Each resource is decided with its fabric's driver: ours, or a vendor's.
         own = replace(
@@ -309,6 +314,22 @@ class Scaler(InformerDriven):
             ]
             STANDBY_TARGET.labels(zone.pool).set(sb.standby_size(len(arrived), zone.policy))
             STANDBY_IDLE.labels(zone.pool).set(held.get(zone.pool, 0))
+
+    def _warn_refused(self, modes: list[VendorMode]) -> None:
+        """Once per driver and namespace: a Fabric's restarts that are not allowed."""
+        for mode in modes:
+            key = (mode.driver, mode.refused_namespace)
+            if mode.refused_namespace is None or key in self._refused_warned:
+                continue
+            self._refused_warned.add(key)
+            log.warning(
+                "vendor plugin restarts refused: the scaler may delete pods only in its "
+                "--vendor-plugin-namespace",
+                driver=mode.driver,
+                fabrics=sorted(mode.fabrics),
+                namespace=mode.refused_namespace,
+                allowed=self.config.vendor_plugin_namespace,
+            )
 
     def _vendor_slice_items(self, driver: str) -> list[JSON] | None:
         informer = self.vendor_slices.get(driver)

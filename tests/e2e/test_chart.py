@@ -310,6 +310,7 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("arbitrary-node:update", "resourceclaims", R, "driver", "team-a", "other.dev"),
             Access("update", "resourceclaims", R, "binding", namespace="team-a"),
             Access("delete", "nodes"),
+            Access("delete", "pods", namespace="team-a"),
             Access("get", "secrets", namespace="@"),
             Access("list", "secrets"),
             Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
@@ -388,6 +389,56 @@ def test_each_service_account_can_do_what_it_needs_and_nothing_else(
     # The same reviews answer differently for an account the chart did not bind.
     stranger = f"system:serviceaccount:{namespace}:stranger"
     assert not allowed(kube_json, stranger, groups, EXPECTED["scaler"][0][0].attributes(namespace))
+
+
+def test_the_scaler_deletes_pods_only_in_the_vendor_plugins_namespace(
+    kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    """Vendor-driver mode's plugin restarts: pod deletion in vendorPluginNamespace only."""
+    rel, vendor_ns = f"r{unique}", f"v{unique}"
+    kube_json.create(path("v1", "namespaces"), {"metadata": {"name": vendor_ns}})
+    try:
+        objs = chart.render(
+            release=rel,
+            namespace=namespace,
+            values={"vendorDrivers": ["gpu.nvidia.com"], "vendorPluginNamespace": vendor_ns},
+        )
+        for obj in objs:
+            if obj["kind"] in RBAC_KINDS:
+                release.create(obj)
+        expected = {
+            "scaler": (
+                [
+                    Access("delete", "pods", namespace=vendor_ns),
+                    Access("list", "pods", namespace=vendor_ns),
+                    Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+                    Access(
+                        "arbitrary-node:patch",
+                        "resourceclaims",
+                        R,
+                        "driver",
+                        "team-a",
+                        "gpu.nvidia.com",
+                    ),
+                ],
+                [
+                    Access("delete", "pods"),
+                    Access("delete", "pods", namespace="@"),
+                    Access("delete", "pods", namespace="kube-system"),
+                    Access("deletecollection", "pods", namespace=vendor_ns),
+                    Access("create", "pods", namespace=vendor_ns),
+                    Access("patch", "pods", namespace=vendor_ns),
+                ],
+            ),
+            "operator": ([], [Access("delete", "pods", namespace=vendor_ns)]),
+            "plugin": ([], [Access("delete", "pods", namespace=vendor_ns)]),
+        }
+        wrong = wrong_access(kube_json, namespace, rel, expected)
+        assert not wrong, "\n".join(wrong)
+    finally:
+        release.cleanup()
+        release.created.clear()
+        kube_json.delete(path("v1", "namespaces", vendor_ns))
 
 
 # -- the admission policy --------------------------------------------------------------------

@@ -383,3 +383,50 @@ def test_the_donor_runs_on_lending_nodes_with_its_lease_api_and_its_own_identity
                 "plugin": {"lend": {"enabled": True}},
             }
         )
+
+
+def grants_pod_delete(role: Obj) -> bool:
+    return any(
+        "" in rule.get("apiGroups", [])
+        and "pods" in rule["resources"]
+        and {"delete", "deletecollection", "*"} & set(rule["verbs"])
+        for rule in role["rules"]
+    )
+
+
+def test_no_cluster_role_may_delete_pods_the_vendor_restart_is_namespaced(
+    default: list[Obj], everything: list[Obj]
+) -> None:
+    vendor = {"vendorDrivers": ["gpu.nvidia.com"], "vendorPluginNamespace": "nvidia-dra"}
+    with_ns = chart.render(values=vendor)
+    without_ns = chart.render(values={"vendorDrivers": ["gpu.nvidia.com"]})
+    for objs in (default, everything, with_ns, without_ns):
+        assert not [r for r in by_kind(objs, "ClusterRole") if grants_pod_delete(r)]
+
+    # Pod deletion: one Role, in the vendor plugin's namespace, bound to the scaler only.
+    [role] = [r for r in by_kind(with_ns, "Role") if grants_pod_delete(r)]
+    assert role["metadata"]["namespace"] == "nvidia-dra"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
+    [binding] = [
+        b
+        for b in by_kind(with_ns, "RoleBinding")
+        if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["metadata"]["namespace"] == "nvidia-dra"
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": "cdra-composable-dra-scaler",
+            "namespace": "composable-dra",
+        }
+    ]
+    scaler = one(with_ns, "Deployment", "-scaler")
+    assert "--vendor-plugin-namespace=nvidia-dra" in container(scaler)["args"]
+
+    # Without a namespace (or without vendor drivers) no pod may be deleted anywhere.
+    for objs in (default, without_ns, chart.render(values={"vendorPluginNamespace": "x"})):
+        assert not [r for r in by_kind(objs, "Role") if grants_pod_delete(r)]
+        args = container(one(objs, "Deployment", "-scaler"))["args"]
+        assert not any(a.startswith("--vendor-plugin-namespace") for a in args)
+    with pytest.raises(chart.HelmError, match="vendorPluginNamespace"):
+        chart.render(values={"vendorPluginNamespace": "../etc"})
