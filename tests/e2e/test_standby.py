@@ -213,6 +213,11 @@ def test_the_crd_refuses_bad_standby_policies(
 
 def test_the_crd_defaults_a_standby_policy(kube_json: Kube, unique: str) -> None:
     install_crds(kube_json)
+    # The example's Fabric as it stands is valid (a dry run: its endpoint is made up).
+    whole = kube_json.request(
+        "POST", path(API_VERSION, "fabrics"), body=example("Fabric"), query={"dryRun": "All"}
+    )
+    assert whole["spec"]["standby"]["maxPerZone"] == 2
     body = fabric_with(f"sb-{unique}", dict(example("Fabric")["spec"]["standby"]))
     created = kube_json.create(path(API_VERSION, "fabrics"), body)
     try:
