@@ -24,7 +24,14 @@ from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
-from composable_dra.names import ANN_POOL, ANN_POOL_DEVICE, QUARANTINE_LABEL, normalize_uuid
+from composable_dra.names import (
+    ANN_IN_USE_BY,
+    ANN_POOL,
+    ANN_POOL_DEVICE,
+    QUARANTINE_LABEL,
+    normalize_uuid,
+)
+from device_scaler import standby as sb
 from device_scaler.decide import (
     CreateResource,
     DeleteResource,
@@ -69,6 +76,16 @@ ACTIONS = Counter("composable_dra_scaler_actions_total", "Actions taken, by kind
 IDLE_DEVICES = Gauge(
     "composable_dra_scaler_idle_devices", "Attached GPUs serving no claim, by node", ["node"]
 )
+STANDBY_IDLE = Gauge(
+    "composable_dra_scaler_standby_idle",
+    "Idle GPUs a warm standby holds attached (attaching ones included), by fabric pool",
+    ["pool"],
+)
+STANDBY_TARGET = Gauge(
+    "composable_dra_scaler_standby_target",
+    "How many idle GPUs the warm standby wants in the zone now (K), by fabric pool",
+    ["pool"],
+)
 RECONCILE_ERRORS = Counter(
     "composable_dra_scaler_reconcile_errors_total", "Failed scaler passes or actions"
 )
@@ -86,6 +103,23 @@ class ScalerConfig:
     debounce: float = 0.02
     # The only namespace whose pods vendor-driver mode may delete (None: any).
     vendor_plugin_namespace: str | None = None
+
+
+def standby_held(resources: list[JSON]) -> dict[str, int]:
+    """Pool -> standby GPUs serving nobody: attaching, or Online with no claim and no
+    local allocation (the in-use mark), and not being deleted."""
+    out: dict[str, int] = {}
+    for cr in resources:
+        meta = cr.get("metadata") or {}
+        if sb.STANDBY_LABEL not in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
+            continue
+        ann = meta.get("annotations") or {}
+        if (cr.get("spec") or {}).get("claimRef") or ann.get(ANN_IN_USE_BY):
+            continue
+        if (cr.get("status") or {}).get("phase") in (None, "Attaching", "Online"):
+            pool = str(ann.get(ANN_POOL, ""))
+            out[pool] = out.get(pool, 0) + 1
+    return out
 
 
 class Scaler(InformerDriven):
@@ -131,6 +165,9 @@ class Scaler(InformerDriven):
             self.fabrics,
         ]
         self.synced = threading.Event()
+        # Warm standby: claim uid -> its arrival, kept for the longest window so that a
+        # claim counts after it is gone (device_scaler/standby.py).
+        self._arrivals: dict[str, sb.Arrival] = {}
         self._pool = self._executor(8, "scaler-write")
         self._events = self._executor(1, "scaler-events")
 
@@ -193,7 +230,9 @@ class Scaler(InformerDriven):
         self._pool_driver = {f: m.driver for m in modes for f in m.fabrics}
         # Each resource is decided with its fabric's driver: ours, or a vendor's.
         own = replace(
-            snap, resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver]
+            snap,
+            resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver],
+            standby=self._standby_inputs(snap),
         )
         actions: list[Any] = self._confirm_releases(decide(own, self.settings), own)
         for mode in modes:
@@ -231,7 +270,42 @@ class Scaler(InformerDriven):
         IDLE_DEVICES.clear()
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
+        self._standby_metrics(own)
         return len(actions)
+
+    def _standby_inputs(self, snap: Snapshot) -> sb.StandbyInputs:
+        """The zones with a standby policy, and the claim arrivals of the longest window."""
+        by_fabric = sb.policies(self.fabrics.items())
+        if not by_fabric:
+            self._arrivals.clear()
+            return sb.StandbyInputs()
+        zones = sb.zones_of(self.slices.items(), by_fabric)
+        fabric_gpus = [
+            (node, local)
+            for cr in snap.resources
+            if (uuid := (cr.get("status") or {}).get("deviceUUID"))
+            and (node := (cr.get("spec") or {}).get("targetNode"))
+            and (local := snap.local_devices.get((node, normalize_uuid(str(uuid)))))
+        ]
+        seen = sb.claim_arrivals(snap.claims, self.settings.driver, zones, fabric_gpus, snap.now)
+        for uid, arrival in seen.items():
+            self._arrivals.setdefault(uid, arrival)
+        horizon = max((z.policy.window_seconds for z in zones), default=0)
+        self._arrivals = {u: a for u, a in self._arrivals.items() if snap.now - a.at <= horizon}
+        return sb.StandbyInputs(zones, tuple(self._arrivals.values()))
+
+    def _standby_metrics(self, snap: Snapshot) -> None:
+        STANDBY_IDLE.clear()
+        STANDBY_TARGET.clear()
+        held = standby_held(snap.resources)
+        for zone in snap.standby.zones:
+            arrived = [
+                a
+                for a in snap.standby.arrivals
+                if zone.pool in a.pools and snap.now - a.at <= zone.policy.window_seconds
+            ]
+            STANDBY_TARGET.labels(zone.pool).set(sb.standby_size(len(arrived), zone.policy))
+            STANDBY_IDLE.labels(zone.pool).set(held.get(zone.pool, 0))
 
     def _warn_refused(self, modes: list[VendorMode]) -> None:
         """Once per driver and namespace: a Fabric's restarts that are not allowed."""
@@ -320,16 +394,19 @@ class Scaler(InformerDriven):
             except Conflict:
                 return  # made by an earlier pass or leader
             spec = ComposableResourceSpec.model_validate(action.body["spec"])
+            claim = action.claim  # None: a warm standby GPU
             log.info(
-                "attach requested",
-                claim=f"{action.claim.namespace}/{action.claim.name}",
+                "attach requested" if claim else "standby attach requested",
+                claim=f"{claim.namespace}/{claim.name}" if claim else None,
                 resource=action.name,
                 fabric=spec.fabric,
                 device=spec.device_id,
                 node=spec.target_node,
             )
+            if claim is None:
+                return
             self._claim_event(
-                action.claim,
+                claim,
                 "Normal",
                 "AttachRequested",
                 f"ComposableResource {action.name}: attaching {spec.device_id} to "

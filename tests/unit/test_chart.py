@@ -174,6 +174,8 @@ def test_schema_refuses_bad_values() -> None:
     leaky = "https://admin:secret@fabric.example:8443"
     with pytest.raises(chart.HelmError, match="endpoint"):
         chart.render(values={"fabric": {"create": True, "endpoint": leaky}})
+    with pytest.raises(chart.HelmError, match="maxPerZone"):
+        chart.render(values={"fabric": {"create": True, "standby": {"maxPerZone": -1}}})
     with pytest.raises(chart.HelmError, match="endpoint"):
         chart.render(values={"plugin": {"deviceSource": "redfish", "redfish": {"endpoint": leaky}}})
 
@@ -242,6 +244,11 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     fabric = one(everything, "Fabric")
     assert fabric["spec"]["endpoint"] == url
     assert fabric["spec"]["caSecret"] == {"name": "fabric-ca", "namespace": "composable-dra"}
+    assert fabric["spec"]["standby"] == {
+        "maxPerZone": 2,
+        "windowSeconds": 300,
+        "attachSeconds": 30,
+    }
     creds = one(everything, "Secret", "-fabric-credentials")
     assert fabric["spec"]["credentialsSecret"]["name"] == creds["metadata"]["name"]
     assert creds["stringData"] == {"username": "admin", "password": "admin"}
