@@ -145,15 +145,16 @@ class Cluster:
         _, host, donor = min(options, key=lambda o: (o[0], -self.machines[o[1]].free_cores))
         return self._start(arrival, host, donor)
 
-    def _full(self, arrival: Arrival) -> bool:
+    def free(self) -> tuple[bool, int]:
+        """Whether any GPU is free, and the most free cores on one machine."""
+        return any(m.free_gpus for m in self.machines), max(m.free_cores for m in self.machines)
+
+    @staticmethod
+    def _full(arrival: Arrival, free: tuple[bool, int]) -> bool:
         """Whether it surely cannot be placed now (a cheap test that spares a full scan):
         no machine has the cores, or it needs a GPU and none is free."""
-        if arrival.job.gpus and not any(m.free_gpus for m in self.machines):
-            return True
-        return self.max_free_cores() < arrival.job.cpus
-
-    def max_free_cores(self) -> int:
-        return max(m.free_cores for m in self.machines)
+        any_gpu, most_cores = free
+        return (arrival.job.gpus > 0 and not any_gpu) or most_cores < arrival.job.cpus
 
     def host_cost(self, host: int) -> float:
         """The scheduler's score: spread by allocated cores, as kube-scheduler's
@@ -200,7 +201,14 @@ class Cluster:
     # ---- time
 
     def step(self, dt: float) -> None:
-        self.queue = [a for a in self.queue if self._full(a) or not self.place(a)]
+        waiting = []
+        free = self.free()
+        for a in self.queue:
+            if self._full(a, free) or not self.place(a):
+                waiting.append(a)
+            else:
+                free = self.free()
+        self.queue = waiting
         loads = self.loads = self.link_loads()
         for m, load in zip(self.machines, loads, strict=True):
             m.busy = netaware.link_busy(m.busy, load, self.rule)
