@@ -233,14 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busy-at", type=float, help="link load that taints a donor (derived)")
     p.add_argument("--clear-at", type=float, help="link load that clears it (derived)")
     args = p.parse_args(argv)
-    scenario = Scenario(
-        jobs=args.jobs,
-        machines=args.machines,
-        seed=args.seed,
-        background_share=args.background_share,
-        colo=args.colo,
-        tolerance=args.tolerance,
-    )
+    given = ("jobs", "machines", "seed", "background_share", "colo", "tolerance")
+    scenario = Scenario(**{name: getattr(args, name) for name in given})
     derived = na_rule(_mix(), args.tolerance)
     rule = netaware.LinkBusyRule(
         busy_at=derived.busy_at if args.busy_at is None else args.busy_at,
