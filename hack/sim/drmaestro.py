@@ -31,7 +31,7 @@ from typing import Any
 from composable_dra.lending import netaware, slo
 from hack.bench.goals import finish, goal
 from hack.sim.cluster import COLO, Cluster, Machine, Policy
-from hack.sim.workload import RODINIA, TOLERANCE, JobType, arrivals, warmup
+from hack.sim.workload import RODINIA, TOLERANCE, JobType, arrivals, scaled, warmup
 from remote_gpu.admission import AdmissionController
 
 WARMUP_S = 2000.0
@@ -50,6 +50,7 @@ class Scenario:
     seed: int = 1
     colo: float = COLO
     tolerance: float = TOLERANCE
+    duration_scale: float = 1.0
 
 
 def na_rule(mix: Sequence[JobType], tolerance: float) -> netaware.LinkBusyRule:
@@ -83,7 +84,8 @@ def run_cluster(
     filler = JobType("warmup", cpus=0, base_s=WARMUP_S, net_frac=0.0, gbps=0.0, gpus=0)
     for host, cores in warmup(s.machines, s.cores, s.warmup_share, rng):
         cluster.start_filler(JobType(**{**filler.__dict__, "cpus": cores}), host)
-    pending = arrivals(s.jobs, s.rate_per_s, s.background_share, rng)
+    mix = scaled(_mix(), s.duration_scale)
+    pending = arrivals(s.jobs, s.rate_per_s, s.background_share, rng, mix)
     pending.reverse()
     while (pending or cluster.queue or cluster.busy_with_jobs()) and cluster.now < max_s:
         while pending and pending[-1].at <= cluster.now:
@@ -230,10 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--colo", type=float, default=COLO, help="slowdown per busy GPU")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="QoS tolerance")
+    p.add_argument(
+        "--duration-scale", type=float, default=1.0, help="multiply every job's run time"
+    )
     p.add_argument("--busy-at", type=float, help="link load that taints a donor (derived)")
     p.add_argument("--clear-at", type=float, help="link load that clears it (derived)")
     args = p.parse_args(argv)
-    given = ("jobs", "machines", "seed", "background_share", "colo", "tolerance")
+    given = ("jobs", "machines", "seed", "background_share", "colo", "tolerance", "duration_scale")
     scenario = Scenario(**{name: getattr(args, name) for name in given})
     derived = na_rule(_mix(), args.tolerance)
     rule = netaware.LinkBusyRule(

@@ -16,7 +16,8 @@ for both (`SATURATED_STRETCH`).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 # DRMaestro, Experiment 1 (Fig. 3): share of run time spent moving data to the remote GPU,
 # solo and beside Iperf.
@@ -90,7 +91,11 @@ class Arrival:
 
 
 def arrivals(
-    count: int, rate_per_s: float, background_share: float, rng: random.Random
+    count: int,
+    rate_per_s: float,
+    background_share: float,
+    rng: random.Random,
+    mix: Sequence[JobType] = RODINIA,
 ) -> list[Arrival]:
     """A Poisson process of ``count`` jobs; types uniform over the mix (DRMaestro's
     simulation draws job types uniformly), ``background_share`` of them network-heavy."""
@@ -98,9 +103,14 @@ def arrivals(
     t = 0.0
     for i in range(count):
         t += rng.expovariate(rate_per_s)
-        job = BACKGROUND if rng.random() < background_share else rng.choice(RODINIA)
+        job = BACKGROUND if rng.random() < background_share else rng.choice(mix)
         out.append(Arrival(at=t, job=job, index=i))
     return out
+
+
+def scaled(mix: Sequence[JobType], factor: float) -> list[JobType]:
+    """The mix with every run time times ``factor`` (run times are ours, not the paper's)."""
+    return [replace(j, base_s=j.base_s * factor) for j in mix]
 
 
 def warmup(machines: int, cores: int, share: float, rng: random.Random) -> list[tuple[int, int]]:
