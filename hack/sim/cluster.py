@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 
 from composable_dra.lending import netaware, slo
-from hack.sim.workload import SATURATED_STRETCH, Arrival, JobType
+from hack.sim.workload import SATURATED_STRETCH, TOLERANCE, Arrival, JobType
 
 COLO = 0.03
 # 1 / (1 - LOAD_CAP) == SATURATED_STRETCH: a saturated path stretches a transfer as
@@ -113,6 +113,7 @@ class Cluster:
     now: float = 0.0
     loads: list[float] = field(default_factory=list)
     colo: float = COLO
+    tolerance: float = TOLERANCE  # the QoS tolerance that decides who is network-sensitive
 
     def __post_init__(self) -> None:
         self.loads = [0.0] * len(self.machines)
@@ -171,7 +172,7 @@ class Cluster:
             if m.leases >= slo.lease_capacity([], {}, m.knee):
                 continue
             if self.policy is Policy.LENDING_NA and not netaware.may_place(
-                job.network_sensitive, m.busy
+                job.is_sensitive(self.tolerance), m.busy
             ):
                 continue
             if best is None or m.free_gpus > self.machines[best].free_gpus:

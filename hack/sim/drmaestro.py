@@ -60,7 +60,7 @@ def na_rule(mix: Sequence[JobType], tolerance: float) -> netaware.LinkBusyRule:
     ``f / (1 - load) - f == t * (1 + f)``, f the transfer it adds on an idle link. One
     threshold per donor (the product's taint), so the most sensitive job sets it; it
     clears at 5/7 of it, the product default's proportion (0.5 / 0.7)."""
-    frac = max(j.net_frac for j in mix if j.network_sensitive)
+    frac = max(j.net_frac for j in mix if j.is_sensitive(tolerance))
     busy_at = 1 - 1 / (1 + tolerance * (1 + frac) / frac)
     return netaware.LinkBusyRule(busy_at=busy_at, clear_at=busy_at * 5 / 7)
 
@@ -80,7 +80,7 @@ def run_cluster(
     machines = [
         Machine(s.cores, s.gpus, s.link_gbps, knee(s.link_gbps, typical)) for _ in range(s.machines)
     ]
-    cluster = Cluster(machines, policy, rule, colo=s.colo)
+    cluster = Cluster(machines, policy, rule, colo=s.colo, tolerance=s.tolerance)
     filler = JobType("warmup", cpus=0, base_s=WARMUP_S, net_frac=0.0, gbps=0.0, gpus=0)
     for host, cores in warmup(s.machines, s.cores, s.warmup_share, rng):
         cluster.start_filler(JobType(**{**filler.__dict__, "cpus": cores}), host)

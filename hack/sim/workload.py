@@ -52,11 +52,15 @@ class JobType:
 
     @property
     def network_sensitive(self) -> bool:
+        """`is_sensitive` at the default tolerance."""
+        return self.is_sensitive(TOLERANCE)
+
+    def is_sensitive(self, tolerance: float) -> bool:
         """The job profile's verdict (DRMaestro's offline profiling, solo and with an
         artificial network load): would a saturated path slow its remote run past its
         QoS tolerance."""
         extra = self.net_frac * (SATURATED_STRETCH - 1)
-        return self.gpus > 0 and extra > TOLERANCE * (1 + self.net_frac)
+        return self.gpus > 0 and extra > tolerance * (1 + self.net_frac)
 
 
 def added(share: float) -> float:

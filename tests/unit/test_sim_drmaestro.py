@@ -128,3 +128,10 @@ def test_sensitivity_and_the_na_threshold_follow_from_the_qos_tolerance() -> Non
     worst = max(j.net_frac for j in RODINIA if j.network_sensitive)
     assert worst / (1 - rule.busy_at) - worst == pytest.approx(TOLERANCE * (1 + worst))
     assert 0 < rule.clear_at < rule.busy_at
+
+
+def test_a_looser_tolerance_makes_fewer_jobs_sensitive_and_a_later_taint() -> None:
+    strict = {j.name for j in RODINIA if j.is_sensitive(0.05)}
+    loose = {j.name for j in RODINIA if j.is_sensitive(0.20)}
+    assert loose < strict
+    assert drmaestro.na_rule(RODINIA, 0.20).busy_at > drmaestro.na_rule(RODINIA, 0.05).busy_at
