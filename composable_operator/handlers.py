@@ -168,7 +168,9 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
             raise kopf.TemporaryError(action.message, delay=action.delay)
         assert host is not None
         try:
-            op = await asyncio.to_thread(backend.detach, spec.device_id, host)
+            # The device as read: on a fabric that picks, the one it attached (picks.py).
+            device_id = o.device.id if o.device is not None else spec.device_id
+            op = await asyncio.to_thread(backend.detach, device_id, host)
             await follow(backend, op, limit)
         except FabricError as exc:
             await rec.detach_failed(exc)
