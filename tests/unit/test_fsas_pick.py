@@ -5,7 +5,6 @@ recovery decisions (composable_dra/fabric/slots.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
