@@ -384,23 +384,25 @@ class FsasFabricManagerBackend:
             (d for m in self._machines() for d in machine_devices(m) if d.id == device_id), None
         )
 
-    def attach_model(self, model: str, host_id: str) -> Device:
-        machine = segment(host_id, "host id")
-        condition = [{"column": "model", "operator": "eq", "value": model}]
-        spec = {"res_type": GPU, "res_spec": {"condition": condition}, "res_num": 1}
-        what = f"attach a {model} GPU to {host_id}"
+    def _scale_up(
+        self, machine: str, host_id: str, conditions: list[dict[str, str]], what: str
+    ) -> list[dict[str, Any]]:
+        """CoHDI's scale-up of one GPU with these conditions: the machines it answers."""
+        spec = {"res_type": GPU, "res_spec": {"condition": conditions}, "res_num": 1}
         status, body, headers = self._call(
             "PATCH", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
         )
         if status != 200:
             raise error_for(status, body, headers, what)
-        machines = body.get("data", {}).get("machines", []) if isinstance(body, dict) else []
-        added = [
-            d
-            for m in machines
-            if isinstance(m, dict)
-            for d in machine_devices({**m, "mach_uuid": host_id})
-        ]
+        found = body.get("data", {}).get("machines", []) if isinstance(body, dict) else []
+        return [m for m in found if isinstance(m, dict)]
+
+    def attach_model(self, model: str, host_id: str) -> Device:
+        machine = segment(host_id, "host id")
+        condition = [{"column": "model", "operator": "eq", "value": model}]
+        what = f"attach a {model} GPU to {host_id}"
+        machines = self._scale_up(machine, host_id, condition, what)
+        added = [d for m in machines for d in machine_devices({**m, "mach_uuid": host_id})]
         if not added:
             raise OperationFailedError(f"{what}: the answer names no GPU it attached")
         for extra in added[1:]:
@@ -443,16 +445,10 @@ class FsasFabricManagerBackend:
             {"column": "model", "operator": "eq", "value": current.model},
             {"column": "res_uuid", "operator": "eq", "value": device_id},
         ]
-        spec = {"res_type": GPU, "res_spec": {"condition": conditions}, "res_num": 1}
         what = f"attach {device_id} to {host_id}"
-        status, body, headers = self._call(
-            "PATCH", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
-        )
-        if status != 200:
-            raise error_for(status, body, headers, what)
         added = [
             str(r.get("res_uuid"))
-            for m in (body.get("data", {}).get("machines", []) if isinstance(body, dict) else [])
+            for m in self._scale_up(machine, host_id, conditions, what)
             for r in m.get("resources", [])
             if isinstance(r, dict)
         ]

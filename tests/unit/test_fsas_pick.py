@@ -4,14 +4,18 @@ recovery decisions (composable_dra/fabric/slots.py)."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from api.v1alpha1 import FabricSpec
 from composable_dra.fabric import backend as b
-from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas import FsasFabricManagerBackend
+from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
 from composable_dra.fabric.slots import (
     SlotHold,
     is_slot,
@@ -21,21 +25,16 @@ from composable_dra.fabric.slots import (
     slot_prefix,
     with_slots,
 )
-from fabric_emulator.fsas.config import FsasConfig, process_args
+from composable_operator.fabric_status import free_devices
+from fabric_emulator.fsas.config import process_args
 from fabric_emulator.testing import EmulatorProcess
-from fabric_emulator.topology import gpu_uuid, host_uuid
+from fabric_emulator.topology import gpu_uuid
+from tests.unit.test_fsas_backend import CONFIG as IDENTITY_FM
+from tests.unit.test_fsas_backend import CREDS, N1, N2, N3
 
 H100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
-CONFIG = FsasConfig(
-    tenant="tenant-7",
-    realm="lab",
-    client_id="cdra",
-    client_secret="s3cr3t-x",
-    attach_by_model=True,
-    list_resources=False,
-)
-CREDS = Credentials("cdra", "s3cr3t-x", "admin", "admin")
-N1, N2, N3 = (host_uuid(f"node-{i}") for i in (1, 2, 3))
+# As CoHDI's CI mock of the FM: it picks, and lists no resources.
+CONFIG = dataclasses.replace(IDENTITY_FM, attach_by_model=True, list_resources=False)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +194,34 @@ def test_recover_pick_finds_the_new_unclaimed_gpu_of_the_model() -> None:
     assert recover_pick(["a"], now, {"c"}, "m") == _dev("b")
     assert recover_pick(["a", "b"], now, {"c"}, "m") is None  # nothing landed
     assert recover_pick([], [_dev("y"), _dev("x")], set(), "m") == _dev("x")  # stable
+
+
+def test_registry_builds_a_picking_backend_only_with_models_to_count() -> None:
+    keys = {"client_id": "c", "client_secret": "x"}
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()}
+    secret = SecretKeys({"metadata": {"namespace": "ns", "name": "s"}, "data": data})
+    fsas = {"tenantUUID": "t-1", "realm": "cdi", "attachBy": "model", "models": [H100]}
+    spec = FabricSpec.model_validate(
+        {
+            "backend": "fsas-fm",
+            "endpoint": "https://fm.example",
+            "fsas": fsas,
+            "credentialsSecret": {"namespace": "ns", "name": "s"},
+        }
+    )
+    backend = FACTORIES["fsas-fm"](spec, secret, None)
+    assert b.picker(backend) is backend
+    assert isinstance(backend, FsasFabricManagerBackend) and backend.models == (H100,)
+    assert spec.fsas is not None
+    none = spec.model_copy(update={"fsas": spec.fsas.model_copy(update={"models": []})})
+    with pytest.raises(FabricConfigError, match="models"):
+        FACTORIES["fsas-fm"](none, secret, None)
+    identity = spec.model_copy(
+        update={"fsas": spec.fsas.model_copy(update={"attach_by": "resource"})}
+    )
+    assert b.picker(FACTORIES["fsas-fm"](identity, secret, None)) is None
+
+
+def test_fabric_status_counts_a_picking_fabrics_free_gpus() -> None:
+    inv = _inv({("z", "m"): 3}, ("gpu-9",))
+    assert free_devices(inv) == [{"model": "m", "zone": "z", "count": 3}]
