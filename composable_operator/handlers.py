@@ -157,6 +157,7 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         await rec.detach_step(action, host=host)
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
             ctl.attaches.pop(uid, None)
+            ctl.picks.picked.pop(uid, None)  # its GPU is gone: no longer anyone's pick
             ctl.unpublish_since.pop(uid, None)
             await asyncio.to_thread(ctl.untaint, name)
             rec.detached(time.monotonic() - t0)

@@ -84,11 +84,23 @@ def record_pick(ctl: Controller, uid: str, name: str, device_id: str) -> None:
 
 
 def others_recorded(ctl: Controller, fabric: str, uid: str) -> set[str]:
-    """Device ids that other resources of the fabric hold: what a recovery must not take."""
+    """Device ids that other resources of the fabric hold: what a recovery must not take.
+
+    This process's picks (ahead of the status writes) of resources that still exist, and
+    what the API server shows, less the records of resources being deleted: a device new
+    on the host since our request cannot be one that such a resource still holds (it
+    would have been there before), and the record of one whose detach just ended is
+    stale. (A pick of this process for a resource being deleted counts until it is gone.)
+    """
     items = ctl.kube.get(path(API_VERSION, "composableresources"))["items"]
-    held = {i for other, i in ctl.picks.picked.items() if other != uid}
-    for r in items:
-        if (r.get("spec") or {}).get("fabric") != fabric or r["metadata"].get("uid") == uid:
+    present = {
+        str(r["metadata"].get("uid")): r
+        for r in items
+        if (r.get("spec") or {}).get("fabric") == fabric and r["metadata"].get("uid") != uid
+    }
+    held = {i for other, i in ctl.picks.picked.items() if other in present}
+    for r in present.values():
+        if r["metadata"].get("deletionTimestamp"):
             continue
         held.add(str(r["spec"].get("deviceID", "")))
         if picked := (r.get("status") or {}).get("fabricDeviceID"):

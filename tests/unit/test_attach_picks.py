@@ -145,3 +145,24 @@ def test_a_request_that_never_landed_is_sent_again_once_it_no_longer_can() -> No
     run(body, fm, Cluster(body))
     assert fm.calls == [("H100", "h1")]
     assert body.status["fabricDeviceID"] == "gpu-7" and body.status["phase"] == "Online"
+
+
+def test_a_record_of_a_resource_gone_or_going_does_not_hide_our_gpu() -> None:
+    """gpu-7 was another resource's, detached and attached again for us (its answer lost):
+    neither that resource's stale record (being deleted) nor a pick this process kept for
+    a resource that is gone makes the recovery miss it."""
+    body = slot_body()
+    fm = PickingFM(body, free=["gpu-7", "gpu-8"], attached={"gpu-1": "h1"})
+    fm.drop = True
+    going = {
+        "metadata": {"name": "r0", "uid": "u0", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"fabric": "fab", "deviceID": slot_name("z1", "H100", 1)},
+        "status": {"fabricDeviceID": "gpu-7"},
+    }
+    kube = Cluster(body, [going])
+    ctl = Controller(kube, fabrics=fm, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    ctl.picks.picked["u-gone"] = "gpu-7"  # a resource since deleted, in this process
+    d = AttachDaemon(ctl, body, Stopped(6), lambda _k: [], lambda *_: None, "r1")
+    asyncio.run(d.run())
+    assert fm.calls == [("H100", "h1")]
+    assert body.status["fabricDeviceID"] == "gpu-7" and body.status["phase"] == "Online"
