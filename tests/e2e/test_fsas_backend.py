@@ -25,7 +25,7 @@ from fabric_emulator.topology import host_uuid
 from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, gpu_env, suite_pod
+from tests.e2e.realnodes import gpu_env, suite_pod, wait_succeeded
 from tests.e2e.test_operator import Bed, composable, start_bed
 
 FSAS = FsasConfig(
@@ -114,12 +114,7 @@ def test_an_fm_that_picks_the_gpu_gives_the_pod_the_gpu_it_picked(
     assert all(is_slot(d) for _, d in suite.pool_devices())
 
     suite_pod(suite, namespace, "p1", run_seconds=1)
-    wait_for(
-        lambda: suite.pod(namespace, "p1")["status"].get("phase") == "Succeeded",
-        90,
-        "p1 to run on the FM's pick and finish",
-        describe=lambda: describe_nodes(suite),
-    )
+    wait_succeeded(suite, namespace, "p1")  # on the GPU the FM picked
     [cr] = suite.resources()
     slot, picked = cr["spec"]["deviceID"], cr["status"]["fabricDeviceID"]
     assert is_slot(slot) and not is_slot(picked)

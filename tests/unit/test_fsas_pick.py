@@ -210,8 +210,8 @@ def test_registry_builds_a_picking_backend_only_with_models_to_count() -> None:
         }
     )
     backend = FACTORIES["fsas-fm"](spec, secret, None)
-    assert b.picker(backend) is backend
     assert isinstance(backend, FsasFabricManagerBackend) and backend.models == (H100,)
+    assert b.picker(backend) is backend
     assert spec.fsas is not None
     none = spec.model_copy(update={"fsas": spec.fsas.model_copy(update={"models": []})})
     with pytest.raises(FabricConfigError, match="models"):
