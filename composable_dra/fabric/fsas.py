@@ -6,10 +6,13 @@ id and secret), machines (hosts) with their attached resources under
 ``fabric_manager/api/v1/machines``, attach by ``PATCH machines/{m}/update`` and detach by
 ``DELETE machines/{m}/update``, both answered synchronously (200) with no task to follow.
 
-Two things this backend needs that CoHDI's public code does not show the FM doing, and
-that must be checked against Fsas's API reference before use with a real FM (the
-emulator implements both unless told to behave as CoHDI's CI mock of the FM, which does
-neither; docs/fabrics.md, "Assumptions"):
+With ``attach_by_model`` (a Fabric's ``attachBy: model``) it uses only what CoHDI's code
+shows: the FM picks the GPU of a model (``attach_model``; a ``backend.DevicePicker``),
+free GPUs are counts (``available-reserved-resources``), attached ones are read from the
+machines. Without it (``attachBy: resource``), two things this backend needs that CoHDI's
+public code does not show the FM doing, and that must be checked against Fsas's API
+reference before use with a real FM (the emulator implements both unless told to behave
+as CoHDI's CI mock of the FM, which does neither; docs/fabrics.md, "Assumptions"):
 - free resources listed with their identity (``GET fabric_manager/api/v1/resources``);
   an FM without it answers 404, and the inventory fails saying so;
 - an attach that names the resource: a ``res_uuid`` condition beside ``model``. The
