@@ -82,6 +82,19 @@ class FsasSettings(_Model):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="The ID manager's realm that issues the OAuth token.",
     )
+    attach_by: Literal["resource", "model"] = Field(
+        default="resource",
+        alias="attachBy",
+        description="resource: the FM lists GPUs by identity and attaches the one named; "
+        "model: the FM attaches a GPU of the model that it picks and lists free capacity "
+        "as counts (as CoHDI's FM client and CI mock do); pools then publish "
+        "interchangeable slots (docs/fabrics.md).",
+    )
+    models: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="attachBy model: the GPU models whose free counts the pools publish.",
+    )
 
 
 class VendorRestart(_Model):
@@ -350,6 +363,12 @@ class PendingAttach(_Model):
         default=None, max_length=2048, description="The fabric's task monitor, once answered"
     )
     task: str | None = Field(default=None, max_length=2048, description="The fabric's task")
+    machine_resources: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="A fabric that picks the device: the host's devices before the request, "
+        "to find the picked one again when the answer was lost",
+    )
 
 
 class ComposableResourceStatus(_Model):
@@ -358,6 +377,13 @@ class ComposableResourceStatus(_Model):
         default=None, alias="deviceUUID", description="The device's UUID as its node sees it"
     )
     fabric_host: str | None = Field(default=None, description="The fabric's id of the node's host")
+    fabric_device_id: str | None = Field(
+        default=None,
+        alias="fabricDeviceID",
+        max_length=253,
+        description="A fabric that picks the device (Fsas attachBy model): the id of the "
+        "device it attached; spec.deviceID is then the pool slot the claim allocated",
+    )
     error: str | None = None
     attached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     detached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})

@@ -22,6 +22,7 @@ from composable_dra.kube import NotFound
 from composable_dra.names import normalize_uuid
 from composable_operator.actions import EventSink, Recorder, Seen
 from composable_operator.controller import Controller, pending_task, read_fabric
+from composable_operator.picks import picks_for, read_device, start_pick
 from composable_operator.reconcile import (
     Action,
     ActionKind,
@@ -144,11 +145,13 @@ class AttachDaemon:
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
-            return replace(
-                kept, device=await asyncio.to_thread(kept.backend.device, spec.device_id)
-            )
+            status = dict(self.body.status)
+            device = await read_device(self.ctl, kept.backend, spec, status, self.uid, self.name)
+            return replace(kept, device=device)
         fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
-        device, hosts, node = await read_fabric(self.ctl, backend, spec)
+        device, hosts, node = await read_fabric(
+            self.ctl, backend, spec, dict(self.body.status), self.uid, self.name
+        )
         host = host_for_node(node, fabric.node_mapping, hosts) if node else None
         return Reading(fabric, backend, host, device)
 
@@ -204,9 +207,12 @@ class AttachDaemon:
                     # that no detach handler sees, leaving the device composed. Wait for it.
                     return FINALIZER_WAIT
                 # No await between the check above and this: a detach finds the call.
-                call = self.ctl.start_attach(
-                    self.uid, self.name, r.backend, spec.device_id, action.host
-                )
+                if (p := picks_for(r.backend, spec)) is not None:
+                    call = start_pick(self.ctl, self.uid, self.name, p, spec, action.host)
+                else:
+                    call = self.ctl.start_attach(
+                        self.uid, self.name, r.backend, spec.device_id, action.host
+                    )
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)
                 await self.ctl.end_attach(self.uid, self.name, r.backend, op, limit)

@@ -34,6 +34,7 @@ from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
 from composable_dra.fabric.registry import Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from composable_operator.cluster_cache import ClusterCache
+from composable_operator.picks import PickState, read_device
 from composable_operator.reconcile import (
     UNPUBLISH_LIMIT_SECONDS,
     AttachRecord,
@@ -95,6 +96,8 @@ class Controller:
     # ResourceClaims and our ResourceSlices kept by watches (started by the operator);
     # None: every read lists.
     cache: ClusterCache | None = None
+    # Devices a fabric that picks has attached for our resources (picks.py).
+    picks: PickState = field(default_factory=PickState)
 
     # -- status writes --------------------------------------------------------------
 
@@ -159,6 +162,12 @@ class Controller:
 
         task.add_done_callback(done)
         return task
+
+    def record_attach(
+        self, uid: str, name: str, record: AttachRecord | None, extra: JSON
+    ) -> asyncio.Task[None]:
+        """Write status.pendingAttach (and ``extra``) in order with the other writes."""
+        return self._record(uid, name, record, extra)
 
     async def records_written(self, uid: str) -> None:
         """Until the writes of status.pendingAttach under way for a resource are done."""
@@ -270,7 +279,7 @@ class Controller:
         """What decide_detach needs, read now; with the node's host and the device's names."""
         call = self.attaches.get(uid)
         in_flight = attach_in_flight(record, call.state() if call else None, time.time())
-        device, hosts, node = await read_fabric(self, backend, spec)
+        device, hosts, node = await read_fabric(self, backend, spec, status, uid, name)
         host = host_for_node(node, fabric.node_mapping, hosts) if node else None
         if host is None and device is not None and device.state == "attached":
             host = device.host if status.get("fabricHost") == device.host else None
@@ -327,12 +336,18 @@ class Controller:
 
 
 async def read_fabric(
-    ctl: Controller, backend: FabricBackend, spec: ComposableResourceSpec
+    ctl: Controller,
+    backend: FabricBackend,
+    spec: ComposableResourceSpec,
+    status: JSON,
+    uid: str,
+    name: str,
 ) -> tuple[Device | None, dict[str, Host], JSON | None]:
     """What a decision about one resource needs, read now and at once: its device (one
-    request), the fabric's hosts (a read shared with concurrent callers) and its node."""
+    request; picks.read_device), the fabric's hosts (a read shared with concurrent
+    callers) and its node."""
     device, hosts, node = await asyncio.gather(
-        asyncio.to_thread(backend.device, spec.device_id),
+        read_device(ctl, backend, spec, status, uid, name),
         asyncio.to_thread(backend.hosts),
         asyncio.to_thread(ctl.node, spec.target_node),
     )

@@ -157,6 +157,7 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         await rec.detach_step(action, host=host)
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
             ctl.attaches.pop(uid, None)
+            ctl.picks.picked.pop(uid, None)  # its GPU is gone: no longer anyone's pick
             ctl.unpublish_since.pop(uid, None)
             await asyncio.to_thread(ctl.untaint, name)
             rec.detached(time.monotonic() - t0)
@@ -168,7 +169,9 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
             raise kopf.TemporaryError(action.message, delay=action.delay)
         assert host is not None
         try:
-            op = await asyncio.to_thread(backend.detach, spec.device_id, host)
+            # The device as read: on a fabric that picks, the one it attached (picks.py).
+            device_id = o.device.id if o.device is not None else spec.device_id
+            op = await asyncio.to_thread(backend.detach, device_id, host)
             await follow(backend, op, limit)
         except FabricError as exc:
             await rec.detach_failed(exc)

@@ -158,6 +158,8 @@ class AttachRecord:
     requested_at: float  # epoch seconds
     monitor: str | None = None
     task: str | None = None
+    # A fabric that picks the device: the host's devices before the request (picks.py).
+    machine_resources: tuple[str, ...] | None = None
 
     def operation(self) -> Operation | None:
         if not self.monitor and not self.task:
@@ -174,6 +176,8 @@ class AttachRecord:
             out["taskMonitor"] = self.monitor
         if self.task:
             out["task"] = self.task
+        if self.machine_resources is not None:
+            out["machineResources"] = list(self.machine_resources)
         return out
 
 
@@ -189,11 +193,13 @@ def parse_attach_record(status: Mapping[str, Any]) -> AttachRecord | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
+    before = raw.get("machineResources")
     return AttachRecord(
         raw["host"],
         when.timestamp(),
         str(raw["taskMonitor"]) if raw.get("taskMonitor") else None,
         str(raw["task"]) if raw.get("task") else None,
+        tuple(str(b) for b in before) if isinstance(before, list) else None,
     )
 
 

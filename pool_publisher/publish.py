@@ -30,6 +30,7 @@ from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node, uuid_index
+from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
@@ -586,6 +587,9 @@ class PoolPublisher(InformerDriven):
             except (FabricError, FabricConfigError) as exc:
                 log.warning("fabric skipped", fabric=name, error=str(exc))
                 continue
+            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
+                mine = {d for p, d in live if p.startswith(f"{name}/")}
+                inv = with_slots(inv, slot_holds(resources, name), mine)
             mapping = spec.node_mapping
             if (why := vendor_config_error(spec.vendor_driver)) is not None:
                 PUBLISH_ERRORS.labels("config").inc()
