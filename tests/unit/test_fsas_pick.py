@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.v1alpha1 import FabricSpec
@@ -144,13 +144,7 @@ def test_a_released_slot_name_is_not_handed_out_while_its_resource_lives() -> No
     assert _slots(out) == [slot_name("z", "m", 1), slot_name("z", "m", 2)]
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(max_examples=150)
 @given(
     free=st.integers(0, 8),
     holds=st.lists(st.tuples(st.integers(0, 12), st.booleans(), st.booleans()), max_size=8),

@@ -27,7 +27,7 @@ from dra_driver.slices import (
 from hack import examples
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=150)
 UID = "node-uid"
 POLICY = LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=3)
 RULE = netaware.LinkBusyRule(busy_at=0.7, clear_at=0.5)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from composable_dra import retry
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     attempt=st.integers(min_value=1, max_value=200),
     first=st.floats(min_value=0.01, max_value=2.0),

@@ -48,7 +48,7 @@ def test_size_is_arrivals_times_attach_time_over_the_window():
     assert sb.standby_size(50, None) == 0
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@settings(max_examples=400)
 @given(
     arrivals=st.integers(min_value=-5, max_value=100_000),
     lo=st.integers(min_value=0, max_value=1024),
@@ -103,7 +103,7 @@ def test_place_spreads_over_the_zone_fewest_first_then_recent_claims_then_name()
     assert sb.place(0, NODES, {}, {}) == []
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     n=st.integers(min_value=0, max_value=30),
     held=st.lists(st.integers(min_value=0, max_value=5), min_size=3, max_size=3),
@@ -236,7 +236,7 @@ def test_plan_model_and_room():
     assert out.create == []
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     n_arrivals=st.integers(min_value=0, max_value=50),
     hi=st.integers(min_value=0, max_value=6),
