@@ -226,29 +226,25 @@ class _NoStream:
         raise _Fatal(Code.BAD_FRAME, "no stream on a ring lease")
 
 
+@dataclass(eq=False)
 class DirectServer:
     """Serves one lease's requests in this worker: from a handed-over connection
     (``reader`` over its socket, ``send`` writing to it) or from the lease's rings."""
 
-    def __init__(
-        self,
-        reader: _Source,
-        send: Callable[[Sequence[Frame]], None],
-        arena: Arena,
-        functions: dict[str, Callable[..., Any]],
-        session: Session,
-        ring: Ring | None = None,
-    ) -> None:
-        self.reader = reader
-        self.send = send
-        self.ring = ring
-        self.arena = arena
-        self.functions = functions
-        self.s = session
-        self.bucket = TokenBucket(session.rate_limit, session.rate_burst)
-        self.stats = Stats()
-        self._limit = max(arena.slot_size, MAX_META)
-        self._last = 0  # the last request's sequence number (see ``protocol.seq_after``)
+    reader: _Source
+    send: Callable[[Sequence[Frame]], None]
+    arena: Arena
+    functions: dict[str, Callable[..., Any]]
+    session: Session
+    ring: Ring | None = None
+    stats: Stats = field(default_factory=Stats, init=False)
+    bucket: TokenBucket = field(init=False)
+    _limit: int = field(init=False)
+    _last: int = field(default=0, init=False)  # the last request's sequence (``seq_after``)
+
+    def __post_init__(self) -> None:
+        self.bucket = TokenBucket(self.session.rate_limit, self.session.rate_burst)
+        self._limit = max(self.arena.slot_size, MAX_META)
 
     def _sequence(self, seq: int) -> None:
         """Refuse a request that does not come after the previous one (a replay)."""
@@ -259,7 +255,7 @@ class DirectServer:
     def _header(self, limit: int) -> Header:
         raw = self.reader.read(HEADER_SIZE)
         try:
-            return unpack(raw, self.s.key, limit)
+            return unpack(raw, self.session.key, limit)
         except FrameError as exc:
             raise _Fatal(Code.BAD_FRAME, str(exc)) from None
 
@@ -269,18 +265,25 @@ class DirectServer:
     def step(self) -> bool:
         """Read and answer one message; False once the client has said CLOSE."""
         header = self._header(self._limit)
-        if header.lease != self.s.lease:
+        if header.lease != self.session.lease:
             raise _Fatal(Code.BAD_FRAME, "frame for another lease", header.seq)
         if header.part != 0:
             raise _Fatal(Code.BAD_FRAME, "array frame outside a message", header.seq)
-        if self.s.ring and header.op != Op.INVOKE:
+        if self.session.ring and header.op != Op.INVOKE:
             raise _Fatal(Code.BAD_FRAME, f"{header.op.name} in the request ring", header.seq)
         if header.op == Op.CLOSE:
             return False
         self._sequence(header.seq)
         if header.op == Op.HEARTBEAT:
             self._meta(header)
-            self.send([(Header(Op.HEARTBEAT, self.s.lease, header.seq).pack(self.s.key), None)])
+            self.send(
+                [
+                    (
+                        Header(Op.HEARTBEAT, self.session.lease, header.seq).pack(self.session.key),
+                        None,
+                    )
+                ]
+            )
             return True
         if header.op != Op.INVOKE:
             raise _Fatal(Code.BAD_FRAME, f"unexpected {header.op.name}", header.seq)
@@ -288,7 +291,7 @@ class DirectServer:
         return True
 
     def _invoke(self, head: Header) -> None:
-        seq, arena, shm = head.seq, self.arena, self.s.shm
+        seq, arena, shm = head.seq, self.arena, self.session.shm
         name = self._meta(head).decode("utf-8", "replace")
         if shm:
             found = arena.slot_of(head.offset)
@@ -302,7 +305,9 @@ class DirectServer:
         specs: list[ArraySpec] = []
         for part in range(1, head.parts + 1):
             h = self._header(arena.slot_size)
-            offset = place_array(h, head, part, self.s.lease, shm, base, cursor, arena.slot_size)
+            offset = place_array(
+                h, head, part, self.session.lease, shm, base, cursor, arena.slot_size
+            )
             if not h.flags & Flags.SHM:
                 self.reader.read_into(arena.view(offset, h.length))
                 cursor = align(offset + h.length)
@@ -312,7 +317,7 @@ class DirectServer:
     def ring_step(self, data: bytes) -> None:
         """Answer one request taken from the ring: the checks of ``step`` on the frames
         of one entry, whose arrays must lie in the slot the head frame names."""
-        s, arena = self.s, self.arena
+        s, arena = self.session, self.arena
         key, size = s.key, arena.slot_size
         try:
             head = unpack(data[:HEADER_SIZE], key, self._limit)
@@ -349,7 +354,7 @@ class DirectServer:
             self._refuse(seq, Code.NOT_ALLOWED, f"{name!r} is not on this donor's allow-list")
             return
         if not self.bucket.take():
-            self._refuse(seq, Code.RATE_LIMITED, f"lease exceeds {self.s.rate_limit}/s")
+            self._refuse(seq, Code.RATE_LIMITED, f"lease exceeds {self.session.rate_limit}/s")
             return
         outcome = _call(self.arena, self.functions, name, slot, specs)
         if isinstance(outcome[0], Code):
@@ -361,24 +366,28 @@ class DirectServer:
         self.stats.calls.append((name, seconds))
         if self.ring is not None:
             self.stats.bytes_out += sum(r[3] for r in results)
-            self.ring.post(pack_message(self.s.key, _RESULT, self.s.lease, seq, 0, b"", results))
+            self.ring.post(
+                pack_message(self.session.key, _RESULT, self.session.lease, seq, 0, b"", results)
+            )
         else:
             self.send(self._result_frames(seq, results))
 
     def _refuse(self, seq: int, code: Code, message: str) -> None:
         self.stats.error(code)
-        self.send([error_frame(self.s.lease, seq, code, message, self.s.key)])
+        self.send([error_frame(self.session.lease, seq, code, message, self.session.key)])
 
     def _result_frames(self, seq: int, results: Sequence[ArraySpec]) -> list[Frame]:
         self.stats.bytes_out += sum(r[3] for r in results)
-        inline = None if self.s.shm else self.arena
-        return result_frames(self.s.key, self.s.lease, seq, results, inline)
+        inline = None if self.session.shm else self.arena
+        return result_frames(self.session.key, self.session.lease, seq, results, inline)
 
     def fail(self, exc: _Fatal) -> None:
         """Answer a fatal defect with ERROR (best effort); the connection then ends."""
         self.stats.error(exc.code)
         with contextlib.suppress(OSError, FrameError):
-            self.send([error_frame(self.s.lease, exc.seq, exc.code, exc.message, self.s.key)])
+            self.send(
+                [error_frame(self.session.lease, exc.seq, exc.code, exc.message, self.session.key)]
+            )
 
 
 def _report(conn: Connection, stats: Stats) -> Stats:
@@ -407,18 +416,32 @@ def _stop_asked(conn: Connection) -> bool:
         return True
 
 
-def _serve_direct(
-    conn: Connection,
-    arena: Arena,
-    functions: dict[str, Callable[..., Any]],
-    session: Session,
-) -> bool:
+@dataclass(frozen=True)
+class _Worker:
+    """What every lease this worker serves shares: the donor's pipe, the arena, the functions."""
+
+    conn: Connection
+    arena: Arena
+    functions: dict[str, Callable[..., Any]]
+
+    def server(
+        self,
+        reader: _Source,
+        send: Callable[[Sequence[Frame]], None],
+        session: Session,
+        ring: Ring | None = None,
+    ) -> DirectServer:
+        return DirectServer(reader, send, self.arena, self.functions, session, ring)
+
+
+def _serve_direct(worker: _Worker, session: Session) -> bool:
     """Serve the handed-over connection; True if the donor asked to stop meanwhile."""
+    conn = worker.conn
     fd = reduction.recv_handle(conn)
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
     reader = Reader(sock)
-    server = DirectServer(reader, lambda frames: send_all(sock, frames), arena, functions, session)
+    server = worker.server(reader, lambda frames: send_all(sock, frames), session)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(conn.fileno(), select.POLLIN)
@@ -454,23 +477,19 @@ def _serve_direct(
     return stop
 
 
-def _serve_ring(
-    conn: Connection,
-    arena: Arena,
-    functions: dict[str, Callable[..., Any]],
-    session: Session,
-) -> None:
+def _serve_ring(worker: _Worker, session: Session) -> None:
     """Serve the lease's request ring until the donor says stop (None on the pipe).
 
     A defect in the ring is reported to the donor as ``("fatal", code, message, seq)``
     (it answers on the control channel and ends the lease); the worker then serves no
     more requests."""
-    ring = Ring(arena, session.credits, "worker")
+    conn = worker.conn
+    ring = Ring(worker.arena, session.credits, "worker")
 
     def send(frames: Sequence[Frame]) -> None:
         ring.post(b"".join(pieces(frames)))
 
-    server = DirectServer(_NoStream(), send, arena, functions, session, ring)
+    server = worker.server(_NoStream(), send, session, ring)
     pipe = conn.fileno()
     serving = True
     last = time.monotonic()
@@ -507,6 +526,7 @@ def main(
     gpu = backends.from_env()  # on the node's GPU where there is one (per function)
     for name, path in allow.items():
         functions[name] = backends.place(path, resolve(path), gpu)
+    worker = _Worker(conn, arena, functions)
     conn.send(("ready",))
     while True:
         try:
@@ -516,10 +536,10 @@ def main(
         if msg is None:
             break
         if msg[0] == "ring":
-            _serve_ring(conn, arena, functions, msg[1])
+            _serve_ring(worker, msg[1])
             break
         if msg[0] == "serve":
-            stopped = _serve_direct(conn, arena, functions, msg[1])
+            stopped = _serve_direct(worker, msg[1])
             if stopped:
                 break
             conn.send(("closed",))
