@@ -16,40 +16,31 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.slices import LendPolicy
 
+from composable_dra.cli import Flags, env_flag
 from composable_dra.remote_leases import add_client_arguments
 
 DRIVER = "gpu.composable.dra.io"
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
-
-
-# Long because it declares every flag of the plugin, grouped; it decides nothing.
+# Long because it declares every flag of the plugin, grouped; it decides nothing. A flag
+# named --x-y defaults to the environment variable X_Y (composable_dra.cli.env_flag).
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-name",
-        default=_env("NODE_NAME"),
-        required=_env("NODE_NAME") is None,
+        default=os.environ.get("NODE_NAME"),
+        required=os.environ.get("NODE_NAME") is None,
         help="this node (env NODE_NAME)",
     )
-    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="in-cluster when unset")
-    p.add_argument("--driver-name", default=_env("DRIVER_NAME", DRIVER))
-    p.add_argument(
-        "--plugins-registry-dir",
-        type=Path,
-        default=Path(_env("PLUGINS_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry") or ""),
-    )
-    p.add_argument(
-        "--plugins-dir",
-        type=Path,
-        default=Path(_env("PLUGINS_DIR", "/var/lib/kubelet/plugins") or ""),
-    )
-    p.add_argument("--cdi-dir", type=Path, default=Path(_env("CDI_DIR", "/var/run/cdi") or ""))
-    p.add_argument(
+    env_flag(p, "--kubeconfig", help="in-cluster when unset")
+    env_flag(p, "--driver-name", DRIVER)
+    env_flag(p, "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry", type=Path)
+    env_flag(p, "--plugins-dir", "/var/lib/kubelet/plugins", type=Path)
+    env_flag(p, "--cdi-dir", "/var/run/cdi", type=Path)
+    env_flag(
+        p,
         "--state-dir",
+        "/var/lib/composable-dra/plugin",
         type=Path,
-        default=Path(_env("STATE_DIR", "/var/lib/composable-dra/plugin") or ""),
         help="where the checkpoint lives",
     )
     p.add_argument(
@@ -58,38 +49,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=Path("/proc/sys/kernel/random/boot_id"),
         help="a new boot id invalidates the checkpoint",
     )
-    p.add_argument(
-        "--device-source",
-        choices=["static", "redfish", "nvml"],
-        default=_env("DEVICE_SOURCE", "nvml"),
-    )
-    p.add_argument("--static-file", type=Path, default=_env("STATIC_FILE"))
-    p.add_argument("--redfish-endpoint", default=_env("REDFISH_ENDPOINT"))
-    p.add_argument(
+    env_flag(p, "--device-source", "nvml", choices=["static", "redfish", "nvml"])
+    env_flag(p, "--static-file", type=Path)
+    env_flag(p, "--redfish-endpoint")
+    env_flag(
+        p,
         "--redfish-credentials-file",
         type=Path,
-        default=_env("REDFISH_CREDENTIALS_FILE"),
         help="YAML with username and password (else env REDFISH_USERNAME/REDFISH_PASSWORD)",
     )
-    p.add_argument("--redfish-ca-file", type=Path, default=_env("REDFISH_CA_FILE"))
+    env_flag(p, "--redfish-ca-file", type=Path)
     p.add_argument(
         "--poll-interval",
         type=float,
         default=None,
         help="seconds between device source reads (default: per source)",
     )
-    p.add_argument(
-        "--metrics-port", type=int, default=int(_env("METRICS_PORT", "0") or 0), help="0: off"
-    )
-    p.add_argument(
+    env_flag(p, "--metrics-port", "0", type=int, help="0: off")
+    env_flag(
+        p,
         "--health-port",
+        "0",
         type=int,
-        default=int(_env("HEALTH_PORT", "0") or 0),
         help="gRPC health on TCP as well (0: only on the service socket)",
     )
-    p.add_argument(
+    env_flag(
+        p,
         "--host-rescan-command",
-        default=_env("HOST_RESCAN_COMMAND"),
         help="run before looking for a device the fabric just attached, e.g. "
         "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
     )
@@ -100,36 +86,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lend.add_argument(
         "--lend",
         action="store_true",
-        default=(_env("LEND", "") or "").lower() in {"1", "true", "yes"},
+        default=os.environ.get("LEND", "").lower() in {"1", "true", "yes"},
         help="lend this node's published GPUs (env LEND=true)",
     )
-    lend.add_argument(
+    env_flag(
+        lend,
         "--network-domain",
-        default=_env("NETWORK_DOMAIN"),
         help="this node's network domain (env NETWORK_DOMAIN; default: the node's label "
         "composable.dra.io/network-domain)",
     )
-    lend.add_argument(
+    env_flag(
+        lend,
         "--link-gbps",
         type=int,
-        default=_env("LINK_GBPS"),
         help="the donor link's speed in Gbit/s (env LINK_GBPS; required with --lend)",
     )
-    lend.add_argument(
+    env_flag(
+        lend,
         "--max-leases",
         type=int,
-        default=_env("MAX_LEASES"),
         help="concurrent leases the link carries before it congests, its knee "
         "(env MAX_LEASES; required with --lend)",
     )
-    lend.add_argument(
+    env_flag(
+        lend,
         "--lend-transports",
-        default=_env("LEND_TRANSPORTS", "tcp"),
+        "tcp",
         help="comma-separated: tcp, ucx (env LEND_TRANSPORTS; default tcp)",
     )
-    lend.add_argument(
+    env_flag(
+        lend,
         "--borrowers",
-        default=_env("BORROWERS", ""),
+        "",
         help="node labels key=value[,key=value] a borrower must have (env BORROWERS; "
         "default: every other node in the same network domain)",
     )
@@ -143,11 +131,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_rolling_update_arguments(p)
 
 
-def _add_lend_status_arguments(lend: Any) -> None:
-    lend.add_argument(
+def _add_lend_status_arguments(lend: Flags) -> None:
+    env_flag(
+        lend,
         "--donor-status-interval",
+        "5",
         type=float,
-        default=float(_env("DONOR_STATUS_INTERVAL", "5") or 5),
         help="seconds between reads of this node's donor status (link load, SLO lease "
         "capacity; needs --lease-service-account; 0: off; env DONOR_STATUS_INTERVAL)",
     )
@@ -167,9 +156,11 @@ def _add_lend_status_arguments(lend: Any) -> None:
 
 
 def _add_rolling_update_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    env_flag(
+        p,
         "--rolling-update-uid",
-        default=_env("POD_UID", "") or "",
+        "",
+        env="POD_UID",
         help="this plugin pod's UID (env POD_UID, from the downward API): sockets named with"
         " it let an old and a new instance run side by side during a DaemonSet rolling update"
         " (needs kubelet 1.33 or later); empty: fixed socket names",

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,39 @@ def test_without_the_remote_extra_the_donor_says_what_to_install(
     assert exc.value.code == 0
     with pytest.raises(ModuleNotFoundError, match="composable-dra\\[remote\\]"):
         importlib.import_module("remote_gpu.client")
+
+
+def _env_flag_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    cli.env_flag(p, "--state-dir", "/default", type=Path)
+    cli.env_flag(p, "--link-gbps", type=int)
+    cli.env_flag(p, "--uid", "", env="POD_UID")
+    return p
+
+
+def test_env_flag_reads_the_variable_named_like_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIR", "/from-env")
+    monkeypatch.setenv("LINK_GBPS", "25")
+    monkeypatch.setenv("POD_UID", "abc")
+    args = _env_flag_parser().parse_args([])
+    assert (args.state_dir, args.link_gbps, args.uid) == (Path("/from-env"), 25, "abc")
+    # The flag wins over the environment.
+    assert _env_flag_parser().parse_args(["--link-gbps=7"]).link_gbps == 7
+
+
+def test_env_flag_empty_or_unset_gives_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIR", "")
+    monkeypatch.delenv("LINK_GBPS", raising=False)
+    monkeypatch.delenv("POD_UID", raising=False)
+    args = _env_flag_parser().parse_args([])
+    assert (args.state_dir, args.link_gbps, args.uid) == (Path("/default"), None, "")
+
+
+def test_env_flag_bad_variable_fails_like_a_bad_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LINK_GBPS", "fast")
+    with pytest.raises(SystemExit) as exc:
+        _env_flag_parser().parse_args([])
+    assert exc.value.code == 2
+    assert "--link-gbps" in capsys.readouterr().err
