@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.slices import LendPolicy
 
+from composable_dra import names
 from composable_dra.cli import Flags, env_flag
 from composable_dra.remote_leases import add_client_arguments
 
-DRIVER = "gpu.composable.dra.io"
+DRIVER = names.DRIVER
 
 
 # Long because it declares every flag of the plugin, grouped; it decides nothing. A flag

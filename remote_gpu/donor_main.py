@@ -9,6 +9,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from composable_dra import names
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", required=True, help="donor name the lease tokens must carry")
@@ -97,7 +99,7 @@ def _add_lease_api_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--node-name", help="the donor's node, its pool's name (default: --name)")
     g.add_argument("--advertise", metavar="HOST:PORT", help="the data endpoint leases name")
     g.add_argument("--kubeconfig", help="for TokenReviews and claim reads (default: in-cluster)")
-    g.add_argument("--driver-name", default="gpu.composable.dra.io")
+    g.add_argument("--driver-name", default=names.DRIVER)
     g.add_argument(
         "--lease-controller-sa",
         metavar="NAMESPACE/NAME",

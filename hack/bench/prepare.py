@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 from api.dra.v1 import api_pb2 as v1  # noqa: E402
 from api.dra.v1 import api_pb2_grpc as v1_grpc  # noqa: E402
+from composable_dra import names  # noqa: E402
 from composable_dra.kube import Conflict, Kube, path  # noqa: E402
 from dra_driver.grpc_server import service_socket  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
@@ -38,7 +39,7 @@ from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
-DRIVER = "gpu.composable.dra.io"
+DRIVER = names.DRIVER
 NAMESPACE = "bench"
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from composable_dra import names
 from composable_dra.kube import JSON
 
-DRIVER = "gpu.composable.dra.io"
-DEVICE_CLASS = "composable-gpu"
+DRIVER = names.DRIVER
+DEVICE_CLASS = names.DEVICE_CLASS
 REMOTE = f'device.attributes["{DRIVER}"].attachment == "remote"'
 
 
