@@ -43,8 +43,9 @@ CODES = {
 
 @dataclass(frozen=True)
 class Condition:
+    """``{"column", "operator": "eq", "value"}``: eq is the one operator, so it is not kept."""
+
     column: str
-    operator: str
     value: str
 
 
@@ -113,7 +114,7 @@ def _condition(raw: Any) -> Condition:
     op = _field(raw, "operator", str, "condition")
     if op != "eq":
         raise _bad(f"operator {op!r} is not supported (only eq)")
-    return Condition(col, op, _field(raw, "value", str, "condition"))
+    return Condition(col, _field(raw, "value", str, "condition"))
 
 
 def parse_add(body: Any, tenant: str, machine: str) -> AddSpec:

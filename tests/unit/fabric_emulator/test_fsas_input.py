@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,16 @@ def test_condition_queries_parse_or_refuse(raw: str | None) -> None:
     except api.FsasError as err:
         assert err.status == 400
     else:
-        assert cond.operator == "eq"
+        sent = json.loads(raw or "")  # only eq is accepted
+        assert sent["operator"] == "eq" and cond == api.Condition(sent["column"], sent["value"])
+
+
+def test_a_condition_query_is_eq_only() -> None:
+    cond = api.parse_condition_query('{"column": "model", "operator": "eq", "value": "A100"}')
+    assert cond == api.Condition("model", "A100")
+    with pytest.raises(api.FsasError) as err:
+        api.parse_condition_query('{"column": "model", "operator": "ne", "value": "A100"}')
+    assert err.value.status == 400 and "only eq" in err.value.message
 
 
 def test_a_valid_attach_body_parses() -> None:
