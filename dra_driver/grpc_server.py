@@ -174,6 +174,10 @@ def _bind_unix(server: grpc.Server, path: Path) -> None:
         raise OSError(f"cannot listen on {path}")
 
 
+# Threads that answer the kubelet's DRA and health calls on the service socket.
+_SERVICE_WORKERS = 8
+
+
 class PluginServer:
     """Both gRPC servers of the plugin; start() binds, stop() unbinds and removes sockets."""
 
@@ -183,8 +187,8 @@ class PluginServer:
         driver: str,
         plugins_registry_dir: Path,
         plugins_dir: Path,
+        *,
         health_port: int = 0,
-        workers: int = 8,
         rolling_update_uid: str = "",
     ) -> None:
         self.registration_path = registration_socket(
@@ -193,7 +197,7 @@ class PluginServer:
         self.service_path = service_socket(plugins_dir, driver, rolling_update_uid)
         self.registration = RegistrationServicer(driver, self.service_path)
         self.health = health.HealthServicer()
-        self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+        self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=_SERVICE_WORKERS))
         v1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1), self._service)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1beta1), self._service)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._service)
