@@ -217,29 +217,31 @@ def run_admission(
     }
 
 
+# The Scenario fields a flag sets, with the flag's help.
+_SCENARIO_FLAGS = {
+    "jobs": None,
+    "machines": None,
+    "seed": None,
+    "background_share": "share of arrivals that are network-heavy CPU-only jobs (the paper's "
+    "has none)",
+    "colo": "slowdown per busy GPU",
+    "tolerance": "QoS tolerance",
+    "duration_scale": "multiply every job's run time",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=4096)
-    p.add_argument("--machines", type=int, default=128)
-    p.add_argument("--seed", type=int, default=1)
+    for name, help_text in _SCENARIO_FLAGS.items():
+        default = getattr(Scenario, name)  # one owner for each default: the Scenario
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=type(default), default=default, help=help_text)
     p.add_argument("--donors", type=int, default=32)
     p.add_argument("--apps", type=int, default=1000)
-    p.add_argument(
-        "--background-share",
-        type=float,
-        default=0.0,
-        help="share of arrivals that are network-heavy CPU-only jobs (the paper's has none)",
-    )
-    p.add_argument("--colo", type=float, default=COLO, help="slowdown per busy GPU")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE, help="QoS tolerance")
-    p.add_argument(
-        "--duration-scale", type=float, default=1.0, help="multiply every job's run time"
-    )
     p.add_argument("--busy-at", type=float, help="link load that taints a donor (derived)")
     p.add_argument("--clear-at", type=float, help="link load that clears it (derived)")
     args = p.parse_args(argv)
-    given = ("jobs", "machines", "seed", "background_share", "colo", "tolerance", "duration_scale")
-    scenario = Scenario(**{name: getattr(args, name) for name in given})
+    scenario = Scenario(**{name: getattr(args, name) for name in _SCENARIO_FLAGS})
     derived = na_rule(_mix(), args.tolerance)
     rule = netaware.LinkBusyRule(
         busy_at=derived.busy_at if args.busy_at is None else args.busy_at,
