@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, path
 from fabric_emulator import topology as emulator_topology
@@ -41,15 +42,15 @@ from hack.localcluster.controlplane import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
+from hack.localcluster.objects import HOSTNAME, RESOURCE, create_claim, pod_body
 from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.wait import wait_for
 
-RESOURCE = "resource.k8s.io/v1"
-CR_API = "composable.dra.io/v1alpha1"
-HOSTNAME = "kubernetes.io/hostname"
+CR_API = API_VERSION
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 _CLAIM_PLURALS = {
     "ResourceClaim": "resourceclaims",
     "ResourceClaimTemplate": "resourceclaimtemplates",
@@ -387,20 +388,20 @@ class Suite:
     # -- workload -----------------------------------------------------------------------
 
     def create_claim(self, namespace: str, name: str, local_first: bool = True) -> JSON:
-        if local_first:
-            request: JSON = {
-                "name": "gpu",
-                "firstAvailable": [
-                    {
-                        "name": "local",
-                        "deviceClassName": names.DEVICE_CLASS,
-                        "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
-                    },
-                    {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
-                ],
-            }
-        else:
-            request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
+        """A claim for one GPU: a local one if the node has one free, else from the pool."""
+        if not local_first:
+            return create_claim(self.kube, namespace, name)
+        request: JSON = {
+            "name": "gpu",
+            "firstAvailable": [
+                {
+                    "name": "local",
+                    "deviceClassName": names.DEVICE_CLASS,
+                    "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                },
+                {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
+            ],
+        }
         return self.kube.create(
             path(RESOURCE, "resourceclaims", namespace=namespace),
             {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}},
@@ -420,23 +421,10 @@ class Suite:
         claim_name = claim or name
         if claim is None:
             self.create_claim(namespace, claim_name, local_first)
-        spec: JSON = {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "terminationGracePeriodSeconds": 0,
-        }
-        if node:
-            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-        meta: JSON = {"name": name}
+        pod = pod_body(name, claim_name, node=node or None, image=PAUSE_IMAGE)
+        pod["spec"]["terminationGracePeriodSeconds"] = 0
         if run_seconds is not None:
-            meta["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
-        pod: JSON = {"metadata": meta, "spec": spec}
+            pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
         real = next((r for r in self.real_nodes.values() if r.name == node), None)
         if real is not None:
             # A real container: it prints its environment (the CDI edits) and waits.

@@ -22,8 +22,8 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
-from hack.localcluster.harness import RESOURCE, Suite
-from hack.localcluster.objects import create_resource
+from hack.localcluster.harness import Suite
+from hack.localcluster.objects import RESOURCE, create_resource
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 from tests.e2e.realnodes import describe_nodes, plugin_of, suite_pod

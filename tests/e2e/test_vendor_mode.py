@@ -29,7 +29,8 @@ from composable_dra import names
 from composable_dra.kube import Conflict, path
 from composable_dra.names import normalize_uuid
 from hack.localcluster import vendor_plugin
-from hack.localcluster.harness import CR_API, RESOURCE, Suite
+from hack.localcluster.harness import CR_API, Suite
+from hack.localcluster.objects import RESOURCE
 from hack.localcluster.realnode import RealNode
 from hack.localcluster.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
 from hack.localcluster.wait import wait_for
