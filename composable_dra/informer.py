@@ -10,17 +10,22 @@ Every change calls ``on_change`` (the controllers use it to wake their reconcile
 ``on_event(type, obj)`` hears of each object that was added, modified or deleted, a relist's
 differences included (work queues keyed by object use it). Controllers read the cache
 instead of listing on every pass; benches and tests wait on it with ``wait_for``.
+
+Readers get the cached objects themselves, not copies: the watch replaces an object, never
+changes it, and each is stored frozen (composable_dra/frozen.py: a change raises
+``ReadOnlyError``; ``copy.deepcopy`` gives a changeable copy). ``metadata.managedFields``
+is dropped on the way in (no reader needs it; it is a large share of each object).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from composable_dra import logs, retry
+from composable_dra.frozen import FrozenDict, freeze
 from composable_dra.kube import JSON, Gone, Kube, NotFound
 
 log = logs.get(__name__)
@@ -33,6 +38,15 @@ def object_key(obj: JSON) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def cached_form(obj: JSON) -> JSON:
+    """What the cache keeps of ``obj``: frozen, without ``metadata.managedFields``."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    frozen: FrozenDict = freeze(obj)
+    return frozen
 
 
 def _rv(obj: JSON) -> str:
@@ -89,18 +103,18 @@ class Informer:
             self._lock.notify_all()
 
     def items(self) -> list[JSON]:
-        """A snapshot of the cached objects (copies: callers may keep or change them)."""
+        """The cached objects now, read-only (``copy.deepcopy`` one to change it)."""
         with self._lock:
-            return [copy.deepcopy(o) for o in self._items.values()]
+            return list(self._items.values())
 
     def cached_keys(self) -> list[str]:
         with self._lock:
             return list(self._items)
 
     def get(self, key: str) -> JSON | None:
+        """The cached object at ``key`` (read-only), or None."""
         with self._lock:
-            obj = self._items.get(key)
-            return copy.deepcopy(obj) if obj is not None else None
+            return self._items.get(key)
 
     def wait_for(self, predicate: Callable[[list[JSON]], T], timeout: float) -> T:
         """The first truthy ``predicate(items)``, checked on every change of the cache.
@@ -110,7 +124,7 @@ class Informer:
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                answer = predicate([copy.deepcopy(o) for o in self._items.values()])
+                answer = predicate(list(self._items.values()))
                 if answer:
                     return answer
                 left = deadline - time.monotonic()
@@ -122,7 +136,7 @@ class Informer:
 
     def replace(self, items: list[JSON]) -> None:
         """Make the cache ``items``, as a relist does: events for the differences."""
-        fresh = {object_key(o): o for o in items}
+        fresh = {object_key(o): cached_form(o) for o in items}
         with self._lock:
             old, self._items = self._items, fresh
             self._lock.notify_all()
@@ -141,6 +155,7 @@ class Informer:
 
     def _apply(self, kind: str, obj: JSON) -> None:
         key = object_key(obj)
+        obj = cached_form(obj)
         with self._lock:
             if kind == "DELETED":
                 self._items.pop(key, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import threading
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from composable_dra.frozen import ReadOnlyError
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Gone, NotFound
 
@@ -146,3 +148,48 @@ def test_wait_for_wakes_on_a_change_from_another_thread() -> None:
     inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
     threading.Timer(0.1, inf.replace, args=([pod("a", "1")],)).start()
     assert inf.wait_for(lambda items: names(items) == ["a"], 5)
+
+
+def test_readers_share_the_cached_objects_and_nothing_is_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A copy per read made every controller pass O(cluster) (docs/attach-flow.md, Scale).
+    inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
+    inf.replace([pod(f"p{i}", str(i)) for i in range(50)])
+    copies: list[object] = []
+    real = copy.deepcopy
+
+    def spy(obj: object, *args: Any) -> object:
+        copies.append(obj)
+        return real(obj, *args)
+
+    monkeypatch.setattr(copy, "deepcopy", spy)
+    first, again = inf.items(), inf.items()
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert inf.get("ns/p3") is inf.get("ns/p3")
+    assert inf.wait_for(lambda items: items[0] is first[0], 1)
+    assert copies == []
+
+
+def test_cached_objects_are_read_only_and_a_deep_copy_may_change() -> None:
+    inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
+    inf.replace([pod("a", "1", containers=[{"name": "c"}])])
+    cached = inf.get("ns/a")
+    assert cached is not None
+    with pytest.raises(ReadOnlyError):
+        cached["spec"]["containers"][0]["name"] = "other"
+    with pytest.raises(ReadOnlyError):
+        cached["metadata"].setdefault("labels", {})
+    mine = copy.deepcopy(cached)
+    mine["spec"]["containers"].append({"name": "d"})
+    assert inf.get("ns/a") == pod("a", "1", containers=[{"name": "c"}])
+
+
+def test_managed_fields_are_not_cached() -> None:
+    kube = FakeKube([])
+    with started(kube) as (inf, _):
+        obj = pod("a", "11")
+        obj["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+        kube.events.put({"type": "ADDED", "object": obj})
+        inf.wait_for(lambda items: names(items) == ["a"], 5)
+        assert inf.get("ns/a") == pod("a", "11")
