@@ -377,15 +377,53 @@ def same_slice(desired: JSON, observed: JSON) -> bool:
     return _norm_slice(desired) == _norm_slice(observed)
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """A pool found as desired: its spec, generation and slices (name, resourceVersion).
+
+    While neither the spec nor any of those slices changes, the next plan trusts it
+    without comparing 4,000 devices again on every pass (docs/attach-flow.md, Scale).
+    """
+
+    spec: PoolSpec
+    generation: int
+    slices: frozenset[tuple[str, str]]
+
+
 @dataclass
 class PoolPlan:
     apply: list[JSON] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     generations: dict[str, int] = field(default_factory=dict)  # pool -> generation now
+    in_place: dict[str, InPlace] = field(default_factory=dict)  # pools found as desired
 
     @property
     def empty(self) -> bool:
         return not self.apply and not self.delete
+
+
+def slice_versions(observed: Iterable[JSON]) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        (str(o["metadata"]["name"]), str(o["metadata"].get("resourceVersion") or ""))
+        for o in observed
+    )
+
+
+def still_in_place(
+    known: InPlace | None, spec: PoolSpec, versions: frozenset[tuple[str, str]], last: int
+) -> InPlace | None:
+    """``known`` if the pool found as desired before is so still: the same spec, the very
+    slices seen then (every one with a resourceVersion), no newer generation written since."""
+    if (
+        known is not None
+        and versions
+        and all(rv for _, rv in versions)
+        and known.slices == versions
+        and last <= known.generation
+        and known.spec == spec
+    ):
+        return known
+    return None
 
 
 def plan_pools(
@@ -394,14 +432,16 @@ def plan_pools(
     driver: str,
     last_generations: Mapping[str, int] | None = None,
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
+    in_place: Mapping[str, InPlace] | None = None,
 ) -> PoolPlan:
     """Slices to apply and delete so the observed pools become the desired ones.
 
     A changed pool is rewritten whole at a generation above any seen, so no consumer mixes
     two generations of it; an unchanged pool is left alone; a pool no longer desired has its
-    slices deleted.
+    slices deleted. ``in_place``: the last plan's ``in_place``.
     """
     last = dict(last_generations or {})
+    known_in_place = in_place or {}
     by_pool: dict[str, list[JSON]] = {}
     for obj in observed:
         by_pool.setdefault(str(((obj.get("spec") or {}).get("pool") or {}).get("name")), []).append(
@@ -410,6 +450,12 @@ def plan_pools(
     plan = PoolPlan()
     for pool, spec in sorted(desired.items()):
         seen = {o["metadata"]["name"]: o for o in by_pool.get(pool, [])}
+        versions = slice_versions(seen.values())
+        known = still_in_place(known_in_place.get(pool), spec, versions, last.get(pool, 0))
+        if known is not None:
+            plan.generations[pool] = known.generation
+            plan.in_place[pool] = known
+            continue
         current = max(
             [
                 last.get(pool, 0),
@@ -424,6 +470,7 @@ def plan_pools(
             and all(same_slice(s, seen[s["metadata"]["name"]]) for s in at_current)
         ):
             plan.generations[pool] = current
+            plan.in_place[pool] = InPlace(spec, current, versions)
             continue
         generation = current + 1
         plan.apply.extend(pool_slices(spec, generation, driver, max_per_slice))
@@ -490,6 +537,7 @@ class PoolPublisher(InformerDriven):
         self._lock = threading.Lock()
         self._inventories: dict[str, tuple[Inventory, float]] = {}
         self._generations: dict[str, int] = {}
+        self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
         self.node_informer = Informer(kube, path("v1", "nodes"), wake)
@@ -620,6 +668,7 @@ class PoolPublisher(InformerDriven):
             self.driver,
             self._generations,
             self.max_per_slice,
+            self._in_place,
         )
         for obj in plan.apply:
             self.kube.apply(
@@ -627,7 +676,7 @@ class PoolPublisher(InformerDriven):
             )
         for name in plan.delete:
             self.kube.delete(path(RESOURCE_API, "resourceslices", name))
-        self._generations = plan.generations
+        self._generations, self._in_place = plan.generations, plan.in_place
         POOL_FREE_DEVICES.clear()
         for (fabric_name, zone, model), count in free_by_model(desired.values()).items():
             POOL_FREE_DEVICES.labels(fabric_name, zone, model).set(count)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from api.v1alpha1 import NodeMapping
 from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
+from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,
     attachment_states,
@@ -290,3 +293,37 @@ def test_host_nodes_maps_every_node_in_one_pass_over_the_hosts() -> None:
     mapped = host_nodes(nodes, NodeMapping(), inv)
     assert mapped == {f"h{i}": [f"n{i}"] for i in range(200)}
     assert hosts.passes <= 1
+
+
+def test_a_pool_found_in_place_is_not_compared_again_until_it_or_its_slices_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Comparing every pool's 4,000 devices on every pass was the publisher's steady cost.
+    compared: list[str] = []
+    real = publish.same_slice
+
+    def spy(desired: dict[str, Any], observed: dict[str, Any]) -> bool:
+        compared.append(desired["spec"]["pool"]["name"])
+        return real(desired, observed)
+
+    monkeypatch.setattr(publish, "same_slice", spy)
+    pools = desired_pools(view(inventory()), set())
+    observed = served(plan_pools(pools, [], DRIVER).apply)
+    found = plan_pools(pools, observed, DRIVER, {p: 1 for p in pools})
+    assert found.empty and set(found.in_place) == set(pools) and compared
+    compared.clear()
+    again = plan_pools(pools, observed, DRIVER, found.generations, in_place=found.in_place)
+    assert again.empty and again.generations == found.generations and compared == []
+    # Someone else rewrote a zone-2 slice: that pool is compared (and put back) again.
+    touched = copy.deepcopy(observed)
+    zone2 = next(o for o in touched if o["spec"]["pool"]["name"] == "fab/zone-2")
+    zone2["metadata"]["resourceVersion"] = "8"
+    zone2["spec"]["devices"] = []
+    plan = plan_pools(pools, touched, DRIVER, again.generations, in_place=again.in_place)
+    assert compared == ["fab/zone-2"]
+    assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-2"}
+    assert "fab/zone-2" not in plan.in_place and "fab/zone-1" in plan.in_place
+    # A changed spec is planned whatever was in place.
+    changed = desired_pools(view(inventory({"gpu-2": "attached"})), set())
+    plan = plan_pools(changed, observed, DRIVER, again.generations, in_place=again.in_place)
+    assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-1"}
