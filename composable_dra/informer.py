@@ -2,9 +2,12 @@
 
 The suite's one way to watch cluster state (docs/architecture.md, Rules for the Kubernetes
 API). List, then watch from the list's resourceVersion with bookmarks; a watch that ends
-resumes from the last resourceVersion seen; on 410 Gone relist at once, on any other
-failure relist after the retry policy's wait (composable_dra/retry.py) and replace the
-cache, so a missed event never leaves it stale for long.
+resumes from the last resourceVersion seen; on 410 Gone relist at once. A watch that
+fails otherwise is resumed from there too after the retry policy's wait
+(composable_dra/retry.py): a watch from a version misses nothing (the server answers 410
+when it would). Only when the resumed watch fails as well is the collection listed again
+and the cache replaced. So after the first list, a full LIST is rare: a 410, or two
+failed watches in a row.
 
 Every change calls ``on_change`` (the controllers use it to wake their reconcile loop);
 ``on_event(type, obj)`` hears of each object that was added, modified or deleted, a relist's
@@ -59,7 +62,8 @@ class Informer:
     ``query``: the list's and watch's parameters (``fieldSelector``, ``labelSelector``).
     ``missing_ok``: a resource the server does not serve (404: no CRD) counts as an empty,
     synced list, asked again after the retry policy's wait. ``retry_cap``: the longest
-    wait between failed rounds, seconds.
+    wait between failed rounds, seconds. ``keep``: the part of each object worth caching
+    (the fields its readers use), for large collections.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class Informer:
         watch_timeout: int = 240,
         retry_cap: float = 5.0,
         missing_ok: bool = False,
+        keep: Callable[[JSON], JSON] | None = None,
         **query: Any,
     ) -> None:
         self._kube = kube
@@ -83,6 +88,8 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._retry_cap = retry_cap
         self._missing_ok = missing_ok
+        self._keep = keep
+        self._watch_failed = False  # the last round's watch failed: resumed once, then relist
         self.name = name or url_path.rsplit("/", 1)[-1]
         self._lock = threading.Condition()
         self._items: dict[str, JSON] = {}
@@ -136,7 +143,7 @@ class Informer:
 
     def replace(self, items: list[JSON]) -> None:
         """Make the cache ``items``, as a relist does: events for the differences."""
-        fresh = {object_key(o): cached_form(o) for o in items}
+        fresh = {object_key(o): self._cached(o) for o in items}
         with self._lock:
             old, self._items = self._items, fresh
             self._lock.notify_all()
@@ -153,9 +160,12 @@ class Informer:
                     self._on_event("DELETED", obj)
         self._on_change()
 
+    def _cached(self, obj: JSON) -> JSON:
+        return cached_form(self._keep(obj) if self._keep is not None else obj)
+
     def _apply(self, kind: str, obj: JSON) -> None:
         key = object_key(obj)
-        obj = cached_form(obj)
+        obj = self._cached(obj)
         with self._lock:
             if kind == "DELETED":
                 self._items.pop(key, None)
@@ -188,14 +198,19 @@ class Informer:
                 if self._stop.is_set():
                     return
                 obj = event.get("object") or {}
-                self._rv = _rv(obj) or self._rv
                 kind = str(event.get("type"))
                 if kind != "BOOKMARK":
                     self._apply(kind, obj)
+                # Only once applied: a watch resumed after a failure gets it again.
+                self._rv = _rv(obj) or self._rv
+                self._watch_failed = False
+            self._watch_failed = False
         except Gone:
             self._rv = ""  # too old: relist now
         except Exception:
-            self._rv = ""
+            if self._watch_failed:
+                self._rv = ""  # resumed and failed again: relist
+            self._watch_failed = bool(self._rv)
             raise
 
     def _log_failure(self, exc: BaseException, retry_in: float) -> None:
@@ -203,7 +218,11 @@ class Informer:
             log.info("resource not served; asking again", resource=self.name, retry_in=retry_in)
         else:
             log.warning(
-                "watch failed; relisting", resource=self.name, error=str(exc), retry_in=retry_in
+                "watch failed",
+                resource=self.name,
+                error=str(exc),
+                retry_in=retry_in,
+                then="resume" if self._rv else "relist",
             )
 
     def _run(self) -> None:

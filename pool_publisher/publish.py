@@ -497,6 +497,34 @@ def host_nodes(
     return out
 
 
+def _identity(meta: JSON, *more: str) -> JSON:
+    keys = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", *more)
+    return {k: meta[k] for k in keys if k in meta}
+
+
+def node_fields(node: JSON) -> JSON:
+    """What the publisher keeps of a Node: what maps it to a fabric host (host_for_node).
+    A real Node's status (images, conditions) is most of its size."""
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    system_uuid = (status.get("nodeInfo") or {}).get("systemUUID")
+    return {
+        "metadata": _identity(meta, "labels", "annotations"),
+        "spec": {k: v for k, v in (node.get("spec") or {}).items() if k == "providerID"},
+        "status": {"nodeInfo": {"systemUUID": system_uuid}} if system_uuid else {},
+    }
+
+
+def claim_fields(claim: JSON) -> JSON:
+    """What the publisher keeps of a ResourceClaim: its allocation's results
+    (live_allocations)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    kept = [{k: r[k] for k in ("driver", "pool", "device") if k in r} for r in results]
+    status = {"allocation": {"devices": {"results": kept}}} if allocation else {}
+    return {"metadata": _identity(claim.get("metadata") or {}), "status": status}
+
+
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
     counts: dict[tuple[str, str, str], int] = {}
     for p in pools:
@@ -540,8 +568,11 @@ class PoolPublisher(InformerDriven):
         self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
-        self.node_informer = Informer(kube, path("v1", "nodes"), wake)
-        self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
+        # Of Nodes and claims (thousands each), only the fields the decisions read.
+        self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_fields)
+        self.claim_informer = Informer(
+            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_fields
+        )
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self._live: set[tuple[str, str]] = set()

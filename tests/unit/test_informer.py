@@ -109,14 +109,21 @@ def test_gone_relists_and_a_relist_tells_only_the_differences() -> None:
         assert seen[2:] == [("ADDED", "c"), ("MODIFIED", "b")]
 
 
-def test_a_failed_watch_is_retried_with_a_relist() -> None:
+def test_a_failed_watch_resumes_and_relists_only_when_the_resumed_one_fails_too() -> None:
     kube = FakeKube([pod("a", "5")])
     with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
+        kube.events.put({"type": "ADDED", "object": pod("b", "11")})
+        kube.events.put(ConnectionError("reset"))
+        kube.events.put({"type": "ADDED", "object": pod("c", "12")})
+        inf.wait_for(lambda items: "c" in names(items), 5)
+        assert kube.watches == ["10", "11"] and len(kube.lists) == 1  # resumed, no list
         kube.items = []
         kube.events.put(ConnectionError("reset"))
+        kube.events.put(ConnectionError("reset again"))  # the resumed watch fails too
         inf.wait_for(lambda items: items == [], 5)
-        assert len(kube.lists) == 2 and seen[-1] == ("DELETED", "a")
+        assert kube.watches == ["10", "11", "12", "10"] and len(kube.lists) == 2
+        assert seen[-3:] == [("DELETED", "a"), ("DELETED", "b"), ("DELETED", "c")]
 
 
 def test_a_resource_not_served_is_an_empty_synced_cache_when_allowed() -> None:
@@ -193,3 +200,12 @@ def test_managed_fields_are_not_cached() -> None:
         kube.events.put({"type": "ADDED", "object": obj})
         inf.wait_for(lambda items: names(items) == ["a"], 5)
         assert inf.get("ns/a") == pod("a", "11")
+
+
+def test_keep_caches_only_the_fields_asked_for() -> None:
+    def keep(obj: JSON) -> JSON:
+        return {"metadata": obj["metadata"]}
+
+    inf = Informer(FakeKube([]), "/api/v1/pods", keep=keep)  # type: ignore[arg-type]
+    inf.replace([pod("a", "1", nodeName="n1")])
+    assert inf.items() == [{"metadata": pod("a", "1")["metadata"]}]

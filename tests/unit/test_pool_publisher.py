@@ -327,3 +327,56 @@ def test_a_pool_found_in_place_is_not_compared_again_until_it_or_its_slices_chan
     changed = desired_pools(view(inventory({"gpu-2": "attached"})), set())
     plan = plan_pools(changed, observed, DRIVER, again.generations, in_place=again.in_place)
     assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-1"}
+
+
+def test_the_kept_fields_of_nodes_and_claims_decide_as_the_whole_objects() -> None:
+    inv = Inventory({f"h{i}": Host(f"h{i}", f"UUID-{i}") for i in range(3)}, {}, {})
+    nodes = [
+        {
+            "metadata": {
+                "name": f"n{i}",
+                "resourceVersion": "4",
+                "annotations": {"fabric/host": f"h{i}", "big": "x" * 100},
+                **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if i == 2 else {}),
+            },
+            "spec": {"providerID": f"cloud://region/h{i}", "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "nodeInfo": {"systemUUID": f"uuid-{i}", "bootID": "b"},
+                "images": [{"names": ["img"], "sizeBytes": 1}],
+            },
+        }
+        for i in range(3)
+    ]
+    nodes.append({"metadata": {"name": "bare"}})
+    kept = [publish.node_fields(n) for n in nodes]
+    assert "images" not in str(kept) and "podCIDR" not in str(kept)
+    for mapping in (
+        NodeMapping(),
+        NodeMapping(by="providerID"),
+        NodeMapping(by="annotation", annotation="fabric/host"),
+    ):
+        assert host_nodes(kept, mapping, inv) == host_nodes(nodes, mapping, inv)
+        assert host_nodes(kept, mapping, inv) == {"h0": ["n0"], "h1": ["n1"]}
+    claims: list[dict[str, Any]] = [
+        {
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "9"},
+            "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1", "x": 1},
+                            {"driver": "other", "pool": "p", "device": "d"},
+                        ]
+                    },
+                    "nodeSelector": {"nodeSelectorTerms": []},
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+            },
+        },
+        {"metadata": {"name": "d", "namespace": "ns"}, "status": {}},
+    ]
+    kept_claims = [publish.claim_fields(c) for c in claims]
+    assert live_allocations(kept_claims, DRIVER) == live_allocations(claims, DRIVER)
+    assert kept_claims[0]["metadata"] == claims[0]["metadata"]
+    assert "reservedFor" not in str(kept_claims) and "nodeSelector" not in str(kept_claims)
