@@ -29,7 +29,13 @@ from prometheus_client import Counter, Gauge
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names, retry
 from composable_dra.fabric.backend import Device, FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node, uuid_index
+from composable_dra.fabric.registry import (
+    FabricConfigError,
+    Fabrics,
+    host_for_node,
+    node_mapping_fields,
+    uuid_index,
+)
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
@@ -497,22 +503,7 @@ def host_nodes(
     return out
 
 
-def _identity(meta: JSON, *more: str) -> JSON:
-    keys = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", *more)
-    return {k: meta[k] for k in keys if k in meta}
-
-
-def node_fields(node: JSON) -> JSON:
-    """What the publisher keeps of a Node: what maps it to a fabric host (host_for_node).
-    A real Node's status (images, conditions) is most of its size."""
-    meta = node.get("metadata") or {}
-    status = node.get("status") or {}
-    system_uuid = (status.get("nodeInfo") or {}).get("systemUUID")
-    return {
-        "metadata": _identity(meta, "labels", "annotations"),
-        "spec": {k: v for k, v in (node.get("spec") or {}).items() if k == "providerID"},
-        "status": {"nodeInfo": {"systemUUID": system_uuid}} if system_uuid else {},
-    }
+IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
 
 
 def claim_fields(claim: JSON) -> JSON:
@@ -522,7 +513,8 @@ def claim_fields(claim: JSON) -> JSON:
     results = (allocation.get("devices") or {}).get("results") or []
     kept = [{k: r[k] for k in ("driver", "pool", "device") if k in r} for r in results]
     status = {"allocation": {"devices": {"results": kept}}} if allocation else {}
-    return {"metadata": _identity(claim.get("metadata") or {}), "status": status}
+    meta = claim.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in IDENTITY if k in meta}, "status": status}
 
 
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
@@ -569,7 +561,7 @@ class PoolPublisher(InformerDriven):
         wake = self._wake.set
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
         # Of Nodes and claims (thousands each), only the fields the decisions read.
-        self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_fields)
+        self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
         self.claim_informer = Informer(
             kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_fields
         )

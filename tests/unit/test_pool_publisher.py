@@ -10,6 +10,7 @@ import pytest
 from api.v1alpha1 import NodeMapping
 from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
+from composable_dra.fabric.registry import node_mapping_fields
 from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,
@@ -348,7 +349,7 @@ def test_the_kept_fields_of_nodes_and_claims_decide_as_the_whole_objects() -> No
         for i in range(3)
     ]
     nodes.append({"metadata": {"name": "bare"}})
-    kept = [publish.node_fields(n) for n in nodes]
+    kept = [node_mapping_fields(n) for n in nodes]
     assert "images" not in str(kept) and "podCIDR" not in str(kept)
     for mapping in (
         NodeMapping(),
