@@ -2,19 +2,26 @@
 
 The suite's one way to watch cluster state (docs/architecture.md, Rules for the Kubernetes
 API). List, then watch from the list's resourceVersion with bookmarks; a watch that ends
-resumes from the last resourceVersion seen; on 410 Gone relist at once, on any other
-failure relist after the retry policy's wait (composable_dra/retry.py) and replace the
-cache, so a missed event never leaves it stale for long.
+resumes from the last resourceVersion seen; on 410 Gone relist at once. A watch that
+fails otherwise is resumed from there too after the retry policy's wait
+(composable_dra/retry.py): a watch from a version misses nothing (the server answers 410
+when it would). Only when the resumed watch fails as well is the collection listed again
+and the cache replaced. So after the first list, a full LIST is rare: a 410, or two
+failed watches in a row.
 
 Every change calls ``on_change`` (the controllers use it to wake their reconcile loop);
 ``on_event(type, obj)`` hears of each object that was added, modified or deleted, a relist's
 differences included (work queues keyed by object use it). Controllers read the cache
 instead of listing on every pass; benches and tests wait on it with ``wait_for``.
+
+Readers get the cached objects themselves, not copies: the watch replaces an object, never
+changes it, and each is stored frozen (composable_dra/frozen.py: a change raises
+``ReadOnlyError``; ``copy.deepcopy`` gives a changeable copy). ``metadata.managedFields``
+is dropped on the way in (no reader needs it; it is a large share of each object).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from composable_dra import logs, retry
+from composable_dra.frozen import FrozenDict, freeze
 from composable_dra.kube import JSON, Gone, Kube, NotFound
 
 log = logs.get(__name__)
@@ -36,6 +44,15 @@ def object_key(obj: JSON) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
+def cached_form(obj: JSON) -> JSON:
+    """What the cache keeps of ``obj``: frozen, without ``metadata.managedFields``."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    frozen: FrozenDict = freeze(obj)
+    return frozen
+
+
 def _rv(obj: JSON) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -46,7 +63,8 @@ class Informer:
     ``query``: the list's and watch's parameters (``fieldSelector``, ``labelSelector``).
     ``missing_ok``: a resource the server does not serve (404: no CRD) counts as an empty,
     synced list, asked again after the retry policy's wait. ``retry_cap``: the longest
-    wait between failed rounds, seconds.
+    wait between failed rounds, seconds. ``keep``: the part of each object worth caching
+    (the fields its readers use), for large collections.
     """
 
     def __init__(
@@ -60,6 +78,7 @@ class Informer:
         watch_timeout: int = 240,
         retry_cap: float = 5.0,
         missing_ok: bool = False,
+        keep: Callable[[JSON], JSON] | None = None,
         **query: Any,
     ) -> None:
         self._kube = kube
@@ -70,6 +89,8 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._retry_cap = retry_cap
         self._missing_ok = missing_ok
+        self._keep = keep
+        self._watch_failed = False  # the last round's watch failed: resumed once, then relist
         self.name = name or url_path.rsplit("/", 1)[-1]
         self._lock = threading.Condition()
         self._items: dict[str, JSON] = {}
@@ -90,18 +111,18 @@ class Informer:
             self._lock.notify_all()
 
     def items(self) -> list[JSON]:
-        """A snapshot of the cached objects (copies: callers may keep or change them)."""
+        """The cached objects now, read-only (``copy.deepcopy`` one to change it)."""
         with self._lock:
-            return [copy.deepcopy(o) for o in self._items.values()]
+            return list(self._items.values())
 
     def cached_keys(self) -> list[str]:
         with self._lock:
             return list(self._items)
 
     def get(self, key: str) -> JSON | None:
+        """The cached object at ``key`` (read-only), or None."""
         with self._lock:
-            obj = self._items.get(key)
-            return copy.deepcopy(obj) if obj is not None else None
+            return self._items.get(key)
 
     def wait_for(self, predicate: Callable[[list[JSON]], T], timeout: float) -> T:
         """The first truthy ``predicate(items)``, checked on every change of the cache.
@@ -111,7 +132,7 @@ class Informer:
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                answer = predicate([copy.deepcopy(o) for o in self._items.values()])
+                answer = predicate(list(self._items.values()))
                 if answer:
                     return answer
                 left = deadline - time.monotonic()
@@ -123,7 +144,7 @@ class Informer:
 
     def replace(self, items: list[JSON]) -> None:
         """Make the cache ``items``, as a relist does: events for the differences."""
-        fresh = {object_key(o): o for o in items}
+        fresh = {object_key(o): self._cached(o) for o in items}
         with self._lock:
             old, self._items = self._items, fresh
             self._lock.notify_all()
@@ -140,8 +161,12 @@ class Informer:
                     self._on_event("DELETED", obj)
         self._on_change()
 
+    def _cached(self, obj: JSON) -> JSON:
+        return cached_form(self._keep(obj) if self._keep is not None else obj)
+
     def _apply(self, kind: str, obj: JSON) -> None:
         key = object_key(obj)
+        obj = self._cached(obj)
         with self._lock:
             if kind == "DELETED":
                 self._items.pop(key, None)
@@ -174,14 +199,19 @@ class Informer:
                 if self._stop.is_set():
                     return
                 obj = event.get("object") or {}
-                self._rv = _rv(obj) or self._rv
                 kind = str(event.get("type"))
                 if kind != "BOOKMARK":
                     self._apply(kind, obj)
+                # Only once applied: a watch resumed after a failure gets it again.
+                self._rv = _rv(obj) or self._rv
+                self._watch_failed = False
+            self._watch_failed = False
         except Gone:
             self._rv = ""  # too old: relist now
         except Exception:
-            self._rv = ""
+            if self._watch_failed:
+                self._rv = ""  # resumed and failed again: relist
+            self._watch_failed = bool(self._rv)
             raise
 
     def _log_failure(self, exc: BaseException, retry_in: float) -> None:
@@ -189,7 +219,11 @@ class Informer:
             log.info("resource not served; asking again", resource=self.name, retry_in=retry_in)
         else:
             log.warning(
-                "watch failed; relisting", resource=self.name, error=str(exc), retry_in=retry_in
+                "watch failed",
+                resource=self.name,
+                error=str(exc),
+                retry_in=retry_in,
+                then="resume" if self._rv else "relist",
             )
 
     def _run(self) -> None:

@@ -29,7 +29,13 @@ from prometheus_client import Counter, Gauge
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node, uuid_index
+from composable_dra.fabric.registry import (
+    FabricConfigError,
+    Fabrics,
+    host_for_node,
+    node_mapping_fields,
+    uuid_index,
+)
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
@@ -370,15 +376,53 @@ def same_slice(desired: JSON, observed: JSON) -> bool:
     return _norm_slice(desired) == _norm_slice(observed)
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """A pool found as desired: its spec, generation and slices (name, resourceVersion).
+
+    While neither the spec nor any of those slices changes, the next plan trusts it
+    without comparing 4,000 devices again on every pass (docs/attach-flow.md, Scale).
+    """
+
+    spec: PoolSpec
+    generation: int
+    slices: frozenset[tuple[str, str]]
+
+
 @dataclass
 class PoolPlan:
     apply: list[JSON] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     generations: dict[str, int] = field(default_factory=dict)  # pool -> generation now
+    in_place: dict[str, InPlace] = field(default_factory=dict)  # pools found as desired
 
     @property
     def empty(self) -> bool:
         return not self.apply and not self.delete
+
+
+def slice_versions(observed: Iterable[JSON]) -> frozenset[tuple[str, str]]:
+    return frozenset(
+        (str(o["metadata"]["name"]), str(o["metadata"].get("resourceVersion") or ""))
+        for o in observed
+    )
+
+
+def still_in_place(
+    known: InPlace | None, spec: PoolSpec, versions: frozenset[tuple[str, str]], last: int
+) -> InPlace | None:
+    """``known`` if the pool found as desired before is so still: the same spec, the very
+    slices seen then (every one with a resourceVersion), no newer generation written since."""
+    if (
+        known is not None
+        and versions
+        and all(rv for _, rv in versions)
+        and known.slices == versions
+        and last <= known.generation
+        and known.spec == spec
+    ):
+        return known
+    return None
 
 
 def plan_pools(
@@ -387,14 +431,16 @@ def plan_pools(
     driver: str,
     last_generations: Mapping[str, int] | None = None,
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
+    in_place: Mapping[str, InPlace] | None = None,
 ) -> PoolPlan:
     """Slices to apply and delete so the observed pools become the desired ones.
 
     A changed pool is rewritten whole at a generation above any seen, so no consumer mixes
     two generations of it; an unchanged pool is left alone; a pool no longer desired has its
-    slices deleted.
+    slices deleted. ``in_place``: the last plan's ``in_place``.
     """
     last = dict(last_generations or {})
+    known_in_place = in_place or {}
     by_pool: dict[str, list[JSON]] = {}
     for obj in observed:
         by_pool.setdefault(str(((obj.get("spec") or {}).get("pool") or {}).get("name")), []).append(
@@ -403,6 +449,12 @@ def plan_pools(
     plan = PoolPlan()
     for pool, spec in sorted(desired.items()):
         seen = {o["metadata"]["name"]: o for o in by_pool.get(pool, [])}
+        versions = slice_versions(seen.values())
+        known = still_in_place(known_in_place.get(pool), spec, versions, last.get(pool, 0))
+        if known is not None:
+            plan.generations[pool] = known.generation
+            plan.in_place[pool] = known
+            continue
         current = max(
             [
                 last.get(pool, 0),
@@ -417,6 +469,7 @@ def plan_pools(
             and all(same_slice(s, seen[s["metadata"]["name"]]) for s in at_current)
         ):
             plan.generations[pool] = current
+            plan.in_place[pool] = InPlace(spec, current, versions)
             continue
         generation = current + 1
         plan.apply.extend(pool_slices(spec, generation, driver, max_per_slice))
@@ -441,6 +494,20 @@ def host_nodes(
         if host:
             out.setdefault(host, []).append(node["metadata"]["name"])
     return out
+
+
+IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+
+
+def claim_fields(claim: JSON) -> JSON:
+    """What the publisher keeps of a ResourceClaim: its allocation's results
+    (live_allocations)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    kept = [{k: r[k] for k in ("driver", "pool", "device") if k in r} for r in results]
+    status = {"allocation": {"devices": {"results": kept}}} if allocation else {}
+    meta = claim.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in IDENTITY if k in meta}, "status": status}
 
 
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
@@ -483,10 +550,14 @@ class PoolPublisher(InformerDriven):
         self._lock = threading.Lock()
         self._inventories: dict[str, tuple[Inventory, float]] = {}
         self._generations: dict[str, int] = {}
+        self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set
         self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
-        self.node_informer = Informer(kube, path("v1", "nodes"), wake)
-        self.claim_informer = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
+        # Of Nodes and claims (thousands each), only the fields the decisions read.
+        self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
+        self.claim_informer = Informer(
+            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_fields
+        )
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self._live: set[tuple[str, str]] = set()
@@ -610,9 +681,10 @@ class PoolPublisher(InformerDriven):
             self.driver,
             self._generations,
             self.max_per_slice,
+            self._in_place,
         )
         write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
-        self._generations = plan.generations
+        self._generations, self._in_place = plan.generations, plan.in_place
         POOL_FREE_DEVICES.clear()
         for (fabric_name, zone, model), count in free_by_model(desired.values()).items():
             POOL_FREE_DEVICES.labels(fabric_name, zone, model).set(count)

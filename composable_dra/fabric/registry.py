@@ -45,6 +45,20 @@ def uuid_index(hosts: Mapping[str, Host]) -> dict[str, str]:
     return index
 
 
+def node_mapping_fields(node: JSON) -> JSON:
+    """What ``host_for_node`` (and a deletion check) reads of a Node: an Informer of
+    1,000 Nodes keeps these (``keep=``) rather than their status (images, conditions),
+    most of a real Node's size."""
+    meta = node.get("metadata") or {}
+    keys = ("name", "uid", "resourceVersion", "deletionTimestamp", "labels", "annotations")
+    system_uuid = ((node.get("status") or {}).get("nodeInfo") or {}).get("systemUUID")
+    return {
+        "metadata": {k: meta[k] for k in keys if k in meta},
+        "spec": {k: v for k, v in (node.get("spec") or {}).items() if k == "providerID"},
+        "status": {"nodeInfo": {"systemUUID": system_uuid}} if system_uuid else {},
+    }
+
+
 def host_for_node(
     node: JSON,
     mapping: NodeMapping,

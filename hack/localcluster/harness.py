@@ -140,7 +140,7 @@ class Suite:
         (self.workdir / "emulator").mkdir(parents=True, exist_ok=True)
         install_crds(self.kube)
         self._device_class()
-        self.emulator.start()
+        self.emulator.start(timeout=max(30.0, self.opts.start_timeout))
         if self.opts.attach_latency > 0:
             self.emulator.add_fault(
                 {

@@ -32,7 +32,15 @@ def test_component_of_user_agent() -> None:
     assert scale.component_of("bench/scale") is None
 
 
-def _event(verb: str, uri: str, ua: str, stage: str = "ResponseComplete", **ref: str) -> str:
+def _event(
+    verb: str,
+    uri: str,
+    ua: str,
+    stage: str = "ResponseComplete",
+    at: str = "15:00:01.500000",
+    code: int = 200,
+    **ref: str,
+) -> str:
     return json.dumps(
         {
             "stage": stage,
@@ -40,7 +48,8 @@ def _event(verb: str, uri: str, ua: str, stage: str = "ResponseComplete", **ref:
             "requestURI": uri,
             "userAgent": ua,
             "objectRef": ref,
-            "requestReceivedTimestamp": "2026-11-23T15:00:01.500000Z",
+            "requestReceivedTimestamp": f"2026-11-23T{at}Z",
+            "responseStatus": {"code": code},
         }
     )
 
@@ -86,3 +95,24 @@ def test_parse_audit_counts_writes_and_full_lists() -> None:
 def test_process_figures_of_this_process() -> None:
     assert scale.cpu_seconds(os.getpid()) > 0
     assert 1 < scale.peak_rss_mb(os.getpid()) < 10_000
+
+
+def test_a_relist_is_a_full_list_after_one_that_succeeded() -> None:
+    def lst(ua: str, at: str, code: int = 200, uri: str = "/api/v1/nodes") -> str:
+        return _event("list", uri, ua, at=at, code=code, resource="nodes")
+
+    reqs = list(
+        scale.parse_audit(
+            [
+                lst("composable-dra/scaler", "15:00:01", code=429),  # refused: not a list yet
+                lst("composable-dra/scaler", "15:00:05"),  # its first list, after the start
+                lst("kopf/1", "15:00:00"),  # the operator's first, before the start
+                lst("kopf/1", "15:00:06"),
+                lst("kopf/1", "15:00:07", uri="/api/v1/nodes?labelSelector=a%3Db"),
+                lst("composable-dra/scaler", "15:00:08"),
+            ]
+        )
+    )
+    start = reqs[0].at
+    assert scale.full_relists(reqs, start) == {"operator": {"nodes": 1}, "scaler": {"nodes": 1}}
+    assert scale.full_relists(reqs, start + 6.5) == {"scaler": {"nodes": 1}}

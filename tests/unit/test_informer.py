@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import queue
 import threading
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from composable_dra.frozen import ReadOnlyError
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Gone, NotFound
 
@@ -107,14 +109,21 @@ def test_gone_relists_and_a_relist_tells_only_the_differences() -> None:
         assert seen[2:] == [("ADDED", "c"), ("MODIFIED", "b")]
 
 
-def test_a_failed_watch_is_retried_with_a_relist() -> None:
+def test_a_failed_watch_resumes_and_relists_only_when_the_resumed_one_fails_too() -> None:
     kube = FakeKube([pod("a", "5")])
     with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
+        kube.events.put({"type": "ADDED", "object": pod("b", "11")})
+        kube.events.put(ConnectionError("reset"))
+        kube.events.put({"type": "ADDED", "object": pod("c", "12")})
+        inf.wait_for(lambda items: "c" in names(items), 5)
+        assert kube.watches == ["10", "11"] and len(kube.lists) == 1  # resumed, no list
         kube.items = []
         kube.events.put(ConnectionError("reset"))
+        kube.events.put(ConnectionError("reset again"))  # the resumed watch fails too
         inf.wait_for(lambda items: items == [], 5)
-        assert len(kube.lists) == 2 and seen[-1] == ("DELETED", "a")
+        assert kube.watches == ["10", "11", "12", "10"] and len(kube.lists) == 2
+        assert seen[-3:] == [("DELETED", "a"), ("DELETED", "b"), ("DELETED", "c")]
 
 
 def test_a_resource_not_served_is_an_empty_synced_cache_when_allowed() -> None:
@@ -146,3 +155,57 @@ def test_wait_for_wakes_on_a_change_from_another_thread() -> None:
     inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
     threading.Timer(0.1, inf.replace, args=([pod("a", "1")],)).start()
     assert inf.wait_for(lambda items: names(items) == ["a"], 5)
+
+
+def test_readers_share_the_cached_objects_and_nothing_is_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A copy per read made every controller pass O(cluster) (docs/attach-flow.md, Scale).
+    inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
+    inf.replace([pod(f"p{i}", str(i)) for i in range(50)])
+    copies: list[object] = []
+    real = copy.deepcopy
+
+    def spy(obj: object, *args: Any) -> object:
+        copies.append(obj)
+        return real(obj, *args)
+
+    monkeypatch.setattr(copy, "deepcopy", spy)
+    first, again = inf.items(), inf.items()
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert inf.get("ns/p3") is inf.get("ns/p3")
+    assert inf.wait_for(lambda items: items[0] is first[0], 1)
+    assert copies == []
+
+
+def test_cached_objects_are_read_only_and_a_deep_copy_may_change() -> None:
+    inf = Informer(FakeKube([]), "/api/v1/pods")  # type: ignore[arg-type]
+    inf.replace([pod("a", "1", containers=[{"name": "c"}])])
+    cached = inf.get("ns/a")
+    assert cached is not None
+    with pytest.raises(ReadOnlyError):
+        cached["spec"]["containers"][0]["name"] = "other"
+    with pytest.raises(ReadOnlyError):
+        cached["metadata"].setdefault("labels", {})
+    mine = copy.deepcopy(cached)
+    mine["spec"]["containers"].append({"name": "d"})
+    assert inf.get("ns/a") == pod("a", "1", containers=[{"name": "c"}])
+
+
+def test_managed_fields_are_not_cached() -> None:
+    kube = FakeKube([])
+    with started(kube) as (inf, _):
+        obj = pod("a", "11")
+        obj["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+        kube.events.put({"type": "ADDED", "object": obj})
+        inf.wait_for(lambda items: names(items) == ["a"], 5)
+        assert inf.get("ns/a") == pod("a", "11")
+
+
+def test_keep_caches_only_the_fields_asked_for() -> None:
+    def keep(obj: JSON) -> JSON:
+        return {"metadata": obj["metadata"]}
+
+    inf = Informer(FakeKube([]), "/api/v1/pods", keep=keep)  # type: ignore[arg-type]
+    inf.replace([pod("a", "1", nodeName="n1")])
+    assert inf.items() == [{"metadata": pod("a", "1")["metadata"]}]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from api.v1alpha1 import NodeMapping
 from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
+from composable_dra.fabric.registry import node_mapping_fields
+from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,
     attachment_states,
@@ -290,3 +294,90 @@ def test_host_nodes_maps_every_node_in_one_pass_over_the_hosts() -> None:
     mapped = host_nodes(nodes, NodeMapping(), inv)
     assert mapped == {f"h{i}": [f"n{i}"] for i in range(200)}
     assert hosts.passes <= 1
+
+
+def test_a_pool_found_in_place_is_not_compared_again_until_it_or_its_slices_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Comparing every pool's 4,000 devices on every pass was the publisher's steady cost.
+    compared: list[str] = []
+    real = publish.same_slice
+
+    def spy(desired: dict[str, Any], observed: dict[str, Any]) -> bool:
+        compared.append(desired["spec"]["pool"]["name"])
+        return real(desired, observed)
+
+    monkeypatch.setattr(publish, "same_slice", spy)
+    pools = desired_pools(view(inventory()), set())
+    observed = served(plan_pools(pools, [], DRIVER).apply)
+    found = plan_pools(pools, observed, DRIVER, {p: 1 for p in pools})
+    assert found.empty and set(found.in_place) == set(pools) and compared
+    compared.clear()
+    again = plan_pools(pools, observed, DRIVER, found.generations, in_place=found.in_place)
+    assert again.empty and again.generations == found.generations and compared == []
+    # Someone else rewrote a zone-2 slice: that pool is compared (and put back) again.
+    touched = copy.deepcopy(observed)
+    zone2 = next(o for o in touched if o["spec"]["pool"]["name"] == "fab/zone-2")
+    zone2["metadata"]["resourceVersion"] = "8"
+    zone2["spec"]["devices"] = []
+    plan = plan_pools(pools, touched, DRIVER, again.generations, in_place=again.in_place)
+    assert compared == ["fab/zone-2"]
+    assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-2"}
+    assert "fab/zone-2" not in plan.in_place and "fab/zone-1" in plan.in_place
+    # A changed spec is planned whatever was in place.
+    changed = desired_pools(view(inventory({"gpu-2": "attached"})), set())
+    plan = plan_pools(changed, observed, DRIVER, again.generations, in_place=again.in_place)
+    assert {s["spec"]["pool"]["name"] for s in plan.apply} == {"fab/zone-1"}
+
+
+def test_the_kept_fields_of_nodes_and_claims_decide_as_the_whole_objects() -> None:
+    inv = Inventory({f"h{i}": Host(f"h{i}", f"UUID-{i}") for i in range(3)}, {}, {})
+    nodes = [
+        {
+            "metadata": {
+                "name": f"n{i}",
+                "resourceVersion": "4",
+                "annotations": {"fabric/host": f"h{i}", "big": "x" * 100},
+                **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if i == 2 else {}),
+            },
+            "spec": {"providerID": f"cloud://region/h{i}", "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "nodeInfo": {"systemUUID": f"uuid-{i}", "bootID": "b"},
+                "images": [{"names": ["img"], "sizeBytes": 1}],
+            },
+        }
+        for i in range(3)
+    ]
+    nodes.append({"metadata": {"name": "bare"}})
+    kept = [node_mapping_fields(n) for n in nodes]
+    assert "images" not in str(kept) and "podCIDR" not in str(kept)
+    for mapping in (
+        NodeMapping(),
+        NodeMapping(by="providerID"),
+        NodeMapping(by="annotation", annotation="fabric/host"),
+    ):
+        assert host_nodes(kept, mapping, inv) == host_nodes(nodes, mapping, inv)
+        assert host_nodes(kept, mapping, inv) == {"h0": ["n0"], "h1": ["n1"]}
+    claims: list[dict[str, Any]] = [
+        {
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "9"},
+            "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1", "x": 1},
+                            {"driver": "other", "pool": "p", "device": "d"},
+                        ]
+                    },
+                    "nodeSelector": {"nodeSelectorTerms": []},
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+            },
+        },
+        {"metadata": {"name": "d", "namespace": "ns"}, "status": {}},
+    ]
+    kept_claims = [publish.claim_fields(c) for c in claims]
+    assert live_allocations(kept_claims, DRIVER) == live_allocations(claims, DRIVER)
+    assert kept_claims[0]["metadata"] == claims[0]["metadata"]
+    assert "reservedFor" not in str(kept_claims) and "nodeSelector" not in str(kept_claims)
