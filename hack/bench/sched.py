@@ -1,0 +1,370 @@
+"""Scheduler throughput: how fast kube-scheduler allocates pool claims at cluster size.
+
+No controllers of ours: a local control plane, ``--nodes`` Node objects with
+``--gpus-per-node`` local GPUs each in ResourceSlices, every one held by a placeholder
+claim (``hack/bench/scale.py``'s setup), and the fabric pools' slices as the pool
+publisher builds them (``pool_publisher.publish.pool_slices``) for ``--pool-gpus`` GPUs
+in ``--zones`` zones. Then ``--pods`` pods, each with a claim that prefers a local GPU
+and falls back to the pool (as ``Suite.create_claim``), are created at once. Their
+claims are allocated in the scheduling cycle; the pods then wait in PreBind on the
+binding conditions (nothing makes them ready here), which does not hold up the next
+scheduling cycle. With ``--republish`` the publisher's pure functions rewrite the pool
+slices after each allocation as the running publisher does (the device is tainted, the
+pool's generation goes up).
+
+Reported: claims allocated per second (first to last allocation), created -> allocated
+p50/p99, the scheduler's own Filter/PreFilter time per attempt from its metrics, and with
+``--profile S`` a CPU profile of the scheduler for S seconds during the burst (read it
+with ``go tool pprof -top``; the path is in the JSON).
+
+    python -m hack.bench.sched --nodes 100 --pods 100 --pool-gpus 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import ssl
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import yaml
+
+from composable_dra import names
+from composable_dra.fabric.backend import Device
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, path
+from hack.bench.scale import RESOURCE, fabric_topology, host_ids, parallel, populate
+from hack.bench.time_to_gpu import percentile
+from hack.localcluster import ControlPlane
+from hack.localcluster.controlplane import find_binaries
+from hack.localcluster.harness import LOCAL_ONLY_CEL
+from hack.localcluster.wait import wait_for
+from pool_publisher.publish import (
+    FIELD_MANAGER,
+    PoolSpec,
+    device_name,
+    live_allocations,
+    plan_pools,
+)
+
+FABRIC = "fabric-1"
+SCHEDULER_METRICS = (
+    "scheduler_scheduling_attempt_duration_seconds",
+    "scheduler_framework_extension_point_duration_seconds",
+    "scheduler_plugin_execution_duration_seconds",
+)
+
+
+def pool_specs(
+    nodes: int, zones: int, pool_gpus: int, node_name: Callable[[str], str]
+) -> dict[str, PoolSpec]:
+    """The pools the publisher would publish for scale.py's fabric, every GPU free."""
+    topo = fabric_topology(nodes, zones, pool_gpus)
+    out = {}
+    for z in topo["zones"]:
+        devices = tuple(
+            Device(
+                id=b["id"],
+                model=b["model"],
+                zone=z["id"],
+                uuid="GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"sched-bench/{b['id']}")),
+                state="free",
+                memory_mib=b["memory_mib"],
+                manufacturer="NVIDIA",
+            )
+            for b in z["blocks"]
+        )
+        spec = PoolSpec(
+            FABRIC, "fabric-uid", z["id"], tuple(sorted(node_name(h) for h in z["hosts"])), devices
+        )
+        out[spec.name] = spec
+    return out
+
+
+def without_owner(obj: JSON) -> JSON:
+    """No Fabric object exists here: an owner reference to none would be collected."""
+    obj["metadata"].pop("ownerReferences", None)
+    return obj
+
+
+def claim_body(name: str) -> JSON:
+    """Suite.create_claim's claim: a local GPU first, else a pool GPU."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {
+                                "name": "local",
+                                "deviceClassName": names.DEVICE_CLASS,
+                                "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                            },
+                            {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
+                        ],
+                    }
+                ]
+            }
+        },
+    }
+
+
+def pod_body(name: str) -> JSON:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+class Republisher:
+    """The publisher's reaction to allocations, from its pure functions: each allocated
+    pool device gets its taint and the pool a new generation (publish.py, reconcile)."""
+
+    def __init__(self, kube: Kube, specs: Mapping[str, PoolSpec], applied: list[JSON]) -> None:
+        self.kube, self.specs = kube, dict(specs)
+        self.observed = {s["metadata"]["name"]: s for s in applied}
+        self.generations = {s["spec"]["pool"]["name"]: 1 for s in applied}
+        self.live: set[tuple[str, str]] = set()
+        self.writes = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def allocated(self, claims: list[JSON]) -> None:
+        with self._lock:
+            self.live = live_allocations(claims, names.DRIVER)
+        self._wake.set()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._stop.wait(0.05)  # the publisher's debounce
+            self._wake.clear()
+            with self._lock:
+                live = set(self.live)
+            desired = {
+                pool: PoolSpec(
+                    s.fabric,
+                    s.fabric_uid,
+                    s.zone,
+                    s.nodes,
+                    s.devices,
+                    frozenset(d.id for d in s.devices if (pool, device_name(d.id)) in live),
+                )
+                for pool, s in self.specs.items()
+            }
+            plan = plan_pools(desired, list(self.observed.values()), names.DRIVER, self.generations)
+            for obj in plan.apply:
+                without_owner(obj)
+                self.kube.apply(
+                    path(RESOURCE, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
+                )
+                self.observed[obj["metadata"]["name"]] = obj
+                self.writes += 1
+            for name in plan.delete:
+                self.kube.delete(path(RESOURCE, "resourceslices", name))
+                self.observed.pop(name, None)
+                self.writes += 1
+            self.generations = plan.generations
+
+
+def _tls(cp: ControlPlane) -> ssl.SSLContext:
+    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+    user = cfg["users"][0]["user"]
+    ctx = ssl._create_unverified_context()  # noqa: S323 - the scheduler's self-signed cert
+    ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+    return ctx
+
+
+def scheduler_get(cp: ControlPlane, what: str, timeout: float) -> bytes:
+    url = f"https://127.0.0.1:{cp.scheduler_port}{what}"
+    with urllib.request.urlopen(url, timeout=timeout, context=_tls(cp)) as resp:
+        return bytes(resp.read())
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """``<name>_sum`` and ``_count`` series of the scheduler metrics we read, by labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+?)_(sum|count)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if m and m.group(1) in SCHEDULER_METRICS:
+            labels = m.group(3) or ""
+            keep = ",".join(
+                kv
+                for kv in labels.strip("{}").split(",")
+                if kv.split("=")[0] in ("extension_point", "plugin", "result")
+            )
+            key = f"{m.group(1)}_{m.group(2)}{{{keep}}}"
+            out[key] = out.get(key, 0.0) + float(m.group(4))
+    return out
+
+
+def per_attempt(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean seconds per call of each series over the burst."""
+    out = {}
+    for key, total in after.items():
+        if "_sum{" not in key:
+            continue
+        count_key = key.replace("_sum{", "_count{")
+        n = after.get(count_key, 0.0) - before.get(count_key, 0.0)
+        if n > 0:
+            name = key.replace("_sum", "")
+            out[name] = round((total - before.get(key, 0.0)) / n, 5)
+            out[name + " calls"] = n
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, default=100)
+    p.add_argument("--pods", type=int, default=100)
+    p.add_argument("--zones", type=int, default=16)
+    p.add_argument("--pool-gpus", type=int, default=400)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--republish", action="store_true")
+    p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
+    p.add_argument("--scheduler-config", type=json.loads, default={})
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--workdir", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sched-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    out: JSON = {"nodes": args.nodes, "pods": args.pods, "republish": args.republish}
+    with ControlPlane(
+        find_binaries(), workdir=workdir / "cp", scheduler_config=args.scheduler_config
+    ) as cp:
+        kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/sched")
+        kube.create(
+            path(RESOURCE, "deviceclasses"),
+            {
+                "metadata": {"name": names.DEVICE_CLASS},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}]
+                },
+            },
+        )
+        suffix = "s"
+        t = time.monotonic()
+        populate(kube, suffix, host_ids(args.nodes), args.gpus_per_node)
+        specs = pool_specs(args.nodes, args.zones, args.pool_gpus, lambda h: f"{h}-{suffix}")
+        plan = plan_pools(specs, [], names.DRIVER)
+        for obj in plan.apply:
+            kube.apply(
+                path(RESOURCE, "resourceslices", obj["metadata"]["name"]),
+                without_owner(obj),
+                FIELD_MANAGER,
+            )
+        out["setup_s"] = round(time.monotonic() - t, 1)
+        out["pool_slices"] = len(plan.apply)
+
+        ns = "burst"
+        kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
+        allocated: dict[str, float] = {}
+        republisher = Republisher(kube, specs, plan.apply)
+        claims_inf: Informer
+
+        def seen(kind: str, obj: JSON) -> None:
+            name = obj["metadata"]["name"]
+            done = (obj.get("status") or {}).get("allocation")
+            if kind in ("ADDED", "MODIFIED") and done and name not in allocated:
+                allocated[name] = time.time()
+                if args.republish:
+                    republisher.allocated(claims_inf.items())
+
+        claims_inf = Informer(
+            kube, path(RESOURCE, "resourceclaims", namespace=ns), on_event=seen, name="claims"
+        )
+        claims_inf.start()
+        if args.republish:
+            republisher.start()
+        names_ = [f"c{i}" for i in range(args.pods)]
+        parallel(
+            lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim_body(n)),
+            names_,
+        )
+        before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
+        created: dict[str, float] = {}
+        profile: list[bytes] = []
+        prof_thread = None
+        if args.profile:
+
+            def take() -> None:
+                profile.append(
+                    scheduler_get(
+                        cp, f"/debug/pprof/profile?seconds={args.profile}", args.profile + 60
+                    )
+                )
+
+            prof_thread = threading.Thread(target=take, daemon=True)
+
+        def pod(n: str) -> None:
+            created[n] = time.time()
+            kube.create(path("v1", "pods", namespace=ns), pod_body(n))
+
+        start = time.time()
+        if prof_thread is not None:
+            prof_thread.start()
+        parallel(pod, names_)
+        try:
+            wait_for(
+                lambda: len(allocated) >= args.pods,
+                args.timeout,
+                "every claim allocated",
+                interval=0.5,
+            )
+        except AssertionError as exc:
+            print(f"not every claim allocated: {exc}", flush=True)
+        after = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
+        if prof_thread is not None:
+            prof_thread.join(args.profile + 90)
+        republisher.stop()
+        claims_inf.stop()
+        times = sorted(allocated.values())
+        lat = [allocated[n] - created[n] for n in allocated if n in created]
+        out["allocated"] = len(allocated)
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        out["claims_per_s"] = round((len(times) - 1) / span, 3) if span > 0 else None
+        out["first_allocated_s"] = round(times[0] - start, 2) if times else None
+        out["last_allocated_s"] = round(times[-1] - start, 2) if times else None
+        out["allocated_p50_s"] = round(statistics.median(lat), 2) if lat else None
+        out["allocated_p99_s"] = round(percentile(lat, 0.99), 2) if lat else None
+        out["republish_writes"] = republisher.writes
+        out["per_call_s"] = per_attempt(before, after)
+        if profile:
+            prof = workdir / "scheduler.cpu.pprof"
+            prof.write_bytes(profile[0])
+            out["profile"] = str(prof)
+    print(json.dumps(out, sort_keys=True), flush=True)
+    return 0 if out["allocated"] == args.pods else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
