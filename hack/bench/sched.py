@@ -23,6 +23,7 @@ with ``go tool pprof -top``; the path is in the JSON).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import ssl
@@ -32,15 +33,16 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from composable_dra import names
-from composable_dra.fabric.backend import Device
+from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, path
+from fabric_emulator.topology import host_uuid
 from hack.bench.scale import RESOURCE, fabric_topology, host_ids, parallel, populate
 from hack.bench.time_to_gpu import percentile
 from hack.localcluster import ControlPlane
@@ -49,10 +51,11 @@ from hack.localcluster.harness import LOCAL_ONLY_CEL
 from hack.localcluster.wait import wait_for
 from pool_publisher.publish import (
     FIELD_MANAGER,
-    PoolSpec,
-    device_name,
+    FabricView,
+    desired_pools,
     live_allocations,
     plan_pools,
+    published_devices,
 )
 
 FABRIC = "fabric-1"
@@ -63,30 +66,34 @@ SCHEDULER_METRICS = (
 )
 
 
-def pool_specs(
-    nodes: int, zones: int, pool_gpus: int, node_name: Callable[[str], str]
-) -> dict[str, PoolSpec]:
-    """The pools the publisher would publish for scale.py's fabric, every GPU free."""
+def inventory(nodes: int, zones: int, pool_gpus: int) -> Inventory:
+    """scale.py's fabric as the publisher reads it, every GPU free."""
     topo = fabric_topology(nodes, zones, pool_gpus)
-    out = {}
-    for z in topo["zones"]:
-        devices = tuple(
-            Device(
-                id=b["id"],
-                model=b["model"],
-                zone=z["id"],
-                uuid="GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"sched-bench/{b['id']}")),
-                state="free",
-                memory_mib=b["memory_mib"],
-                manufacturer="NVIDIA",
-            )
-            for b in z["blocks"]
+    devices = {
+        b["id"]: Device(
+            id=b["id"],
+            model=b["model"],
+            zone=z["id"],
+            uuid="GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"sched-bench/{b['id']}")),
+            state="free",
+            memory_mib=b["memory_mib"],
+            manufacturer="NVIDIA",
         )
-        spec = PoolSpec(
-            FABRIC, "fabric-uid", z["id"], tuple(sorted(node_name(h) for h in z["hosts"])), devices
-        )
-        out[spec.name] = spec
-    return out
+        for z in topo["zones"]
+        for b in z["blocks"]
+    }
+    return Inventory(
+        hosts={h["id"]: Host(h["id"], host_uuid(h["id"])) for h in topo["hosts"]},
+        devices=devices,
+        zones={
+            z["id"]: Zone(z["id"], frozenset(z["hosts"]), frozenset(b["id"] for b in z["blocks"]))
+            for z in topo["zones"]
+        },
+    )
+
+
+def fabric_view(inv: Inventory, node_name: Callable[[str], str]) -> FabricView:
+    return FabricView(FABRIC, "fabric-uid", inv, {h: [node_name(h)] for h in inv.hosts})
 
 
 def without_owner(obj: JSON) -> JSON:
@@ -138,10 +145,11 @@ def pod_body(name: str) -> JSON:
 
 class Republisher:
     """The publisher's reaction to allocations, from its pure functions: each allocated
-    pool device gets its taint and the pool a new generation (publish.py, reconcile)."""
+    pool device gets its taint, the window of free devices moves on, and the pool gets a
+    new generation (publish.py, ``PoolPublisher.reconcile``)."""
 
-    def __init__(self, kube: Kube, specs: Mapping[str, PoolSpec], applied: list[JSON]) -> None:
-        self.kube, self.specs = kube, dict(specs)
+    def __init__(self, kube: Kube, view: FabricView, max_free: int, applied: list[JSON]) -> None:
+        self.kube, self.view, self.max_free = kube, view, max_free
         self.observed = {s["metadata"]["name"]: s for s in applied}
         self.generations = {s["spec"]["pool"]["name"]: 1 for s in applied}
         self.live: set[tuple[str, str]] = set()
@@ -169,22 +177,17 @@ class Republisher:
             self._wake.clear()
             with self._lock:
                 live = set(self.live)
-            desired = {
-                pool: PoolSpec(
-                    s.fabric,
-                    s.fabric_uid,
-                    s.zone,
-                    s.nodes,
-                    s.devices,
-                    frozenset(d.id for d in s.devices if (pool, device_name(d.id)) in live),
-                )
-                for pool, s in self.specs.items()
-            }
-            plan = plan_pools(desired, list(self.observed.values()), names.DRIVER, self.generations)
+            # An allocated device is attached by the scaler: held, no longer free.
+            held = frozenset(d for _, d in live)
+            view = dataclasses.replace(self.view, held=held)
+            observed = list(self.observed.values())
+            desired = desired_pools(view, live, self.max_free, published_devices(observed))
+            plan = plan_pools(desired, observed, names.DRIVER, self.generations)
             for obj in plan.apply:
-                without_owner(obj)
                 self.kube.apply(
-                    path(RESOURCE, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
+                    path(RESOURCE, "resourceslices", obj["metadata"]["name"]),
+                    without_owner(obj),
+                    FIELD_MANAGER,
                 )
                 self.observed[obj["metadata"]["name"]] = obj
                 self.writes += 1
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool-gpus", type=int, default=400)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--republish", action="store_true")
+    p.add_argument("--max-free", type=int, default=0, help="free devices a pool offers (0: all)")
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
     p.add_argument("--timeout", type=float, default=900)
@@ -257,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sched-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
-    out: JSON = {"nodes": args.nodes, "pods": args.pods, "republish": args.republish}
+    out: JSON = {
+        "nodes": args.nodes,
+        "pods": args.pods,
+        "republish": args.republish,
+        "max_free": args.max_free,
+        "scheduler_config": args.scheduler_config,
+    }
     with ControlPlane(
         find_binaries(), workdir=workdir / "cp", scheduler_config=args.scheduler_config
     ) as cp:
@@ -274,8 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         suffix = "s"
         t = time.monotonic()
         populate(kube, suffix, host_ids(args.nodes), args.gpus_per_node)
-        specs = pool_specs(args.nodes, args.zones, args.pool_gpus, lambda h: f"{h}-{suffix}")
-        plan = plan_pools(specs, [], names.DRIVER)
+        view = fabric_view(
+            inventory(args.nodes, args.zones, args.pool_gpus), lambda h: f"{h}-{suffix}"
+        )
+        plan = plan_pools(desired_pools(view, set(), args.max_free), [], names.DRIVER)
         for obj in plan.apply:
             kube.apply(
                 path(RESOURCE, "resourceslices", obj["metadata"]["name"]),
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = "burst"
         kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
         allocated: dict[str, float] = {}
-        republisher = Republisher(kube, specs, plan.apply)
+        republisher = Republisher(kube, view, args.max_free, plan.apply)
         claims_inf: Informer
 
         def seen(kind: str, obj: JSON) -> None:
