@@ -59,6 +59,7 @@ from pool_publisher.publish import (
 )
 
 FABRIC = "fabric-1"
+BURST_LABEL = "bench.composable.dra.io/burst"
 SCHEDULER_METRICS = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_framework_extension_point_duration_seconds",
@@ -105,7 +106,7 @@ def without_owner(obj: JSON) -> JSON:
 def claim_body(name: str) -> JSON:
     """Suite.create_claim's claim: a local GPU first, else a pool GPU."""
     return {
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {BURST_LABEL: "true"}},
         "spec": {
             "devices": {
                 "requests": [
@@ -148,10 +149,10 @@ class Republisher:
     pool device gets its taint, the window of free devices moves on, and the pool gets a
     new generation (publish.py, ``PoolPublisher.reconcile``)."""
 
-    def __init__(self, kube: Kube, view: FabricView, max_free: int, applied: list[JSON]) -> None:
-        self.kube, self.view, self.max_free = kube, view, max_free
-        self.observed = {s["metadata"]["name"]: s for s in applied}
-        self.generations = {s["spec"]["pool"]["name"]: 1 for s in applied}
+    def __init__(self, kube: Kube, view: FabricView) -> None:
+        self.kube, self.view, self.max_free = kube, view, 0
+        self.observed: dict[str, JSON] = {}
+        self.generations: dict[str, int] = {}
         self.live: set[tuple[str, str]] = set()
         self.writes = 0
         self._wake = threading.Event()
@@ -159,8 +160,7 @@ class Republisher:
         self._lock = threading.Lock()
 
     def allocated(self, claims: list[JSON]) -> None:
-        with self._lock:
-            self.live = live_allocations(claims, names.DRIVER)
+        self.live = live_allocations(claims, names.DRIVER)
         self._wake.set()
 
     def start(self) -> None:
@@ -175,11 +175,13 @@ class Republisher:
             self._wake.wait()
             self._stop.wait(0.05)  # the publisher's debounce
             self._wake.clear()
-            with self._lock:
-                live = set(self.live)
+            self.publish()
+
+    def publish(self) -> None:
+        with self._lock:
+            live = set(self.live)
             # An allocated device is attached by the scaler: held, no longer free.
-            held = frozenset(d for _, d in live)
-            view = dataclasses.replace(self.view, held=held)
+            view = dataclasses.replace(self.view, held=frozenset(d for _, d in live))
             observed = list(self.observed.values())
             desired = desired_pools(view, live, self.max_free, published_devices(observed))
             plan = plan_pools(desired, observed, names.DRIVER, self.generations)
@@ -244,32 +246,105 @@ def per_attempt(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
+def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag: str) -> JSON:
+    """``pods`` pods with their claims at once; how fast the scheduler allocates them."""
+    ns = f"burst-{tag}"
+    kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
+    allocated: dict[str, float] = {}
+
+    def seen(kind: str, obj: JSON) -> None:
+        if kind in ("ADDED", "MODIFIED") and (obj.get("status") or {}).get("allocation"):
+            allocated.setdefault(obj["metadata"]["name"], time.time())
+
+    claims_inf = Informer(
+        kube, path(RESOURCE, "resourceclaims", namespace=ns), on_event=seen, name=f"claims-{ns}"
+    )
+    claims_inf.start()
+    names_ = [f"c{i}" for i in range(pods)]
+    parallel(
+        lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim_body(n)),
+        names_,
+    )
+    before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
+    created: dict[str, float] = {}
+    profile: list[bytes] = []
+
+    def take() -> None:
+        what = f"/debug/pprof/profile?seconds={args.profile}"
+        profile.append(scheduler_get(cp, what, args.profile + 60))
+
+    prof_thread = threading.Thread(target=take, daemon=True)
+
+    def pod(n: str) -> None:
+        created[n] = time.time()
+        kube.create(path("v1", "pods", namespace=ns), pod_body(n))
+
+    start = time.time()
+    if args.profile:
+        prof_thread.start()
+    parallel(pod, names_)
+    try:
+        wait_for(lambda: len(allocated) >= pods, args.timeout, "every claim allocated", 0.5)
+    except AssertionError as exc:
+        print(f"{tag}: not every claim allocated: {exc}", flush=True)
+    after = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
+    if args.profile:
+        prof_thread.join(args.profile + 90)
+    claims_inf.stop()
+    times = sorted(allocated.values())
+    lat = [allocated[n] - created[n] for n in allocated if n in created]
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    out: JSON = {
+        "allocated": len(allocated),
+        "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
+        "first_allocated_s": round(times[0] - start, 2) if times else None,
+        "last_allocated_s": round(times[-1] - start, 2) if times else None,
+        "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
+        "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
+        "per_call_s": per_attempt(before, after),
+    }
+    if profile:
+        prof = args.workdir / f"scheduler-{tag}.cpu.pprof"
+        prof.write_bytes(profile[0])
+        out["profile"] = str(prof)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=100)
-    p.add_argument("--pods", type=int, default=100)
+    p.add_argument("--pods", type=int, default=100, help="pods a burst")
     p.add_argument("--zones", type=int, default=16)
-    p.add_argument("--pool-gpus", type=int, default=400)
+    p.add_argument("--pool-gpus", type=int, default=4000)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--republish", action="store_true")
-    p.add_argument("--max-free", type=int, default=0, help="free devices a pool offers (0: all)")
+    p.add_argument(
+        "--max-free",
+        default="0",
+        help="free devices a pool offers (0: all); a comma-separated list runs one burst "
+        "for each, in order, in the same cluster",
+    )
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=float, default=900, help="seconds a burst")
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
+    variants = [int(x) for x in str(args.max_free).split(",")]
+    if args.pods * len(variants) > args.pool_gpus:
+        p.error("the pool has fewer GPUs than the bursts' claims")
 
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sched-", dir="/tmp"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sched-", dir="/tmp"))
+    args.workdir.mkdir(parents=True, exist_ok=True)
     out: JSON = {
         "nodes": args.nodes,
         "pods": args.pods,
+        "zones": args.zones,
+        "pool_gpus": args.pool_gpus,
         "republish": args.republish,
-        "max_free": args.max_free,
         "scheduler_config": args.scheduler_config,
     }
     with ControlPlane(
-        find_binaries(), workdir=workdir / "cp", scheduler_config=args.scheduler_config
+        find_binaries(), workdir=args.workdir / "cp", scheduler_config=args.scheduler_config
     ) as cp:
         kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/sched")
         kube.create(
@@ -287,95 +362,33 @@ def main(argv: list[str] | None = None) -> int:
         view = fabric_view(
             inventory(args.nodes, args.zones, args.pool_gpus), lambda h: f"{h}-{suffix}"
         )
-        plan = plan_pools(desired_pools(view, set(), args.max_free), [], names.DRIVER)
-        for obj in plan.apply:
-            kube.apply(
-                path(RESOURCE, "resourceslices", obj["metadata"]["name"]),
-                without_owner(obj),
-                FIELD_MANAGER,
-            )
+        republisher = Republisher(kube, view)
         out["setup_s"] = round(time.monotonic() - t, 1)
-        out["pool_slices"] = len(plan.apply)
-
-        ns = "burst"
-        kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
-        allocated: dict[str, float] = {}
-        republisher = Republisher(kube, view, args.max_free, plan.apply)
-        claims_inf: Informer
-
-        def seen(kind: str, obj: JSON) -> None:
-            name = obj["metadata"]["name"]
-            done = (obj.get("status") or {}).get("allocation")
-            if kind in ("ADDED", "MODIFIED") and done and name not in allocated:
-                allocated[name] = time.time()
-                if args.republish:
-                    republisher.allocated(claims_inf.items())
-
-        claims_inf = Informer(
-            kube, path(RESOURCE, "resourceclaims", namespace=ns), on_event=seen, name="claims"
+        # Every allocation of every burst, for the republisher.
+        every = Informer(
+            kube,
+            path(RESOURCE, "resourceclaims"),
+            on_event=lambda *_: republisher.allocated(every.items()),
+            name="burst-claims",
+            labelSelector=f"{BURST_LABEL}=true",
         )
-        claims_inf.start()
         if args.republish:
+            every.start()
             republisher.start()
-        names_ = [f"c{i}" for i in range(args.pods)]
-        parallel(
-            lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim_body(n)),
-            names_,
-        )
-        before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
-        created: dict[str, float] = {}
-        profile: list[bytes] = []
-        prof_thread = None
-        if args.profile:
-
-            def take() -> None:
-                profile.append(
-                    scheduler_get(
-                        cp, f"/debug/pprof/profile?seconds={args.profile}", args.profile + 60
-                    )
-                )
-
-            prof_thread = threading.Thread(target=take, daemon=True)
-
-        def pod(n: str) -> None:
-            created[n] = time.time()
-            kube.create(path("v1", "pods", namespace=ns), pod_body(n))
-
-        start = time.time()
-        if prof_thread is not None:
-            prof_thread.start()
-        parallel(pod, names_)
+        out["bursts"] = {}
         try:
-            wait_for(
-                lambda: len(allocated) >= args.pods,
-                args.timeout,
-                "every claim allocated",
-                interval=0.5,
-            )
-        except AssertionError as exc:
-            print(f"not every claim allocated: {exc}", flush=True)
-        after = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
-        if prof_thread is not None:
-            prof_thread.join(args.profile + 90)
-        republisher.stop()
-        claims_inf.stop()
-        times = sorted(allocated.values())
-        lat = [allocated[n] - created[n] for n in allocated if n in created]
-        out["allocated"] = len(allocated)
-        span = times[-1] - times[0] if len(times) > 1 else 0.0
-        out["claims_per_s"] = round((len(times) - 1) / span, 3) if span > 0 else None
-        out["first_allocated_s"] = round(times[0] - start, 2) if times else None
-        out["last_allocated_s"] = round(times[-1] - start, 2) if times else None
-        out["allocated_p50_s"] = round(statistics.median(lat), 2) if lat else None
-        out["allocated_p99_s"] = round(percentile(lat, 0.99), 2) if lat else None
-        out["republish_writes"] = republisher.writes
-        out["per_call_s"] = per_attempt(before, after)
-        if profile:
-            prof = workdir / "scheduler.cpu.pprof"
-            prof.write_bytes(profile[0])
-            out["profile"] = str(prof)
+            for max_free in variants:
+                republisher.max_free = max_free
+                republisher.publish()
+                tag = f"free-{max_free or 'all'}"
+                out["bursts"][tag] = burst(cp, kube, args.pods, args, tag)
+                out["bursts"][tag]["republish_writes"] = republisher.writes
+        finally:
+            republisher.stop()
+            every.stop()
     print(json.dumps(out, sort_keys=True), flush=True)
-    return 0 if out["allocated"] == args.pods else 1
+    ok = all(b["allocated"] == args.pods for b in out["bursts"].values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
