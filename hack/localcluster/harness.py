@@ -80,6 +80,7 @@ class SuiteOptions:
     run_operator: bool = True
     operator_args: list[str] = field(default_factory=list)
     scaler_args: list[str] = field(default_factory=list)
+    publisher_args: list[str] = field(default_factory=list)
     # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
     # and the node binaries (hack.localcluster.realnode.find_node_binaries).
     real_hosts: tuple[str, ...] = ()
@@ -166,7 +167,7 @@ class Suite:
         if self.opts.run_operator:
             self.operator = ComponentProcess("operator", op_args[1:], self.workdir / "logs")
         self.publisher = ComponentProcess(
-            "pool-publisher", [*common, *lease], self.workdir / "logs"
+            "pool-publisher", [*common, *lease, *self.opts.publisher_args], self.workdir / "logs"
         )
         self.scaler = ComponentProcess(
             "scaler",
