@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import ssl
 import statistics
@@ -43,7 +44,7 @@ from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, path
 from fabric_emulator.topology import host_uuid
-from hack.bench.scale import RESOURCE, fabric_topology, host_ids, parallel, populate
+from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, parallel, populate
 from hack.bench.time_to_gpu import percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
@@ -226,6 +227,10 @@ def metric_sums(text: str) -> dict[str, float]:
                 for kv in labels.strip("{}").split(",")
                 if kv.split("=")[0] in ("extension_point", "plugin", "result")
             )
+            if ('extension_point="' in keep and not re.search(r'"(Pre)?Filter"', keep)) or (
+                "plugin=" in keep and "DynamicResources" not in keep
+            ):
+                continue  # the DRA plugin's filtering is what this bench is about
             key = f"{m.group(1)}_{m.group(2)}{{{keep}}}"
             out[key] = out.get(key, 0.0) + float(m.group(4))
     return out
@@ -266,6 +271,7 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
         names_,
     )
     before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
+    cpu0 = cpu_seconds(cp.pid("kube-scheduler"))
     created: dict[str, float] = {}
     profile: list[bytes] = []
 
@@ -287,6 +293,7 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
         wait_for(lambda: len(allocated) >= pods, args.timeout, "every claim allocated", 0.5)
     except AssertionError as exc:
         print(f"{tag}: not every claim allocated: {exc}", flush=True)
+    cpu = cpu_seconds(cp.pid("kube-scheduler")) - cpu0
     after = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
     if args.profile:
         prof_thread.join(args.profile + 90)
@@ -301,6 +308,10 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
         "last_allocated_s": round(times[-1] - start, 2) if times else None,
         "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
         "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
+        # The scheduler's own CPU (utime + stime) per claim: what load on the machine
+        # does not change.
+        "scheduler_cpu_s_per_claim": round(cpu / max(1, len(allocated)), 3),
+        "load": os.getloadavg()[0],
         "per_call_s": per_attempt(before, after),
     }
     if profile:

@@ -326,6 +326,10 @@ class ControlPlane:
 
     # -- health and diagnostics ------------------------------------------------------
 
+    def pid(self, name: str) -> int:
+        """The process id of one of its binaries (``kube-scheduler``...)."""
+        return next(p.popen.pid for p in self._procs if p.name == name)
+
     def check_alive(self) -> None:
         """Raise, with the logs, when a control plane process has exited."""
         names = exited(self._procs)
