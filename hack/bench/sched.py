@@ -48,7 +48,7 @@ from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, p
 from hack.bench.time_to_gpu import percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import LOCAL_ONLY_CEL
+from hack.localcluster.harness import claim_body, pod_body
 from hack.localcluster.wait import wait_for
 from pool_publisher.publish import (
     FIELD_MANAGER,
@@ -104,45 +104,11 @@ def without_owner(obj: JSON) -> JSON:
     return obj
 
 
-def claim_body(name: str) -> JSON:
-    """Suite.create_claim's claim: a local GPU first, else a pool GPU."""
-    return {
-        "metadata": {"name": name, "labels": {BURST_LABEL: "true"}},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "firstAvailable": [
-                            {
-                                "name": "local",
-                                "deviceClassName": names.DEVICE_CLASS,
-                                "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
-                            },
-                            {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
-                        ],
-                    }
-                ]
-            }
-        },
-    }
-
-
-def pod_body(name: str) -> JSON:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
+def burst_claim(name: str) -> JSON:
+    """Suite.create_claim's claim (a local GPU first, else a pool GPU), labelled."""
+    claim = claim_body(name)
+    claim["metadata"]["labels"] = {BURST_LABEL: "true"}
+    return claim
 
 
 class Republisher:
@@ -267,7 +233,7 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
     claims_inf.start()
     names_ = [f"c{i}" for i in range(pods)]
     parallel(
-        lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim_body(n)),
+        lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), burst_claim(n)),
         names_,
     )
     before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
@@ -283,7 +249,7 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
 
     def pod(n: str) -> None:
         created[n] = time.time()
-        kube.create(path("v1", "pods", namespace=ns), pod_body(n))
+        kube.create(path("v1", "pods", namespace=ns), pod_body(n, n))
 
     start = time.time()
     if args.profile:

@@ -55,6 +55,43 @@ _CLAIM_PLURALS = {
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
 
 
+def claim_body(name: str, local_first: bool = True) -> JSON:
+    """A claim for one GPU: a node's own first, else a pool's (``local_first``), or any."""
+    if local_first:
+        request: JSON = {
+            "name": "gpu",
+            "firstAvailable": [
+                {
+                    "name": "local",
+                    "deviceClassName": names.DEVICE_CLASS,
+                    "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                },
+                {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
+            ],
+        }
+    else:
+        request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
+    return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+
+
+def pod_body(name: str, claim_name: str) -> JSON:
+    """A pause pod using the claim ``claim_name`` as ``gpu``."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
 @dataclass
 class SuiteNode:
     name: str
@@ -370,23 +407,8 @@ class Suite:
     # -- workload -----------------------------------------------------------------------
 
     def create_claim(self, namespace: str, name: str, local_first: bool = True) -> JSON:
-        if local_first:
-            request: JSON = {
-                "name": "gpu",
-                "firstAvailable": [
-                    {
-                        "name": "local",
-                        "deviceClassName": names.DEVICE_CLASS,
-                        "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
-                    },
-                    {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
-                ],
-            }
-        else:
-            request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
         return self.kube.create(
-            path(RESOURCE, "resourceclaims", namespace=namespace),
-            {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}},
+            path(RESOURCE, "resourceclaims", namespace=namespace), claim_body(name, local_first)
         )
 
     def create_pod(
@@ -403,17 +425,7 @@ class Suite:
         claim_name = claim or name
         if claim is None:
             self.create_claim(namespace, claim_name, local_first)
-        spec: JSON = {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "terminationGracePeriodSeconds": 0,
-        }
+        spec = pod_body(name, claim_name)["spec"]
         if node:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
         meta: JSON = {"name": name}

@@ -9,36 +9,21 @@ against a claim's selectors on every node it filters (docs/attach-flow.md, Scale
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 
 from composable_dra import names
+from hack.bench.time_to_gpu import topology
 from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e
 
-HOSTS = ("node-1", "node-2")
+HOSTS = ("node-1", "node-2")  # time_to_gpu.topology's names
 WINDOW = 2
 BLOCKS = 8
 CLAIMS = 5  # more than the window: the pool must be refilled
-
-
-def topology() -> dict[str, Any]:
-    return {
-        "hosts": [{"id": h} for h in HOSTS],
-        "zones": [
-            {
-                "id": "zone-1",
-                "hosts": list(HOSTS),
-                "blocks": [
-                    {"id": f"gpu-{i + 1}", "model": "NVIDIA H100 80GB HBM3"} for i in range(BLOCKS)
-                ],
-            }
-        ],
-    }
 
 
 def free_in_pool(suite: Suite) -> set[str]:
@@ -56,7 +41,7 @@ def test_more_pool_claims_than_the_window_all_get_a_gpu(
 ) -> None:
     suite = make_suite(
         hosts=HOSTS,
-        topology=topology(),
+        topology=topology(len(HOSTS), BLOCKS),
         attach_latency=0,
         publisher_args=[f"--max-free-devices-per-pool={WINDOW}"],
     )
