@@ -125,24 +125,30 @@ class Republisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def allocated(self, claims: list[JSON]) -> None:
         self.live = live_allocations(claims, names.DRIVER)
         self._wake.set()
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
+        """Before the control plane goes: no write is under way after this."""
         self._stop.set()
         self._wake.set()
+        if self._thread is not None:
+            self._thread.join(30)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
             self._stop.wait(0.05)  # the publisher's debounce
             self._wake.clear()
-            self.publish()
+            if not self._stop.is_set():
+                self.publish()
 
     def publish(self) -> None:
         with self._lock:
@@ -264,6 +270,9 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
     if args.profile:
         prof_thread.join(args.profile + 90)
     claims_inf.stop()
+    # Pods the burst left pending would be scheduled during the next burst: gone.
+    for n in set(names_) - set(allocated):
+        kube.delete(path("v1", "pods", n, namespace=ns))
     times = sorted(allocated.values())
     lat = [allocated[n] - created[n] for n in allocated if n in created]
     span = times[-1] - times[0] if len(times) > 1 else 0.0
@@ -299,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "--max-free",
         default="0",
         help="free devices a pool offers (0: all); a comma-separated list runs one burst "
-        "for each, in order, in the same cluster",
+        "for each, in order, in the same cluster (the pods a burst leaves pending are "
+        "deleted before the next)",
     )
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
