@@ -23,6 +23,7 @@ with ``go tool pprof -top``; the path is in the JSON).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -99,9 +100,11 @@ def fabric_view(inv: Inventory, node_name: Callable[[str], str]) -> FabricView:
 
 
 def without_owner(obj: JSON) -> JSON:
-    """No Fabric object exists here: an owner reference to none would be collected."""
-    obj["metadata"].pop("ownerReferences", None)
-    return obj
+    """A copy with no owner reference: no Fabric object exists here, and one to none would
+    be collected. The publisher's own copy keeps it, so it compares equal next pass."""
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("ownerReferences", None)
+    return out
 
 
 def burst_claim(name: str) -> JSON:

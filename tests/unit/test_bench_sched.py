@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from composable_dra import names
-from hack.bench.sched import fabric_view, inventory, metric_sums, per_attempt
+from hack.bench.sched import Republisher, fabric_view, inventory, metric_sums, per_attempt
 from pool_publisher.publish import desired_pools, plan_pools
 
 EXT = "scheduler_framework_extension_point_duration_seconds"
@@ -55,3 +55,39 @@ def test_the_bench_publishes_the_pools_as_the_publisher_would() -> None:
     # One slice a pool with the window; the whole zone takes one slice per 128.
     assert len(plan_pools(windowed, [], names.DRIVER).apply) == 4
     assert len(plan_pools(every, [], names.DRIVER).apply) == 4
+
+
+def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
+    writes: list[str] = []
+
+    class FakeKube:
+        def apply(self, url: str, obj: dict[str, object], manager: str) -> None:
+            writes.append(url.rsplit("/", 1)[-1])
+
+        def delete(self, url: str) -> None:
+            writes.append("delete " + url.rsplit("/", 1)[-1])
+
+    view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=40), lambda h: f"{h}-s")
+    rep = Republisher(FakeKube(), view)  # type: ignore[arg-type]
+    rep.max_free = 4
+    rep.publish()
+    assert sorted(writes) == ["fabric-1-zone-1-0", "fabric-1-zone-2-0"]
+    writes.clear()
+    rep.publish()
+    assert writes == []  # nothing changed: nothing written
+    pool = "fabric-1/zone-1"
+    rep.allocated(
+        [
+            {
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [{"driver": names.DRIVER, "pool": pool, "device": "pool-1"}]
+                        }
+                    }
+                }
+            }
+        ]
+    )
+    rep.publish()
+    assert writes == ["fabric-1-zone-1-0"]
