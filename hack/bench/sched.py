@@ -2,22 +2,27 @@
 
 No controllers of ours: a local control plane, ``--nodes`` Node objects with
 ``--gpus-per-node`` local GPUs each in ResourceSlices, every one held by a placeholder
-claim (``hack/bench/scale.py``'s setup), and the fabric pools' slices as the pool
-publisher builds them (``pool_publisher.publish.pool_slices``) for ``--pool-gpus`` GPUs
-in ``--zones`` zones. Then ``--pods`` pods, each with a claim that prefers a local GPU
-and falls back to the pool (as ``Suite.create_claim``), are created at once. Their
-claims are allocated in the scheduling cycle; the pods then wait in PreBind on the
-binding conditions (nothing makes them ready here), which does not hold up the next
-scheduling cycle. With ``--republish`` the publisher's pure functions rewrite the pool
-slices after each allocation as the running publisher does (the device is tainted, the
-pool's generation goes up).
+claim (``hack/bench/scale.py``'s setup), and the fabric pools' slices for ``--pool-gpus``
+GPUs in ``--zones`` zones, built by the pool publisher's own functions (``desired_pools``,
+``plan_pools``). Then ``--pods`` pods, each with the suite's claim (a local GPU first, else
+a pool GPU: ``harness.claim_body``), are created at once. Their claims are allocated in
+the scheduling cycle; the pods then wait in PreBind on the binding conditions (nothing
+makes them ready here), which does not hold up the next scheduling cycle. With
+``--republish`` the same functions rewrite a pool after each allocation as the running
+publisher does (the device tainted, the window of free devices moved on, a new
+generation). ``--max-free 32,0`` runs one burst per pool window (free devices a pool
+offers; 0: all) in the same cluster, in that order.
 
-Reported: claims allocated per second (first to last allocation), created -> allocated
-p50/p99, the scheduler's own Filter/PreFilter time per attempt from its metrics, and with
-``--profile S`` a CPU profile of the scheduler for S seconds during the burst (read it
-with ``go tool pprof -top``; the path is in the JSON).
+Reported per burst: claims allocated per second (first to last allocation), created ->
+allocated p50/p99, the scheduler's own CPU seconds per claim (``/proc/<pid>/stat``: what
+the machine's load does not change), the DRA plugin's Filter/PreFilter time per call
+from the scheduler's ``/metrics``, and with ``--profile S`` a CPU profile of the
+scheduler for S seconds from the burst's start (``/debug/pprof``; read it with
+``go tool pprof -top``; the path is in the JSON). docs/attach-flow.md, Scale, has the
+findings. The last line is JSON; the exit status is 1 when a burst left a claim
+unallocated.
 
-    python -m hack.bench.sched --nodes 100 --pods 100 --pool-gpus 400
+    python -m hack.bench.sched --nodes 100 --pods 100 --republish --max-free 32,0
 """
 
 from __future__ import annotations
