@@ -95,7 +95,7 @@ class AttachDaemon:
     name: str
     followed: set[str] = field(default_factory=set)  # recorded tasks followed to their end
     started: float = field(default_factory=time.monotonic)
-    delay: float = 0.0  # the last wait after a failure; 0: none since the last attach
+    failures: int = 0  # failures in a row since the last attach
     # The node's host as the last pass found it, when the next pass may keep it: right
     # after our own operation ended or the node reported the device. The device itself
     # is always read again before a decision.
@@ -121,20 +121,25 @@ class AttachDaemon:
             try:
                 wait = await self.step(spec, status, rec)
             except FabricError as exc:
-                self.delay = wait = next_delay(self.delay, cap, exc.retry_after)
+                wait = self.backoff(cap, exc.retry_after)
                 await rec.fabric_error(exc, wait)
             except FabricConfigError as exc:
                 await rec.config_error(exc)
-                self.delay = wait = next_delay(self.delay, cap)
+                wait = self.backoff(cap)
             except NotFound:
                 return  # the resource is gone
             except Exception:
                 rec.unexpected()
-                self.delay = wait = next_delay(self.delay, cap)
+                wait = self.backoff(cap)
             if wait is None:
                 return
             if wait > 0:
                 await self.stopped.wait(wait)
+
+    def backoff(self, cap: float, retry_after: float | None = None) -> float:
+        """One more failure in a row: the wait before the next try."""
+        self.failures += 1
+        return next_delay(self.failures, cap, retry_after)
 
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         if self.reuse is not None:
@@ -205,7 +210,7 @@ class AttachDaemon:
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)
                 await self.ctl.end_attach(self.uid, self.name, r.backend, op, limit)
-                self.delay, self.reuse = 0.0, r
+                self.failures, self.reuse = 0, r
                 return 0.0  # re-read the device: the fabric decides what happened
             case ActionKind.FOLLOW:
                 # A task recorded before a restart: follow it rather than wait for the

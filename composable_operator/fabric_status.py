@@ -32,7 +32,7 @@ from composable_dra.timestamps import now_rfc3339
 from composable_operator import metrics
 
 log = logs.get(__name__)
-ADOPTED = f"{names.PREFIX}/adopted"
+ADOPTED = names.ANN_ADOPTED
 
 
 def free_devices(inv: Inventory) -> list[JSON]:

@@ -45,7 +45,7 @@ UNPUBLISH_LOOK_SECONDS = 5.0
 
 def retry_delay(retry: int, exc: FabricError) -> float:
     """The delay of kopf's next try (``retry``: tries so far) after a fabric error."""
-    return next_delay(2 ** (retry - 1) if retry else 0, 30, exc.retry_after or None)
+    return next_delay(retry + 1, 30, exc.retry_after or None)
 
 
 def kopf_events(body: kopf.Body) -> EventSink:

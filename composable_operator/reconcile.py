@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from composable_dra import retry
 from composable_dra.fabric.backend import Device, Operation
 
 # How long an attach request whose answer nobody saw (the operator died while it was in
@@ -377,13 +378,8 @@ def referencing_claims(
 FIRST_DELAY = 1.0
 
 
-def next_delay(previous: float, cap: float, retry_after: float | None = None) -> float:
-    """How long to wait before the next try after a failure: what the fabric asked for
-    (Retry-After), else twice the previous wait (0: none yet) within the cap.
-
-    The operator's one backoff (the attach daemon and the detach handler); the suite's
-    shared retry policy (composable_dra/retry.py) should replace it once merged.
-    """
-    if retry_after is not None:
-        return max(0.0, retry_after)
-    return max(FIRST_DELAY, min(cap, previous * 2))
+def next_delay(failures: int, cap: float, retry_after: float | None = None) -> float:
+    """How long to wait after the ``failures``-th failure in a row (the attach daemon, the
+    detach handler): what the fabric asked for (Retry-After), else the suite's one backoff
+    (composable_dra/retry.py) from FIRST_DELAY up to ``cap``."""
+    return retry.delay(failures, cap=cap, first=FIRST_DELAY, retry_after=retry_after)

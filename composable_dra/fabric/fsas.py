@@ -8,8 +8,10 @@ id and secret), machines (hosts) with their attached resources under
 
 Two things this backend needs that CoHDI's public code does not show the FM doing, and
 that must be checked against Fsas's API reference before use with a real FM (the
-emulator implements both; docs/fabrics.md, "Assumptions"):
+emulator implements both unless told to behave as CoHDI's CI mock of the FM, which does
+neither; docs/fabrics.md, "Assumptions"):
 - free resources listed with their identity (``GET fabric_manager/api/v1/resources``);
+  an FM without it answers 404, and the inventory fails saying so;
 - an attach that names the resource: a ``res_uuid`` condition beside ``model``. The
   backend refuses an answer that attached any other resource (and detaches that one),
   so an FM that ignores the condition fails loudly instead of attaching a stranger.
@@ -282,7 +284,15 @@ class FsasFabricManagerBackend:
         }
 
     def _resources(self) -> list[dict[str, Any]]:
-        found = self._get(f"{FM}/resources", {"res_type": GPU}).get("data", {}).get("resources")
+        status, body, headers = self._call("GET", f"{FM}/resources", query={"res_type": GPU})
+        if status == 404:
+            raise FabricError(
+                f"GET {FM}/resources answered 404: this fabric manager does not list its GPUs "
+                "by identity, which the fsas-fm backend needs (docs/fabrics.md, Assumptions)"
+            )
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET {FM}/resources")
+        found = body.get("data", {}).get("resources")
         return [r for r in found or [] if isinstance(r, dict)]
 
     def inventory(self) -> Inventory:

@@ -346,14 +346,8 @@ class Suite:
         root = self.workdir / name
         kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=self.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-            extra_args=self._plugin_args(root),
+        plugin = PluginProcess.beside(
+            kubelet, name, self.kubeconfig, root / "plugin", self._plugin_args(root)
         )
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)

@@ -39,6 +39,15 @@ def test_a_first_wait_above_the_cap_is_the_cap() -> None:
     assert 0.05 <= retry.delay(1, cap=0.1, first=1.0) <= 0.1
 
 
+@pytest.mark.parametrize(("after", "expected"), [(7.0, 7.0), (0, 0.0), (400.0, 400.0)])
+def test_a_wait_the_server_asked_for_wins(after: float, expected: float) -> None:
+    assert retry.delay(3, cap=5.0, retry_after=after) == expected
+
+
+def test_a_negative_wait_the_server_asked_for_is_ignored() -> None:
+    assert 0.4 <= retry.delay(3, cap=5.0, retry_after=-1.0) <= 0.8
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError):
         retry.policy(cap=0.0, first=1.0)
