@@ -8,9 +8,10 @@ from typing import Any
 from composable_dra.component import add_common_arguments, run_controller
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
-# Free devices a pool offers at once: the scheduler's cost per pod grows with it
-# (docs/attach-flow.md, Scale); each allocation's rewrite of the pool refills it.
-FREE_PER_POOL = 32
+# Free devices a pool offers at once (0: all): the scheduler's cost per pod grows with it
+# (docs/attach-flow.md, Scale); each allocation's rewrite of the pool refills it. Off by
+# default: docs/operations.md recommends 32 for large clusters.
+FREE_PER_POOL = 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
