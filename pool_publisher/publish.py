@@ -147,6 +147,15 @@ def live_allocations(claims: Iterable[JSON], driver: str) -> set[tuple[str, str]
     return refs
 
 
+def published_devices(slices: Iterable[JSON]) -> frozenset[tuple[str, str]]:
+    """(pool, device) of every device in the slices."""
+    return frozenset(
+        (str(((sl.get("spec") or {}).get("pool") or {}).get("name", "")), str(d.get("name")))
+        for sl in slices
+        for d in (sl.get("spec") or {}).get("devices") or []
+    )
+
+
 def held_blocks(resources: Iterable[JSON], fabric: str) -> frozenset[str]:
     """Blocks of ``fabric`` that a ComposableResource holds (anything but Detached)."""
     held = set()
@@ -198,11 +207,24 @@ def read_again(
     return bool(holding(attachments_before) - holding(attachments)) or bool(live_before - live)
 
 
-def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, PoolSpec]:
+def desired_pools(
+    view: FabricView,
+    live: set[tuple[str, str]],
+    max_free: int = 0,
+    published: frozenset[tuple[str, str]] = frozenset(),
+) -> dict[str, PoolSpec]:
     """The pools of one fabric: per zone that reaches at least one node, its devices.
 
     A device is in when it is free and no ComposableResource holds it, or when a live
     allocation names it (it keeps its pool identity until that allocation ends).
+
+    With ``max_free`` > 0 a pool offers at most that many free devices: the scheduler
+    evaluates every free pool device against a claim's selectors on every node it filters,
+    for every pod, so a zone's whole fabric in its pool makes each scheduling attempt cost
+    nodes x free devices CEL evaluations (docs/attach-flow.md, Scale). Devices already
+    ``published`` ((pool, device) in the pools' slices now) keep their place, so one the
+    scheduler just picked is not swapped out before its allocation is seen; each
+    allocation rewrites the pool anyway, and that pass puts the next free device in.
     """
     pools: dict[str, PoolSpec] = {}
     inv = view.inventory
@@ -211,17 +233,21 @@ def desired_pools(view: FabricView, live: set[tuple[str, str]]) -> dict[str, Poo
         if not nodes:
             continue
         pool = names.pool_name(view.name, zone.id)
-        devices = []
-        allocated = set()
+        referenced: list[Device] = []
+        free: list[Device] = []
         for block_id in sorted(zone.devices):
             dev = inv.devices.get(block_id)
             if dev is None:
                 continue
-            referenced = (pool, device_name(dev.id)) in live
-            if referenced or (dev.state == "free" and dev.id not in view.held):
-                devices.append(dev)
-            if referenced:
-                allocated.add(dev.id)
+            if (pool, device_name(dev.id)) in live:
+                referenced.append(dev)
+            elif dev.state == "free" and dev.id not in view.held:
+                free.append(dev)
+        if max_free > 0:
+            free = sorted(free, key=lambda d: ((pool, device_name(d.id)) not in published, d.id))
+            free = free[:max_free]
+        devices = sorted([*referenced, *free], key=lambda d: d.id)
+        allocated = {d.id for d in referenced}
         pools[pool] = PoolSpec(
             view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated), view.vendor
         )
@@ -540,9 +566,11 @@ class PoolPublisher(InformerDriven):
         driver: str = names.DRIVER,
         max_per_slice: int = MAX_DEVICES_PER_SLICE,
         debounce: float = 0.05,
+        max_free: int = 0,
     ) -> None:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
         self.max_per_slice = max_per_slice
+        self.max_free = max_free  # free devices published per pool (0: all)
         self.debounce = debounce
         super().__init__()
         self._dirty: set[str] = set()  # fabrics whose inventory must be read again
@@ -647,6 +675,7 @@ class PoolPublisher(InformerDriven):
             force = True
         self._attachments, self._live = attachments, live
         desired: dict[str, PoolSpec] = {}
+        published = published_devices(self.slice_informer.items())
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]
             if meta.get("deletionTimestamp"):
@@ -674,7 +703,7 @@ class PoolPublisher(InformerDriven):
                 held=held_blocks(resources, name),
                 vendor=spec.vendor_driver,
             )
-            desired.update(desired_pools(view, live))
+            desired.update(desired_pools(view, live, self.max_free, published))
         plan = plan_pools(
             desired,
             self.slice_informer.items(),

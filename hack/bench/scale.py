@@ -9,7 +9,9 @@ the emulator. The operator, pool publisher and scaler run as processes
 (hack/localcluster/harness.py); the bench stands in for the plugins' one write of the
 attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID).
 Then ``--first`` pods with pool claims are created at once, and when every claim is
-ready, ``--claims`` more.
+ready, ``--claims`` more. As docs/operations.md recommends for large clusters,
+kube-scheduler filters at most ``--percentage-of-nodes-to-score`` (10) percent of the nodes
+per pod, and the pool publisher offers ``--pool-window`` (32) free GPUs a pool at once.
 
 Per burst: ``ready_p50_s``/``ready_p99_s`` (``FabricDeviceReady`` - pod created, no
 latency subtracted), the controllers' CPU seconds per claim (``utime + stime`` of each
@@ -554,6 +556,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zones", type=int, default=16)
     p.add_argument("--pool-gpus", type=int, default=4000)
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument(
+        "--pool-window",
+        type=int,
+        default=32,
+        help="the pool publisher's --max-free-devices-per-pool, as docs/operations.md "
+        "recommends for large clusters (0: every free GPU)",
+    )
+    p.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=int,
+        default=10,
+        help="kube-scheduler's percentageOfNodesToScore, as docs/operations.md recommends "
+        "for large clusters (0: the scheduler's adaptive default)",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds per burst")
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
@@ -570,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         "--audit-log-format=json",
     ]
     hosts = host_ids(args.nodes)
-    with ControlPlane(find_binaries(), workdir=workdir / "cp", extra_apiserver_args=audit) as cp:
+    sched = {"percentageOfNodesToScore": args.percentage_of_nodes_to_score}
+    with ControlPlane(
+        find_binaries(), workdir=workdir / "cp", extra_apiserver_args=audit, scheduler_config=sched
+    ) as cp:
         kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/scale")
         opts = SuiteOptions(
             hosts=(),
@@ -578,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             attach_latency=0.0,
             attach_timeout=max(120.0, args.timeout),
             start_timeout=600.0,
+            publisher_args=[f"--max-free-devices-per-pool={args.pool_window}"],
         )
         suite = Suite(kube, cp.kubeconfig, workdir / "suite", opts)
         t = time.monotonic()
@@ -613,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     requests = list(parse_audit(audit_log.read_text().splitlines()))
     out = report(bursts, requests, started, peak, load)
     out["setup_s"] = round(setup_s, 1)
+    out["percentage_of_nodes_to_score"] = args.percentage_of_nodes_to_score
+    out["pool_window"] = args.pool_window
     out["nodes"], out["zones"], out["pool_gpus"] = args.nodes, args.zones, args.pool_gpus
     return finish(out, goals(out))
 

@@ -149,6 +149,8 @@ class ControlPlane:
     workdir: Path | None = None
     feature_gates: dict[str, bool] = field(default_factory=dict)
     extra_apiserver_args: list[str] = field(default_factory=list)
+    # Merged into the KubeSchedulerConfiguration (e.g. percentageOfNodesToScore, profiles).
+    scheduler_config: dict[str, Any] = field(default_factory=dict)
     start_timeout: float = 120.0
 
     def __post_init__(self) -> None:
@@ -156,6 +158,7 @@ class ControlPlane:
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="composable-dra-cp-"))
         self._procs: list[BinaryProcess] = []
         self.api_port = 0
+        self.scheduler_port = 0  # its secure port: /metrics, /debug/pprof
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.ca: CertificateAuthority | None = None
 
@@ -258,6 +261,7 @@ class ControlPlane:
         self._wait_http("kube-apiserver", f"{self.server}/readyz", admin)
 
         kcm_port, sched_port = free_port(), free_port()
+        self.scheduler_port = sched_port
         common = [
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
@@ -288,6 +292,7 @@ class ControlPlane:
                     # Short backoffs: a pod whose claim waits for a device is retried promptly.
                     "podInitialBackoffSeconds": 1,
                     "podMaxBackoffSeconds": 2,
+                    **self.scheduler_config,
                 }
             )
         )
@@ -320,6 +325,10 @@ class ControlPlane:
         atexit.unregister(self.stop)
 
     # -- health and diagnostics ------------------------------------------------------
+
+    def pid(self, name: str) -> int:
+        """The process id of one of its binaries (``kube-scheduler``...)."""
+        return next(p.popen.pid for p in self._procs if p.name == name)
 
     def check_alive(self) -> None:
         """Raise, with the logs, when a control plane process has exited."""

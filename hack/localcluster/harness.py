@@ -42,7 +42,7 @@ from hack.localcluster.controlplane import ControlPlane
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import HOSTNAME, RESOURCE, create_claim, pod_body
+from hack.localcluster.objects import HOSTNAME, RESOURCE, pod_body
 from hack.localcluster.plugin_process import PluginProcess
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.realnode import RealNode
@@ -56,6 +56,25 @@ _CLAIM_PLURALS = {
     "ResourceClaimTemplate": "resourceclaimtemplates",
 }
 LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
+
+
+def claim_body(name: str, local_first: bool = True) -> JSON:
+    """A claim for one GPU: a node's own first, else a pool's (``local_first``), or any."""
+    if local_first:
+        request: JSON = {
+            "name": "gpu",
+            "firstAvailable": [
+                {
+                    "name": "local",
+                    "deviceClassName": names.DEVICE_CLASS,
+                    "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                },
+                {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
+            ],
+        }
+    else:
+        request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}
+    return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
 
 
 @dataclass
@@ -83,6 +102,7 @@ class SuiteOptions:
     run_operator: bool = True
     operator_args: list[str] = field(default_factory=list)
     scaler_args: list[str] = field(default_factory=list)
+    publisher_args: list[str] = field(default_factory=list)
     # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
     # and the node binaries (hack.localcluster.realnode.find_node_binaries).
     real_hosts: tuple[str, ...] = ()
@@ -173,7 +193,7 @@ class Suite:
         if self.opts.run_operator:
             self.operator = ComponentProcess("operator", op_args[1:], self.workdir / "logs")
         self.publisher = ComponentProcess(
-            "pool-publisher", [*common, *lease], self.workdir / "logs"
+            "pool-publisher", [*common, *lease, *self.opts.publisher_args], self.workdir / "logs"
         )
         self.scaler = ComponentProcess(
             "scaler",
@@ -389,22 +409,8 @@ class Suite:
 
     def create_claim(self, namespace: str, name: str, local_first: bool = True) -> JSON:
         """A claim for one GPU: a local one if the node has one free, else from the pool."""
-        if not local_first:
-            return create_claim(self.kube, namespace, name)
-        request: JSON = {
-            "name": "gpu",
-            "firstAvailable": [
-                {
-                    "name": "local",
-                    "deviceClassName": names.DEVICE_CLASS,
-                    "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
-                },
-                {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
-            ],
-        }
         return self.kube.create(
-            path(RESOURCE, "resourceclaims", namespace=namespace),
-            {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}},
+            path(RESOURCE, "resourceclaims", namespace=namespace), claim_body(name, local_first)
         )
 
     def create_pod(

@@ -6,6 +6,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from api.v1alpha1 import NodeMapping
 from composable_dra import names
@@ -22,6 +24,7 @@ from pool_publisher.publish import (
     live_allocations,
     plan_pools,
     pool_slices,
+    published_devices,
     read_again,
     same_slice,
 )
@@ -94,6 +97,75 @@ def test_attached_and_held_devices_are_left_out_unless_a_live_allocation_names_t
     live = {("fab/zone-1", "gpu-1"), ("fab/zone-1", "gpu-3")}
     pools = desired_pools(view(inv, held=frozenset({"gpu-3"})), live)
     assert [d.id for d in pools["fab/zone-1"].devices] == ["gpu-1", "gpu-3", "gpu-4", "gpu-5"]
+
+
+def ids(pools: dict[str, Any], pool: str) -> list[str]:
+    return [d.id for d in pools[pool].devices]
+
+
+def test_a_pool_offers_at_most_max_free_free_devices_and_every_allocated_one():
+    # The scheduler's cost per pod grows with the free devices every node sees.
+    inv = inventory({"gpu-2": "attached"})
+    assert ids(desired_pools(view(inv), set(), max_free=2), "fab/zone-1") == ["gpu-1", "gpu-3"]
+    live = {("fab/zone-1", "gpu-1"), ("fab/zone-1", "gpu-2")}
+    pools = desired_pools(view(inv, held=frozenset({"gpu-1"})), live, max_free=2)
+    # Allocated ones stay (and do not count): the next free ones fill the window.
+    assert ids(pools, "fab/zone-1") == ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+    assert pools["fab/zone-1"].allocated == frozenset({"gpu-1", "gpu-2"})
+    assert ids(desired_pools(view(inv), set(), max_free=0), "fab/zone-1") == [
+        "gpu-1",
+        "gpu-3",
+        "gpu-4",
+        "gpu-5",
+    ]
+
+
+def test_devices_already_published_keep_their_place_in_the_window():
+    # gpu-5 was offered (the scheduler may have just picked it); gpu-1 came free since.
+    inv = inventory()
+    published = frozenset({("fab/zone-1", "gpu-4"), ("fab/zone-1", "gpu-5")})
+    pools = desired_pools(view(inv), set(), max_free=2, published=published)
+    assert ids(pools, "fab/zone-1") == ["gpu-4", "gpu-5"]
+    pools = desired_pools(view(inv), set(), max_free=3, published=published)
+    assert ids(pools, "fab/zone-1") == ["gpu-1", "gpu-4", "gpu-5"]
+
+
+def test_published_devices_reads_every_slice_of_every_pool():
+    pools = desired_pools(view(inventory()), set())
+    slices = [s for p in pools.values() for s in pool_slices(p, 1, DRIVER, max_per_slice=2)]
+    assert published_devices(slices) == {
+        (pool, d.id) for pool, spec in pools.items() for d in spec.devices
+    }
+
+
+@settings(max_examples=60)
+@given(
+    states=st.lists(st.sampled_from(["free", "attached", "busy"]), min_size=8, max_size=8),
+    held=st.sets(st.integers(1, 8)),
+    live=st.sets(st.integers(1, 8)),
+    published=st.sets(st.integers(1, 8)),
+    max_free=st.integers(0, 6),
+)
+def test_the_window_never_drops_an_allocated_device_nor_offers_an_unfree_one(
+    states: list[str], held: set[int], live: set[int], published: set[int], max_free: int
+) -> None:
+    inv = inventory({f"gpu-{i + 1}": s for i, s in enumerate(states)})
+    zone_of = {d.id: f"fab/{d.zone}" for d in inv.devices.values()}
+    live_refs = {(zone_of[f"gpu-{i}"], f"gpu-{i}") for i in live}
+    shown = frozenset((zone_of[f"gpu-{i}"], f"gpu-{i}") for i in published)
+    v = view(inv, held=frozenset(f"gpu-{i}" for i in held))
+    every = desired_pools(v, live_refs)
+    windowed = desired_pools(v, live_refs, max_free, shown)
+    for pool, spec in windowed.items():
+        got = {d.id for d in spec.devices}
+        assert got <= {d.id for d in every[pool].devices}
+        assert {dev for p, dev in live_refs if p == pool} <= got
+        free = got - spec.allocated
+        wanted = len({d.id for d in every[pool].devices} - every[pool].allocated)
+        assert len(free) == (wanted if max_free == 0 else min(max_free, wanted))
+        kept = {dev for p, dev in shown if p == pool} & ({d.id for d in every[pool].devices})
+        if max_free and len(kept - spec.allocated) <= max_free:
+            assert kept - spec.allocated <= free
 
 
 def test_a_zone_without_nodes_has_no_pool():

@@ -1,0 +1,81 @@
+"""A pool offers a window of its zone's free GPUs (``--max-free-devices-per-pool``) and
+refills it as claims take them: more pool claims at once than the window holds all get a
+GPU, and the pool never offers more free devices than the window.
+
+The window keeps the scheduler's cost per pod down: it evaluates every free pool device
+against a claim's selectors on every node it filters (docs/attach-flow.md, Scale).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from composable_dra import names
+from hack.bench.time_to_gpu import topology
+from hack.localcluster.harness import Suite
+from hack.localcluster.wait import wait_for
+from tests.e2e.conftest import MakeSuite
+
+pytestmark = pytest.mark.e2e
+
+HOSTS = ("node-1", "node-2")  # time_to_gpu.topology's names
+WINDOW = 2
+BLOCKS = 8
+CLAIMS = 5  # more than the window: the pool must be refilled
+
+
+def free_in_pool(suite: Suite) -> set[str]:
+    """Pool devices without the allocated taint."""
+    return {
+        d["name"]
+        for s in suite.pool_slices()
+        for d in s["spec"].get("devices") or []
+        if not any(t.get("key") == f"{names.PREFIX}/allocated" for t in d.get("taints") or [])
+    }
+
+
+def test_more_pool_claims_than_the_window_all_get_a_gpu(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite(
+        hosts=HOSTS,
+        topology=topology(len(HOSTS), BLOCKS),
+        attach_latency=0,
+        publisher_args=[f"--max-free-devices-per-pool={WINDOW}"],
+    )
+    wait_for(lambda: free_in_pool(suite) == {"gpu-1", "gpu-2"}, 30, "the first window")
+
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            seen.append(free_in_pool(suite))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    pods = [f"p{i}" for i in range(CLAIMS)]
+    try:
+        for p in pods:
+            suite.create_pod(namespace, p, local_first=False)
+        wait_for(
+            lambda: all(suite.running(namespace, p) for p in pods),
+            150,
+            "every pod running on a pool GPU",
+            describe=suite.describe,
+        )
+    finally:
+        stop.set()
+        sampler.join(5)
+    assert seen and max(len(free) for free in seen) <= WINDOW
+    # Every claim has a fabric pool GPU of its own.
+    blocks = set()
+    for p in pods:
+        claim = suite.claim(namespace, p)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert "/" in result["pool"]
+        blocks.add(result["device"])
+    assert len(blocks) == CLAIMS
+    assert set(suite.composed()) >= blocks

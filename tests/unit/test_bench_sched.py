@@ -1,0 +1,93 @@
+"""The scheduler-throughput bench's own arithmetic and its cluster's shape."""
+
+from __future__ import annotations
+
+from composable_dra import names
+from hack.bench.sched import Republisher, fabric_view, inventory, metric_sums, per_attempt
+from pool_publisher.publish import desired_pools, plan_pools
+
+EXT = "scheduler_framework_extension_point_duration_seconds"
+PLUGIN = "scheduler_plugin_execution_duration_seconds"
+
+
+def series(name: str, labels: str, value: float) -> str:
+    return f'{name}{{{labels},profile="d"}} {value}'
+
+
+METRICS = "\n".join(
+    [
+        f"# HELP {EXT} x",
+        series(f"{EXT}_sum", 'extension_point="Filter",status="Success"', 3),
+        series(f"{EXT}_count", 'extension_point="Filter",status="Success"', 2),
+        series(f"{EXT}_sum", 'extension_point="Filter",status="Unschedulable"', 1),
+        series(f"{EXT}_count", 'extension_point="Filter",status="Unschedulable"', 2),
+        series(f"{EXT}_sum", 'extension_point="Score",status="Success"', 9),
+        series(f"{PLUGIN}_sum", 'extension_point="Filter",plugin="NodeName"', 9),
+        series(f"{PLUGIN}_sum", 'extension_point="Filter",plugin="DynamicResources"', 0.5),
+        series(f"{PLUGIN}_count", 'extension_point="Filter",plugin="DynamicResources"', 10),
+    ]
+)
+
+
+def test_metric_sums_keep_the_dra_plugins_filtering_summed_over_statuses() -> None:
+    sums = metric_sums(METRICS)
+    filter_ = 'scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter"}'
+    assert sums[filter_] == 4.0
+    assert not any("Score" in k or "NodeName" in k for k in sums)
+
+
+def test_per_attempt_is_the_mean_over_the_burst() -> None:
+    before = metric_sums(METRICS)
+    after = {k: v * 3 for k, v in before.items()}  # twice as much again
+    means = per_attempt(before, after)
+    key = 'scheduler_framework_extension_point_duration_seconds{extension_point="Filter"}'
+    assert means[key] == 1.0  # 8 s over 8 calls
+    assert means[key + " calls"] == 8
+
+
+def test_the_bench_publishes_the_pools_as_the_publisher_would() -> None:
+    view = fabric_view(inventory(nodes=32, zones=4, pool_gpus=400), lambda h: f"{h}-s")
+    every = desired_pools(view, set())
+    assert len(every) == 4 and all(len(p.nodes) == 8 for p in every.values())
+    assert sum(len(p.devices) for p in every.values()) == 400
+    windowed = desired_pools(view, set(), max_free=32)
+    assert all(len(p.devices) == 32 for p in windowed.values())
+    # One slice a pool with the window; the whole zone takes one slice per 128.
+    assert len(plan_pools(windowed, [], names.DRIVER).apply) == 4
+    assert len(plan_pools(every, [], names.DRIVER).apply) == 4
+
+
+def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
+    writes: list[str] = []
+
+    class FakeKube:
+        def apply(self, url: str, obj: dict[str, object], manager: str) -> None:
+            writes.append(url.rsplit("/", 1)[-1])
+
+        def delete(self, url: str) -> None:
+            writes.append("delete " + url.rsplit("/", 1)[-1])
+
+    view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=40), lambda h: f"{h}-s")
+    rep = Republisher(FakeKube(), view)  # type: ignore[arg-type]
+    rep.max_free = 4
+    rep.publish()
+    assert sorted(writes) == ["fabric-1-zone-1-0", "fabric-1-zone-2-0"]
+    writes.clear()
+    rep.publish()
+    assert writes == []  # nothing changed: nothing written
+    pool = "fabric-1/zone-1"
+    rep.allocated(
+        [
+            {
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [{"driver": names.DRIVER, "pool": pool, "device": "pool-1"}]
+                        }
+                    }
+                }
+            }
+        ]
+    )
+    rep.publish()
+    assert writes == ["fabric-1-zone-1-0"]
