@@ -17,11 +17,12 @@ from typing import Any, Protocol
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricBackend, FabricError, Operation
-from composable_dra.fabric.registry import FabricConfigError, condition_status, host_for_node
+from composable_dra.fabric.registry import FabricConfigError, condition_status
 from composable_dra.kube import NotFound
 from composable_dra.names import normalize_uuid
 from composable_operator.actions import EventSink, Recorder, Seen
 from composable_operator.controller import Controller, pending_task, read_fabric
+from composable_operator.inventories import online_look
 from composable_operator.reconcile import (
     Action,
     ActionKind,
@@ -100,6 +101,10 @@ class AttachDaemon:
     # after our own operation ended or the node reported the device. The device itself
     # is always read again before a decision.
     reuse: Reading | None = None
+    # The last read of the fabric, and when the device was last seen in place (a read
+    # of ours or a Fabric pass's inventory; monotonic).
+    last: Reading | None = None
+    confirmed_at: float = float("-inf")
 
     @property
     def uid(self) -> str:
@@ -127,6 +132,7 @@ class AttachDaemon:
                 await rec.config_error(exc)
                 self.delay = wait = next_delay(self.delay, cap)
             except NotFound:
+                self.ctl.forget_status(self.name)
                 return  # the resource is gone
             except Exception:
                 rec.unexpected()
@@ -137,20 +143,50 @@ class AttachDaemon:
                 await self.stopped.wait(wait)
 
     async def read(self, spec: ComposableResourceSpec) -> Reading:
+        self.confirmed_at = time.monotonic()
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
-            return replace(
+            self.last = replace(
                 kept, device=await asyncio.to_thread(kept.backend.device, spec.device_id)
             )
+            return self.last
         fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
-        device, hosts, node = await read_fabric(self.ctl, backend, spec)
-        host = host_for_node(node, fabric.node_mapping, hosts) if node else None
-        return Reading(fabric, backend, host, device)
+        device, host, _ = await read_fabric(self.ctl, fabric, backend, spec)
+        self.last = Reading(fabric, backend, host, device)
+        return self.last
+
+    def online_look(self, spec: ComposableResourceSpec, status: dict[str, Any]) -> bool:
+        """An Online resource reads nothing of its own while the Fabric daemon's inventory
+        passes show its device in place (inventories.online_look): 1,000 Online resources
+        cost one inventory read per poll interval. True: nothing to do until the next
+        look; False: read the fabric and decide."""
+        last = self.last
+        if last is None or status.get("phase") != "Online":
+            return False
+        poll = self.ctl.settings.online_poll
+        confirmed = online_look(
+            self.ctl.inventories.latest(spec.fabric),
+            spec.device_id,
+            status,
+            # Vendor-driver mode: no plugin of ours reports (as in step()).
+            last.fabric.vendor_driver is not None
+            or visible(status, str(status.get("deviceUUID") or "")),
+            self.confirmed_at,
+            2 * float(last.fabric.poll_interval_seconds) + poll,
+            time.monotonic(),
+        )
+        if confirmed is None:
+            return False
+        self.confirmed_at = confirmed
+        return True
 
     async def step(
         self, spec: ComposableResourceSpec, status: dict[str, Any], rec: Recorder
     ) -> float | None:
         """One pass: the seconds to wait before the next, or None to stop."""
+        self.ctl.known_status(self.name, status)
+        if self.online_look(spec, status):
+            return self.ctl.settings.online_poll
         r = await self.read(spec)
         open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
         if open_task is not None and open_task.monitor in self.followed:
@@ -200,7 +236,12 @@ class AttachDaemon:
                     return FINALIZER_WAIT
                 # No await between the check above and this: a detach finds the call.
                 call = self.ctl.start_attach(
-                    self.uid, self.name, r.backend, spec.device_id, action.host
+                    self.uid,
+                    self.name,
+                    r.backend,
+                    spec.device_id,
+                    action.host,
+                    rec.attaching_conditions(action),
                 )
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)

@@ -109,10 +109,12 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         message = f"{exc}: {spec.device_id} may still be attached to {spec.target_node}"
         rec.event(EventType.WARNING, "FabricGone", message)
         rlog.warning("fabric gone; releasing the resource without a detach")
+        ctl.forget_status(name)
         return
     except FabricConfigError as exc:
         raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
     uid = str(body.meta.get("uid") or name)
+    ctl.known_status(name, body.status)
     record = parse_attach_record(dict(body.status))
     limit = float(fabric.operation_timeout_seconds)
     consistent = False
@@ -158,6 +160,7 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
             ctl.attaches.pop(uid, None)
             ctl.unpublish_since.pop(uid, None)
+            ctl.forget_status(name)
             await asyncio.to_thread(ctl.untaint, name)
             rec.detached(time.monotonic() - t0)
             return

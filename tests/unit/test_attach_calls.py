@@ -30,14 +30,11 @@ class FakeKube:
         self.status: JSON = {}
         self.log: list[str] = []
 
-    def merge_patch(self, _path: str, body: JSON) -> JSON:
-        for k, v in body["status"].items():
-            if v is None:
-                self.status.pop(k, None)
-            else:
-                self.status[k] = v
+    def apply(self, _path: str, body: JSON, _manager: str) -> JSON:
+        # A server-side apply of everything the operator owns: what it leaves out goes.
+        self.status = dict(body["status"])
         self.log.append(f"status {sorted(body['status'])}")
-        return {}
+        return {"status": self.status}
 
 
 class FakeBackend:
@@ -70,18 +67,26 @@ def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> No
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        attaching = [{"type": "Attached", "status": "False", "reason": "Attaching"}]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", attaching)  # type: ignore[arg-type]
         assert ctl.attaches["uid"] is call and call.state() == "running"
         op = await call.request
-        await ctl.records_written("uid")
+        await ctl.records_written("r1")
         assert kube.status["phase"] == "Attaching"
         record = parse_attach_record(kube.status)
         assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
         assert call.state() == "task" and call.operation() == op
         backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
         await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended"
+        # Forgotten with the step's next write, which goes out anyway: none of its own.
+        assert [e for e in kube.log if e.startswith("status")] == [
+            "status ['conditions', 'pendingAttach', 'phase']",
+            "status ['conditions', 'pendingAttach', 'phase']",
+        ]
+        await ctl.write_status("r1", {"deviceUUID": "GPU-1"})
+        assert "pendingAttach" not in kube.status and kube.status["phase"] == "Attaching"
 
     asyncio.run(main())
 
@@ -96,8 +101,8 @@ def test_a_failed_task_is_forgotten_and_reported() -> None:
         backend.states = [OperationStatus("failed", "no")]
         with pytest.raises(OperationFailedError):
             await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended" and "pendingAttach" not in ctl.owned["r1"]
 
     asyncio.run(main())
 
@@ -109,7 +114,7 @@ def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
         backend = FakeBackend(kube, None)
         backend.states = [NotFoundError("gone")]
         await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
+        await ctl.records_written("r1")
         assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -123,8 +128,10 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         with pytest.raises(InUseError):
             await call.request
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended" and "pendingAttach" not in ctl.owned["r1"]
+        await ctl.write_status("r1", {"error": "taken"})  # what the daemon writes next
+        assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
 
@@ -162,18 +169,18 @@ def test_record_writes_land_in_the_order_they_were_made() -> None:
             super().__init__()
             self.first = threading.Event()
 
-        def merge_patch(self, _path: str, body: JSON) -> JSON:
+        def apply(self, _path: str, body: JSON, _manager: str) -> JSON:
             if not self.first.is_set():
                 self.first.set()
                 time.sleep(0.3)
-            return super().merge_patch(_path, body)
+            return super().apply(_path, body, _manager)
 
     async def main() -> None:
         kube = SlowFirstKube()
         ctl = controller(kube)
-        ctl._record("uid", "r1", AttachRecord("h1", 1.0, MONITOR), {})
-        ctl._record("uid", "r1", None, {})
-        await ctl.records_written("uid")
+        ctl._record("r1", AttachRecord("h1", 1.0, MONITOR), {}, [])
+        ctl._record("r1", None, {}, [])
+        await ctl.records_written("r1")
         assert "pendingAttach" not in kube.status
         assert len(kube.log) == 2
 

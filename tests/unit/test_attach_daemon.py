@@ -17,7 +17,12 @@ from composable_dra.kube import JSON
 from composable_operator.actions import EventType
 from composable_operator.attach_daemon import FINALIZER_WAIT, AttachDaemon
 from composable_operator.cluster_cache import Changes, claim_results, local_refs
-from composable_operator.controller import Controller, Settings
+from composable_operator.controller import (
+    OWNED_CONDITIONS,
+    OWNED_FIELDS,
+    Controller,
+    Settings,
+)
 from composable_operator.reconcile import DeviceHolder, next_delay
 
 FABRIC = FabricSpec.model_validate(
@@ -64,24 +69,41 @@ class Stopped:
 
 
 class Kube:
+    """Status writes as the API server keeps them: a server-side apply owns what it sent
+    (a field it leaves out goes; conditions by type, the plugin's kept apart)."""
+
     def __init__(self, body: Body) -> None:
         self.body = body
+        self.writes: list[str] = []
+        self.node_reads = 0
 
     def merge_patch(self, _path: str, patch: JSON) -> JSON:
+        self.writes.append("merge")
         for k, v in patch["status"].items():
             if v is None:
                 self.body.status.pop(k, None)
             else:
                 self.body.status[k] = v
-        return {}
+        return {"status": dict(self.body.status)}
 
     def apply(self, _path: str, obj: JSON, _manager: str) -> JSON:
-        conds = {c["type"]: c for c in self.body.status.get("conditions", [])}
-        conds.update({c["type"]: c for c in obj["status"]["conditions"]})
-        self.body.status["conditions"] = list(conds.values())
-        return obj
+        self.writes.append("apply")
+        sent = obj["status"]
+        for k in OWNED_FIELDS:
+            if k in sent:
+                self.body.status[k] = sent[k]
+            else:
+                self.body.status.pop(k, None)
+        theirs = [
+            c
+            for c in self.body.status.get("conditions", [])
+            if c["type"] not in OWNED_CONDITIONS
+        ]
+        self.body.status["conditions"] = theirs + list(sent.get("conditions", []))
+        return {"status": dict(self.body.status)}
 
     def get_or_none(self, _path: str) -> JSON | None:
+        self.node_reads += 1
         return NODE
 
 
