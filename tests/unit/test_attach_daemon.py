@@ -95,9 +95,7 @@ class Kube:
             else:
                 self.body.status.pop(k, None)
         theirs = [
-            c
-            for c in self.body.status.get("conditions", [])
-            if c["type"] not in OWNED_CONDITIONS
+            c for c in self.body.status.get("conditions", []) if c["type"] not in OWNED_CONDITIONS
         ]
         self.body.status["conditions"] = theirs + list(sent.get("conditions", []))
         return {"status": dict(self.body.status)}
