@@ -324,7 +324,7 @@ def test_steps_read_the_device_not_every_host_nor_the_node() -> None:
     fabric = Fabric(body)
     fabric.errors = [BusyError("busy")] * 3
     d, _ = daemon(body, fabric, Stopped(limit=6))
-    cache = ClusterCache(d.ctl.kube, names.DRIVER)  # type: ignore[arg-type]
+    cache = ClusterCache(d.ctl.kube, names.DRIVER)
     cache.nodes._event("ADDED", NODE)
     cache.nodes.informer.synced.set()
     d.ctl.cache = cache

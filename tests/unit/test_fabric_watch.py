@@ -147,16 +147,18 @@ def test_still_online(device: Device | None, status: dict[str, str], ok: bool) -
 
 
 def test_online_look_trusts_newer_inventories_and_reads_when_none_comes() -> None:
-    look = {"device_id": "gpu-1", "status": ONLINE, "max_age": 70.0}
+    def look(s: Snapshot | None, now: float, visible: bool = True) -> float | None:
+        return online_look(s, "gpu-1", ONLINE, visible, 100, 70, now)
+
     # A pass newer than the last confirmation that shows it in place: confirmed then.
-    assert online_look(snap(DEV, 105), visible=True, checked_at=100, now=106, **look) == 105
+    assert look(snap(DEV, 105), 106) == 105
     # One that shows it moved: read.
-    assert online_look(snap(None, 105), visible=True, checked_at=100, now=106, **look) is None
+    assert look(snap(None, 105), 106) is None
     # Only older passes (or none): fine until max_age, then read.
-    assert online_look(snap(None, 90), visible=True, checked_at=100, now=160, **look) == 100
-    assert online_look(None, visible=True, checked_at=100, now=171, **look) is None
+    assert look(snap(None, 90), 160) == 100
+    assert look(None, 171) is None
     # The plugin stopped seeing it: read and decide at once.
-    assert online_look(snap(DEV, 105), visible=False, checked_at=100, now=106, **look) is None
+    assert look(snap(DEV, 105), 106, visible=False) is None
 
 
 def test_owned_status_changes_replace_conditions_by_type_and_drop_nones() -> None:
