@@ -68,12 +68,13 @@ async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: f
     while not stopped and time.monotonic() < deadline:
         if visible(body.status, uuid):
             return True
-        await stopped.wait(0.1)
+        await stopped.wait(LOOK_SECONDS)
     return False
 
 
-# Seconds between looks for kopf's finalizer before a first attach.
-FINALIZER_WAIT = 0.2
+# Seconds between looks at the live object (kopf's finalizer before a first attach; the
+# plugin's DeviceVisible): in memory, no request, so short enough not to add to an attach.
+LOOK_SECONDS = FINALIZER_WAIT = 0.02
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ class AttachDaemon:
             if wait > 0:
                 await self.stopped.wait(wait)
 
+    def finalized(self) -> bool:
+        return names.FINALIZER in (self.body.meta.get("finalizers") or [])
+
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         self.confirmed_at = time.monotonic()
         if self.reuse is not None:
@@ -187,6 +191,8 @@ class AttachDaemon:
         self.ctl.known_status(self.name, status)
         if self.online_look(spec, status):
             return self.ctl.settings.online_poll
+        if not status.get("phase") and not self.finalized():
+            return FINALIZER_WAIT  # a new resource: nothing to read before it can attach
         r = await self.read(spec)
         open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
         if open_task is not None and open_task.monitor in self.followed:
@@ -229,7 +235,7 @@ class AttachDaemon:
                 assert action.host is not None
                 if self.stopped:
                     return None  # deletion began: from here the detach handler decides
-                if names.FINALIZER not in (self.body.meta.get("finalizers") or []):
+                if not self.finalized():
                     # kopf adds its finalizer in the pass that starts this daemon: an attach
                     # sent before the finalizer is on the object could land after a deletion
                     # that no detach handler sees, leaving the device composed. Wait for it.

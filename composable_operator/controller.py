@@ -254,6 +254,9 @@ class Controller:
             except FabricError:
                 self._forget_record(name)  # answered: nothing is in flight
                 raise
+            # Each step of an attach has its log line, for where the time goes
+            # (docs/attach-flow.md, Timing).
+            log.info("attach answered", resource=name, task=op.monitor if op else None)
             if op is not None:  # done at once: the next status write drops the record
                 self._record(
                     name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}, []
