@@ -62,19 +62,34 @@ def visible(status: Mapping[str, Any], uuid: str) -> bool:
     ) == normalize_uuid(uuid)
 
 
-async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
-    """Until the plugin reports the device visible (True), the time limit or a stop."""
+async def wait_until(
+    body: LiveResource, stopped: Stopped, check: Callable[[LiveResource], bool], limit: float
+) -> bool:
+    """Until ``check`` holds of the live object (True), the time limit or a stop: kopf
+    keeps the object current, and a look is a lookup in memory, no request."""
     deadline = time.monotonic() + limit
     while not stopped and time.monotonic() < deadline:
-        if visible(body.status, uuid):
+        if check(body):
             return True
         await stopped.wait(LOOK_SECONDS)
     return False
 
 
+def finalized(body: LiveResource) -> bool:
+    return names.FINALIZER in (body.meta.get("finalizers") or [])
+
+
+async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
+    """Until the plugin reports the device visible (True), the time limit or a stop."""
+    return await wait_until(body, stopped, lambda b: visible(b.status, uuid), limit)
+
+
 # Seconds between looks at the live object (kopf's finalizer before a first attach; the
-# plugin's DeviceVisible): in memory, no request, so short enough not to add to an attach.
-LOOK_SECONDS = FINALIZER_WAIT = 0.02
+# plugin's DeviceVisible): in memory, no request; short next to an attach, long enough
+# that a hundred resources waiting cost little CPU.
+LOOK_SECONDS = 0.05
+# Seconds an attach step waits for kopf's finalizer before it looks again (a pass).
+FINALIZER_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -143,9 +158,6 @@ class AttachDaemon:
             if wait > 0:
                 await self.stopped.wait(wait)
 
-    def finalized(self) -> bool:
-        return names.FINALIZER in (self.body.meta.get("finalizers") or [])
-
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         self.confirmed_at = time.monotonic()
         if self.reuse is not None:
@@ -191,8 +203,11 @@ class AttachDaemon:
         self.ctl.known_status(self.name, status)
         if self.online_look(spec, status):
             return self.ctl.settings.online_poll
-        if not status.get("phase") and not self.finalized():
-            return FINALIZER_WAIT  # a new resource: nothing to read before it can attach
+        if not status.get("phase") and not finalized(self.body):
+            # A new resource: nothing to read before kopf's finalizer is on.
+            await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+            if not finalized(self.body):
+                return 0.0
         r = await self.read(spec)
         open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
         if open_task is not None and open_task.monitor in self.followed:
@@ -235,7 +250,7 @@ class AttachDaemon:
                 assert action.host is not None
                 if self.stopped:
                     return None  # deletion began: from here the detach handler decides
-                if not self.finalized():
+                if not finalized(self.body):
                     # kopf adds its finalizer in the pass that starts this daemon: an attach
                     # sent before the finalizer is on the object could land after a deletion
                     # that no detach handler sees, leaving the device composed. Wait for it.

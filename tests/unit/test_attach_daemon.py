@@ -23,7 +23,7 @@ from composable_dra.fabric.backend import (
 )
 from composable_dra.kube import JSON
 from composable_operator.actions import EventType
-from composable_operator.attach_daemon import FINALIZER_WAIT, AttachDaemon
+from composable_operator.attach_daemon import LOOK_SECONDS, AttachDaemon
 from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
 from composable_operator.controller import (
     OWNED_CONDITIONS,
@@ -191,7 +191,7 @@ def test_no_attach_is_sent_before_the_finalizer_is_on_the_resource() -> None:
     d, _ = daemon(body, fabric, stopped)
     asyncio.run(d.run())
     assert fabric.attaches == []
-    assert stopped.waits == [FINALIZER_WAIT] * 3
+    assert stopped.waits == [LOOK_SECONDS] * 3  # looks in memory, no request
     body.meta["finalizers"] = [names.FINALIZER]
     stopped = Stopped(limit=3)
     d, _ = daemon(body, fabric, stopped)
