@@ -254,7 +254,8 @@ class AttachDaemon:
                     # kopf adds its finalizer in the pass that starts this daemon: an attach
                     # sent before the finalizer is on the object could land after a deletion
                     # that no detach handler sees, leaving the device composed. Wait for it.
-                    return FINALIZER_WAIT
+                    await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+                    return 0.0
                 # No await between the check above and this: a detach finds the call.
                 call = self.ctl.start_attach(
                     self.uid,
