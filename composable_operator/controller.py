@@ -51,6 +51,10 @@ MANAGER = "composable-operator"
 RESOURCE = "resource.k8s.io/v1"
 log = logs.get(__name__)
 
+# Seconds an attach request may take to be answered before it is recorded in status on
+# its own (the answer's record is the usual one write).
+RECORD_AFTER = 0.5
+
 # What this operator writes of a ComposableResource's status (one server-side apply of
 # all of it per write); the node's plugin owns DeviceVisible.
 OWNED_FIELDS = ("phase", "error", "deviceUUID", "fabricHost", "attachedAt", "pendingAttach")
@@ -242,15 +246,20 @@ class Controller:
 
         async def run() -> Operation | None:
             record = AttachRecord(host, time.time())
-            # The record and the request go out together: an attach waits for no API
-            # write. This process knows of the request from memory; the record is for a
-            # restart, where it almost always landed first (the one write against the
-            # fabric's whole request), and where it did not, the fabric shows the block
-            # being composed, or a block composed later is adopted as an orphan and
-            # detached when idle.
-            self._record(name, record, {"phase": "Attaching", "error": None}, conditions or [])
+            attaching: JSON = {"phase": "Attaching", "error": None}
+            sent = asyncio.ensure_future(asyncio.to_thread(backend.attach, device_id, host))
+            # One write for the request and its answer (the task a restart follows): a
+            # fabric answers a composition request at once, with a task or done. Only an
+            # answer slower than RECORD_AFTER gets the request recorded before it, for a
+            # restart meanwhile (its detach then waits for the request to land). Killed
+            # before either write, the operator leaves a request no record names: the
+            # fabric shows the block being composed, or a block composed later is adopted
+            # as an orphan and detached when idle.
+            early = not (await asyncio.wait([sent], timeout=RECORD_AFTER))[0]
+            if early:
+                self._record(name, record, attaching, conditions or [])
             try:
-                op = await asyncio.to_thread(backend.attach, device_id, host)
+                op = await sent
             except FabricError:
                 self._forget_record(name)  # answered: nothing is in flight
                 raise
@@ -258,9 +267,10 @@ class Controller:
             # (docs/attach-flow.md, Timing).
             log.info("attach answered", resource=name, task=op.monitor if op else None)
             if op is not None:  # done at once: the next status write drops the record
-                self._record(
-                    name, AttachRecord(host, record.requested_at, op.monitor, op.task), {}, []
-                )
+                with_task = AttachRecord(host, record.requested_at, op.monitor, op.task)
+                self._record(name, with_task, attaching, [] if early else conditions or [])
+            elif early:
+                self._forget_record(name)
             return op
 
         call = AttachCall(asyncio.ensure_future(run()))

@@ -19,6 +19,7 @@ from composable_dra.fabric.backend import (
     OperationStatus,
 )
 from composable_dra.kube import JSON
+from composable_operator import controller as controller_module
 from composable_operator.controller import Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 
@@ -80,13 +81,41 @@ def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> No
         await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
         await ctl.records_written("r1")
         assert call.state() == "ended"
-        # Forgotten with the step's next write, which goes out anyway: none of its own.
+        # The request and its task in one write (the fabric answered at once); forgotten
+        # with the step's next write, which goes out anyway: none of its own.
         assert [e for e in kube.log if e.startswith("status")] == [
-            "status ['conditions', 'pendingAttach', 'phase']",
-            "status ['conditions', 'pendingAttach', 'phase']",
+            "status ['conditions', 'pendingAttach', 'phase']"
         ]
         await ctl.write_status("r1", {"deviceUUID": "GPU-1"})
         assert "pendingAttach" not in kube.status and kube.status["phase"] == "Attaching"
+
+    asyncio.run(main())
+
+
+def test_a_slow_answer_gets_the_request_recorded_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A restart while the request is on its way finds it recorded (its detach waits for it
+    # to land); the answer's task is recorded once it comes.
+    monkeypatch.setattr(controller_module, "RECORD_AFTER", 0.01)
+
+    async def main() -> None:
+        kube = FakeKube()
+        ctl = controller(kube)
+        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+        backend.release.clear()
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        await ctl.records_written("r1")
+        record = parse_attach_record(kube.status)
+        assert record is not None and record.monitor is None and call.state() == "running"
+        backend.release.set()
+        await call.request
+        await ctl.records_written("r1")
+        record = parse_attach_record(kube.status)
+        assert record is not None and record.monitor == MONITOR
+        written = "status ['pendingAttach', 'phase']"
+        assert kube.log == [written, "attach gpu-1 h1", written]
 
     asyncio.run(main())
 
@@ -129,7 +158,7 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         with pytest.raises(InUseError):
             await call.request
         await ctl.records_written("r1")
-        assert call.state() == "ended" and "pendingAttach" not in ctl.owned["r1"]
+        assert call.state() == "ended" and "pendingAttach" not in ctl.owned.get("r1", {})
         await ctl.write_status("r1", {"error": "taken"})  # what the daemon writes next
         assert "pendingAttach" not in kube.status
 

@@ -298,10 +298,11 @@ def test_changes_wake_a_waiter_and_a_change_before_the_wait_is_not_lost() -> Non
 # -- cost per attach (docs/attach-flow.md, Scale) ---------------------------------------
 
 
-@pytest.mark.parametrize(("task", "writes"), [(False, 3), (True, 4)])
+@pytest.mark.parametrize(("task", "writes"), [(False, 2), (True, 3)])
 def test_each_step_of_an_attach_is_one_status_write(task: bool, writes: int) -> None:
-    # The request with its record (phase Attaching), the fabric's task once it answers,
-    # Attached with the UUID, Online: one server-side apply each (the finalizer is kopf's).
+    # Phase Attaching with the record of the request and the fabric's task (none when
+    # the fabric attached at once), Attached with the UUID, Online: one server-side apply
+    # each (the finalizer is kopf's).
     body = Body()
     fabric = Fabric(body, task=task)
     d, _ = daemon(body, fabric, Stopped(limit=3))
