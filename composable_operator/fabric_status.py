@@ -82,8 +82,8 @@ class FabricWatch:
     """One pass per poll interval over one Fabric; see the module docstring.
 
     ``nodes``: the operator's Node cache (none: each pass lists Nodes); ``inventories``:
-    where each pass leaves its inventory; ``claimed_index``: (fabric, device) keys of every
-    ComposableResource, kept by a watch (kopf's index; none: each pass lists them)."""
+    where each pass leaves its inventory. The devices that resources name come from
+    kopf's index of them when the daemon has it (``claimed``; else a list per pass)."""
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from composable_dra.fabric.backend import (
 )
 from composable_dra.kube import JSON
 from composable_operator import controller as controller_module
-from composable_operator.controller import Controller
+from composable_operator.controller import AttachCall, Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
@@ -30,11 +30,13 @@ class FakeKube:
     def __init__(self) -> None:
         self.status: JSON = {}
         self.log: list[str] = []
+        self.wrote = threading.Event()  # set by every status write
 
     def apply(self, _path: str, body: JSON, _manager: str) -> JSON:
         # A server-side apply of everything the operator owns: what it leaves out goes.
         self.status = dict(body["status"])
         self.log.append(f"status {sorted(body['status'])}")
+        self.wrote.set()
         return {"status": self.status}
 
 
@@ -61,6 +63,16 @@ class FakeBackend:
 
 def controller(kube: FakeKube) -> Controller:
     return Controller(kube, fabrics=None)  # type: ignore[arg-type]
+
+
+def held_attach() -> tuple[FakeKube, Controller, FakeBackend, AttachCall]:
+    """An attach request the fabric holds until ``backend.release`` is set."""
+    kube = FakeKube()
+    ctl = controller(kube)
+    backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+    backend.release.clear()
+    call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+    return kube, ctl, backend, call
 
 
 def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> None:
@@ -100,13 +112,8 @@ def test_a_slow_answer_gets_the_request_recorded_before_it(
     monkeypatch.setattr(controller_module, "RECORD_AFTER", 0.01)
 
     async def main() -> None:
-        kube = FakeKube()
-        ctl = controller(kube)
-        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        backend.release.clear()
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
-        await asyncio.sleep(0.1)
-        await ctl.records_written("r1")
+        kube, ctl, backend, call = held_attach()
+        assert await asyncio.to_thread(kube.wrote.wait, 5)  # the early record
         record = parse_attach_record(kube.status)
         assert record is not None and record.monitor is None and call.state() == "running"
         backend.release.set()
@@ -169,11 +176,7 @@ def test_the_request_outlives_the_daemon_that_started_it() -> None:
     # kopf cancels a resource's daemon as soon as the resource is deleted; the request
     # must go on, and its answer stay there for the detach.
     async def main() -> None:
-        kube = FakeKube()
-        ctl = controller(kube)
-        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        backend.release.clear()
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        _, _, backend, call = held_attach()
 
         async def daemon() -> Any:
             return await asyncio.shield(call.request)
