@@ -58,8 +58,10 @@ def kopf_events(body: kopf.Body) -> EventSink:
 def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     """Add the ComposableResource handlers to a kopf registry."""
 
+    # Async: kopf calls it on every event of every resource, and a sync handler would go
+    # through kopf's thread pool each time.
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="resources_by_device")
-    def resources_by_device(
+    async def resources_by_device(
         name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
     ) -> dict[tuple[str, str], DeviceHolder]:
         return {
