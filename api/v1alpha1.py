@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import pydantic.dataclasses
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "composable.dra.io"
@@ -82,6 +82,19 @@ class FsasSettings(_Model):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="The ID manager's realm that issues the OAuth token.",
     )
+    attach_by: Literal["resource", "model"] = Field(
+        default="resource",
+        alias="attachBy",
+        description="resource: the FM lists GPUs by identity and attaches the one named; "
+        "model: the FM attaches a GPU of the model that it picks and lists free capacity "
+        "as counts (as CoHDI's FM client and CI mock do); pools then publish "
+        "interchangeable slots (docs/fabrics.md).",
+    )
+    models: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="attachBy model: the GPU models whose free counts the pools publish.",
+    )
 
 
 class VendorRestart(_Model):
@@ -133,12 +146,64 @@ class VendorDriver(_Model):
     )
 
 
+class StandbyPolicy(_Model):
+    """Warm standby (docs/operations.md): idle GPUs kept attached to the nodes of each of
+    the fabric's zones, so that claims find a local GPU with no binding wait. The number
+    kept per zone follows the recent claim arrivals: arrivals in the window times the
+    expected attach time, clamped to minPerZone..maxPerZone."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.minPerZone) || self.minPerZone <= self.maxPerZone",
+                "minPerZone must not exceed maxPerZone",
+            ),
+        )
+    )
+
+    max_per_zone: int = Field(
+        ge=0, le=1024, description="The most idle GPUs standby keeps attached in one zone."
+    )
+    min_per_zone: int = Field(
+        default=0, ge=0, le=1024, description="Idle GPUs kept in each zone whatever the demand."
+    )
+    window_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="How far back claim arrivals are counted.",
+    )
+    attach_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=3600,
+        description="The expected time of one attach: the standby covers the claims that "
+        "arrive while a pool GPU would be attaching.",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Keep GPUs of this model only; unset: any model of the zone.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> StandbyPolicy:
+        if self.min_per_zone > self.max_per_zone:
+            raise ValueError("minPerZone must not exceed maxPerZone")
+        return self
+
+
 class FabricSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
                 "self.backend != 'fsas-fm' || has(self.fsas)",
                 "fsas (tenantUUID, realm) is required when backend is 'fsas-fm'",
+            ),
+            (
+                "!has(self.standby) || !has(self.vendorDriver)",
+                "standby needs the suite's own kubelet plugin: not with vendorDriver",
             ),
         )
     )
@@ -193,6 +258,11 @@ class FabricSpec(_Model):
         "(back to the pool, after the usual taint and allocation check), or Ignore.",
     )
     orphan_grace_period_seconds: int = Field(default=300, ge=0, le=86400)
+    standby: StandbyPolicy | None = Field(
+        default=None,
+        description="Warm standby: keep idle GPUs attached in each zone, sized from the "
+        "recent claim arrivals (docs/operations.md). Unset: none. Not with vendorDriver.",
+    )
     vendor_driver: VendorDriver | None = Field(
         default=None,
         description="Vendor-driver mode: publish this fabric's pools under a vendor's DRA "
@@ -293,6 +363,12 @@ class PendingAttach(_Model):
         default=None, max_length=2048, description="The fabric's task monitor, once answered"
     )
     task: str | None = Field(default=None, max_length=2048, description="The fabric's task")
+    machine_resources: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="A fabric that picks the device: the host's devices before the request, "
+        "to find the picked one again when the answer was lost",
+    )
 
 
 class ComposableResourceStatus(_Model):
@@ -301,6 +377,13 @@ class ComposableResourceStatus(_Model):
         default=None, alias="deviceUUID", description="The device's UUID as its node sees it"
     )
     fabric_host: str | None = Field(default=None, description="The fabric's id of the node's host")
+    fabric_device_id: str | None = Field(
+        default=None,
+        alias="fabricDeviceID",
+        max_length=253,
+        description="A fabric that picks the device (Fsas attachBy model): the id of the "
+        "device it attached; spec.deviceID is then the pool slot the claim allocated",
+    )
     error: str | None = None
     attached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     detached_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})

@@ -18,6 +18,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from composable_dra import logs, retry
@@ -210,6 +211,13 @@ class InformerDriven:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._executors: list[ThreadPoolExecutor] = []
+
+    def _executor(self, workers: int, name: str) -> ThreadPoolExecutor:
+        """A thread pool for the controller's writes; stop() drops what it has queued."""
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._executors.append(pool)
+        return pool
 
     def start(self) -> None:
         for inf in self.informers:
@@ -224,6 +232,8 @@ class InformerDriven:
             inf.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for pool in self._executors:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def wait_synced(self) -> bool:
         """Until every informer has listed once; False when stopped first."""
@@ -235,3 +245,24 @@ class InformerDriven:
 
     def _loop(self) -> None:
         raise NotImplementedError
+
+    def _debounced_passes(
+        self,
+        one_pass: Callable[[], None],
+        *,
+        every: Callable[[], float],
+        debounce: float,
+        on_error: retry.OnError,
+    ) -> None:
+        """A ``_loop``: once synced, ``one_pass`` on each wake, or ``every()`` seconds
+        after the last; a burst of changes within ``debounce`` makes one pass, and a
+        failed pass is retried (cap 10 s) until it succeeds or the controller stops."""
+        if not self.wait_synced():
+            return
+        while not self._stop.is_set():
+            self._wake.wait(every())
+            if self._stop.is_set():
+                return
+            self._stop.wait(debounce)  # let a burst of events settle into one pass
+            self._wake.clear()
+            retry.forever(one_pass, self._stop, cap=10.0, first=0.5, on_error=on_error)

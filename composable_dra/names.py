@@ -23,6 +23,15 @@ LABEL_CLAIM_UID = f"{PREFIX}/claim-uid"
 LABEL_REQUEST = f"{PREFIX}/request"
 FINALIZER = f"{PREFIX}/detach"
 TAINT_KEY = f"{PREFIX}/detaching"
+# The scaler's, on the ComposableResources it creates and the taint rules it writes.
+ANN_POOL = f"{PREFIX}/pool"
+ANN_POOL_DEVICE = f"{PREFIX}/pool-device"
+ANN_IN_USE_BY = f"{PREFIX}/in-use-by"
+ANN_EXPIRES = f"{PREFIX}/expires-at"
+QUARANTINE_LABEL = f"{PREFIX}/quarantine"
+# Set by the operator on the resources it creates for orphans; "adopt": the scaler keeps
+# them, idle like any GPU it attached.
+ANN_ADOPTED = f"{PREFIX}/adopted"
 
 
 def pool_name(fabric: str, zone: str) -> str:

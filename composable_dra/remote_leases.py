@@ -106,6 +106,37 @@ class LeaseList(_Model):
     items: list[LeaseInfo] = Field(default_factory=list)
 
 
+STATUS_PATH = "/status"  # GET API_PREFIX + STATUS_PATH: the donor's lending status
+
+
+class FunctionModel(_Model):
+    """A function's latency model as the donor fitted it: ``service + growth x (k - 1)``
+    seconds per call with k concurrent leases, from ``samples`` measurements (0: its
+    ``--latency-model`` prior)."""
+
+    samples: int = Field(ge=0)
+    service_s: float = Field(alias="serviceSeconds", ge=0, allow_inf_nan=False)
+    growth_s: float = Field(alias="growthSeconds", ge=0, allow_inf_nan=False)
+
+
+class LendingStatus(_Model):
+    """GET /v1/leases/status: what the donor measures, for the plugin that publishes its
+    remote devices (the link-busy taint, the lease counter)."""
+
+    instance: str = Field(max_length=64)
+    leases: int = Field(ge=0, le=1 << 20)  # open now
+    window_s: float = Field(alias="windowSeconds", gt=0, allow_inf_nan=False)
+    link_bytes_per_second: float = Field(alias="linkBytesPerSecond", ge=0, allow_inf_nan=False)
+    # None: the donor was given no link bandwidth, so its load is unknown.
+    link_capacity: float | None = Field(
+        default=None, alias="linkCapacityBytesPerSecond", gt=0, allow_inf_nan=False
+    )
+    link_load: float | None = Field(default=None, alias="linkLoad", ge=0, le=1)
+    # The most leases every admitted SLO allows (``slo.lease_capacity``).
+    lease_capacity: int = Field(alias="leaseCapacity", ge=0, le=1 << 20)
+    functions: dict[str, FunctionModel] = Field(default_factory=dict, max_length=256)
+
+
 class Code(StrEnum):
     BAD_REQUEST = "bad_request"
     UNAUTHENTICATED = "unauthenticated"
@@ -115,6 +146,8 @@ class Code(StrEnum):
     TOO_LARGE = "too_large"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
+    # The lease would break an admitted latency SLO (or its own): not offered now.
+    SLO_UNMET = "slo_unmet"
 
 
 STATUS: dict[Code, int] = {
@@ -126,6 +159,7 @@ STATUS: dict[Code, int] = {
     Code.TOO_LARGE: 413,
     Code.UNAVAILABLE: 503,
     Code.INTERNAL: 500,
+    Code.SLO_UNMET: 409,
 }
 
 
@@ -362,6 +396,9 @@ class LeaseClient:
     def list(self, donor: str) -> LeaseList:
         return _parse(LeaseList, self._call(donor, "GET", ""), donor)
 
+    def status(self, donor: str) -> LendingStatus:
+        return parse_status(self._call(donor, "GET", STATUS_PATH), donor)
+
     def credentials(self, donor: str, lease: int) -> JSON:
         """The lease's token JSON: a secret, never logged or stored in the API."""
         out = self._call(donor, "POST", f"/{int(lease)}/credentials")
@@ -379,6 +416,11 @@ class LeaseClient:
 
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_status(payload: Any, donor: str) -> LendingStatus:
+    """A donor's lending status; LeaseAPIError INTERNAL when malformed."""
+    return _parse(LendingStatus, payload, donor)
 
 
 def _parse(model: type[_M], payload: Any, donor: str) -> _M:

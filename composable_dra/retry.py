@@ -32,6 +32,13 @@ OnError = Callable[[BaseException, float], None]
 log = logs.get(__name__)
 
 
+def _own_wait(after: object) -> float | None:
+    """A Retry-After (seconds) worth obeying: a number, not negative; else None."""
+    if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
+        return float(after)
+    return None
+
+
 class _RetryAfter(wait_base):
     """The error's own ``retry_after`` (seconds) where it has one, else ``fallback``."""
 
@@ -41,10 +48,8 @@ class _RetryAfter(wait_base):
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
         exc = outcome.exception() if outcome is not None else None
-        after = getattr(exc, "retry_after", None)
-        if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
-            return float(after)
-        return self.fallback(retry_state)
+        after = _own_wait(getattr(exc, "retry_after", None))
+        return self.fallback(retry_state) if after is None else after
 
 
 def policy(*, cap: float, first: float = 0.2) -> wait_base:
@@ -57,11 +62,17 @@ def policy(*, cap: float, first: float = 0.2) -> wait_base:
     return _RetryAfter(half + jitter)
 
 
-def delay(attempt: int, *, cap: float, first: float = 0.2) -> float:
+def delay(
+    attempt: int, *, cap: float, first: float = 0.2, retry_after: float | None = None
+) -> float:
     """The wait before retry ``attempt`` (1 for the first retry), for loops that count
-    their own failures (a work queue's per-item retries)."""
+    their own failures (a work queue's per-item retries, the operator's attach daemon).
+    ``retry_after``: the wait the failed call asked for, which wins as in ``policy``."""
     if attempt < 1:
         raise ValueError(f"attempt counts from 1, got {attempt}")
+    after = _own_wait(retry_after)
+    if after is not None:
+        return after
     state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
     state.attempt_number = attempt
     return policy(cap=cap, first=first)(state)

@@ -37,6 +37,16 @@ def condition(kind: str, ok: bool, reason: str, message: str) -> JSON:
     }
 
 
+def _attached_fields(phase: str, action: Action) -> JSON:
+    """The status of a resource whose device the fabric has attached (as ``action`` found it)."""
+    return {
+        "phase": phase,
+        "deviceUUID": action.device_uuid,
+        "fabricHost": action.host,
+        "error": None,
+    }
+
+
 class EventType(enum.StrEnum):
     NORMAL = "Normal"
     WARNING = "Warning"
@@ -120,12 +130,7 @@ class Recorder:
         if seen.device_uuid == action.device_uuid and seen.phase == "Attaching":
             return
         await self.status(
-            {
-                "phase": "Attaching",
-                "deviceUUID": action.device_uuid,
-                "fabricHost": action.host,
-                "error": None,
-            },
+            _attached_fields("Attaching", action),
             [(names.ATTACHED, True, "Attached", action.message)],
         )
         self.event(
@@ -137,13 +142,7 @@ class Recorder:
         if seen.phase == "Online":
             return
         await self.status(
-            {
-                "phase": "Online",
-                "deviceUUID": action.device_uuid,
-                "fabricHost": action.host,
-                "error": None,
-                "attachedAt": now(),
-            },
+            {**_attached_fields("Online", action), "attachedAt": now()},
             [
                 (names.ATTACHED, True, "Attached", "attached to the node's host"),
                 (names.READY, True, "Online", action.message),

@@ -23,6 +23,7 @@ from composable_dra.names import normalize_uuid
 from composable_operator.actions import EventSink, Recorder, Seen
 from composable_operator.controller import Controller, pending_task, read_fabric
 from composable_operator.inventories import online_look
+from composable_operator.picks import picks_for, read_device, start_pick
 from composable_operator.reconcile import (
     Action,
     ActionKind,
@@ -112,7 +113,7 @@ class AttachDaemon:
     name: str
     followed: set[str] = field(default_factory=set)  # recorded tasks followed to their end
     started: float = field(default_factory=time.monotonic)
-    delay: float = 0.0  # the last wait after a failure; 0: none since the last attach
+    failures: int = 0  # failures in a row since the last attach
     # The node's host as the last pass found it, when the next pass may keep it: right
     # after our own operation ended or the node reported the device. The device itself
     # is always read again before a decision.
@@ -142,32 +143,39 @@ class AttachDaemon:
             try:
                 wait = await self.step(spec, status, rec)
             except FabricError as exc:
-                self.delay = wait = next_delay(self.delay, cap, exc.retry_after)
+                wait = self.backoff(cap, exc.retry_after)
                 await rec.fabric_error(exc, wait)
             except FabricConfigError as exc:
                 await rec.config_error(exc)
-                self.delay = wait = next_delay(self.delay, cap)
+                wait = self.backoff(cap)
             except NotFound:
                 self.ctl.forget_status(self.name)
                 return  # the resource is gone
             except Exception:
                 rec.unexpected()
-                self.delay = wait = next_delay(self.delay, cap)
+                wait = self.backoff(cap)
             if wait is None:
                 return
             if wait > 0:
                 await self.stopped.wait(wait)
 
+    def backoff(self, cap: float, retry_after: float | None = None) -> float:
+        """One more failure in a row: the wait before the next try."""
+        self.failures += 1
+        return next_delay(self.failures, cap, retry_after)
+
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         self.confirmed_at = time.monotonic()
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
-            self.last = replace(
-                kept, device=await asyncio.to_thread(kept.backend.device, spec.device_id)
-            )
+            status = dict(self.body.status)
+            device = await read_device(self.ctl, kept.backend, spec, status, self.uid, self.name)
+            self.last = replace(kept, device=device)
             return self.last
         fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
-        device, host, _ = await read_fabric(self.ctl, fabric, backend, spec)
+        device, host, _ = await read_fabric(
+            self.ctl, fabric, backend, spec, dict(self.body.status), self.uid, self.name
+        )
         self.last = Reading(fabric, backend, host, device)
         return self.last
 
@@ -182,7 +190,8 @@ class AttachDaemon:
         poll = self.ctl.settings.online_poll
         confirmed = online_look(
             self.ctl.inventories.latest(spec.fabric),
-            spec.device_id,
+            # A fabric that picks: the device it picked, not the slot (picks.py).
+            str(status.get("fabricDeviceID") or spec.device_id),
             status,
             # Vendor-driver mode: no plugin of ours reports (as in step()).
             last.fabric.vendor_driver is not None
@@ -257,18 +266,21 @@ class AttachDaemon:
                     await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
                     return 0.0
                 # No await between the check above and this: a detach finds the call.
-                call = self.ctl.start_attach(
-                    self.uid,
-                    self.name,
-                    r.backend,
-                    spec.device_id,
-                    action.host,
-                    rec.attaching_conditions(action),
-                )
+                if (p := picks_for(r.backend, spec)) is not None:
+                    call = start_pick(self.ctl, self.uid, self.name, p, spec, action.host)
+                else:
+                    call = self.ctl.start_attach(
+                        self.uid,
+                        self.name,
+                        r.backend,
+                        spec.device_id,
+                        action.host,
+                        rec.attaching_conditions(action),
+                    )
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)
                 await self.ctl.end_attach(self.uid, self.name, r.backend, op, limit)
-                self.delay, self.reuse = 0.0, r
+                self.failures, self.reuse = 0, r
                 return 0.0  # re-read the device: the fabric decides what happened
             case ActionKind.FOLLOW:
                 # A task recorded before a restart: follow it rather than wait for the

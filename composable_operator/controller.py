@@ -36,6 +36,7 @@ from composable_dra.fabric.registry import Fabrics, host_for_node
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from composable_operator.cluster_cache import ClusterCache
 from composable_operator.inventories import Inventories
+from composable_operator.picks import PickState, read_device
 from composable_operator.reconcile import (
     UNPUBLISH_LIMIT_SECONDS,
     AttachRecord,
@@ -57,7 +58,15 @@ RECORD_AFTER = 0.5
 
 # What this operator writes of a ComposableResource's status (one server-side apply of
 # all of it per write); the node's plugin owns DeviceVisible.
-OWNED_FIELDS = ("phase", "error", "deviceUUID", "fabricHost", "attachedAt", "pendingAttach")
+OWNED_FIELDS = (
+    "phase",
+    "error",
+    "deviceUUID",
+    "fabricHost",
+    "attachedAt",
+    "pendingAttach",
+    "fabricDeviceID",
+)
 OWNED_CONDITIONS = (names.ATTACHED, names.READY)
 
 
@@ -140,6 +149,8 @@ class Controller:
     cache: ClusterCache | None = None
     # The Fabric daemon's latest inventory and hosts, per fabric (fabric_status.py).
     inventories: Inventories = field(default_factory=Inventories)
+    # Devices a fabric that picks has attached for our resources (picks.py).
+    picks: PickState = field(default_factory=PickState)
 
     # -- status writes --------------------------------------------------------------
 
@@ -222,6 +233,13 @@ class Controller:
 
         task.add_done_callback(done)
         return task
+
+    def record_attach(
+        self, uid: str, name: str, record: AttachRecord | None, extra: JSON
+    ) -> asyncio.Task[None]:
+        """Write status.pendingAttach (and ``extra``) in order with the other writes
+        (picks.py)."""
+        return self._record(name, record, extra, [])
 
     async def records_written(self, name: str) -> None:
         """Until the status writes under way for a resource are done."""
@@ -375,7 +393,9 @@ class Controller:
         """What decide_detach needs, read now; with the node's host and the device's names."""
         call = self.attaches.get(uid)
         in_flight = attach_in_flight(record, call.state() if call else None, time.time())
-        device, host, node = await read_fabric(self, fabric, backend, spec, consistent)
+        device, host, node = await read_fabric(
+            self, fabric, backend, spec, status, uid, name, consistent
+        )
         if host is None and device is not None and device.state == "attached":
             host = device.host if status.get("fabricHost") == device.host else None
         refs, local = await asyncio.to_thread(self.device_refs, spec, device, consistent)
@@ -435,11 +455,15 @@ async def read_fabric(
     fabric: FabricSpec,
     backend: FabricBackend,
     spec: ComposableResourceSpec,
+    status: JSON,
+    uid: str,
+    name: str,
     consistent: bool = False,
 ) -> tuple[Device | None, str | None, JSON | None]:
-    """What a decision about one resource needs: its device, read now (one request); its
-    node (from the watch's cache unless ``consistent``) and the node's fabric host (from
-    the known hosts: Controller.node_host), with no read of every host per step."""
+    """What a decision about one resource needs: its device, read now (one request;
+    picks.read_device); its node (from the watch's cache unless ``consistent``) and the
+    node's fabric host (from the known hosts: Controller.node_host), with no read of
+    every host per step."""
 
     def node_and_host() -> tuple[JSON | None, str | None]:
         node = ctl.node(spec.target_node, consistent)
@@ -447,7 +471,7 @@ async def read_fabric(
         return node, host
 
     device, (node, host) = await asyncio.gather(
-        asyncio.to_thread(backend.device, spec.device_id), asyncio.to_thread(node_and_host)
+        read_device(ctl, backend, spec, status, uid, name), asyncio.to_thread(node_and_host)
     )
     return device, host, node
 

@@ -38,11 +38,13 @@ from composable_operator.cluster_cache import Nodes
 from composable_operator.inventories import Inventories
 
 log = logs.get(__name__)
-ADOPTED = f"{names.PREFIX}/adopted"
+ADOPTED = names.ANN_ADOPTED
 
 
 def free_devices(inv: Inventory) -> list[JSON]:
     counts = Counter((d.model, d.zone) for d in inv.devices.values() if d.state == "free")
+    for (zone, model), n in inv.free_counts.items():  # a fabric that counts its free GPUs
+        counts[(model, zone)] += n
     return [{"model": m, "zone": z, "count": n} for (m, z), n in sorted(counts.items())]
 
 
@@ -115,7 +117,9 @@ class FabricWatch:
         items = self.kube.get(
             path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={fabric}"
         )["items"]
-        return {r["spec"]["deviceID"] for r in items}
+        # On a fabric that picks, a resource's device is the one recorded in its status.
+        picked = {str(p) for r in items if (p := (r.get("status") or {}).get("fabricDeviceID"))}
+        return {r["spec"]["deviceID"] for r in items} | picked
 
     def adopt(self, fabric: str, orphan: Orphan, detach: bool) -> None:
         name = f"orphan-{fabric}-{orphan.device}".lower()[:253]

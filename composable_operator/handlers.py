@@ -45,7 +45,7 @@ UNPUBLISH_LOOK_SECONDS = 5.0
 
 def retry_delay(retry: int, exc: FabricError) -> float:
     """The delay of kopf's next try (``retry``: tries so far) after a fabric error."""
-    return next_delay(2 ** (retry - 1) if retry else 0, 30, exc.retry_after or None)
+    return next_delay(retry + 1, 30, exc.retry_after or None)
 
 
 def kopf_events(body: kopf.Body) -> EventSink:
@@ -161,6 +161,7 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         await rec.detach_step(action, host=host)
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
             ctl.attaches.pop(uid, None)
+            ctl.picks.picked.pop(uid, None)  # its GPU is gone: no longer anyone's pick
             ctl.unpublish_since.pop(uid, None)
             ctl.forget_status(name)
             await asyncio.to_thread(ctl.untaint, name)
@@ -173,7 +174,9 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
             raise kopf.TemporaryError(action.message, delay=action.delay)
         assert host is not None
         try:
-            op = await asyncio.to_thread(backend.detach, spec.device_id, host)
+            # The device as read: on a fabric that picks, the one it attached (picks.py).
+            device_id = o.device.id if o.device is not None else spec.device_id
+            op = await asyncio.to_thread(backend.detach, device_id, host)
             await follow(backend, op, limit)
         except FabricError as exc:
             await rec.detach_failed(exc)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from composable_dra import retry
 from composable_dra.fabric.backend import Device, Operation
 
 # How long an attach request whose answer nobody saw (the operator died while it was in
@@ -157,6 +158,8 @@ class AttachRecord:
     requested_at: float  # epoch seconds
     monitor: str | None = None
     task: str | None = None
+    # A fabric that picks the device: the host's devices before the request (picks.py).
+    machine_resources: tuple[str, ...] | None = None
 
     def operation(self) -> Operation | None:
         if not self.monitor and not self.task:
@@ -173,6 +176,8 @@ class AttachRecord:
             out["taskMonitor"] = self.monitor
         if self.task:
             out["task"] = self.task
+        if self.machine_resources is not None:
+            out["machineResources"] = list(self.machine_resources)
         return out
 
 
@@ -188,11 +193,13 @@ def parse_attach_record(status: Mapping[str, Any]) -> AttachRecord | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
+    before = raw.get("machineResources")
     return AttachRecord(
         raw["host"],
         when.timestamp(),
         str(raw["taskMonitor"]) if raw.get("taskMonitor") else None,
         str(raw["task"]) if raw.get("task") else None,
+        tuple(str(b) for b in before) if isinstance(before, list) else None,
     )
 
 
@@ -377,13 +384,8 @@ def referencing_claims(
 FIRST_DELAY = 1.0
 
 
-def next_delay(previous: float, cap: float, retry_after: float | None = None) -> float:
-    """How long to wait before the next try after a failure: what the fabric asked for
-    (Retry-After), else twice the previous wait (0: none yet) within the cap.
-
-    The operator's one backoff (the attach daemon and the detach handler); the suite's
-    shared retry policy (composable_dra/retry.py) should replace it once merged.
-    """
-    if retry_after is not None:
-        return max(0.0, retry_after)
-    return max(FIRST_DELAY, min(cap, previous * 2))
+def next_delay(failures: int, cap: float, retry_after: float | None = None) -> float:
+    """How long to wait after the ``failures``-th failure in a row (the attach daemon, the
+    detach handler): what the fabric asked for (Retry-After), else the suite's one backoff
+    (composable_dra/retry.py) from FIRST_DELAY up to ``cap``."""
+    return retry.delay(failures, cap=cap, first=FIRST_DELAY, retry_after=retry_after)

@@ -26,11 +26,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.v1alpha1 import ClaimRef, ComposableResourceSpec
+from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra import names
 from composable_dra.conditions import condition
 from composable_dra.kube import JSON
-from composable_dra.names import normalize_uuid
+from composable_dra.names import (
+    ANN_ADOPTED,
+    ANN_EXPIRES,
+    ANN_IN_USE_BY,
+    ANN_POOL,
+    ANN_POOL_DEVICE,
+    QUARANTINE_LABEL,
+    normalize_uuid,
+)
 from composable_dra.sizing import (
     ANN_LAST_USED as ANN_LAST_USED,
 )
@@ -41,18 +49,10 @@ from composable_dra.sizing import (
     spec_of,
 )
 from composable_dra.timestamps import format_time, parse_time
+from device_scaler import standby as sb
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "scaler"
-ANN_POOL = f"{names.PREFIX}/pool"
-ANN_POOL_DEVICE = f"{names.PREFIX}/pool-device"
-ANN_IN_USE_BY = f"{names.PREFIX}/in-use-by"
-ANN_EXPIRES = f"{names.PREFIX}/expires-at"
-# Set by the operator on the resources it creates for orphans (composable_operator
-# fabric_status.ADOPTED); "adopt": kept, and idle like any GPU the scaler attached.
-ANN_ADOPTED = f"{names.PREFIX}/adopted"
-QUARANTINE_LABEL = f"{names.PREFIX}/quarantine"
-API_VERSION = "composable.dra.io/v1alpha1"
 
 
 # -- time --------------------------------------------------------------------------------
@@ -97,6 +97,7 @@ class Snapshot:
     local_devices: Mapping[tuple[str, str], str]
     requests: list[JSON] = field(default_factory=list)
     quarantines: list[JSON] = field(default_factory=list)
+    standby: sb.StandbyInputs = field(default_factory=sb.StandbyInputs)
 
 
 # -- actions -----------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Snapshot:
 class CreateResource:
     name: str
     body: JSON
-    claim: ClaimRef
+    claim: ClaimRef | None  # None: a warm standby GPU
     device: str
 
 
@@ -627,10 +628,13 @@ def ended_allocations(view: View) -> tuple[list[Action], list[IdleGPU]]:
 # 4. Idle scale-down: least recently used first, honouring min/max.
 
 
-def scale_down(view: View, counts: Counts, idle: list[IdleGPU]) -> list[Action]:
+def scale_down(
+    view: View, counts: Counts, idle: list[IdleGPU], keep: frozenset[str] = frozenset()
+) -> list[Action]:
+    """``keep``: idle GPUs a warm standby holds (phase 4b), left alone."""
     actions: list[Action] = []
-    by_name = {_meta(i.cr)["name"]: i for i in idle}
-    for cr in least_recently_used((i.cr for i in idle), view.s.now):
+    by_name = {_meta(i.cr)["name"]: i for i in idle if _meta(i.cr)["name"] not in keep}
+    for cr in least_recently_used((i.cr for i in by_name.values()), view.s.now):
         gpu = by_name[_meta(cr)["name"]]
         fabric, node, model = _key(gpu.spec)
         node_lim = limits(view.s.requests, fabric, model, node)
@@ -651,6 +655,111 @@ def scale_down(view: View, counts: Counts, idle: list[IdleGPU]) -> list[Action]:
     return actions
 
 
+# 4b. Warm standby (device_scaler/standby.py): idle GPUs kept attached in each zone.
+
+
+def _returned(gpu: IdleGPU, actions: Iterable[Action]) -> bool:
+    return any(isinstance(a, DeleteResource) and a.name == _meta(gpu.cr)["name"] for a in actions)
+
+
+def standby_phase(
+    view: View, counts: Counts, idle: list[IdleGPU]
+) -> tuple[list[Action], frozenset[str], Counts]:
+    """Standby GPUs to attach or return, and the idle GPUs the idle rule must keep."""
+    s = view.s
+    if not s.standby.zones:
+        return [], frozenset(), counts
+    actions: list[Action] = []
+    held = [
+        sb.Held(
+            _meta(i.cr)["name"],
+            pool,
+            i.spec.target_node,
+            i.spec.model or "",
+            i.last_used,
+            sb.STANDBY_LABEL in (_meta(i.cr).get("labels") or {}),
+            False,
+        )
+        for i in idle
+        if (pool := (_meta(i.cr).get("annotations") or {}).get(ANN_POOL))
+    ]
+    users = local_users(s.claims, view.cfg.driver)
+    used = False  # a standby GPU serves a claim since the last pass
+    for name, cr in view.resources.items():
+        spec = view.specs.get(name)
+        if spec is None or sb.STANDBY_LABEL not in (_meta(cr).get("labels") or {}):
+            continue
+        if spec.claim_ref is not None or _meta(cr).get("deletionTimestamp"):
+            continue
+        phase = (cr.get("status") or {}).get("phase")
+        uuid = normalize_uuid(str((cr.get("status") or {}).get("deviceUUID") or ""))
+        local = s.local_devices.get((spec.target_node, uuid)) if uuid else None
+        if (_meta(cr).get("annotations") or {}).get(ANN_IN_USE_BY) or (
+            local is not None and (spec.target_node, local) in users
+        ):
+            # Serving a claim, it is an ordinary GPU from now on (released under the idle
+            # rule): the label counts only the idle GPUs the standby holds.
+            message = "serves a claim; no longer a standby GPU"
+            patch = {"metadata": {"labels": {sb.STANDBY_LABEL: None}}}
+            actions.append(PatchResource(name, patch, "StandbyUsed", message))
+            used = True
+            continue
+        created = parse_time(_meta(cr).get("creationTimestamp")) or s.now
+        trouble = _fabric_failure(cr) or (
+            f"not online after {view.cfg.attach_timeout:.0f}s"
+            if phase != "Online" and s.now - created > view.cfg.attach_timeout
+            else None
+        )
+        if phase == "Failed" or trouble is not None:
+            # Quarantined like a claim's failed block, so the next pass picks another.
+            ann = _meta(cr).get("annotations") or {}
+            if ann.get(ANN_POOL) and ann.get(ANN_POOL_DEVICE):
+                until = s.now + view.cfg.quarantine
+                actions.append(Quarantine(ann[ANN_POOL], ann[ANN_POOL_DEVICE], until))
+            actions.append(DeleteResource(name, "StandbyFailed", trouble or "the attach failed"))
+            counts = counts.add(_key(spec), -1)
+        elif phase in (None, "Attaching"):
+            pool = (_meta(cr).get("annotations") or {}).get(ANN_POOL, "")
+            held.append(sb.Held(name, pool, spec.target_node, spec.model or "", s.now, True, True))
+    taken = set(users) | {
+        (str(sel.get("pool")), str(sel.get("device")))
+        for rule in s.quarantines
+        if (sel := (rule.get("spec") or {}).get("deviceSelector") or {})
+    }
+    free = []
+    for (pool, device), dev in s.pool_devices.items():
+        attrs = dev.get("attributes") or {}
+        block = str((attrs.get("blockID") or {}).get("string") or device)
+        if (pool, device) in taken or dev.get("taints"):
+            continue
+        if (pool.split("/", 1)[0], block) in view.holders:
+            continue
+        model = str((attrs.get("model") or {}).get("string") or "")
+        free.append(sb.FreeBlock(pool, device, block, model))
+
+    def fits(fabric: str, node: str, model: str) -> bool:
+        lim = limits(s.requests, fabric, model, node)
+        return lim.max_size is None or counts.count(fabric, node, model) < lim.max_size
+
+    plan = sb.plan(s.standby, held, free, s.now, fits)
+    for name in plan.surplus:
+        actions.append(
+            DeleteResource(name, "StandbySurplus", "more standby GPUs idle than maxPerZone")
+        )
+        spec = view.specs[name]
+        counts = counts.add(_key(spec), -1)
+    # A replacement for a GPU just used waits a pass: its label goes first, so the labelled
+    # idle GPUs never outnumber K, not even for a moment.
+    for new in [] if used else plan.create:
+        key = (new.fabric, new.node, new.block.model)
+        if not fits(*key):
+            continue
+        body = standby_body(new)
+        actions.append(CreateResource(new.name, body, None, new.block.device))
+        counts = counts.add(key)
+    return actions, plan.keep, counts
+
+
 # 5. Quarantines that ran out.
 
 
@@ -669,10 +778,12 @@ def decide(s: Snapshot, cfg: Settings) -> list[Action]:
     counts = live_counts(s.resources, view.specs)
     attach, counts = pending_allocations(view, counts)
     released, idle = ended_allocations(view)
+    warm, keep, counts = standby_phase(view, counts, idle)
     return [
         *attach,
         *released,
-        *scale_down(view, counts, idle),
+        *warm,
+        *scale_down(view, counts, [i for i in idle if not _returned(i, warm)], keep),
         *expired_quarantines(s.quarantines, s.now),
     ]
 
@@ -705,6 +816,31 @@ def resource_body(
                 names.LABEL_NODE: node[:63],
             },
             "annotations": {ANN_POOL: pool, ANN_POOL_DEVICE: device},
+        },
+        "spec": spec,
+    }
+
+
+def standby_body(new: sb.NewStandby) -> JSON:
+    """A standby GPU's resource: no claim; the node's plugin publishes the GPU as an idle
+    local device once it is Online, and the idle rule returns it like any other."""
+    spec = ComposableResourceSpec(
+        fabric=new.fabric,
+        device_id=new.block.block,
+        target_node=new.node,
+        model=new.block.model or None,
+    ).model_dump(by_alias=True, exclude_defaults=True)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ComposableResource",
+        "metadata": {
+            "name": new.name,
+            "labels": {
+                MANAGED_LABEL: MANAGED_VALUE,
+                sb.STANDBY_LABEL: "true",
+                names.LABEL_NODE: new.node[:63],
+            },
+            "annotations": {ANN_POOL: new.block.pool, ANN_POOL_DEVICE: new.block.device},
         },
         "spec": spec,
     }

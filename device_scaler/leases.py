@@ -18,7 +18,6 @@ import datetime
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -277,13 +276,8 @@ class LeaseController(InformerDriven):
         self._listed: dict[str, tuple[float, LeaseList]] = {}
         self._donors: set[str] = set()  # every donor seen, so their leases are judged
         self._first_seen: dict[tuple[str, str], float] = {}
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lease-open")
-        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease-events")
-
-    def stop(self) -> None:
-        super().stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._events.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._executor(8, "lease-open")
+        self._events = self._executor(1, "lease-events")
 
     def _event(self, a: RemoteAlloc, kind: str, reason: str, message: str) -> None:
         """An Event on the claim, posted off the path that opens leases."""
@@ -403,15 +397,7 @@ class LeaseController(InformerDriven):
             seen = self._first_seen.get((a.uid, a.device))
             if seen is not None:
                 LEASE_SETUP.observe(max(0.0, time.monotonic() - seen))
-            log.info(
-                "remote GPU ready",
-                claim=f"{a.namespace}/{a.name}",
-                donor=a.donor,
-                device=a.device,
-                node=a.node,
-                lease=info.lease,
-            )
-            self._event(a, "Normal", REMOTE_READY, f"{a.device}: {message}")
+            self._report(a, True, message, node=a.node, lease=info.lease)
         return None
 
     def _fail(self, action: Fail) -> None:
@@ -419,17 +405,20 @@ class LeaseController(InformerDriven):
         entry = condition_entry(self.settings.driver, a, False, action.reason, action.message, None)
         if self._write(a, entry):
             LEASE_FAILURES.labels(action.reason).inc()
-            log.warning(
-                "remote GPU failed",
-                claim=f"{a.namespace}/{a.name}",
-                donor=a.donor,
-                device=a.device,
-                reason=action.reason,
-                error=action.message,
-            )
-            self._event(
-                a, "Warning", REMOTE_FAILED, f"{a.device}: {action.reason}: {action.message}"
-            )
+            message = f"{action.reason}: {action.message}"
+            self._report(a, False, message, reason=action.reason, error=action.message)
+
+    def _report(self, a: RemoteAlloc, ready: bool, message: str, **fields: object) -> None:
+        """The outcome for ``a`` in the log and as an Event on its claim."""
+        (log.info if ready else log.warning)(
+            "remote GPU ready" if ready else "remote GPU failed",
+            claim=f"{a.namespace}/{a.name}",
+            donor=a.donor,
+            device=a.device,
+            **fields,
+        )
+        kind, reason = ("Normal", REMOTE_READY) if ready else ("Warning", REMOTE_FAILED)
+        self._event(a, kind, reason, f"{a.device}: {message}")
 
     def _write(self, a: RemoteAlloc, entry: JSON) -> bool:
         """Apply ``entry`` and keep this manager's other entries of the claim (apply

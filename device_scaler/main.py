@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
+from api.v1alpha1 import DNS_LABEL
 from composable_dra.component import add_common_arguments, run_controller
 from composable_dra.remote_leases import add_client_arguments
 
@@ -39,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resync", type=float, default=1.0, help="seconds between passes without events"
     )
+    p.add_argument(
+        "--vendor-plugin-namespace",
+        default="",
+        type=_namespace,
+        help="vendor-driver mode: restart vendor plugins (delete their pods) only in this "
+        "namespace; a Fabric naming another gets no restarts (empty: any namespace)",
+    )
     add_client_arguments(p, "lease controller")
     p.add_argument(
         "--lease-resync",
@@ -46,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds between reads of each donor's leases (closes what no claim holds)",
     )
+
+
+def _namespace(value: str) -> str:
+    """A namespace name (DNS label) or empty."""
+    if value and (len(value) > 63 or not re.fullmatch(DNS_LABEL, value)):
+        raise argparse.ArgumentTypeError(f"not a namespace name: {value!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +78,14 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def make(kube: Any) -> Any:
-        scaler = Scaler(kube, ScalerConfig(settings, resync=args.resync))
+        scaler = Scaler(
+            kube,
+            ScalerConfig(
+                settings,
+                resync=args.resync,
+                vendor_plugin_namespace=args.vendor_plugin_namespace or None,
+            ),
+        )
         if not args.lease_service_account:
             return scaler
         return Together(scaler, _lease_controller(args, kube))

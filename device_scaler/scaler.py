@@ -14,23 +14,25 @@ import contextlib
 import itertools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from api.v1alpha1 import ClaimRef, ComposableResourceSpec
-from composable_dra import logs, names, retry
+from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
+from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
-from composable_dra.names import normalize_uuid
-from device_scaler.decide import (
+from composable_dra.names import (
+    ANN_IN_USE_BY,
     ANN_POOL,
     ANN_POOL_DEVICE,
-    API_VERSION,
     QUARANTINE_LABEL,
+    normalize_uuid,
+)
+from device_scaler import standby as sb
+from device_scaler.decide import (
     CreateResource,
     DeleteResource,
     PatchResource,
@@ -47,6 +49,7 @@ from device_scaler.decide import (
 from device_scaler.vendor import (
     Rescheduled,
     RestartVendorPlugin,
+    VendorMode,
     complete_vendor,
     fabric_of,
     vendor_modes,
@@ -73,6 +76,16 @@ ACTIONS = Counter("composable_dra_scaler_actions_total", "Actions taken, by kind
 IDLE_DEVICES = Gauge(
     "composable_dra_scaler_idle_devices", "Attached GPUs serving no claim, by node", ["node"]
 )
+STANDBY_IDLE = Gauge(
+    "composable_dra_scaler_standby_idle",
+    "Idle GPUs a warm standby holds attached (attaching ones included), by fabric pool",
+    ["pool"],
+)
+STANDBY_TARGET = Gauge(
+    "composable_dra_scaler_standby_target",
+    "How many idle GPUs the warm standby wants in the zone now (K), by fabric pool",
+    ["pool"],
+)
 RECONCILE_ERRORS = Counter(
     "composable_dra_scaler_reconcile_errors_total", "Failed scaler passes or actions"
 )
@@ -88,6 +101,25 @@ class ScalerConfig:
     settings: Settings
     resync: float = 1.0  # seconds between passes without events (timeouts, idle windows)
     debounce: float = 0.02
+    # The only namespace whose pods vendor-driver mode may delete (None: any).
+    vendor_plugin_namespace: str | None = None
+
+
+def standby_held(resources: list[JSON]) -> dict[str, int]:
+    """Pool -> standby GPUs serving nobody: attaching, or Online with no claim and no
+    local allocation (the in-use mark), and not being deleted."""
+    out: dict[str, int] = {}
+    for cr in resources:
+        meta = cr.get("metadata") or {}
+        if sb.STANDBY_LABEL not in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
+            continue
+        ann = meta.get("annotations") or {}
+        if (cr.get("spec") or {}).get("claimRef") or ann.get(ANN_IN_USE_BY):
+            continue
+        if (cr.get("status") or {}).get("phase") in (None, "Attaching", "Online"):
+            pool = str(ann.get(ANN_POOL, ""))
+            out[pool] = out.get(pool, 0) + 1
+    return out
 
 
 class Scaler(InformerDriven):
@@ -123,6 +155,7 @@ class Scaler(InformerDriven):
         self.fabrics = Informer(kube, path(API_VERSION, "fabrics"), wake)
         self.vendor_slices: dict[str, Informer] = {}
         self._pool_driver: dict[str, str] = {}  # vendor fabric -> its driver (quarantines)
+        self._refused_warned: set[tuple[str, str | None]] = set()
         self.informers = [
             self.claims,
             self.resources,
@@ -132,26 +165,21 @@ class Scaler(InformerDriven):
             self.fabrics,
         ]
         self.synced = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scaler-write")
-        self._events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scaler-events")
+        # Warm standby: claim uid -> its arrival, kept for the longest window so that a
+        # claim counts after it is gone (device_scaler/standby.py).
+        self._arrivals: dict[str, sb.Arrival] = {}
+        self._pool = self._executor(8, "scaler-write")
+        self._events = self._executor(1, "scaler-events")
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def stop(self) -> None:
-        super().stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._events.shutdown(wait=False, cancel_futures=True)
-
     def _loop(self) -> None:
-        if not self.wait_synced():
-            return
-        while not self._stop.is_set():
-            self._wake.wait(self.config.resync)
-            if self._stop.is_set():
-                return
-            self._stop.wait(self.config.debounce)
-            self._wake.clear()
-            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+        self._debounced_passes(
+            self._pass,
+            every=lambda: self.config.resync,
+            debounce=self.config.debounce,
+            on_error=self._failed,
+        )
 
     def _pass(self) -> None:
         self.reconcile()
@@ -197,11 +225,14 @@ class Scaler(InformerDriven):
 
     def reconcile(self) -> int:
         snap = self.snapshot()
-        modes = vendor_modes(self.fabrics.items())
+        modes = vendor_modes(self.fabrics.items(), self.config.vendor_plugin_namespace)
+        self._warn_refused(modes)
         self._pool_driver = {f: m.driver for m in modes for f in m.fabrics}
         # Each resource is decided with its fabric's driver: ours, or a vendor's.
         own = replace(
-            snap, resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver]
+            snap,
+            resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver],
+            standby=self._standby_inputs(snap),
         )
         actions: list[Any] = self._confirm_releases(decide(own, self.settings), own)
         for mode in modes:
@@ -239,7 +270,58 @@ class Scaler(InformerDriven):
         IDLE_DEVICES.clear()
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
+        self._standby_metrics(own)
         return len(actions)
+
+    def _standby_inputs(self, snap: Snapshot) -> sb.StandbyInputs:
+        """The zones with a standby policy, and the claim arrivals of the longest window."""
+        by_fabric = sb.policies(self.fabrics.items())
+        if not by_fabric:
+            self._arrivals.clear()
+            return sb.StandbyInputs()
+        zones = sb.zones_of(self.slices.items(), by_fabric)
+        fabric_gpus = [
+            (node, local)
+            for cr in snap.resources
+            if (uuid := (cr.get("status") or {}).get("deviceUUID"))
+            and (node := (cr.get("spec") or {}).get("targetNode"))
+            and (local := snap.local_devices.get((node, normalize_uuid(str(uuid)))))
+        ]
+        seen = sb.claim_arrivals(snap.claims, self.settings.driver, zones, fabric_gpus, snap.now)
+        for uid, arrival in seen.items():
+            self._arrivals.setdefault(uid, arrival)
+        horizon = max((z.policy.window_seconds for z in zones), default=0)
+        self._arrivals = {u: a for u, a in self._arrivals.items() if snap.now - a.at <= horizon}
+        return sb.StandbyInputs(zones, tuple(self._arrivals.values()))
+
+    def _standby_metrics(self, snap: Snapshot) -> None:
+        STANDBY_IDLE.clear()
+        STANDBY_TARGET.clear()
+        held = standby_held(snap.resources)
+        for zone in snap.standby.zones:
+            arrived = [
+                a
+                for a in snap.standby.arrivals
+                if zone.pool in a.pools and snap.now - a.at <= zone.policy.window_seconds
+            ]
+            STANDBY_TARGET.labels(zone.pool).set(sb.standby_size(len(arrived), zone.policy))
+            STANDBY_IDLE.labels(zone.pool).set(held.get(zone.pool, 0))
+
+    def _warn_refused(self, modes: list[VendorMode]) -> None:
+        """Once per driver and namespace: a Fabric's restarts that are not allowed."""
+        for mode in modes:
+            key = (mode.driver, mode.refused_namespace)
+            if mode.refused_namespace is None or key in self._refused_warned:
+                continue
+            self._refused_warned.add(key)
+            log.warning(
+                "vendor plugin restarts refused: the scaler may delete pods only in its "
+                "--vendor-plugin-namespace",
+                driver=mode.driver,
+                fabrics=sorted(mode.fabrics),
+                namespace=mode.refused_namespace,
+                allowed=self.config.vendor_plugin_namespace,
+            )
 
     def _vendor_slice_items(self, driver: str) -> list[JSON] | None:
         informer = self.vendor_slices.get(driver)
@@ -312,16 +394,19 @@ class Scaler(InformerDriven):
             except Conflict:
                 return  # made by an earlier pass or leader
             spec = ComposableResourceSpec.model_validate(action.body["spec"])
+            claim = action.claim  # None: a warm standby GPU
             log.info(
-                "attach requested",
-                claim=f"{action.claim.namespace}/{action.claim.name}",
+                "attach requested" if claim else "standby attach requested",
+                claim=f"{claim.namespace}/{claim.name}" if claim else None,
                 resource=action.name,
                 fabric=spec.fabric,
                 device=spec.device_id,
                 node=spec.target_node,
             )
+            if claim is None:
+                return
             self._claim_event(
-                action.claim,
+                claim,
                 "Normal",
                 "AttachRequested",
                 f"ComposableResource {action.name}: attaching {spec.device_id} to "

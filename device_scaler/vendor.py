@@ -14,7 +14,9 @@ turn its one-cycle outcome into the reschedule path:
   the idle rule sees the vendor's local device in use like one of ours;
 - for drivers that do not see hot-plug, the vendor plugin's pods on the node are deleted
   (their DaemonSet starts them again) once per ``restartRetrySeconds`` while an Online
-  GPU is missing from the node's slice.
+  GPU is missing from the node's slice. With ``--vendor-plugin-namespace`` (the chart
+  sets it: its Role grants pod deletion there only), a Fabric naming another namespace
+  gets no restarts.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class VendorMode:
     restart_namespace: str | None = None
     restart_selector: str | None = None
     restart_retry: float = 30.0
+    # A restart namespace the Fabric asked for and the scaler may not delete pods in.
+    refused_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,11 @@ class Rescheduled:
 VendorAction = Action | RestartVendorPlugin | Rescheduled
 
 
-def vendor_modes(fabrics: Iterable[JSON]) -> list[VendorMode]:
+def vendor_modes(fabrics: Iterable[JSON], restart_namespace: str | None = None) -> list[VendorMode]:
     """One mode per vendor driver named by a Fabric (a Fabric the schema let through but
     this model refuses is left out). Fabrics sharing a driver share the first one's restart
-    settings, by Fabric name."""
+    settings, by Fabric name. With ``restart_namespace``, restarts in any other namespace
+    are refused (the mode restarts nothing and names the namespace it refused)."""
     by_driver: dict[str, list[tuple[str, FabricSpec]]] = {}
     for f in sorted(fabrics, key=lambda f: str((f.get("metadata") or {}).get("name", ""))):
         meta = f.get("metadata") or {}
@@ -95,13 +100,15 @@ def vendor_modes(fabrics: Iterable[JSON]) -> list[VendorMode]:
         first = specs[0][1].vendor_driver
         assert first is not None
         restart = first.restart
+        allowed = restart is not None and restart_namespace in (None, restart.namespace)
         modes.append(
             VendorMode(
                 driver=driver,
                 fabrics=frozenset(name for name, _ in specs),
-                restart_namespace=restart.namespace if restart else None,
-                restart_selector=restart.pod_selector if restart else None,
+                restart_namespace=restart.namespace if restart and allowed else None,
+                restart_selector=restart.pod_selector if restart and allowed else None,
                 restart_retry=float(first.restart_retry_seconds),
+                refused_namespace=restart.namespace if restart and not allowed else None,
             )
         )
     return modes

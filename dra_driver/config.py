@@ -9,6 +9,9 @@ Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``
         kind: GpuConfig
         sharing: Shared          # Exclusive (default) | Shared
         env: {MY_VAR: value}     # extra environment for the containers
+        latencySLO:              # remote devices: each call of this function within
+          function: matmul       # this many seconds; the donor offers no lease that
+          seconds: 0.05          # would break it (docs/lending-policy.md)
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from composable_dra.lending.claim_config import LatencySLO, problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -39,6 +44,7 @@ class GpuConfig(BaseModel):
     kind: Literal["GpuConfig"] = "GpuConfig"
     sharing: Literal["Exclusive", "Shared"] = "Exclusive"
     env: dict[str, str] = Field(default_factory=dict)
+    latencySLO: LatencySLO | None = None
 
     @field_validator("env")
     @classmethod
@@ -65,11 +71,7 @@ def parse_parameters(parameters: Any) -> GpuConfig:
     try:
         return GpuConfig.model_validate(parameters)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"invalid {KIND}: {problems}") from None
+        raise ConfigError(f"invalid {KIND}: {problems(exc, 'config')}") from None
 
 
 class RequestConfigs:

@@ -133,6 +133,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="node labels key=value[,key=value] a borrower must have (env BORROWERS; "
         "default: every other node in the same network domain)",
     )
+    _add_lend_status_arguments(lend)
     add_client_arguments(p, "plugin")
     p.add_argument(
         "--no-fsync",
@@ -140,6 +141,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip fsync of CDI specs and the checkpoint (tests and benchmarks only)",
     )
     _add_rolling_update_arguments(p)
+
+
+def _add_lend_status_arguments(lend: Any) -> None:
+    lend.add_argument(
+        "--donor-status-interval",
+        type=float,
+        default=float(_env("DONOR_STATUS_INTERVAL", "5") or 5),
+        help="seconds between reads of this node's donor status (link load, SLO lease "
+        "capacity; needs --lease-service-account; 0: off; env DONOR_STATUS_INTERVAL)",
+    )
+    lend.add_argument(
+        "--link-busy-at",
+        type=float,
+        default=0.7,
+        help="link load (share of its capacity) at which the remote devices get the "
+        "composable.dra.io/link-busy NoSchedule taint",
+    )
+    lend.add_argument(
+        "--link-clear-at",
+        type=float,
+        default=0.5,
+        help="link load below which the taint comes off again (hysteresis)",
+    )
 
 
 def _add_rolling_update_arguments(p: argparse.ArgumentParser) -> None:
@@ -241,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     publisher = SlicePublisher(
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
+    client = _lease_client(args, kube, node)
+    poller = _donor_status(args, client, publisher, lend) if lend is not None else None
     # Devices serving a pool allocation keep their pool identity: the gate decides what the
     # node's slices publish (nothing until it knows the node's resources). One watch on the
     # node's ComposableResources feeds it and the DeviceVisible reporter.
@@ -279,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: watcher.devices,
         checkpoint,
         CdiWriter(args.cdi_dir, durable=durable),
-        remote=_remote_leases(args, kube, node, durable),
+        remote=_remote_leases(args, client, durable),
     )
     server = PluginServer(
         preparer,
@@ -303,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
     watcher.start()
     visibility.start()
     publisher.start()
+    if poller is not None:
+        poller.start()
     server.start()
     log.info(
         "plugin started",
@@ -317,17 +345,49 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         watcher.stop()
         visibility.stop()
+        if poller is not None:
+            poller.stop()
         publisher.stop()
     return 0
 
 
-def _remote_leases(args: argparse.Namespace, kube: Any, node: dict[str, Any], durable: bool) -> Any:
-    """Credentials of remote GPUs, collected from donors with tokens bound to this Node;
-    None without ``--lease-service-account`` (remote devices then fail to prepare)."""
+def _lease_client(args: argparse.Namespace, kube: Any, node: dict[str, Any]) -> Any:
+    """The donors' lease APIs, with tokens bound to this Node; None without
+    ``--lease-service-account``."""
     if not args.lease_service_account:
         return None
     from composable_dra.remote_leases import client_from_args
+
+    return client_from_args(args, kube, node=(args.node_name, node["metadata"]["uid"]))
+
+
+def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:
+    """Credentials of remote GPUs, collected from donors; None without a lease client
+    (remote devices then fail to prepare)."""
+    if client is None:
+        return None
     from dra_driver.remote_prepare import RemoteLeases
 
-    client = client_from_args(args, kube, node=(args.node_name, node["metadata"]["uid"]))
     return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)
+
+
+def _donor_status(args: argparse.Namespace, client: Any, publisher: Any, lend: Any) -> Any:
+    """The poller of this node's donor status (lending on); None when off or without a
+    lease client. SystemExit on thresholds that cannot work."""
+    from composable_dra.lending import netaware
+    from dra_driver.lend_status import DonorStatusPoller
+
+    try:
+        rule = netaware.LinkBusyRule(busy_at=args.link_busy_at, clear_at=args.link_clear_at)
+    except netaware.PolicyError as exc:
+        raise SystemExit(f"--link-busy-at/--link-clear-at: {exc}") from None
+    if client is None or args.donor_status_interval <= 0:
+        return None
+    return DonorStatusPoller(
+        client,
+        args.node_name,
+        publisher.set_lend_state,
+        rule,
+        args.donor_status_interval,
+        knee=lend.max_leases,
+    )

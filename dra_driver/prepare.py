@@ -17,6 +17,7 @@ from typing import Any
 
 from api.v1alpha1 import ClaimRef
 from composable_dra import logs
+from composable_dra.names import normalize_uuid
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
 from dra_driver.config import ConfigError, GpuConfig, claim_configs
@@ -101,7 +102,9 @@ def plan_claim(
         raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
 
     by_name = {d.name: d for d in devices}
-    by_uuid = {d.uuid: d for d in devices}
+    # One GPU's UUID in whatever form its source gives it ("GPU-<uuid>" from NVML or an
+    # Fsas FM, the bare UUID from Redfish): the claim status carries the fabric's form.
+    by_uuid = {normalize_uuid(d.uuid): d for d in devices}
     planned: list[PlannedDevice] = []
     for result in alloc_devices.get("results") or []:
         if result.get("driver") != driver or is_remote(result, node_name):
@@ -119,7 +122,7 @@ def plan_claim(
             uuid = _device_status_uuid(claim, driver, pool, name)
             if uuid is None:
                 raise ClaimError(f"pool device {pool}/{name} has no UUID in the claim status yet")
-            dev = by_uuid.get(uuid)
+            dev = by_uuid.get(normalize_uuid(uuid))
             if dev is None:
                 raise ClaimError(f"pool device {pool}/{name} (UUID {uuid}) is not visible here")
         config = configs.for_request(request)

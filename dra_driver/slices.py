@@ -24,8 +24,10 @@ from typing import Any
 from composable_dra import logs, retry
 from composable_dra.informer import Informer
 from composable_dra.kube import Kube, path
+from composable_dra.lending import netaware
 from composable_dra.names import normalize_uuid
 from composable_dra.quantity import format_bytes, parse_bytes
+from composable_dra.resource_slices import common_fields, write_slices
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 
@@ -120,6 +122,23 @@ class LendPolicy:
         }
 
 
+@dataclass(frozen=True)
+class LendState:
+    """What the donor measured, as its slices publish it (docs/lending-policy.md): the
+    link-busy taint on its remote devices, and the lease capacity that keeps every
+    admitted latency SLO (None: the link's knee alone)."""
+
+    busy: bool = False
+    leases: int | None = None
+
+
+def link_leases(policy: LendPolicy, state: LendState) -> int:
+    """The link counter's ``leases``: the knee, or less where an admitted SLO needs it."""
+    if state.leases is None:
+        return policy.max_leases
+    return max(0, min(policy.max_leases, state.leases))
+
+
 def device_entry(dev: DeviceInfo) -> dict[str, Any]:
     """One device of a slice: attributes and capacity (docs/architecture.md)."""
     attributes: dict[str, dict[str, Any]] = {
@@ -163,8 +182,11 @@ def link_counter_set(devices: Sequence[DeviceInfo]) -> str:
     return name
 
 
-def remote_entry(dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str) -> dict[str, Any]:
-    """The remote-lease device of one GPU: its model, where it is, how it is reached."""
+def remote_entry(
+    dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str, busy: bool = False
+) -> dict[str, Any]:
+    """The remote-lease device of one GPU: its model, where it is, how it is reached;
+    tainted ``composable.dra.io/link-busy`` while the donor's link is busy."""
     local = device_entry(dev)
     attributes = {k: v for k, v in local["attributes"].items() if k != "pciBusID"}
     attributes.update(
@@ -189,6 +211,9 @@ def remote_entry(dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str)
     }
     if "capacity" in local:
         entry["capacity"] = local["capacity"]
+    taint = netaware.device_taint(busy)
+    if taint is not None:
+        entry["taints"] = [taint]
     return entry
 
 
@@ -204,6 +229,7 @@ def lend_layout(
     policy: LendPolicy,
     keep: Collection[str] = frozenset(),
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
+    state: LendState = LendState(),
 ) -> list[dict[str, Any]]:
     """The specs (without pool and driver) of a lending pool.
 
@@ -217,7 +243,7 @@ def lend_layout(
     link_set = link_counter_set(ordered)
     names = {d.name for d in ordered}
     sets: list[dict[str, Any]] = [
-        {"name": link_set, "counters": {"leases": {"value": str(policy.max_leases)}}}
+        {"name": link_set, "counters": {"leases": {"value": str(link_leases(policy, state))}}}
     ]
     pairs: list[dict[str, Any]] = []
     plain: list[DeviceInfo] = []
@@ -229,7 +255,7 @@ def lend_layout(
         local["nodeName"] = donor
         local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
         sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
-        pairs.extend([local, remote_entry(dev, donor, policy, link_set)])
+        pairs.extend([local, remote_entry(dev, donor, policy, link_set, state.busy)])
     # Even sizes keep a GPU's two devices in one slice.
     step = MAX_COUNTER_DEVICES_PER_SLICE
     return [
@@ -263,13 +289,14 @@ def desired_slices(
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
     lend: LendPolicy | None = None,
     keep: Collection[str] = frozenset(),
+    state: LendState = LendState(),
 ) -> list[dict[str, Any]]:
     """The full set of slices for the node's pool at ``generation``.
 
     No devices still gives one (empty) slice, so the pool and its generation stay visible.
     """
     if lend is not None:
-        layout = lend_layout(node_name, devices, lend, keep, max_per_slice)
+        layout = lend_layout(node_name, devices, lend, keep, max_per_slice, state)
     else:
         ordered = sorted(devices, key=lambda d: d.name)
         chunks = [
@@ -330,6 +357,11 @@ def _norm_devices(devices: Any) -> list[tuple[str, ...]]:
             "bindsToNode": bool(dev.get("bindsToNode")),
             "bindingConditions": dev.get("bindingConditions") or [],
             "bindingFailureConditions": dev.get("bindingFailureConditions") or [],
+            # The server adds timeAdded: compare what we set.
+            "taints": sorted(
+                (str(t.get("key")), str(t.get("value", "")), str(t.get("effect")))
+                for t in dev.get("taints") or []
+            ),
         }
         out.append(
             (
@@ -343,22 +375,13 @@ def _norm_devices(devices: Any) -> list[tuple[str, ...]]:
 
 
 def _norm_slice(obj: dict[str, Any]) -> tuple[Any, ...]:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    pool = spec.get("pool") or {}
-    labels = meta.get("labels") or {}
-    owners = sorted(
-        (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
-    )
+    labels, spec, common = common_fields(obj)
     return (
+        *common,
         labels.get(MANAGED_LABEL),
         labels.get(POOL_LABEL),
-        owners,
-        spec.get("driver"),
         spec.get("nodeName"),
         bool(spec.get("perDeviceNodeSelection")),
-        pool.get("name"),
-        pool.get("generation"),
-        pool.get("resourceSliceCount"),
         [
             (c.get("name"), _norm_counters(c.get("counters")))
             for c in spec.get("sharedCounters") or []
@@ -392,6 +415,7 @@ def plan_slices(
     last_generation: int = 0,
     lend: LendPolicy | None = None,
     keep: Collection[str] = frozenset(),
+    state: LendState = LendState(),
 ) -> SlicePlan:
     """What to apply and delete so the observed slices become the desired ones.
 
@@ -405,7 +429,9 @@ def plan_slices(
             *((o.get("spec") or {}).get("pool", {}).get("generation", 0) for o in observed),
         ]
     )
-    at_current = desired_slices(node_name, node_uid, driver, devices, current, lend=lend, keep=keep)
+    at_current = desired_slices(
+        node_name, node_uid, driver, devices, current, lend=lend, keep=keep, state=state
+    )
     names = {s["metadata"]["name"] for s in at_current}
     if (
         current > 0
@@ -417,7 +443,7 @@ def plan_slices(
     return SlicePlan(
         generation,
         apply=desired_slices(
-            node_name, node_uid, driver, devices, generation, lend=lend, keep=keep
+            node_name, node_uid, driver, devices, generation, lend=lend, keep=keep, state=state
         ),
         delete=sorted(set(observed_by_name) - names),
     )
@@ -449,6 +475,7 @@ class SlicePublisher:
         self._resync = resync_seconds
         self._devices: list[DeviceInfo] | None = None
         self._keep: frozenset[str] = frozenset()
+        self._state = LendState()
         self._generation = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -473,6 +500,12 @@ class SlicePublisher:
         """The devices to publish; ``keep``: UUIDs of GPUs never to lend."""
         self._devices, self._keep = list(devices), frozenset(keep)
         self._wake.set()
+
+    def set_lend_state(self, state: LendState) -> None:
+        """What the donor measured (the taint, the lease counter); republish on change."""
+        if state != self._state:
+            self._state = state
+            self._wake.set()
 
     def start(self) -> None:
         t = threading.Thread(target=self._reconcile_loop, name="slices", daemon=True)
@@ -525,13 +558,9 @@ class SlicePublisher:
             self._generation,
             lend=self.lend,
             keep=keep,
+            state=self._state,
         )
-        for obj in plan.apply:
-            self._kube.apply(
-                path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
-            )
-        for name in plan.delete:
-            self._kube.delete(path(RESOURCE_API, "resourceslices", name))
+        write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generation = plan.generation
         metrics.DEVICES_PUBLISHED.set(len(devices))
         if not plan.empty:
@@ -541,6 +570,7 @@ class SlicePublisher:
                 slices=len(plan.apply),
                 deleted=plan.delete,
                 devices=len(devices),
+                link_busy=self._state.busy,
             )
         return plan
 

@@ -390,14 +390,15 @@ def _zone(v: View, zone_id: str) -> dict[str, Any]:
     )
 
 
+def _service(kind: str, name: str, **props: Any) -> dict[str, Any]:
+    """One of the service's singletons (``/redfish/v1/<kind>``), enabled."""
+    return _resource(kind, f"{ROOT}/{kind}", kind, name, Status=_ok(), ServiceEnabled=True, **props)
+
+
 def _composition_service() -> dict[str, Any]:
-    return _resource(
-        "CompositionService",
-        COMP,
+    return _service(
         "CompositionService",
         "Composition Service",
-        Status=_ok(),
-        ServiceEnabled=True,
         AllowOverprovisioning=False,
         AllowZoneAffinity=True,
         ResourceBlocks=link(BLOCKS),
@@ -462,13 +463,9 @@ def _manager(v: View) -> dict[str, Any]:
 
 
 def _session_service() -> dict[str, Any]:
-    return _resource(
-        "SessionService",
-        f"{ROOT}/SessionService",
+    return _service(
         "SessionService",
         "Session Service",
-        Status=_ok(),
-        ServiceEnabled=True,
         SessionTimeout=1800,
         Sessions=link(f"{ROOT}/SessionService/Sessions"),
     )
@@ -488,13 +485,9 @@ def session(s: SessionInfo) -> dict[str, Any]:
 
 
 def _account_service() -> dict[str, Any]:
-    return _resource(
-        "AccountService",
-        f"{ROOT}/AccountService",
+    return _service(
         "AccountService",
         "Account Service",
-        Status=_ok(),
-        ServiceEnabled=True,
         Accounts=link(f"{ROOT}/AccountService/Accounts"),
         Roles=link(f"{ROOT}/AccountService/Roles"),
     )
@@ -535,13 +528,9 @@ def _role() -> dict[str, Any]:
 
 
 def _task_service() -> dict[str, Any]:
-    return _resource(
-        "TaskService",
-        f"{ROOT}/TaskService",
+    return _service(
         "TaskService",
         "Task Service",
-        Status=_ok(),
-        ServiceEnabled=True,
         CompletedTaskOverWritePolicy="Oldest",
         LifeCycleEventOnTaskStateChange=False,
         Tasks=link(f"{ROOT}/TaskService/Tasks"),

@@ -27,13 +27,15 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
-from composable_dra import logs, names, retry
+from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
+from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
+from composable_dra.resource_slices import common_fields, write_slices
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -355,20 +357,11 @@ def _norm_device(dev: JSON) -> tuple[Any, ...]:
 
 
 def _norm_slice(obj: JSON) -> tuple[Any, ...]:
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    pool = spec.get("pool") or {}
-    labels = meta.get("labels") or {}
-    owners = sorted(
-        (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
-    )
+    labels, spec, common = common_fields(obj)
     return (
+        *common,
         tuple(sorted((k, v) for k, v in labels.items() if k.startswith(names.PREFIX))),
-        owners,
-        spec.get("driver"),
         json.dumps(spec.get("nodeSelector") or {}, sort_keys=True),
-        pool.get("name"),
-        pool.get("generation"),
-        pool.get("resourceSliceCount"),
         [_norm_device(d) for d in spec.get("devices") or []],
     )
 
@@ -524,15 +517,9 @@ class PoolPublisher(InformerDriven):
         return min(waits)
 
     def _loop(self) -> None:
-        if not self.wait_synced():
-            return
-        while not self._stop.is_set():
-            self._wake.wait(self._next_poll_in())
-            if self._stop.is_set():
-                return
-            self._stop.wait(self.debounce)  # let a burst of events settle into one pass
-            self._wake.clear()
-            retry.forever(self._pass, self._stop, cap=10.0, first=0.5, on_error=self._failed)
+        self._debounced_passes(
+            self._pass, every=self._next_poll_in, debounce=self.debounce, on_error=self._failed
+        )
 
     def _pass(self) -> None:
         self.reconcile()
@@ -593,6 +580,9 @@ class PoolPublisher(InformerDriven):
             except (FabricError, FabricConfigError) as exc:
                 log.warning("fabric skipped", fabric=name, error=str(exc))
                 continue
+            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
+                mine = {d for p, d in live if p.startswith(f"{name}/")}
+                inv = with_slots(inv, slot_holds(resources, name), mine)
             mapping = spec.node_mapping
             if (why := vendor_config_error(spec.vendor_driver)) is not None:
                 PUBLISH_ERRORS.labels("config").inc()
@@ -614,12 +604,7 @@ class PoolPublisher(InformerDriven):
             self._generations,
             self.max_per_slice,
         )
-        for obj in plan.apply:
-            self.kube.apply(
-                path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, FIELD_MANAGER
-            )
-        for name in plan.delete:
-            self.kube.delete(path(RESOURCE_API, "resourceslices", name))
+        write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generations = plan.generations
         POOL_FREE_DEVICES.clear()
         for (fabric_name, zone, model), count in free_by_model(desired.values()).items():

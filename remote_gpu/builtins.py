@@ -35,3 +35,10 @@ def feature_extract(frame: np.ndarray) -> np.ndarray:
 def big(n: np.ndarray) -> np.ndarray:
     """Return a fresh array of ``n[0]`` bytes (to test the memory quota on results)."""
     return np.zeros(int(n.reshape(-1)[0]), dtype=np.uint8)
+
+
+def paced_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``matmul`` that takes at least 50 ms: a heavy kernel's stand-in with a known service
+    time (the lending policy's SLO tests)."""
+    time.sleep(0.05)
+    return matmul(a, b)

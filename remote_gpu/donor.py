@@ -43,6 +43,7 @@ from remote_gpu.errors import (
     RemoteGPUError,
 )
 from remote_gpu.errors import Fatal as _Fatal
+from remote_gpu.lending import LendingMonitor
 from remote_gpu.protocol import (
     HELLO_KEY,
     MAX_META,
@@ -97,6 +98,9 @@ class DonorConfig:
     max_connections_per_peer: int = 64
     # With a lease API (``lease_api``): only the leases it opened may connect.
     lease_gate: Callable[[int], bool] | None = None
+    # What the lending policy reads (link load, per-function latency); None: one with
+    # the link bandwidth and no latency priors.
+    monitor: LendingMonitor | None = None
 
 
 # ``accept`` failures (out of descriptors or memory): first pause, and the longest.
@@ -141,6 +145,9 @@ class Donor:
     def __init__(self, config: DonorConfig) -> None:
         self.config = config
         self.admission = AdmissionController(config.link_bandwidth, config.headroom)
+        self.monitor = config.monitor or LendingMonitor(
+            config.link_bandwidth, functions=config.allow
+        )
         self.leases: dict[int, Lease] = {}
         self._server_tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[socket.socket] = []
@@ -458,7 +465,7 @@ class Donor:
 
     def _on_worker_message(self, lease: Lease, msg: tuple[Any, ...]) -> None:
         if msg[0] == "stats":
-            _export(lease, msg[1])
+            self._measured(lease, msg[1])
         elif msg[0] in ("closed", "fatal"):
             if lease.closed is not None and not lease.closed.done():
                 lease.closed.set_result(None if msg[0] == "closed" else tuple(msg[1:4]))
@@ -540,7 +547,7 @@ class Donor:
                     while lease.pipe.poll():  # the worker's last counters
                         msg = lease.pipe.recv()
                         if msg[0] == "stats":
-                            _export(lease, msg[1])
+                            self._measured(lease, msg[1])
         finally:  # also when the donor shuts down meanwhile: leave nothing in /dev/shm
             if lease.pipe is not None:
                 lease.pipe.close()
@@ -658,6 +665,8 @@ class Donor:
                 _, _, results, seconds = msg
                 metrics.LATENCY.labels("donor").observe(seconds)
                 metrics.INVOCATIONS.labels("donor").inc()
+                moved = sum(s[3] for s in specs) + sum(r[3] for r in results)
+                self.monitor.on_report(moved, [(name, seconds)], self._serving())
                 frames = self._result_frames(lease, key, seq, results)
             else:
                 _, _, code, message = msg
@@ -668,6 +677,14 @@ class Donor:
         finally:
             lease.pending.pop(seq, None)
             lease.busy.discard(slot)
+
+    def _serving(self) -> int:
+        """Leases being served now: the concurrency a latency sample is measured at."""
+        return sum(1 for lease in self.leases.values() if lease.opened)
+
+    def _measured(self, lease: Lease, stats: Stats) -> None:
+        _export(lease, stats)
+        self.monitor.on_report(stats.bytes_in + stats.bytes_out, stats.calls, self._serving())
 
     def _result_frames(
         self, lease: Lease, key: bytes, seq: int, results: Sequence[ArraySpec]
@@ -685,7 +702,7 @@ def _export(lease: Lease, stats: Stats) -> None:
     metrics.BYTES.labels("donor", "out", lease.transport).inc(stats.bytes_out)
     for code, n in stats.errors.items():
         metrics.ERRORS.labels("donor", code).inc(n)
-    for seconds in stats.seconds:
+    for _, seconds in stats.calls:
         metrics.LATENCY.labels("donor").observe(seconds)
 
 

@@ -60,7 +60,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the GPU when CuPy or PyTorch sees one; numpy forces numpy)",
     )
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    _add_lending_arguments(parser)
     _add_lease_api_arguments(parser)
+
+
+def _add_lending_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "lending policy",
+        "what the donor measures for the link-busy taint and SLO admission "
+        "(docs/lending-policy.md); the link's capacity is --link-bandwidth",
+    )
+    g.add_argument(
+        "--status-window",
+        type=float,
+        default=10.0,
+        help="seconds over which the link's load is measured (a moving window)",
+    )
+    g.add_argument(
+        "--latency-model",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS[:GROWTH]",
+        help="a function's latency per call alone, and its growth per extra concurrent "
+        "lease (default: the same, time slicing), used until the donor has measured it "
+        "(repeatable)",
+    )
 
 
 def _add_lease_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +119,20 @@ def parse_allow(items: list[str]) -> dict[str, str]:
     return allow
 
 
+def lending_monitor(
+    args: argparse.Namespace, bandwidth: float | None, allow: dict[str, str]
+) -> Any:
+    """The donor's measurements for the lending policy; SystemExit on a bad flag."""
+    from composable_dra.lending.measure import parse_model
+    from remote_gpu.lending import LendingMonitor
+
+    try:
+        priors = dict(parse_model(item) for item in args.latency_model)
+        return LendingMonitor(bandwidth, args.status_window, priors, functions=allow)
+    except ValueError as exc:
+        raise SystemExit(f"remote-gpu-donor: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -119,10 +157,12 @@ def run(args: argparse.Namespace) -> int:
     if args.measure_link:
         bandwidth = measure_bandwidth(args.measure_link)
         log.info("measured link", bandwidth_bps=round(bandwidth))
+    allow = parse_allow(args.allow)
+    monitor = lending_monitor(args, bandwidth, allow)
     config = DonorConfig(
         name=args.name,
         secret=read_secret(args.secret_file),
-        allow=parse_allow(args.allow),
+        allow=allow,
         memory_quota=args.memory_quota,
         max_credits=args.credits,
         rate_limit=args.rate_limit,
@@ -133,11 +173,12 @@ def run(args: argparse.Namespace) -> int:
         ring_spin=args.ring_spin_us * 1e-6,
         handshake_timeout=args.handshake_timeout,
         max_connections_per_peer=args.max_connections_per_peer,
+        monitor=monitor,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
-    leases = _lease_api(args, config) if args.lease_api_listen else None
+    leases = _lease_api(args, config, monitor) if args.lease_api_listen else None
 
     async def main() -> None:
         donor = Donor(config)
@@ -172,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lease_api(args: argparse.Namespace, config: Any) -> Any:
+def _lease_api(args: argparse.Namespace, config: Any, monitor: Any) -> Any:
     """The lease API over a fresh book (a restarted donor has no leases); its data plane
     then admits only the leases the API opened."""
     from composable_dra.kube import Kube
@@ -216,5 +257,6 @@ def _lease_api(args: argparse.Namespace, config: Any) -> Any:
         book,
         reviewer,
         reviewer,
+        monitor=monitor,
     )
     return api, server_context(args.lease_api_cert, args.lease_api_key)

@@ -13,6 +13,13 @@ audience, checked with a TokenReview:
   API server) shows that device allocated to that node.
 - ``DELETE /v1/leases/{id}`` (the controller, or the consumer node's plugin): close it;
   its token opens nothing any more and a connection using it ends.
+- ``GET /v1/leases/status`` (the controller, or the plugin of the donor's own node): what
+  the donor measures (``remote_gpu/lending.py``): its link's load and the lease capacity
+  that keeps every admitted latency SLO. The plugin publishes both on the remote devices.
+
+With a ``LendingMonitor``, opening a lease reads the claim's ``latencySLO`` (our driver's
+opaque config) and refuses the lease (``slo_unmet``) when it would break an admitted SLO
+or its own.
 
 Leases live in memory: a restarted donor has none, and the data plane admits only the
 leases this API opened (``LeaseBook.is_open``), so a token from before the restart is
@@ -38,11 +45,14 @@ from pydantic import ValidationError
 
 from composable_dra import logs
 from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.lending import slo
+from composable_dra.lending.claim_config import SLOConfigError, lease_of_claim
 from composable_dra.remote_leases import (
     API_PREFIX,
     MAX_BODY,
     NODE_NAME_EXTRA,
     STATUS,
+    STATUS_PATH,
     Code,
     ErrorBody,
     LeaseAPIError,
@@ -52,6 +62,7 @@ from composable_dra.remote_leases import (
     allocation_node,
     audience,
 )
+from remote_gpu.lending import LendingMonitor
 from remote_gpu.tokens import Token, issue
 
 log = logs.get(__name__)
@@ -134,6 +145,11 @@ def service_account_user(namespace: str, name: str) -> str:
 class Lease:
     info: LeaseInfo
     token: Token = field(repr=False)
+    slo: slo.Lease = field(default_factory=lambda: slo.Lease(""))  # its claim's latency SLO
+
+
+# Why a candidate lease may not join the admitted ones (None: it may).
+Refusal = Callable[[list[slo.Lease], slo.Lease], str | None]
 
 
 class LeaseBook:
@@ -148,9 +164,14 @@ class LeaseBook:
         self._by_claim: dict[str, int] = {}
         self.instance = secrets.token_hex(8)  # this process's: leases die with it
 
-    def open(self, req: OpenLease) -> tuple[Lease, bool]:
+    def open(
+        self, req: OpenLease, want: slo.Lease | None = None, refusal: Refusal | None = None
+    ) -> tuple[Lease, bool]:
         """The claim's lease (and True when new). CONFLICT when the claim's lease is for
-        another device or node: that allocation ended, and its lease must close first."""
+        another device or node: that allocation ended, and its lease must close first.
+        SLO_UNMET when ``refusal`` says the new lease (``want``) may not join the open
+        ones (asked under the book's lock, so two opens cannot both take the last place)."""
+        want = want or slo.Lease("")
         with self._lock:
             known = self._by_claim.get(req.claim_uid)
             if known is not None:
@@ -169,6 +190,10 @@ class LeaseBook:
                 return lease, False
             if len(self._by_id) >= MAX_LEASES:
                 raise LeaseAPIError(Code.UNAVAILABLE, f"{MAX_LEASES} leases open already")
+            if refusal is not None:
+                why = refusal([lease.slo for lease in self._by_id.values()], want)
+                if why is not None:
+                    raise LeaseAPIError(Code.SLO_UNMET, why)
             lease_id = 0
             while lease_id == 0 or lease_id in self._by_id:
                 lease_id = secrets.randbelow(_LEASE_ID_MAX - 1) + 1
@@ -183,7 +208,7 @@ class LeaseBook:
                 device=req.device,
                 node=req.node,
             )
-            lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl))
+            lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl), want)
             self._by_id[lease_id] = lease
             self._by_claim[req.claim_uid] = lease_id
             return lease, True
@@ -202,6 +227,10 @@ class LeaseBook:
     def items(self) -> list[LeaseInfo]:
         with self._lock:
             return [lease.info for lease in self._by_id.values()]
+
+    def admitted(self) -> list[slo.Lease]:
+        with self._lock:
+            return [lease.slo for lease in self._by_id.values()]
 
     def is_open(self, lease_id: int) -> bool:
         """The data plane's gate: only leases this API opened may connect."""
@@ -284,9 +313,11 @@ class LeaseAPI:
         reviewer: Reviewer,
         claims: ClaimSource,
         on_close: Callable[[int, float], None] = lambda _lease, _expiry: None,
+        monitor: LendingMonitor | None = None,
     ) -> None:
         self.config, self.book = config, book
         self._reviewer, self._claims = reviewer, claims
+        self.monitor = monitor
         self._on_close = on_close
         self._audience = audience(config.node)
         # TokenReview answers for a few seconds, by the token's digest: a caller's burst
@@ -300,6 +331,7 @@ class LeaseAPI:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
         app.router.add_post(API_PREFIX, self._open)
         app.router.add_get(API_PREFIX, self._list)
+        app.router.add_get(API_PREFIX + STATUS_PATH, self._status)
         app.router.add_post(API_PREFIX + "/{lease}/credentials", self._credentials)
         app.router.add_delete(API_PREFIX + "/{lease}", self._close)
         return app
@@ -358,7 +390,10 @@ class LeaseAPI:
         body = await request.read()
         self._controller(await self._who(request))
         req = parse_open(body)
-        lease, created = self.book.open(req)
+        want, refusal = None, None
+        if self.monitor is not None:
+            want, refusal = await self._slo_of(req), self.monitor.refusal
+        lease, created = self.book.open(req, want, refusal)
         if created:
             log.info(
                 "lease opened for claim",
@@ -368,6 +403,32 @@ class LeaseAPI:
                 node=req.node,
             )
         return _json(lease.info.model_dump(by_alias=True), 201 if created else 200)
+
+    async def _slo_of(self, req: OpenLease) -> slo.Lease:
+        """The latency SLO the claim asks of this device (none: a lease without one)."""
+        loop = asyncio.get_running_loop()
+        claim = await loop.run_in_executor(None, self._claims.claim, req.namespace, req.name)
+        if claim is None or (claim.get("metadata") or {}).get("uid") != req.claim_uid:
+            return slo.Lease("")
+        try:
+            found = lease_of_claim(claim, self.config.driver, self.config.node, req.device)
+        except SLOConfigError as exc:
+            why = f"claim {req.namespace}/{req.name}: {exc}"
+            raise LeaseAPIError(Code.BAD_REQUEST, why) from None
+        return found or slo.Lease("")
+
+    async def _status(self, request: web.Request) -> web.Response:
+        who = await self._who(request)
+        if who.user != self.config.controller and not (
+            who.user == self.config.plugin and who.node == self.config.node
+        ):
+            raise LeaseAPIError(
+                Code.FORBIDDEN, f"only the plugin of node {self.config.node} reads its status"
+            )
+        if self.monitor is None:
+            raise LeaseAPIError(Code.NOT_FOUND, "this donor measures nothing for lending")
+        status = self.monitor.status(self.book.instance, self.book.admitted())
+        return _json(status.model_dump(by_alias=True))
 
     async def _list(self, request: web.Request) -> web.Response:
         self._controller(await self._who(request))

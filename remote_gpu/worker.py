@@ -97,7 +97,7 @@ class Stats:
     bytes_in: int = 0
     bytes_out: int = 0
     errors: dict[str, int] = field(default_factory=dict)
-    seconds: list[float] = field(default_factory=list)
+    calls: list[tuple[str, float]] = field(default_factory=list)  # (function, seconds)
 
     def __bool__(self) -> bool:
         return bool(self.invocations or self.bytes_in or self.bytes_out or self.errors)
@@ -358,7 +358,7 @@ class DirectServer:
             return
         results, seconds = outcome
         self.stats.invocations += 1
-        self.stats.seconds.append(seconds)
+        self.stats.calls.append((name, seconds))
         if self.ring is not None:
             self.stats.bytes_out += sum(r[3] for r in results)
             self.ring.post(pack_message(self.s.key, _RESULT, self.s.lease, seq, 0, b"", results))

@@ -122,6 +122,9 @@ class Inventory:
     hosts: dict[str, Host]
     devices: dict[str, Device]
     zones: dict[str, Zone]
+    # A fabric that picks the device at attach (DevicePicker): its free GPUs as counts by
+    # (zone, model), without identity; ``devices`` then holds the attached ones only.
+    free_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def host_by_uuid(self, uuid: str) -> Host | None:
         return host_by_uuid(self.hosts, uuid)
@@ -172,3 +175,27 @@ class FabricBackend(Protocol):
     def operation_status(self, op: Operation) -> OperationStatus: ...
 
     def close(self) -> None: ...
+
+
+class DevicePicker(Protocol):
+    """A fabric that attaches a device of a model that it picks itself (the Fsas FM as
+    CoHDI uses it), rather than one named by the caller. Detach still names the device.
+    Its inventory lists free capacity in ``free_counts``; a device that no host has is
+    unknown to ``device`` (None)."""
+
+    picks_device: bool  # True when attach by id is not available
+
+    def attach_model(self, model: str, host_id: str) -> Device:
+        """Attach one device of the model to the host, synchronously: the one attached."""
+        ...
+
+    def host_devices(self, host_id: str) -> list[Device]:
+        """The devices attached to one host, read now."""
+        ...
+
+
+def picker(backend: object) -> DevicePicker | None:
+    """The backend as a DevicePicker when it picks the device at attach, else None."""
+    if getattr(backend, "picks_device", False) is True:
+        return backend  # type: ignore[return-value]
+    return None

@@ -6,10 +6,15 @@ id and secret), machines (hosts) with their attached resources under
 ``fabric_manager/api/v1/machines``, attach by ``PATCH machines/{m}/update`` and detach by
 ``DELETE machines/{m}/update``, both answered synchronously (200) with no task to follow.
 
-Two things this backend needs that CoHDI's public code does not show the FM doing, and
-that must be checked against Fsas's API reference before use with a real FM (the
-emulator implements both; docs/fabrics.md, "Assumptions"):
+With ``attach_by_model`` (a Fabric's ``attachBy: model``) it uses only what CoHDI's code
+shows: the FM picks the GPU of a model (``attach_model``; a ``backend.DevicePicker``),
+free GPUs are counts (``available-reserved-resources``), attached ones are read from the
+machines. Without it (``attachBy: resource``), two things this backend needs that CoHDI's
+public code does not show the FM doing, and that must be checked against Fsas's API
+reference before use with a real FM (the emulator implements both unless told to behave
+as CoHDI's CI mock of the FM, which does neither; docs/fabrics.md, "Assumptions"):
 - free resources listed with their identity (``GET fabric_manager/api/v1/resources``);
+  an FM without it answers 404, and the inventory fails saying so;
 - an attach that names the resource: a ``res_uuid`` condition beside ``model``. The
   backend refuses an answer that attached any other resource (and detaches that one),
   so an FM that ignores the condition fails loudly instead of attaching a stranger.
@@ -166,6 +171,14 @@ def device_of(resource: Mapping[str, Any], machine: str | None, zone: str) -> De
     )
 
 
+def machine_devices(machine: Mapping[str, Any]) -> list[Device]:
+    """The GPUs a machine lists as attached to it."""
+    mach, zone = str(machine.get("mach_uuid", "")), zone_id(machine)
+    found = machine.get("resources")
+    resources = [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+    return [d for r in resources if (d := device_of(r, mach, zone)) is not None]
+
+
 def zone_id(item: Mapping[str, Any]) -> str:
     """The zone of a machine or a resource: its fabric (resources reach their fabric's
     machines)."""
@@ -185,7 +198,13 @@ class FsasFabricManagerBackend:
         timeout: float = 15.0,
         session: requests.Session | None = None,
         clock: Callable[[], float] = time.monotonic,
+        attach_by_model: bool = False,
+        models: tuple[str, ...] = (),
     ) -> None:
+        # attach_by_model: the FM picks the GPU (DevicePicker; docs/fabrics.md). Free
+        # capacity is then read as counts of ``models``, attached GPUs from the machines.
+        self.picks_device = attach_by_model
+        self.models = models
         self.endpoint = endpoint.rstrip("/")
         self.tenant = tenant_uuid
         self._token_path = (
@@ -282,10 +301,20 @@ class FsasFabricManagerBackend:
         }
 
     def _resources(self) -> list[dict[str, Any]]:
-        found = self._get(f"{FM}/resources", {"res_type": GPU}).get("data", {}).get("resources")
+        status, body, headers = self._call("GET", f"{FM}/resources", query={"res_type": GPU})
+        if status == 404:
+            raise FabricError(
+                f"GET {FM}/resources answered 404: this fabric manager does not list its GPUs "
+                "by identity, which the fsas-fm backend needs (docs/fabrics.md, Assumptions)"
+            )
+        if status != 200 or not isinstance(body, dict):
+            raise error_for(status, body, headers, f"GET {FM}/resources")
+        found = body.get("data", {}).get("resources")
         return [r for r in found or [] if isinstance(r, dict)]
 
     def inventory(self) -> Inventory:
+        if self.picks_device:
+            return self._counted_inventory()
         machines = self._machines()
         hosts = {
             str(m["mach_uuid"]): Host(
@@ -311,8 +340,83 @@ class FsasFabricManagerBackend:
         }
         return Inventory(hosts=hosts, devices=devices, zones=zones)
 
+    def _counted_inventory(self) -> Inventory:
+        """The inventory of an FM that lists free GPUs as counts: the attached ones from
+        the machines, then the free counts. In that order: an attach between the reads
+        shows up as one GPU fewer, never as one counted twice."""
+        machines = self._machines()
+        hosts: dict[str, Host] = {}
+        devices: dict[str, Device] = {}
+        zone_hosts: dict[str, set[str]] = {}
+        for m in machines:
+            mach = str(m["mach_uuid"])
+            hosts[mach] = Host(mach, mach, str(m.get("mach_name", "")))
+            zone_hosts.setdefault(zone_id(m), set()).add(mach)
+            for d in machine_devices(m):
+                devices[d.id] = d
+        counts = {
+            (zone, model): self._free_count(min(members), model)
+            for zone, members in zone_hosts.items()
+            for model in self.models
+        }
+        zones = {
+            z: Zone(z, frozenset(h), frozenset(d.id for d in devices.values() if d.zone == z))
+            for z, h in zone_hosts.items()
+        }
+        return Inventory(hosts=hosts, devices=devices, zones=zones, free_counts=counts)
+
+    def _free_count(self, machine: str, model: str) -> int:
+        condition = json.dumps({"column": "model", "operator": "eq", "value": model})
+        body = self._get(
+            f"{FM}/machines/{segment(machine, 'host id')}/available-reserved-resources",
+            {"res_type": GPU, "condition": condition},
+        )
+        count = body.get("reserved_res_num_per_fabric")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise FabricError(f"free GPUs of {model!r}: not a count: {count!r}")
+        return count
+
+    def host_devices(self, host_id: str) -> list[Device]:
+        body = self._get(f"{FM}/machines/{segment(host_id, 'host id')}")
+        found = body.get("data", {}).get("machines", [])
+        return [d for m in found if isinstance(m, dict) for d in machine_devices(m)]
+
+    def _picked_device(self, device_id: str) -> Device | None:
+        # No resource endpoint on such an FM: a GPU is known while a machine has it.
+        return next(
+            (d for m in self._machines() for d in machine_devices(m) if d.id == device_id), None
+        )
+
+    def _scale_up(
+        self, machine: str, host_id: str, conditions: list[dict[str, str]], what: str
+    ) -> list[dict[str, Any]]:
+        """CoHDI's scale-up of one GPU with these conditions: the machines it answers."""
+        spec = {"res_type": GPU, "res_spec": {"condition": conditions}, "res_num": 1}
+        status, body, headers = self._call(
+            "PATCH", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
+        )
+        if status != 200:
+            raise error_for(status, body, headers, what)
+        found = body.get("data", {}).get("machines", []) if isinstance(body, dict) else []
+        return [m for m in found if isinstance(m, dict)]
+
+    def attach_model(self, model: str, host_id: str) -> Device:
+        machine = segment(host_id, "host id")
+        condition = [{"column": "model", "operator": "eq", "value": model}]
+        what = f"attach a {model} GPU to {host_id}"
+        machines = self._scale_up(machine, host_id, condition, what)
+        added = [d for m in machines for d in machine_devices({**m, "mach_uuid": host_id})]
+        if not added:
+            raise OperationFailedError(f"{what}: the answer names no GPU it attached")
+        for extra in added[1:]:
+            # One was asked for: give back any more, so that none is left untracked.
+            self.detach(extra.id, host_id)
+        return added[0]
+
     def device(self, device_id: str) -> Device | None:
         rid = segment(device_id, "device id")
+        if self.picks_device:
+            return self._picked_device(device_id)
         status, body, headers = self._call("GET", f"{FM}/resources/{rid}")
         if status == 404:
             return None
@@ -334,6 +438,8 @@ class FsasFabricManagerBackend:
         }
 
     def attach(self, device_id: str, host_id: str) -> Operation | None:
+        if self.picks_device:
+            raise FabricError("this fabric manager picks the GPU: attach by model instead")
         rid, machine = segment(device_id, "device id"), segment(host_id, "host id")
         current = self.device(device_id)
         if current is None:
@@ -342,16 +448,10 @@ class FsasFabricManagerBackend:
             {"column": "model", "operator": "eq", "value": current.model},
             {"column": "res_uuid", "operator": "eq", "value": device_id},
         ]
-        spec = {"res_type": GPU, "res_spec": {"condition": conditions}, "res_num": 1}
         what = f"attach {device_id} to {host_id}"
-        status, body, headers = self._call(
-            "PATCH", f"{FM}/machines/{machine}/update", body=self._update_body(host_id, spec)
-        )
-        if status != 200:
-            raise error_for(status, body, headers, what)
         added = [
             str(r.get("res_uuid"))
-            for m in (body.get("data", {}).get("machines", []) if isinstance(body, dict) else [])
+            for m in self._scale_up(machine, host_id, conditions, what)
             for r in m.get("resources", [])
             if isinstance(r, dict)
         ]

@@ -128,6 +128,9 @@ def _redfish(
 def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
     if spec.fsas is None:  # the CRD's rule requires it; an old object may lack it
         raise FabricConfigError("backend fsas-fm needs spec.fsas (tenantUUID, realm)")
+    by_model = spec.fsas.attach_by == "model"
+    if by_model and not spec.fsas.models:
+        raise FabricConfigError("fsas attachBy model needs spec.fsas.models (what to count)")
     return FsasFabricManagerBackend(
         spec.endpoint,
         Credentials(
@@ -137,6 +140,8 @@ def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBac
         realm=spec.fsas.realm,
         ca_file=ca_file,
         insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+        attach_by_model=by_model,
+        models=tuple(spec.fsas.models),
     )
 
 

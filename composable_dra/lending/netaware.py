@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 LINK_BUSY_TAINT = "composable.dra.io/link-busy"
 LINK_BUSY_EFFECT = "NoSchedule"
-# A claim's opaque config (or a DeviceClass's) says `networkSensitive: false` to tolerate
-# the taint; this is the toleration that config turns into.
+# A network-insensitive claim puts this toleration in its device request (`tolerations`,
+# DRA's own field; deploy/examples/remote-insensitive-slo.yaml), so the scheduler itself
+# may hand it a busy donor's device.
 INSENSITIVE_TOLERATION = {"key": LINK_BUSY_TAINT, "operator": "Exists", "effect": LINK_BUSY_EFFECT}
 
 

@@ -14,6 +14,11 @@ class FsasConfig:
     client_id: str = "composable-dra"
     client_secret: str = "fsas-secret"  # noqa: S105 - the emulator's documented default
     token_seconds: int = 300
+    # As CoHDI's CI mock of the FM (CoHDI/cohdi-ci-mock app.py) behaves, where it differs
+    # from what the fsas-fm backend assumes (docs/fabrics.md, "Assumptions"): the FM picks
+    # the GPU of the model (a res_uuid condition is ignored), and no resources endpoints.
+    attach_by_model: bool = False
+    list_resources: bool = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fsas-token-seconds", type=int, default=FsasConfig.token_seconds, help="token lifetime"
     )
+    parser.add_argument(
+        "--fsas-attach-by-model",
+        action="store_true",
+        help="attach the first free GPU of the model, ignoring a res_uuid condition (as "
+        "CoHDI's CI mock of the FM does)",
+    )
+    parser.add_argument(
+        "--fsas-no-resource-list",
+        action="store_true",
+        help="serve no resources endpoints (as CoHDI's CI mock of the FM)",
+    )
 
 
 def config_from(args: argparse.Namespace) -> FsasConfig:
@@ -37,7 +53,13 @@ def config_from(args: argparse.Namespace) -> FsasConfig:
     if args.fsas_client_secret_file:
         secret = Path(args.fsas_client_secret_file).read_text(encoding="utf-8").strip()
     return FsasConfig(
-        args.fsas_tenant, args.fsas_realm, args.fsas_client_id, secret, args.fsas_token_seconds
+        args.fsas_tenant,
+        args.fsas_realm,
+        args.fsas_client_id,
+        secret,
+        args.fsas_token_seconds,
+        attach_by_model=args.fsas_attach_by_model,
+        list_resources=not args.fsas_no_resource_list,
     )
 
 
@@ -54,4 +76,6 @@ def process_args(workdir: Path, config: FsasConfig) -> list[str]:
         f"--fsas-client-id={config.client_id}",
         f"--fsas-client-secret-file={secret}",
         f"--fsas-token-seconds={config.token_seconds}",
+        *(["--fsas-attach-by-model"] if config.attach_by_model else []),
+        *([] if config.list_resources else ["--fsas-no-resource-list"]),
     ]

@@ -6,6 +6,8 @@ Both APIs change one composition under one lock, with the same topology, fault r
 (latency, 503, 500, 409, dropped connections before or after the change, and
 ``task_failure``: the FM answers 500 and changes nothing), state file and admin API, so
 a test can attach through the FM and watch the Redfish side (or the plugin) see it.
+``FsasConfig.attach_by_model`` and ``list_resources`` make it behave as CoHDI's CI mock of
+the FM where that differs from what the fsas-fm backend assumes (docs/fabrics.md).
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class FsasEmulator(Emulator):
                 return await self._attach(request, host)
             if parts[2] == "update" and method == "DELETE":
                 return await self._detach(request, host)
+        if parts[0] == "resources" and not self.fsas.list_resources:
+            raise FsasError(404, "E_NOT_FOUND", f"no {method} {path}")
         if parts == ["resources"] and method == "GET":
             return self._resources(None)
         if len(parts) == 2 and parts[0] == "resources" and method == "GET":
@@ -260,6 +264,8 @@ class FsasEmulator(Emulator):
         if spec.res_type != api.GPU:
             raise FsasError(400, "E_INVALID_PARAMETER", "only res_type gpu is served")
         model, named = spec.wanted("model"), spec.wanted("res_uuid")
+        if self.fsas.attach_by_model:
+            named = None  # the FM picks, as CoHDI's CI mock does
         async with self.lock:
             if named is not None:
                 block = self.topology.blocks.get(named)

@@ -18,10 +18,14 @@ the fault counts the emulator reports.
 
 With --backend fsas-fm the operator reaches the same emulator through its Fsas CDI
 fabric manager API (OAuth token, synchronous machines/{m}/update) instead of Redfish, and
-the same faults hit that API's changes and reads.
+the same faults hit that API's changes and reads. With --fsas-pick too, the FM behaves as
+CoHDI's CI mock of it (it picks the GPU of the model, and lists free GPUs only as counts):
+the Fabric says attachBy model, each resource names a pool slot of a model and node with
+room left, and the check compares the composition with the GPUs the resources recorded
+(status.fabricDeviceID).
 
 Usage: KUBE_BIN_DIR=... python hack/bench/fabric_faults.py [--operations 200] [--kills 5]
-    [--backend redfish-composition|fsas-fm]
+    [--backend redfish-composition|fsas-fm] [--fsas-pick]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from api.v1alpha1 import API_VERSION  # noqa: E402
+from composable_dra.fabric.slots import is_slot, slot_name  # noqa: E402
 from composable_dra.kube import JSON, Kube, path  # noqa: E402
 from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
@@ -97,6 +102,37 @@ def faults(seed: int, paths: dict[str, str] = PATHS["redfish-composition"]) -> l
     return [{**r, "seed": seed + i} for i, r in enumerate(rules)]
 
 
+def device_of(r: JSON) -> str:
+    """The fabric's device of a resource: the one the FM picked for a slot."""
+    device = str(r["spec"]["deviceID"])
+    return str((r.get("status") or {}).get("fabricDeviceID") or "") if is_slot(device) else device
+
+
+def fsas_settings(blocks: dict[str, Any], pick: bool) -> JSON:
+    settings: JSON = {"tenantUUID": FSAS.tenant, "realm": FSAS.realm}
+    if pick:
+        settings |= {"attachBy": "model", "models": sorted({b["model"] for b in blocks.values()})}
+    return settings
+
+
+def room(blocks: dict[str, Any], resources: list[JSON], reach: dict[str, list[str]]) -> list[Any]:
+    """(a free block standing for its model, a node it reaches) where the FM has a GPU of
+    that model left for that node's host, counting every resource without a recorded
+    pick as holding one anywhere (so that an attach does not fail for want of a GPU)."""
+    unpicked = sum(1 for r in resources if not device_of(r))
+    out = []
+    for node in sorted({n for ns in reach.values() for n in ns}):
+        for model in sorted({b["model"] for b in blocks.values()}):
+            free = [
+                b
+                for b, s in blocks.items()
+                if s["state"] == "Unused" and s["model"] == model and node in reach[s["zone"]]
+            ]
+            if len(free) > unpicked:
+                out.append((min(free), node))
+    return out
+
+
 def phase(r: JSON) -> str:
     return str((r.get("status") or {}).get("phase") or "")
 
@@ -114,9 +150,18 @@ def main() -> int:
         "--attach-latency", type=float, default=1.0, help="seconds added to each attach request"
     )
     parser.add_argument("--backend", choices=sorted(PATHS), default="redfish-composition")
+    parser.add_argument(
+        "--fsas-pick",
+        action="store_true",
+        help="fsas-fm: the FM picks the GPU and lists free ones as counts (CoHDI's CI mock)",
+    )
     args = parser.parse_args()
     paths = PATHS[args.backend]
     fsas = args.backend == "fsas-fm"
+    pick = fsas and args.fsas_pick
+    fsas_config = FsasConfig(attach_by_model=True, list_resources=False) if pick else FSAS
+    if pick:  # no resource reads on such an FM: the machine reads take their faults
+        paths = {**paths, "device": "/machines/[^/]+$"}
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
     keep = False  # the logs stay when the result is not clean
@@ -130,7 +175,7 @@ def main() -> int:
                 async_polls=1,
                 task_seconds=5,
                 workdir=emu_dir,
-                extra_args=process_args(emu_dir, FSAS) if fsas else (),
+                extra_args=process_args(emu_dir, fsas_config) if fsas else (),
             )
             emulator.start()
             procs.append(emulator)
@@ -159,7 +204,7 @@ def main() -> int:
                     "spec": {
                         "backend": args.backend,
                         **(
-                            {"fsas": {"tenantUUID": FSAS.tenant, "realm": FSAS.realm}}
+                            {"fsas": fsas_settings(emulator.state()["blocks"], pick)}
                             if fsas
                             else {}
                         ),
@@ -198,7 +243,8 @@ def main() -> int:
             ).start()
             procs.append(operator)
 
-            zones = {b: s["zone"] for b, s in emulator.state()["blocks"].items()}
+            blocks0 = emulator.state()["blocks"]
+            zones = {b: s["zone"] for b, s in blocks0.items()}
             reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
             # Every attach request takes a while to reach the fabric: a
             # cancelled one is then still on its way when its resource is deleted.
@@ -236,14 +282,22 @@ def main() -> int:
             started = time.monotonic()
             for i in range(args.operations):
                 wait_for(settled_enough, 300, "room for another change", interval=0.2)
-                live = [r for r in resources() if not r["metadata"].get("deletionTimestamp")]
+                everything = resources()
+                live = [r for r in everything if not r["metadata"].get("deletionTimestamp")]
                 named = {r["spec"]["deviceID"] for r in live}
-                free = [b for b in zones if b not in named]
+                if pick:
+                    free = room(emulator.state()["blocks"], everything, reach)
+                else:
+                    free = [(b, rng.choice(reach[zones[b]])) for b in zones if b not in named]
                 deletable = [r for r in live if phase(r) in ("Online", "Failed")]
                 if free and (rng.random() < 0.55 or not deletable):
-                    block = rng.choice(free)
-                    node = rng.choice(reach[zones[block]])
+                    block, node = rng.choice(free)
                     created += 1
+                    spec = {"fabric": FABRIC, "deviceID": block, "targetNode": node}
+                    if pick:  # a slot of the model: the FM picks the GPU
+                        model = blocks0[block]["model"]
+                        block = slot_name(zones[block], model, created)
+                        spec = {**spec, "deviceID": block, "model": model}
                     name = f"r{created}-{block}"
                     kube.create(
                         RESOURCES,
@@ -251,7 +305,7 @@ def main() -> int:
                             "apiVersion": API_VERSION,
                             "kind": "ComposableResource",
                             "metadata": {"name": name},
-                            "spec": {"fabric": FABRIC, "deviceID": block, "targetNode": node},
+                            "spec": spec,
                         },
                     )
                     if rng.random() < args.cancel:
@@ -259,9 +313,9 @@ def main() -> int:
 
                         def under_way(r_path: str = r_path, block: str = block) -> bool:
                             r = kube.get_or_none(r_path) or {}
-                            return phase(r) not in ("", "Online") or (
-                                emulator.state()["blocks"][block]["state"] != "Unused"
-                            )
+                            if pick or phase(r) not in ("", "Online"):
+                                return phase(r) not in ("", "Online")
+                            return bool(emulator.state()["blocks"][block]["state"] != "Unused")
 
                         # An operator killed meanwhile may take a while to come back.
                         wait_for(under_way, 120, f"the attach of {name} to start", interval=0.05)
@@ -313,11 +367,9 @@ def main() -> int:
             final = resources()
             by_device: dict[str, list[JSON]] = {}
             for r in final:
-                by_device.setdefault(r["spec"]["deviceID"], []).append(r)
+                by_device.setdefault(device_of(r), []).append(r)
             leaked = [b for b in attached if b not in by_device]
-            leaked += [
-                r["metadata"]["name"] for r in final if r["spec"]["deviceID"] not in attached
-            ]
+            leaked += [r["metadata"]["name"] for r in final if device_of(r) not in attached]
             double = [b for b, rs in by_device.items() if len(rs) > 1]
             double += [
                 b

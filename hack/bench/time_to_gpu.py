@@ -30,6 +30,8 @@ the exit status is 1 when any is missed: ``failed`` = 0, ``shared_gpus`` = 0 and
 100 claims. The last line is JSON.
 
     python -m hack.bench.time_to_gpu --claims 20 --attach-latency 2
+    python -m hack.bench.time_to_gpu --standby   # with and without a warm standby
+                                                 # (hack/bench/standby.py)
 """
 
 from __future__ import annotations
@@ -250,7 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="the same burst with and without a warm standby (hack/bench/standby.py)",
+    )
+    p.add_argument("--burst", type=int, default=8, help="--standby: pods in the burst")
+    p.add_argument("--warmup", type=int, default=8, help="--standby: steady pods before it")
+    p.add_argument("--window", type=int, default=120, help="--standby: the policy's window")
     args = p.parse_args(argv)
+    if args.standby:
+        return standby_bench(args)
 
     with ControlPlane(find_binaries()) as cp:
         from kubernetes import config
@@ -327,6 +339,25 @@ def main(argv: list[str] | None = None) -> int:
             rec.stop()
             suite.stop()
     return finish(out, goals(out))
+
+
+def standby_bench(args: argparse.Namespace) -> int:
+    """``--standby``: one control plane, a fresh suite for each side (hack/bench/standby.py)."""
+    from hack.bench import standby
+
+    with ControlPlane(find_binaries()) as cp:
+        from kubernetes import config
+
+        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        opts = SuiteOptions(
+            hosts=tuple(f"node-{i + 1}" for i in range(args.hosts)),
+            topology=topology(args.hosts, args.warmup + 2 * args.burst + 4),
+            async_polls=args.attach_latency,
+            retry_after=1 if args.attach_latency else 0,
+            attach_latency=args.request_latency,
+            attach_timeout=max(60.0, 10.0 * (args.attach_latency + args.request_latency)),
+        )
+        return standby.run(args, kube, cp.kubeconfig, opts)
 
 
 def final_allocations(kube: Kube, ns: str) -> dict[str, list[tuple[str, str]]]:

@@ -32,6 +32,8 @@ import yaml
 
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, path
+from fabric_emulator import topology as emulator_topology
+from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack import examples
@@ -87,6 +89,9 @@ class SuiteOptions:
     # Seconds to wait for the first pools, the scaler's lease and the Fabric's first sync
     # (a large fabric's first inventory read takes longer).
     start_timeout: float = 60.0
+    # The Fabric speaks the emulator's Fsas FM API (backend fsas-fm) with this config;
+    # with attach_by_model the FM picks the GPU and the Fabric says attachBy model.
+    fsas: FsasConfig | None = None
 
 
 class Suite:
@@ -112,6 +117,7 @@ class Suite:
             retry_after=self.opts.retry_after,
             topology=self.opts.topology,
             workdir=workdir / "emulator",
+            extra_args=process_args(workdir / "emulator", fsas) if (fsas := self.opts.fsas) else (),
         )
         self.nodes: dict[str, SuiteNode] = {}  # host id -> node
         self.real_nodes: dict[str, RealNode] = {}  # host id -> real node
@@ -280,6 +286,11 @@ class Suite:
                 "data": {
                     "username": b64(self.emulator.user),
                     "password": b64(self.emulator.password),
+                    **(
+                        {"client_id": b64(fsas.client_id), "client_secret": b64(fsas.client_secret)}
+                        if (fsas := self.opts.fsas)
+                        else {}
+                    ),
                 },
             },
         )
@@ -290,7 +301,7 @@ class Suite:
                 "kind": "Fabric",
                 "metadata": {"name": self.fabric},
                 "spec": {
-                    "backend": "redfish-composition",
+                    **self._backend(),
                     "endpoint": self.emulator.url,
                     "credentialsSecret": {
                         "name": "fabric-credentials",
@@ -302,20 +313,27 @@ class Suite:
             },
         )
 
+    def _backend(self) -> JSON:
+        """The Fabric's backend fields: Redfish, or the Fsas FM (SuiteOptions.fsas)."""
+        fsas = self.opts.fsas
+        if fsas is None:
+            return {"backend": "redfish-composition"}
+        settings: JSON = {"tenantUUID": fsas.tenant, "realm": fsas.realm}
+        if fsas.attach_by_model:
+            raw = self.opts.topology
+            topology = emulator_topology.parse(raw) if raw else emulator_topology.default()
+            models = sorted({b.model for b in topology.blocks.values()})
+            settings |= {"attachBy": "model", "models": models}
+        return {"backend": "fsas-fm", "fsas": settings}
+
     def add_node(self, host: str) -> SuiteNode:
         name = f"{host}-{self.suffix}"
         create_node(self.kube.api, name, system_uuid=host_uuid(host))
         root = self.workdir / name
         kubelet = KubeletEmulator(self.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        plugin = PluginProcess(
-            node=name,
-            kubeconfig=self.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-            extra_args=self._plugin_args(root),
+        plugin = PluginProcess.beside(
+            kubelet, name, self.kubeconfig, root / "plugin", self._plugin_args(root)
         )
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)

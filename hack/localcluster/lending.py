@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node
-from hack.localcluster.pki import CertificateAuthority
+from hack.localcluster.pki import CertificateAuthority, KeyPair
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS
@@ -31,6 +32,52 @@ from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
+
+
+def donor_process(
+    name: str,
+    secret: Path,
+    tls: KeyPair,
+    ports: tuple[int, int],
+    cp: ControlPlane,
+    namespace: str,
+    workdir: Path,
+    extra: Sequence[str] = (),
+) -> ComponentProcess:
+    """``remote-gpu-donor`` for node ``name``: ``matmul`` allowed over TCP on ``ports[0]``,
+    its lease API over HTTPS on ``ports[1]`` for the lease controller's and the plugins'
+    service accounts in ``namespace``."""
+    data_port, api_port = ports
+    return ComponentProcess(
+        "remote-gpu-donor",
+        [
+            f"--name={name}",
+            f"--node-name={name}",
+            f"--secret-file={secret}",
+            f"--listen=127.0.0.1:{data_port}",
+            "--transports=tcp",
+            "--allow=matmul=remote_gpu.builtins:matmul",
+            *extra,
+            f"--lease-api-listen=127.0.0.1:{api_port}",
+            f"--lease-api-cert={tls.cert}",
+            f"--lease-api-key={tls.key}",
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--lease-controller-sa={namespace}/{CONTROLLER_SA}",
+            f"--lease-plugin-sa={namespace}/{PLUGIN_SA}",
+        ],
+        workdir,
+    )
+
+
+def scaler_process(
+    cp: ControlPlane, client_flags: Sequence[str], workdir: Path
+) -> ComponentProcess:
+    """The scaler for a lending lab: its lease controller lists the donors' leases each second."""
+    return ComponentProcess(
+        "scaler",
+        [f"--kubeconfig={cp.kubeconfig}", "--no-leader-elect", "--lease-resync=1", *client_flags],
+        workdir,
+    )
 
 
 @dataclass
@@ -62,6 +109,10 @@ class Lab:
     donors: list[Donor] = field(default_factory=list)
     consumers: list[Consumer] = field(default_factory=list)
     procs: list[ComponentProcess] = field(default_factory=list)
+    # Donors' plugins read their donor's status this often (0: never; the lending policy).
+    donor_status_interval: float = 0.0
+    donor_args: list[str] = field(default_factory=list)  # more flags for each donor
+    donor_plugin_args: list[str] = field(default_factory=list)  # and for its plugin
 
     def __post_init__(self) -> None:
         self.ca = CertificateAuthority(self.root / "pki")
@@ -85,21 +136,31 @@ class Lab:
     def plugin(
         self, name: str, kubelet: KubeletEmulator, root: Path, args: list[str]
     ) -> PluginProcess:
-        return PluginProcess(
-            node=name,
-            kubeconfig=self.cp.kubeconfig,
-            plugins_registry_dir=kubelet.plugins_registry_dir,
-            plugins_dir=kubelet.plugins_dir,
-            cdi_dir=kubelet.cdi_dir,
-            workdir=root / "plugin",
-            extra_args=args,
-        )
+        return PluginProcess.beside(kubelet, name, self.cp.kubeconfig, root / "plugin", args)
 
     def add_donor(self, i: int, gpus: int, max_leases: int) -> None:
         name = f"{self.prefix}donor-{i}"
         kubelet, root = self.node(name)
+        api_port = free_port()
+        status: list[str] = []
+        if self.donor_status_interval > 0:  # its own donor's API, with its node's token
+            status = [
+                f"--lease-service-account={self.namespace}/{PLUGIN_SA}",
+                f"--donor-api={name}=https://127.0.0.1:{api_port}",
+                f"--donor-ca-file={self.ca.cert_path}",
+                f"--donor-status-interval={self.donor_status_interval}",
+            ]
         plugin = self.plugin(
-            name, kubelet, root, ["--lend", "--link-gbps=100", f"--max-leases={max_leases}"]
+            name,
+            kubelet,
+            root,
+            [
+                "--lend",
+                "--link-gbps=100",
+                f"--max-leases={max_leases}",
+                *status,
+                *self.donor_plugin_args,
+            ],
         )
         write_static_devices(
             plugin.static_file,
@@ -109,26 +170,16 @@ class Lab:
             ],
         )
         plugin.start()
-        api_port = free_port()
         tls = self.ca.issue(name, name, ips=("127.0.0.1",), server=True)
-        process = ComponentProcess(
-            "remote-gpu-donor",
-            [
-                f"--name={name}",
-                f"--node-name={name}",
-                f"--secret-file={self.secret}",
-                f"--listen=127.0.0.1:{free_port()}",
-                "--transports=tcp",
-                "--allow=matmul=remote_gpu.builtins:matmul",
-                f"--memory-quota={16 << 20}",
-                f"--lease-api-listen=127.0.0.1:{api_port}",
-                f"--lease-api-cert={tls.cert}",
-                f"--lease-api-key={tls.key}",
-                f"--kubeconfig={self.cp.kubeconfig}",
-                f"--lease-controller-sa={self.namespace}/{CONTROLLER_SA}",
-                f"--lease-plugin-sa={self.namespace}/{PLUGIN_SA}",
-            ],
+        process = donor_process(
+            name,
+            self.secret,
+            tls,
+            (free_port(), api_port),
+            self.cp,
+            self.namespace,
             root / "donor",
+            [f"--memory-quota={16 << 20}", *self.donor_args],
         )
         process.start()
         self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))
@@ -163,16 +214,7 @@ class Lab:
                 f"the lease API of {d.node}",
                 describe=d.process.log_tail,
             )
-        scaler = ComponentProcess(
-            "scaler",
-            [
-                f"--kubeconfig={self.cp.kubeconfig}",
-                "--no-leader-elect",
-                "--lease-resync=1",
-                *self.client_flags(CONTROLLER_SA),
-            ],
-            self.root / "scaler",
-        )
+        scaler = scaler_process(self.cp, self.client_flags(CONTROLLER_SA), self.root / "scaler")
         self.procs.append(scaler.start())
         for i in range(consumers):
             name = f"{self.prefix}consumer-{i}"

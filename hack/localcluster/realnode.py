@@ -343,14 +343,12 @@ class RealNode:
             describe=self.logs_tail,
         )
         self.plugin_metrics_port = free_port()
-        self.plugin = PluginProcess(
-            node=self.name,
-            kubeconfig=cp.kubeconfig,
-            plugins_registry_dir=self.plugins_registry_dir,
-            plugins_dir=self.plugins_dir,
-            cdi_dir=self.cdi_dir,
-            workdir=self.workdir / "plugin",
-            extra_args=[f"--metrics-port={self.plugin_metrics_port}", *self.plugin_args],
+        self.plugin = PluginProcess.beside(
+            self,
+            self.name,
+            cp.kubeconfig,
+            self.workdir / "plugin",
+            [f"--metrics-port={self.plugin_metrics_port}", *self.plugin_args],
         )
 
     def start_plugin(self, timeout: float = 30.0) -> PluginProcess:
@@ -407,14 +405,12 @@ class RealNode:
         first = self.plugin
         assert first is not None, "the node is not started"
         port = free_port()
-        process = PluginProcess(
-            node=self.name,
-            kubeconfig=self.control_plane.kubeconfig,
-            plugins_registry_dir=self.plugins_registry_dir,
-            plugins_dir=self.plugins_dir,
-            cdi_dir=self.cdi_dir,
-            workdir=self.workdir / f"plugin-{len(self.plugin_instances) + 2}",
-            extra_args=[
+        process = PluginProcess.beside(
+            self,
+            self.name,
+            self.control_plane.kubeconfig,
+            self.workdir / f"plugin-{len(self.plugin_instances) + 2}",
+            [
                 *self.plugin_args,
                 # Shared with the first instance, as the hostPath volumes share them.
                 f"--state-dir={first.state_dir}",

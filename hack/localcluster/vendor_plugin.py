@@ -1,11 +1,12 @@
-"""The vendor-like kubelet plugin (hack/vendor-plugin, Go) on fake nodes, and a stand-in
-for its DaemonSet, for the vendor-driver mode's end-to-end test.
+"""The vendor-like kubelet plugin (hack/vendor-plugin, Go) beside a real node's kubelet
+(hack.localcluster.realnode), and a stand-in for its DaemonSet, for the vendor-driver
+mode's end-to-end test.
 
-``VendorPluginSet`` keeps, per node, the plugin process and a Pod object that stands for
-it (label ``app=vendor-plugin``, bound to the node, so the kubelet emulator runs it).
-When that Pod is deleted, as the scaler does to restart a plugin that does not see
-hot-plug, the set restarts the process and creates the Pod again, as the DaemonSet
-controller and the kubelet would.
+``VendorPluginSet`` keeps, per node, the plugin process and a Pod that stands for it
+(label ``app=vendor-plugin``, bound to the node, running the test image and waiting).
+When that Pod is deleted, as the scaler does to restart a plugin that does
+not see hot-plug, the set restarts the process and creates the Pod again, as the
+DaemonSet controller and the kubelet would.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from composable_dra.informer import Informer
-from composable_dra.kube import Conflict, Kube, path
+from composable_dra.kube import JSON, Conflict, Kube, path
 from hack.localcluster.controlplane import cached_build
 from hack.localcluster.process import ComponentProcess
+from hack.localcluster.realnode_pods import for_real_node
 
 DRIVER = "gpu.vendor.example"
 DEVICE_CLASS = "vendor-gpu"
 LABEL = "app=vendor-plugin"
 BINARY = "vendor-plugin"
+# klog's level at which the upstream helper logs each gRPC call (its GRPCVerbosity
+# default): the kubelet's NotifyRegistrationStatus then shows in the plugin's log.
+GRPC_LOG_LEVEL = 6
+_REGISTERED = "/pluginregistration.Registration/NotifyRegistrationStatus"
 
 
 def find_vendor_plugin(bin_dir: str | None = None) -> Path:
@@ -71,6 +77,7 @@ class VendorPlugin:
             f"--cdi-dir={self.cdi_dir}",
             f"--redfish-endpoint={self.redfish_endpoint}",
             f"--redfish-credentials-file={creds}",
+            f"-v={GRPC_LOG_LEVEL}",
         ]
         self.process = ComponentProcess(BINARY, args, self.workdir, binary=self.binary)
 
@@ -92,6 +99,18 @@ class VendorPlugin:
     def log_tail(self, lines: int = 30) -> str:
         return self.process.log_tail(lines)
 
+    def registered(self) -> bool:
+        """The kubelet has registered the running process (its registration call, which
+        the helper logs at GRPC_LOG_LEVEL, succeeded)."""
+        try:
+            text = self.process.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        return any(
+            _REGISTERED in line and "handling request succeeded" in line
+            for line in text.splitlines()
+        )
+
 
 @dataclass
 class VendorPluginSet:
@@ -99,6 +118,7 @@ class VendorPluginSet:
 
     kube: Kube
     namespace: str
+    image: str  # the stand-in pods' (the real nodes' test image)
     plugins: dict[str, VendorPlugin] = field(default_factory=dict)  # node -> plugin
 
     def __post_init__(self) -> None:
@@ -131,14 +151,17 @@ class VendorPluginSet:
 
     def _create_pod(self, node: str) -> None:
         key, value = LABEL.split("=", 1)
-        body = {
-            "metadata": {"name": self._pod_name(node), "labels": {key: value}},
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "plugin", "image": "registry.k8s.io/pause:3.10"}],
-                "terminationGracePeriodSeconds": 0,
-            },
+        # A real container that only waits: the process beside it is the plugin.
+        container = {
+            "name": "plugin",
+            "image": self.image,
+            "command": ["sh", "-c", "exec sleep 3600"],
         }
+        body: JSON = {
+            "metadata": {"name": self._pod_name(node), "labels": {key: value}},
+            "spec": {"nodeName": node, "containers": [container]},
+        }
+        body = for_real_node(body, node, self.image)
         try:
             created = self.kube.create(path("v1", "pods", namespace=self.namespace), body)
         except Conflict:

@@ -6,8 +6,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# The versions come from the wrapper modules, so a version bump is a go.mod edit.
-module_version() { grep -oE "^\s*(require )?$2 v[^ ]+" "$1" | awk '{print $NF}'; }
+build_name=node
+# shellcheck source=hack/lib/build.sh
+source "$here/../lib/build.sh"
 k8s_version=$(module_version "$here/kubelet/go.mod" k8s.io/kubernetes)
 containerd_version=$(module_version "$here/containerd/go.mod" github.com/containerd/containerd/v2)
 cni_version=$(module_version "$here/cni/go.mod" github.com/containernetworking/plugins)
@@ -15,11 +16,8 @@ cni_version=$(module_version "$here/cni/go.mod" github.com/containernetworking/p
   echo "cannot read versions from $here/*/go.mod" >&2
   exit 1
 }
-cache_root=${COMPOSABLE_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/composable-dra}
 out="$cache_root/node/kubelet-${k8s_version}_containerd-${containerd_version}_cni-${cni_version}"
 binaries=(kubelet containerd containerd-shim-runc-v2 ctr loopback)
-
-log() { printf '[node] %s\n' "$*" >&2; }
 
 # runc is a C/Go program with its own release cycle; Debian's package is the simplest
 # source, and containerd finds it on PATH.
@@ -35,34 +33,9 @@ if ! command -v runc >/dev/null 2>&1; then
   fi
 fi
 
-missing=()
-for b in "${binaries[@]}"; do [[ -x "$out/$b" ]] || missing+=("$b"); done
-if ((${#missing[@]} == 0)); then
-  log "reusing cached binaries (kubelet $k8s_version, containerd $containerd_version, cni $cni_version)"
-  echo "$out"
-  exit 0
-fi
-
-if ! command -v go >/dev/null 2>&1; then
-  log "ERROR: Go is not installed or not on PATH; Go >= 1.26 is needed to build the node binaries."
-  log "Install it from your distribution or https://go.dev/dl, or set COMPOSABLE_DRA_CACHE to a"
-  log "directory whose node/ subdirectory already holds: ${binaries[*]}"
-  exit 1
-fi
-
-mkdir -p "$out"
-tmp=$(mktemp -d "$out/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -trimpath"
-
-minor=${k8s_version#v1.}
-minor=${minor%%.*}
-build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-k8s_stamp=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  k8s_stamp+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  k8s_stamp+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-done
+start_build "$out" "binaries (kubelet $k8s_version, containerd $containerd_version, cni $cni_version)" \
+  "the node binaries" "whose node/ subdirectory already holds: ${binaries[*]}" "${binaries[@]}"
+k8s_stamp=$(k8s_ldflags "$k8s_version")
 containerd_stamp="-X github.com/containerd/containerd/v2/version.Version=$containerd_version"
 # The graph drivers need C libraries or kernel features this project never uses.
 containerd_tags="no_btrfs no_devmapper no_zfs no_aufs"

@@ -2,15 +2,42 @@
 
 The figures are this simulator's assumptions, shaped after DRMaestro's profiles (its
 Fig. 3: HotSpot spends 0.2% of its time moving data to a remote GPU, NW 17%; the
-others lie between) and documented in docs/lending-policy.md. ``net_frac`` is the share
-of a job's isolated time that a remote GPU adds as data transfer on an idle link;
-``gbps`` is the traffic the job puts on both links while it runs remotely.
+others lie between) and documented in docs/lending-policy.md. ``net_frac`` is the data
+transfer a remote GPU adds on an idle link, as a fraction of the job's time with a local
+GPU (a transfer share s of the remote run is ``s / (1 - s)``); ``gbps`` is the traffic the
+job puts on both links while it runs remotely.
+
+The paper's measured facts are kept as its figures and the model derived from them:
+beside a network-intensive job (Iperf) the transfer share grew from 0.2% to 1% (HotSpot)
+and from 17% to 49% (NW), which is the same stretch of the transfer part, about 4.9x,
+for both (`SATURATED_STRETCH`).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+# DRMaestro, Experiment 1 (Fig. 3): share of run time spent moving data to the remote GPU,
+# solo and beside Iperf.
+FIG3_TRANSFER_SHARE = {"hotspot": (0.002, 0.01), "nw": (0.17, 0.49)}
+# A job violates its QoS when it runs over 110% of its expected time. DRMaestro counts
+# "jobs that suffered slowdown"; some tolerance is needed for a count to mean anything,
+# and 10% is ours.
+TOLERANCE = 0.10
+
+
+def transfer_stretch(solo_share: float, loaded_share: float) -> float:
+    """How much longer the transfer part took, from its share of run time solo and
+    loaded (the rest of the run is unchanged): (l / (1 - l)) / (s / (1 - s))."""
+    return (loaded_share / (1 - loaded_share)) / (solo_share / (1 - solo_share))
+
+
+# The transfer part's stretch on a path that a network-intensive job saturates.
+SATURATED_STRETCH = sum(transfer_stretch(*s) for s in FIG3_TRANSFER_SHARE.values()) / len(
+    FIG3_TRANSFER_SHARE
+)
 
 
 @dataclass(frozen=True)
@@ -25,23 +52,38 @@ class JobType:
 
     @property
     def network_sensitive(self) -> bool:
-        """The job profile's verdict (DRMaestro's offline profiling): does link load matter."""
-        return self.gpus > 0 and self.net_frac >= 0.05
+        """`is_sensitive` at the default tolerance."""
+        return self.is_sensitive(TOLERANCE)
+
+    def is_sensitive(self, tolerance: float) -> bool:
+        """The job profile's verdict (DRMaestro's offline profiling, solo and with an
+        artificial network load): would a saturated path slow its remote run past its
+        QoS tolerance."""
+        extra = self.net_frac * (SATURATED_STRETCH - 1)
+        return self.gpus > 0 and extra > tolerance * (1 + self.net_frac)
 
 
+def added(share: float) -> float:
+    """The transfer time a remote GPU adds, as a fraction of the local run, from the
+    transfer's share of the remote run (Fig. 3's measure)."""
+    return share / (1 - share)
+
+
+# Transfer shares: HotSpot's and NW's from Fig. 3, the others ours (between them).
 RODINIA = (
-    JobType("btree", cpus=4, base_s=60, net_frac=0.05, gbps=5),
-    JobType("backprop", cpus=4, base_s=240, net_frac=0.10, gbps=8),
-    JobType("gaussian", cpus=2, base_s=120, net_frac=0.08, gbps=6),
-    JobType("hotspot", cpus=4, base_s=90, net_frac=0.002, gbps=1),
-    JobType("lavamd", cpus=4, base_s=180, net_frac=0.01, gbps=2),
-    JobType("nw", cpus=2, base_s=150, net_frac=0.17, gbps=12),
-    JobType("pathfinder", cpus=2, base_s=60, net_frac=0.12, gbps=10),
-    JobType("srad", cpus=4, base_s=200, net_frac=0.06, gbps=6),
+    JobType("btree", cpus=4, base_s=60, net_frac=added(0.05), gbps=5),
+    JobType("backprop", cpus=4, base_s=240, net_frac=added(0.10), gbps=8),
+    JobType("gaussian", cpus=2, base_s=120, net_frac=added(0.08), gbps=6),
+    JobType("hotspot", cpus=4, base_s=90, net_frac=added(0.002), gbps=1),
+    JobType("lavamd", cpus=4, base_s=180, net_frac=added(0.01), gbps=2),
+    JobType("nw", cpus=2, base_s=150, net_frac=added(0.17), gbps=12),
+    JobType("pathfinder", cpus=2, base_s=60, net_frac=added(0.12), gbps=10),
+    JobType("srad", cpus=4, base_s=200, net_frac=added(0.06), gbps=6),
 )
-# Iperf-like: CPU only, loads its machine's link.
+# Iperf-like: CPU only; Iperf sends as fast as the path allows, so it fills its
+# machine's link (100 Gbit/s, the scenario's default).
 BACKGROUND = JobType(
-    "iperf", cpus=2, base_s=1200, net_frac=0.0, gbps=0.0, gpus=0, background_gbps=40
+    "iperf", cpus=2, base_s=1200, net_frac=0.0, gbps=0.0, gpus=0, background_gbps=100
 )
 
 
@@ -53,7 +95,11 @@ class Arrival:
 
 
 def arrivals(
-    count: int, rate_per_s: float, background_share: float, rng: random.Random
+    count: int,
+    rate_per_s: float,
+    background_share: float,
+    rng: random.Random,
+    mix: Sequence[JobType] = RODINIA,
 ) -> list[Arrival]:
     """A Poisson process of ``count`` jobs; types uniform over the mix (DRMaestro's
     simulation draws job types uniformly), ``background_share`` of them network-heavy."""
@@ -61,9 +107,14 @@ def arrivals(
     t = 0.0
     for i in range(count):
         t += rng.expovariate(rate_per_s)
-        job = BACKGROUND if rng.random() < background_share else rng.choice(RODINIA)
+        job = BACKGROUND if rng.random() < background_share else rng.choice(mix)
         out.append(Arrival(at=t, job=job, index=i))
     return out
+
+
+def scaled(mix: Sequence[JobType], factor: float) -> list[JobType]:
+    """The mix with every run time times ``factor`` (run times are ours, not the paper's)."""
+    return [replace(j, base_s=j.base_s * factor) for j in mix]
 
 
 def warmup(machines: int, cores: int, share: float, rng: random.Random) -> list[tuple[int, int]]:

@@ -132,6 +132,16 @@ def suite_pod(
     return suite.kube.create(path("v1", "pods", namespace=namespace), pod)
 
 
+def wait_succeeded(suite: Suite, namespace: str, pod: str, timeout: float = 90) -> None:
+    """Until a ``suite_pod(..., run_seconds=...)`` pod ran and finished, real node or not."""
+    wait_for(
+        lambda: suite.pod(namespace, pod)["status"].get("phase") == "Succeeded",
+        timeout,
+        f"pod {namespace}/{pod} to run and finish",
+        describe=lambda: describe_nodes(suite),
+    )
+
+
 def plugin_of(suite: Suite, host: str) -> PluginProcess:
     """The plugin of ``host``'s node, real or emulated."""
     real = suite.real_nodes.get(host)

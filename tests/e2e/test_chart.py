@@ -310,6 +310,7 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("arbitrary-node:update", "resourceclaims", R, "driver", "team-a", "other.dev"),
             Access("update", "resourceclaims", R, "binding", namespace="team-a"),
             Access("delete", "nodes"),
+            Access("delete", "pods", namespace="team-a"),
             Access("get", "secrets", namespace="@"),
             Access("list", "secrets"),
             Access("update", "leases", "coordination.k8s.io", namespace="kube-system"),
@@ -390,48 +391,84 @@ def test_each_service_account_can_do_what_it_needs_and_nothing_else(
     assert not allowed(kube_json, stranger, groups, EXPECTED["scaler"][0][0].attributes(namespace))
 
 
+def test_the_scaler_deletes_pods_only_in_the_vendor_plugins_namespace(
+    kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    """Vendor-driver mode's plugin restarts: pod deletion in vendorPluginNamespace only."""
+    rel, vendor_ns = f"r{unique}", f"v{unique}"
+    kube_json.create(path("v1", "namespaces"), {"metadata": {"name": vendor_ns}})
+    try:
+        objs = chart.render(
+            release=rel,
+            namespace=namespace,
+            values={"vendorDrivers": ["gpu.nvidia.com"], "vendorPluginNamespace": vendor_ns},
+        )
+        for obj in objs:
+            if obj["kind"] in RBAC_KINDS:
+                release.create(obj)
+        expected = {
+            "scaler": (
+                [
+                    Access("delete", "pods", namespace=vendor_ns),
+                    Access("list", "pods", namespace=vendor_ns),
+                    Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+                    Access(
+                        "arbitrary-node:patch",
+                        "resourceclaims",
+                        R,
+                        "driver",
+                        "team-a",
+                        "gpu.nvidia.com",
+                    ),
+                ],
+                [
+                    Access("delete", "pods"),
+                    Access("delete", "pods", namespace="@"),
+                    Access("delete", "pods", namespace="kube-system"),
+                    Access("deletecollection", "pods", namespace=vendor_ns),
+                    Access("create", "pods", namespace=vendor_ns),
+                    Access("patch", "pods", namespace=vendor_ns),
+                ],
+            ),
+            "operator": ([], [Access("delete", "pods", namespace=vendor_ns)]),
+            "plugin": ([], [Access("delete", "pods", namespace=vendor_ns)]),
+        }
+        wrong = wrong_access(kube_json, namespace, rel, expected)
+        assert not wrong, "\n".join(wrong)
+    finally:
+        release.cleanup()
+        release.created.clear()
+        kube_json.delete(path("v1", "namespaces", vendor_ns))
+
+
 # -- the admission policy --------------------------------------------------------------------
 
 
 def slice_body(name: str, node: str) -> JSON:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": names.DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0"}],
-        },
-    }
+    return _slice(name, node, {"nodeName": node}, [{"name": "gpu-0"}])
 
 
 def lend_slice_body(name: str, pool: str, local_node: str) -> JSON:
     """A lending pool's device slice: a local device on ``local_node`` and a lent one."""
+    term = {"matchExpressions": [{"key": "example.com/x", "operator": "In", "values": ["y"]}]}
+    devices: list[JSON] = [
+        {"name": "gpu-0", "nodeName": local_node},
+        {"name": "gpu-0-remote", "nodeSelector": {"nodeSelectorTerms": [term]}},
+    ]
+    return _slice(name, pool, {"perDeviceNodeSelection": True}, devices)
+
+
+def _slice(name: str, pool: str, where: JSON, devices: list[JSON]) -> JSON:
+    """A one-slice pool ``pool`` of our driver; ``where``: the nodes it is for."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
         "spec": {
             "driver": names.DRIVER,
-            "perDeviceNodeSelection": True,
+            **where,
             "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {"name": "gpu-0", "nodeName": local_node},
-                {
-                    "name": "gpu-0-remote",
-                    "nodeSelector": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": "example.com/x", "operator": "In", "values": ["y"]}
-                                ]
-                            }
-                        ]
-                    },
-                },
-            ],
+            "devices": devices,
         },
     }
 

@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 
 from api.v1alpha1 import API_VERSION
+from composable_dra.fabric.slots import is_slot
 from composable_dra.kube import Kube, path
+from composable_dra.names import ANN_POOL_DEVICE, normalize_uuid
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack.localcluster import ControlPlane
 from hack.localcluster.wait import wait_for
+from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import gpu_env, suite_pod, wait_succeeded
 from tests.e2e.test_operator import Bed, composable, start_bed
 
 FSAS = FsasConfig(
@@ -84,3 +88,48 @@ def test_fsas_fm_attaches_and_detaches(fsas_bed: Bed, unique: str) -> None:
     assert bed.block("gpu-4")["state"] == "Unused"
     fired = [r.get("fired", 0) for r in bed.emulator.faults()]
     assert fired == [0, 0], "a Redfish action was called: the change did not go through the FM"
+
+
+def test_an_fm_that_picks_the_gpu_gives_the_pod_the_gpu_it_picked(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    """The FM as CoHDI's client and CI mock have it (attach by model, free GPUs only as
+    counts): the pool offers slots, a pod's claim gets one, the FM picks the GPU, and the
+    pod runs on that GPU (its CDI env names the FM's pick); once idle, the GPU is detached
+    by the id the FM gave it and the slot count is back."""
+    picking = FsasConfig(
+        FSAS.tenant,
+        FSAS.realm,
+        FSAS.client_id,
+        FSAS.client_secret,
+        attach_by_model=True,
+        list_resources=False,
+    )
+    suite = make_suite(hosts=("node-1",), real_hosts=("node-1",), fsas=picking, no_removal=4)
+    for action in ("AddResourceBlock", "RemoveResourceBlock"):  # only the FM API may change it
+        suite.emulator.add_fault({"kind": "status503", "path": action, "count": 100000})
+    # node-1's fabric (zone-1) has 4 H100 and 1 L40S free: five slots, no block ids.
+    wait_for(lambda: len(suite.pool_devices()) == 5, 30, "five slots in the pool")
+    assert all(is_slot(d) for _, d in suite.pool_devices())
+
+    suite_pod(suite, namespace, "p1", run_seconds=1)
+    wait_succeeded(suite, namespace, "p1")  # on the GPU the FM picked
+    [cr] = suite.resources()
+    slot, picked = cr["spec"]["deviceID"], cr["status"]["fabricDeviceID"]
+    assert is_slot(slot) and not is_slot(picked)
+    assert suite.composed() == {picked: "node-1"}
+    # The claim was allocated the slot (it keeps that name until the claim is released).
+    assert cr["metadata"]["annotations"][ANN_POOL_DEVICE] == slot
+    uuid = normalize_uuid(str(suite.emulator.state()["blocks"][picked]["uuid"]))
+    assert normalize_uuid(cr["status"]["deviceUUID"]) == uuid
+    assert normalize_uuid(gpu_env(suite, namespace, "p1")["COMPOSABLE_GPU_UUIDS"]) == uuid
+
+    # Idle past the window: detached (by the FM's res_uuid), and five slots again.
+    wait_for(
+        lambda: suite.composed() == {} and suite.resources() == [],
+        90,
+        "the idle GPU to be detached through the FM",
+        describe=suite.describe,
+    )
+    wait_for(lambda: len(suite.pool_devices()) == 5, 60, "five slots again")
+    assert [f.get("fired", 0) for f in suite.emulator.faults()][-2:] == [0, 0]

@@ -35,6 +35,7 @@ from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
+from hack.localcluster.lending import CONTROLLER_SA, PLUGIN_SA, donor_process, scaler_process
 from hack.localcluster.pki import CertificateAuthority
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.process import ComponentProcess
@@ -55,7 +56,6 @@ pytestmark = pytest.mark.usefixtures("device_class")
 
 RESOURCE = "resource.k8s.io/v1"
 SHM = Path("/dev/shm")
-CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
 
 
 class RemoteSetup:
@@ -88,36 +88,18 @@ class RemoteSetup:
 
     def start(self) -> None:
         self.donor = self.cluster.donor(gpus=1, max_leases=2)
-        self.donor_proc = ComponentProcess(
-            "remote-gpu-donor",
-            [
-                f"--name={self.donor}",
-                f"--node-name={self.donor}",
-                f"--secret-file={self.secret}",
-                f"--listen=127.0.0.1:{self.data_port}",
-                "--transports=tcp",
-                "--allow=matmul=remote_gpu.builtins:matmul",
-                f"--lease-api-listen=127.0.0.1:{self.api_port}",
-                f"--lease-api-cert={self.tls.cert}",
-                f"--lease-api-key={self.tls.key}",
-                f"--kubeconfig={self.cp.kubeconfig}",
-                f"--lease-controller-sa={self.ns}/{CONTROLLER_SA}",
-                f"--lease-plugin-sa={self.ns}/{PLUGIN_SA}",
-            ],
+        self.donor_proc = donor_process(
+            self.donor,
+            self.secret,
+            self.tls,
+            (self.data_port, self.api_port),
+            self.cp,
+            self.ns,
             self.root / "donor",
         )
         self.start_donor()
         install_crds(self.kube)
-        scaler = ComponentProcess(
-            "scaler",
-            [
-                f"--kubeconfig={self.cp.kubeconfig}",
-                "--no-leader-elect",
-                "--lease-resync=1",
-                *self.client_flags(CONTROLLER_SA),
-            ],
-            self.root / "scaler",
-        )
+        scaler = scaler_process(self.cp, self.client_flags(CONTROLLER_SA), self.root / "scaler")
         self.procs.append(scaler.start())
         self.consumer = self.cluster.node("consumer")
         kubelet = KubeletEmulator(self.kube, self.consumer, self.root / "kc", self.root / "cdic")

@@ -1,13 +1,18 @@
-"""Vendor-driver mode end to end (issue 17): a DRA driver that is not ours on the node.
+"""Vendor-driver mode end to end (issue 17), on real nodes: a DRA driver that is not ours
+beside the upstream kubelet, containerd and runc.
 
 The vendor's plugin is hack/vendor-plugin (Go, on the upstream kubeletplugin helper),
-built through the Go module proxy when missing; it enumerates its node's GPUs once at
-start, as NVIDIA's does. The Fabric's vendorDriver makes the pool publisher publish the
-pool under that driver; a pod asking the vendor's DeviceClass gets a pool device, the
-operator attaches it, the scaler restarts the vendor plugin (deleting its pod; the test's
-stand-in DaemonSet starts it again), waits until the vendor's slice lists the GPU, and
-sets FabricDeviceReschedule; the scheduler places the pod again, on the vendor's local
-device. The one-cycle path is timed in the same run for docs/operations.md.
+built through the Go module proxy when missing; it registers with the real kubelet's
+plugin registration socket and enumerates its node's GPUs once at start, as NVIDIA's
+does. The Fabric's vendorDriver makes the pool publisher publish the pool under that
+driver; a pod asking the vendor's DeviceClass gets a pool device, the operator attaches
+it to the real node's host, the scaler restarts the vendor plugin (deleting its pod in
+the vendor's namespace, the only one it may delete pods in; the test's stand-in
+DaemonSet starts it again), waits until the vendor's slice lists the GPU, and sets
+FabricDeviceReschedule; the scheduler places the pod again, on the vendor's local
+device, and the kubelet has the Go plugin prepare it: the container's own output shows
+the GPU's UUID from the plugin's CDI spec. The one-cycle path is timed in the same run,
+on the other real node, for docs/operations.md.
 """
 
 from __future__ import annotations
@@ -15,19 +20,24 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from composable_dra import names
 from composable_dra.kube import Conflict, path
+from composable_dra.names import normalize_uuid
 from hack.localcluster import vendor_plugin
 from hack.localcluster.harness import CR_API, RESOURCE, Suite
+from hack.localcluster.realnode import RealNode
 from hack.localcluster.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
+from tests.e2e.realnodes import describe_nodes, gpu_env, wait_output
 
 pytestmark = pytest.mark.e2e
+HOSTS = ("node-1", "node-2")
 
 
 def vendor_claim(suite: Suite, ns: str, name: str) -> None:
@@ -39,12 +49,17 @@ def vendor_claim(suite: Suite, ns: str, name: str) -> None:
 
 
 def time_to_running(suite: Suite, ns: str, name: str, created: float, timeout: float) -> float:
+    def running() -> bool:
+        for real in suite.real_nodes.values():
+            real.check_alive()
+        return suite.running(ns, name)
+
     wait_for(
-        lambda: suite.running(ns, name),
+        running,
         timeout,
         f"pod {ns}/{name} to run",
         interval=0.05,
-        describe=lambda: suite.describe() + f"\nclaim: {suite.claim(ns, name).get('status')}",
+        describe=lambda: describe_nodes(suite) + f"\nclaim: {suite.claim(ns, name).get('status')}",
     )
     return time.monotonic() - created
 
@@ -57,45 +72,85 @@ def claim_events(suite: Suite, ns: str, name: str) -> list[str]:
     return [e["reason"] for e in items]
 
 
+def vendor_uuids(suite: Suite, node: str) -> set[str]:
+    """The GPU UUIDs in the vendor's slices of ``node``."""
+    slices = suite.kube.get(
+        path(RESOURCE, "resourceslices"),
+        fieldSelector=f"spec.nodeName={node},spec.driver={vendor_plugin.DRIVER}",
+    )["items"]
+    return {
+        normalize_uuid(d["attributes"]["uuid"]["string"])
+        for s in slices
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def start_vendor_plugin(
+    suite: Suite, real: RealNode, plugins_ns: str, binary: Path, workdir: Path
+) -> VendorPluginSet:
+    """The Go plugin beside ``real``'s kubelet, its stand-in pod in ``plugins_ns``; returns
+    once the kubelet has registered it."""
+    plugins = VendorPluginSet(suite.kube, plugins_ns, real.image)
+    plugin = VendorPlugin(
+        binary,
+        real.name,
+        suite.kubeconfig,
+        real.plugins_registry_dir,
+        real.plugins_dir,
+        real.cdi_dir,
+        suite.emulator.url,
+        (suite.emulator.user, suite.emulator.password),
+        workdir,
+    )
+    plugins.plugins[real.name] = plugin
+    plugins.start()
+
+    def registered() -> bool:
+        real.check_alive()
+        assert plugin.process.alive(), plugin.log_tail()
+        return plugin.registered()
+
+    wait_for(
+        registered,
+        60,
+        f"the kubelet of {real.name} to register the vendor plugin",
+        describe=lambda: f"{plugin.log_tail()}\n{real.logs_tail(10)}",
+    )
+    return plugins
+
+
 @pytest.fixture(scope="module")
 def binary() -> Path:
     """The vendor plugin: built through the Go module proxy when missing (never skipped)."""
     return find_vendor_plugin()
 
 
-def test_vendor_mode_reschedules_onto_the_vendors_local_device(
+def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     make_suite: MakeSuite, namespace: str, short_tmp: Path, binary: Path
 ) -> None:
-    suite = make_suite(hosts=("node-1", "node-2"), no_removal=600.0)
+    plugins_ns = f"vendor-{uuid.uuid4().hex[:6]}"
+    suite = make_suite(
+        hosts=HOSTS,
+        real_hosts=HOSTS,
+        no_removal=600.0,
+        scaler_args=[f"--vendor-plugin-namespace={plugins_ns}"],
+    )
+    suite.kube.create(path("v1", "namespaces"), {"metadata": {"name": plugins_ns}})
     with contextlib.suppress(Conflict):
         suite.kube.create(path(RESOURCE, "deviceclasses"), vendor_plugin.device_class())
-    node1, node2 = suite.node_of("node-1"), suite.node_of("node-2")
-    kubelet = suite.nodes["node-1"].kubelet
-    plugins = VendorPluginSet(suite.kube, suite.system_namespace)
-    plugins.plugins[node1] = VendorPlugin(
-        binary,
-        node1,
-        suite.kubeconfig,
-        kubelet.plugins_registry_dir,
-        kubelet.plugins_dir,
-        kubelet.cdi_dir,
-        suite.emulator.url,
-        (suite.emulator.user, suite.emulator.password),
-        short_tmp / "vp",
-    )
-    plugins.start()
+    real1, real2 = suite.real_nodes["node-1"], suite.real_nodes["node-2"]
+    node1, node2 = real1.name, real2.name
+    plugins = start_vendor_plugin(suite, real1, plugins_ns, binary, short_tmp / "vp")
     try:
-        wait_for(
-            lambda: kubelet.registered_drivers().get(vendor_plugin.DRIVER) == "v1",
-            60,
-            "the vendor plugin to register",
-            describe=plugins.plugins[node1].log_tail,
-        )
-
         # 1. The one-cycle path (our plugin, FabricDeviceReady), timed, on node-2.
         t0 = time.monotonic()
         suite.create_pod(namespace, "one-cycle", node=node2, local_first=False)
         one_cycle = time_to_running(suite, namespace, "one-cycle", t0, 120)
+        [one] = [r for r in suite.resources() if r["spec"]["targetNode"] == node2]
+        one_env = gpu_env(suite, namespace, "one-cycle")  # the container's own output
+        assert normalize_uuid(one_env["COMPOSABLE_GPU_UUIDS"]) == normalize_uuid(
+            one["status"]["deviceUUID"]
+        )
         suite.kube.delete(path("v1", "pods", "one-cycle", namespace=namespace))
         suite.kube.delete(path(RESOURCE, "resourceclaims", "one-cycle", namespace=namespace))
         wait_for(
@@ -113,10 +168,7 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device(
                     "vendorDriver": {
                         "name": vendor_plugin.DRIVER,
                         "attributes": {"type": "gpu"},
-                        "restart": {
-                            "namespace": suite.system_namespace,
-                            "podSelector": vendor_plugin.LABEL,
-                        },
+                        "restart": {"namespace": plugins_ns, "podSelector": vendor_plugin.LABEL},
                     }
                 }
             },
@@ -127,13 +179,9 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device(
             "the pool under the vendor's driver",
             describe=suite.describe,
         )
-        vendor_local = suite.kube.get(
-            path(RESOURCE, "resourceslices"),
-            fieldSelector=f"spec.nodeName={node1},spec.driver={vendor_plugin.DRIVER}",
-        )["items"]
-        assert [d for s in vendor_local for d in s["spec"].get("devices", [])] == []
+        assert vendor_uuids(suite, node1) == set()  # no GPU on node-1's host yet
 
-        # 3. A pod asking the vendor's DeviceClass.
+        # 3. A pod asking the vendor's DeviceClass, on the real node-1.
         t0 = time.monotonic()
         vendor_claim(suite, namespace, "vendor")
         suite.create_pod(namespace, "vendor", claim="vendor", node=node1)
@@ -146,22 +194,35 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device(
         assert not result.get("bindingConditions")
         assert names.FABRIC_DEVICE_RESCHEDULE in claim_events(suite, namespace, "vendor")
         assert plugins.restarts(node1) >= 1
-        # The attached GPU is the one the vendor prepared (CDI env with its UUID).
         [cr] = [r for r in suite.resources() if r["spec"]["targetNode"] == node1]
         assert cr["status"]["phase"] == "Online"
-        uuid = cr["status"]["deviceUUID"]
-        pod_uid = suite.pod(namespace, "vendor")["metadata"]["uid"]
-        prepared = kubelet.prepared_devices(pod_uid)
-        [cdi_id] = prepared[claim["metadata"]["uid"]]
-        assert cdi_id.startswith("vendor.example/gpu=")
-        spec_file = kubelet.cdi_dir / f"vendor.example-{claim['metadata']['uid']}.json"
-        env = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["env"]
-        assert f"VENDOR_GPU_UUID={uuid}" in env
+        gpu = normalize_uuid(cr["status"]["deviceUUID"])
+        assert gpu in vendor_uuids(suite, node1)
+        # The container's own output: what containerd injected from the Go plugin's CDI
+        # spec for the device the real kubelet had it prepare.
+        out = wait_output(real1, namespace, "vendor", "VENDOR_GPU_UUID=")
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        assert normalize_uuid(env["VENDOR_GPU_UUID"]) == gpu
+        assert normalize_uuid(env["NVIDIA_VISIBLE_DEVICES"]) == gpu
+        assert "COMPOSABLE_GPU_UUIDS" not in env  # not prepared by our plugin
+        spec_file = real1.cdi_dir / f"vendor.example-{claim['metadata']['uid']}.json"
+        assert spec_file.exists()
         print(
-            f"\ntime to GPU (pod created -> Running): one-cycle {one_cycle:.1f}s, "
-            f"vendor reschedule path {vendor_path:.1f}s"
+            f"\ntime to GPU on real nodes (pod created -> Running): one-cycle "
+            f"{one_cycle:.1f}s, vendor reschedule path {vendor_path:.1f}s"
         )
         record = {"one_cycle_s": round(one_cycle, 2), "vendor_reschedule_s": round(vendor_path, 2)}
         (Path(suite.workdir) / "time_to_gpu.json").write_text(json.dumps(record))
+
+        # 4. Deleting the pod: the real kubelet has the Go plugin unprepare the claim.
+        suite.kube.delete(path("v1", "pods", "vendor", namespace=namespace))
+        wait_for(
+            lambda: not spec_file.exists(),
+            60,
+            "NodeUnprepareResources (the vendor's CDI spec removed) after the pod's deletion",
+            describe=lambda: describe_nodes(suite) + plugins.plugins[node1].log_tail(),
+        )
     finally:
         plugins.stop()
+        with contextlib.suppress(Exception):
+            suite.kube.delete(path("v1", "namespaces", plugins_ns))

@@ -1,12 +1,25 @@
-"""Fixtures the backend tests share."""
+"""Fixtures the unit tests share, and how their fuzz tests are bounded."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from fabric_emulator.testing import EmulatorProcess
+
+# Every fuzz test here runs bounded and reproducible: the same examples on each run, no
+# example database on disk, no per-example deadline on a loaded machine. Tests set only
+# max_examples.
+settings.register_profile(
+    "bounded",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("bounded")
 
 
 @pytest.fixture(scope="module")

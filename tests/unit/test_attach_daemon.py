@@ -206,7 +206,9 @@ def test_fabric_errors_back_off_and_are_recorded() -> None:
     stopped = Stopped(limit=3)
     d, _ = daemon(body, fabric, stopped)
     asyncio.run(d.run())
-    assert stopped.waits == [1.0, 2.0, 7.0]
+    first, second, asked = stopped.waits  # jittered: between half and all of 1 s, then 2 s
+    assert first is not None and second is not None and asked == 7.0
+    assert 0.5 <= first <= 1.0 and 1.0 <= second <= 2.0
     assert fabric.attaches == []
     attached = next(c for c in body.status["conditions"] if c["type"] == names.ATTACHED)
     assert attached["reason"] == "FabricBusy" and body.status["error"] == "busy"
@@ -245,13 +247,18 @@ def test_a_deleted_resource_stops_the_daemon_before_any_call() -> None:
 
 
 @pytest.mark.parametrize(
-    ("previous", "retry_after", "expected"),
-    [(0, None, 1.0), (1, None, 2.0), (16, None, 30.0), (30, None, 30.0), (4, 7.0, 7.0)],
+    ("failures", "retry_after", "nominal"),
+    [(1, None, 1.0), (2, None, 2.0), (6, None, 30.0), (9, None, 30.0), (3, 7.0, 14.0)],
 )
 def test_next_delay_doubles_within_the_cap_unless_the_fabric_says(
-    previous: float, retry_after: float | None, expected: float
+    failures: int, retry_after: float | None, nominal: float
 ) -> None:
-    assert next_delay(previous, 30, retry_after) == expected
+    # The suite's one policy (composable_dra/retry.py): half of each wait is jitter.
+    waits = {next_delay(failures, 30, retry_after) for _ in range(20)}
+    if retry_after is not None:
+        assert waits == {retry_after}
+    else:
+        assert all(nominal / 2 <= w <= nominal for w in waits) and len(waits) > 1
 
 
 def test_claim_results_and_local_refs_read_plain_objects() -> None:

@@ -111,7 +111,7 @@ class TestDetachMidAttach:
             "done"
         )
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    @settings(max_examples=300)
     @given(
         state=st.sampled_from(["free", "attached", "busy"]),
         host=st.sampled_from([None, "h1", "h9"]),

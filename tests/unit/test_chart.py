@@ -145,10 +145,17 @@ def test_plugin_lending_is_off_by_default_and_flags_follow_values(default: list[
         "--max-leases=5",
         "--lend-transports=tcp,ucx",
         "--borrowers=example.com/tier=gpu-less",
+        "--link-busy-at=0.7",
+        "--link-clear-at=0.5",
     ):
         assert flag in args
     assert not any(a.startswith("--network-domain") for a in args)  # the node label
-    for bad in ({"maxLeases": 0}, {"transports": "shm"}, {"networkDomain": "a b"}):
+    for bad in (
+        {"maxLeases": 0},
+        {"transports": "shm"},
+        {"networkDomain": "a b"},
+        {"linkBusyAt": 2},
+    ):
         with pytest.raises(chart.HelmError, match="lend"):
             chart.render(values={"plugin": {"lend": bad}})
 
@@ -167,6 +174,8 @@ def test_schema_refuses_bad_values() -> None:
     leaky = "https://admin:secret@fabric.example:8443"
     with pytest.raises(chart.HelmError, match="endpoint"):
         chart.render(values={"fabric": {"create": True, "endpoint": leaky}})
+    with pytest.raises(chart.HelmError, match="maxPerZone"):
+        chart.render(values={"fabric": {"create": True, "standby": {"maxPerZone": -1}}})
     with pytest.raises(chart.HelmError, match="endpoint"):
         chart.render(values={"plugin": {"deviceSource": "redfish", "redfish": {"endpoint": leaky}}})
 
@@ -235,6 +244,11 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     fabric = one(everything, "Fabric")
     assert fabric["spec"]["endpoint"] == url
     assert fabric["spec"]["caSecret"] == {"name": "fabric-ca", "namespace": "composable-dra"}
+    assert fabric["spec"]["standby"] == {
+        "maxPerZone": 2,
+        "windowSeconds": 300,
+        "attachSeconds": 30,
+    }
     creds = one(everything, "Secret", "-fabric-credentials")
     assert fabric["spec"]["credentialsSecret"]["name"] == creds["metadata"]["name"]
     assert creds["stringData"] == {"username": "admin", "password": "admin"}
@@ -350,6 +364,9 @@ def test_the_donor_runs_on_lending_nodes_with_its_lease_api_and_its_own_identity
         "--lease-controller-sa=composable-dra/cdra-composable-dra-scaler",
         "--lease-plugin-sa=composable-dra/cdra-composable-dra-plugin",
         "--allow=matmul=remote_gpu.builtins:matmul",
+        "--link-bandwidth=12500000000",  # plugin.lend.linkGbps (100) in bytes/s
+        "--status-window=10",
+        "--latency-model=matmul=0.01:0.002",
     ):
         assert flag in args, flag
     # Its token key is a Secret of its own, mounted read-only; TLS from the named Secret.
@@ -376,3 +393,50 @@ def test_the_donor_runs_on_lending_nodes_with_its_lease_api_and_its_own_identity
                 "plugin": {"lend": {"enabled": True}},
             }
         )
+
+
+def grants_pod_delete(role: Obj) -> bool:
+    return any(
+        "" in rule.get("apiGroups", [])
+        and "pods" in rule["resources"]
+        and {"delete", "deletecollection", "*"} & set(rule["verbs"])
+        for rule in role["rules"]
+    )
+
+
+def test_no_cluster_role_may_delete_pods_the_vendor_restart_is_namespaced(
+    default: list[Obj], everything: list[Obj]
+) -> None:
+    vendor = {"vendorDrivers": ["gpu.nvidia.com"], "vendorPluginNamespace": "nvidia-dra"}
+    with_ns = chart.render(values=vendor)
+    without_ns = chart.render(values={"vendorDrivers": ["gpu.nvidia.com"]})
+    for objs in (default, everything, with_ns, without_ns):
+        assert not [r for r in by_kind(objs, "ClusterRole") if grants_pod_delete(r)]
+
+    # Pod deletion: one Role, in the vendor plugin's namespace, bound to the scaler only.
+    [role] = [r for r in by_kind(with_ns, "Role") if grants_pod_delete(r)]
+    assert role["metadata"]["namespace"] == "nvidia-dra"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
+    [binding] = [
+        b
+        for b in by_kind(with_ns, "RoleBinding")
+        if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["metadata"]["namespace"] == "nvidia-dra"
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": "cdra-composable-dra-scaler",
+            "namespace": "composable-dra",
+        }
+    ]
+    scaler = one(with_ns, "Deployment", "-scaler")
+    assert "--vendor-plugin-namespace=nvidia-dra" in container(scaler)["args"]
+
+    # Without a namespace (or without vendor drivers) no pod may be deleted anywhere.
+    for objs in (default, without_ns, chart.render(values={"vendorPluginNamespace": "x"})):
+        assert not [r for r in by_kind(objs, "Role") if grants_pod_delete(r)]
+        args = container(one(objs, "Deployment", "-scaler"))["args"]
+        assert not any(a.startswith("--vendor-plugin-namespace") for a in args)
+    with pytest.raises(chart.HelmError, match="vendorPluginNamespace"):
+        chart.render(values={"vendorPluginNamespace": "../etc"})

@@ -51,7 +51,7 @@ def _valid_env(env: dict[str, str]) -> None:
         assert not {"\x00", "\n", "\r"} & set(value)
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@settings(max_examples=400)
 @given(parameters=_parameters)
 @example(parameters={"apiVersion": API_VERSION, "kind": KIND, "env": {"GOOD\n": "x"}})
 @example(parameters={"apiVersion": API_VERSION, "kind": KIND, "env": {"A": "x\x00"}})
@@ -66,7 +66,7 @@ def test_fuzz_parse_parameters(parameters: Any) -> None:
     _valid_env(cfg.env)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     configs=st.lists(
         st.one_of(

@@ -83,7 +83,7 @@ def test_bad_edits_are_refused(edit: dict[str, object]) -> None:
         apply_cdi({}, [edit], ROOT)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(st.text(alphabet="/.ab", min_size=1, max_size=20))
 def test_a_container_path_never_leaves_the_root(container_path: str) -> None:
     try:

@@ -70,7 +70,7 @@ def test_attached_to_the_node_is_detached_whatever_the_slice(published: bool) ->
     assert a.kind == "detach"
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     state=st.sampled_from(["free", "attached", "busy"]),
     host=st.sampled_from(["h1", "h2", None]),

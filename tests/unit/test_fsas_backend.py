@@ -303,6 +303,55 @@ def test_an_fm_that_attaches_another_gpu_gets_it_back_and_the_attach_fails() -> 
     assert spec == {"res_type": "gpu", "res_uuid": "gpu-9", "res_num": 1}
 
 
+def _like_cohdi_mock(work: Path, **fsas: bool) -> EmulatorProcess:
+    config = FsasConfig(CONFIG.tenant, CONFIG.realm, CONFIG.client_id, CONFIG.client_secret, **fsas)
+    return EmulatorProcess(extra_args=process_args(work, config), workdir=work)
+
+
+def test_an_fm_that_picks_by_model_as_cohdis_mock_does_attaches_only_its_own_pick(
+    tmp_path: Path,
+) -> None:
+    """CoHDI's CI mock of the FM (cohdi-ci-mock app.py) reads only the model condition and
+    attaches the first free GPU of that model: the emulator does the same when told. An
+    attach of another GPU fails, naming the one the FM chose, and leaves nothing attached."""
+    with _like_cohdi_mock(tmp_path, attach_by_model=True) as emu:
+        backend = FsasFabricManagerBackend(
+            emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
+        )
+        try:
+            # node-1's free H100s are gpu-1..gpu-4; the FM picks gpu-1.
+            with pytest.raises(b.OperationFailedError, match="gpu-1"):
+                backend.attach("gpu-2", N1)
+            blocks = emu.state()["blocks"]
+            assert not [bid for bid, blk in blocks.items() if blk.get("system")]
+            picked, named = backend.device("gpu-1"), backend.device("gpu-2")
+            assert picked is not None and picked.state == "free"
+            assert named is not None and named.state == "free"
+            # The FM's own pick attaches; then gpu-2 is the first free one, and attaches.
+            assert backend.attach("gpu-1", N1) is None
+            assert backend.attach("gpu-2", N1) is None
+            assert {bid for bid, blk in emu.state()["blocks"].items() if blk.get("system")} == {
+                "gpu-1",
+                "gpu-2",
+            }
+        finally:
+            backend.close()
+
+
+def test_an_fm_without_a_resource_list_fails_the_inventory_saying_so(tmp_path: Path) -> None:
+    with _like_cohdi_mock(tmp_path, list_resources=False) as emu:
+        backend = FsasFabricManagerBackend(
+            emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
+        )
+        try:
+            assert set(backend.hosts()) == {N1, N2, N3}  # machines are served
+            with pytest.raises(b.FabricError, match="does not list its GPUs by identity") as err:
+                backend.inventory()
+            assert CREDS.client_secret not in str(err.value)
+        finally:
+            backend.close()
+
+
 def test_registry_builds_the_backend_from_the_fabric_and_its_secret() -> None:
     def secret(**keys: str) -> SecretKeys:
         data = {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()}

@@ -46,7 +46,7 @@ def test_dot_segments_are_refused(bad: str) -> None:
         path("v1", "secrets", "s", namespace=bad)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(name=st.text(min_size=1, max_size=30), namespace=st.text(min_size=1, max_size=30))
 def test_fuzz_every_name_is_one_segment(name: str, namespace: str) -> None:
     try:

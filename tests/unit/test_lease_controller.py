@@ -161,23 +161,18 @@ def test_with_retries_retries_only_retryable_errors() -> None:
 
     assert with_retries(flaky, 3, 0.001, stop) == 42 and len(calls) == 3
 
-    def refusing() -> int:
-        calls.append(1)
-        raise LeaseAPIError(Code.FORBIDDEN, "no")
+    def calls_failing_with(code: Code) -> int:
+        def failing() -> int:
+            calls.append(1)
+            raise LeaseAPIError(code, "no")
 
-    calls.clear()
-    with pytest.raises(LeaseAPIError):
-        with_retries(refusing, 3, 0.001, stop)
-    assert len(calls) == 1
+        calls.clear()
+        with pytest.raises(LeaseAPIError):
+            with_retries(failing, 3, 0.001, stop)
+        return len(calls)
 
-    def down() -> int:
-        calls.append(1)
-        raise LeaseAPIError(Code.UNAVAILABLE, "down")
-
-    calls.clear()
-    with pytest.raises(LeaseAPIError):
-        with_retries(down, 3, 0.001, stop)
-    assert len(calls) == 3
+    assert calls_failing_with(Code.FORBIDDEN) == 1
+    assert calls_failing_with(Code.UNAVAILABLE) == 3
 
 
 def test_lending_donors_are_the_node_pools_with_remote_devices() -> None:

@@ -20,7 +20,7 @@ def test_the_taint_has_hysteresis() -> None:
     assert seen == [False, True, True, True, False, False, True]
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=40))
 def test_a_load_between_the_thresholds_never_changes_the_state(loads: list[float]) -> None:
     rule = netaware.LinkBusyRule(busy_at=0.7, clear_at=0.5)
@@ -85,7 +85,7 @@ def test_capacity_keeps_every_admitted_slo_and_never_passes_the_knee() -> None:
     assert not slo.admit([], slo.Lease("other", slo_s=1.0), models, knee=8)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     st.lists(st.floats(0.001, 1.0), min_size=0, max_size=6),
     st.floats(0.001, 0.1),

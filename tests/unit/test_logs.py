@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,16 +35,25 @@ def _fail_with_a_secret_local() -> None:
     )
 
 
-def test_log_exception_carries_a_structured_traceback(
-    configured: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    logs.configure("test", fmt="json")
-    log = logs.get("test.exceptions")
+def _log_a_failure(
+    capsys: pytest.CaptureFixture[str], fmt: logs.Format, log: Callable[[], object]
+) -> str:
+    """Configure the logs in ``fmt``, call ``log`` while handling the failure above and
+    return what reached stderr."""
+    logs.configure("test", fmt=fmt)
     try:
         _fail_with_a_secret_local()
     except ValueError:
-        log.exception("attach failed", resource="cr-1")
-    (line,) = lines(capsys.readouterr().err)
+        log()
+    return capsys.readouterr().err
+
+
+def test_log_exception_carries_a_structured_traceback(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = logs.get("test.exceptions")
+    err = _log_a_failure(capsys, "json", lambda: log.exception("attach failed", resource="cr-1"))
+    (line,) = lines(err)
     assert line["event"] == "attach failed" and line["level"] == "error"
     assert "exc_info" not in line
     (exc,) = line["exception"]
@@ -58,14 +67,14 @@ def test_log_exception_carries_a_structured_traceback(
 def test_stdlib_and_kopf_records_carry_tracebacks_too(
     configured: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logs.configure("test", fmt="json")
-    try:
-        _fail_with_a_secret_local()
-    except ValueError:
-        logging.getLogger("kopf.test").exception(
+    err = _log_a_failure(
+        capsys,
+        "json",
+        lambda: logging.getLogger("kopf.test").exception(
             "handler failed", extra={"k8s_ref": {"name": "cr-2"}, "settings": object()}
-        )
-    (line,) = lines(capsys.readouterr().err)
+        ),
+    )
+    (line,) = lines(err)
     assert line["resource"] == "cr-2" and line["component"] == "test"
     (exc,) = line["exception"]
     assert exc["exc_type"] == "ValueError" and "s3cret" not in json.dumps(line)
@@ -106,12 +115,9 @@ def test_nested_keys_and_url_credentials_are_redacted(
 def test_console_format_prints_the_traceback_redacted(
     configured: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logs.configure("test", fmt="console")
-    try:
-        _fail_with_a_secret_local()
-    except ValueError:
-        logs.get("test.console").exception("attach failed")
-    err = capsys.readouterr().err
+    err = _log_a_failure(
+        capsys, "console", lambda: logs.get("test.console").exception("attach failed")
+    )
     assert "Traceback (most recent call last)" in err and "_fail_with_a_secret_local" in err
     assert "s3cret" not in err and "https://[redacted]@fabric.example" in err
 

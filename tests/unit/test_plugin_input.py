@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.dra.v1 import api_pb2 as v1
@@ -147,13 +147,7 @@ _fields = st.one_of(
 _claims = st.lists(st.tuples(_fields, _fields, _fields), min_size=1, max_size=4)
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@settings(max_examples=300)
 @given(claims=_claims, beta=st.booleans())
 def test_fuzz_grpc_claim_fields(
     tmp_path: Path, claims: list[tuple[str, str, str]], beta: bool

@@ -30,6 +30,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "MAX_LEASES",
         "LEND_TRANSPORTS",
         "BORROWERS",
+        "DONOR_STATUS_INTERVAL",
     ):
         monkeypatch.delenv(name, raising=False)
 
@@ -84,3 +85,21 @@ def test_missing_or_bad_input_is_a_clear_error(
 ) -> None:
     with pytest.raises(SystemExit, match=message):
         lend_policy(_args(*argv), _node(labels))
+
+
+def test_the_donor_status_poller_needs_a_lease_client_and_sound_thresholds() -> None:
+    from types import SimpleNamespace
+
+    from dra_driver.plugin_main import _donor_status
+
+    publisher = SimpleNamespace(set_lend_state=lambda _state: None)
+    policy = LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=4)
+    args = _args("--lend", "--link-busy-at=0.8", "--link-clear-at=0.3")
+    assert _donor_status(args, None, publisher, policy) is None  # no lease service account
+    poller = _donor_status(args, object(), publisher, policy)
+    assert poller.rule.busy_at == 0.8 and poller.knee == 4 and poller.interval == 5.0
+    off = _args("--lend", "--donor-status-interval=0")
+    assert _donor_status(off, object(), publisher, policy) is None
+    for bad in (("--link-busy-at=0.4", "--link-clear-at=0.5"), ("--link-busy-at=1.5",)):
+        with pytest.raises(SystemExit, match="link-busy-at"):
+            _donor_status(_args("--lend", *bad), object(), publisher, policy)

@@ -287,6 +287,21 @@ def test_pool_device_maps_by_uuid_from_claim_status() -> None:
         plan_claim(no_status, ref_of(no_status), DRIVER, NODE, DEVICES, {})
 
 
+def test_pool_device_uuid_matches_in_any_form_of_the_same_gpu() -> None:
+    """The fabric may say "GPU-<UUID>" (an Fsas FM's res_serial_num, NVML) where the
+    node's source says the bare UUID in lower case (Redfish): the same GPU."""
+    pool_result = {"request": "gpu", "driver": DRIVER, "pool": "fabric-1", "device": "slot-1"}
+    bare = DEVICES[1].uuid.removeprefix("GPU-").lower()
+    obj = claim(
+        results=[pool_result],
+        status_devices=[
+            {"driver": DRIVER, "pool": "fabric-1", "device": "slot-1", "data": {"uuid": bare}}
+        ],
+    )
+    (planned,) = plan_claim(obj, ref_of(obj), DRIVER, NODE, DEVICES, {})
+    assert planned.device.name == "gpu-1"
+
+
 def test_missing_device_fails(env: Env) -> None:
     ref = env.api.add(claim(results=[result("gpu-9")]))
     assert "not present" in env.preparer.prepare([ref])[ref.uid].error

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from composable_dra import retry
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(
     attempt=st.integers(min_value=1, max_value=200),
     first=st.floats(min_value=0.01, max_value=2.0),
@@ -37,6 +37,15 @@ def test_waits_grow_to_the_cap_and_are_jittered() -> None:
 
 def test_a_first_wait_above_the_cap_is_the_cap() -> None:
     assert 0.05 <= retry.delay(1, cap=0.1, first=1.0) <= 0.1
+
+
+@pytest.mark.parametrize(("after", "expected"), [(7.0, 7.0), (0, 0.0), (400.0, 400.0)])
+def test_a_wait_the_server_asked_for_wins(after: float, expected: float) -> None:
+    assert retry.delay(3, cap=5.0, retry_after=after) == expected
+
+
+def test_a_negative_wait_the_server_asked_for_is_ignored() -> None:
+    assert 0.4 <= retry.delay(3, cap=5.0, retry_after=-1.0) <= 0.8
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -6,12 +6,10 @@ from typing import Any
 
 from api.v1alpha1 import ClaimRef
 from composable_dra import names
+from composable_dra.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
 from composable_dra.timestamps import format_time
 from device_scaler.decide import (
-    ANN_IN_USE_BY,
     ANN_LAST_USED,
-    ANN_POOL,
-    ANN_POOL_DEVICE,
     CreateResource,
     DeleteResource,
     PatchResource,

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from composable_dra.kube import JSON
+from composable_dra.names import ANN_ADOPTED, ANN_IN_USE_BY
 from composable_dra.timestamps import format_time
 from composable_operator.fabric_status import ADOPTED, FabricWatch, Orphan
 from device_scaler.decide import (
-    ANN_ADOPTED,
-    ANN_IN_USE_BY,
     DeleteResource,
     PatchResource,
     Settings,

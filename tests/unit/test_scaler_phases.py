@@ -7,6 +7,7 @@ from typing import Any
 
 from api.v1alpha1 import ClaimRef, ComposabilityRequestSpec
 from composable_dra import names
+from composable_dra.names import ANN_EXPIRES, ANN_IN_USE_BY
 from composable_dra.sizing import (
     ANN_LAST_USED,
     desired_size,
@@ -17,8 +18,6 @@ from composable_dra.sizing import (
 )
 from composable_dra.timestamps import format_time
 from device_scaler.decide import (
-    ANN_EXPIRES,
-    ANN_IN_USE_BY,
     Counts,
     Create,
     DeleteResource,

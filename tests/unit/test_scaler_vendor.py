@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from composable_dra import names
+from composable_dra.names import ANN_POOL
 from composable_dra.timestamps import format_time
 from device_scaler.decide import (
-    ANN_POOL,
     DeleteResource,
     PatchResource,
     Quarantine,
@@ -174,6 +174,25 @@ def test_vendor_modes_from_fabrics():
     [mode] = vendor_modes(fabrics)
     assert mode == VendorMode(VENDOR, frozenset({"b", "c"}), None, None, 30.0)  # b is first
     assert vendor_modes([fabrics[1]])[0].restart_selector == "app=x"
+
+
+def test_restarts_only_in_the_allowed_namespace():
+    """--vendor-plugin-namespace (the chart's Role): a Fabric naming another namespace
+    gets no restarts, and the mode says which namespace it refused."""
+    restart = {"name": VENDOR, "restart": {"namespace": "gpu", "podSelector": "app=x"}}
+    [allowed] = vendor_modes([fabric("fab", restart)], "gpu")
+    assert (allowed.restart_namespace, allowed.restart_selector) == ("gpu", "app=x")
+    assert allowed.refused_namespace is None
+    [refused] = vendor_modes([fabric("fab", restart)], "nvidia")
+    assert refused == VendorMode(VENDOR, frozenset({"fab"}), None, None, 30.0, "gpu")
+    s = snap([vclaim()], [online()])
+    assert not only(run(s, refused), RestartVendorPlugin)
+    assert only(run(s, allowed), RestartVendorPlugin) == [
+        RestartVendorPlugin("node-a", "gpu", "app=x")
+    ]
+    # No restart asked: nothing refused.
+    [plain] = vendor_modes([fabric("b", {"name": VENDOR})], "gpu")
+    assert plain.refused_namespace is None
 
 
 class _Synced:

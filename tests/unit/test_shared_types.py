@@ -47,7 +47,7 @@ def test_the_custom_resource_reads_its_claim_ref_as_the_shared_type() -> None:
     }
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200)
 @given(st.integers(min_value=0, max_value=4_102_444_800))  # up to 2100
 def test_times_round_trip_in_the_apis_format(seconds: int) -> None:
     text = format_time(seconds)

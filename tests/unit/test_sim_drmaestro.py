@@ -8,8 +8,15 @@ import pytest
 
 from composable_dra.lending import netaware
 from hack.sim import drmaestro
-from hack.sim.cluster import Cluster, Machine, Policy
-from hack.sim.workload import RODINIA, Arrival, JobType
+from hack.sim.cluster import Cluster, Finished, Machine, Policy
+from hack.sim.workload import (
+    BACKGROUND,
+    RODINIA,
+    SATURATED_STRETCH,
+    TOLERANCE,
+    Arrival,
+    JobType,
+)
 
 
 def _cluster(policy: Policy) -> Cluster:
@@ -58,3 +65,73 @@ def test_a_small_run_prints_its_json_last(capsys: pytest.CaptureFixture[str]) ->
     assert out["slo_violations"] == 0
     for key in ("makespan_speedup", "qos_violation_ratio", "apps_admitted_ratio"):
         assert key in out and key in out["goals"]
+    for run in runs.values():
+        assert sum(run["qos_violations_by_cause"].values()) == run["qos_violations"]
+
+
+def _run_alone(cluster: Cluster, arrival: Arrival, host: int, donor: int | None) -> float:
+    """Start ``arrival`` on ``host`` (GPU on ``donor``) and step until it ends: its run time."""
+    cluster._start(arrival, host, donor)
+    for _ in range(10_000):
+        if not any(r.arrival.index == arrival.index for r in cluster.running):
+            break
+        cluster.step(1.0)
+    (done,) = [f for f in cluster.finished if f.arrival.index == arrival.index]
+    return done.end - done.start
+
+
+@pytest.mark.parametrize(("name", "loaded_share"), [("nw", 0.49), ("hotspot", 0.01)])
+def test_a_saturated_path_stretches_transfers_as_drmaestro_measured(
+    name: str, loaded_share: float
+) -> None:
+    """Fig. 3: beside Iperf, NW's transfer share went from 17% to 49%, HotSpot's from
+    0.2% to 1%. An Iperf-like job on the consumer's machine must give the same shares."""
+    job = JobType(**{**next(j for j in RODINIA if j.name == name).__dict__, "base_s": 2000})
+    machines = [Machine(8, 0, 100, knee=4), Machine(0, 1, 100, knee=4)]
+    cluster = Cluster(machines, Policy.LENDING, colo=0.0)
+    cluster._start(Arrival(0, BACKGROUND_LONG, -1), 0, None)
+    run_s = _run_alone(cluster, Arrival(0, job, 1), host=0, donor=1)
+    share = (run_s - job.base_s) / run_s
+    assert share == pytest.approx(loaded_share, rel=0.06)
+
+
+BACKGROUND_LONG = JobType(**{**BACKGROUND.__dict__, "base_s": 100_000})
+
+
+def test_a_network_heavy_job_slows_only_transfers_that_cross_its_link() -> None:
+    # A local GPU job beside Iperf: no transfer, so no slowdown (Fig. 3 puts it all there).
+    cluster = Cluster([Machine(8, 1, 100, knee=4)], Policy.LENDING, colo=0.0)
+    cluster._start(Arrival(0, BACKGROUND_LONG, -1), 0, None)
+    job = next(j for j in RODINIA if j.name == "nw")
+    assert _run_alone(cluster, Arrival(0, job, 1), host=0, donor=None) == pytest.approx(
+        job.base_s, abs=1.0
+    )
+
+
+def test_a_qos_violation_is_run_time_over_expected_not_waiting() -> None:
+    job = next(j for j in RODINIA if j.name == "nw")
+    waited = Finished(Arrival(0, job, 1), 900, 900 + job.base_s, False, job.base_s, "host")
+    assert not waited.violated(TOLERANCE)
+    assert waited.violated_with_wait(TOLERANCE)
+    slowed = Finished(Arrival(0, job, 2), 0, job.base_s * 1.2, False, job.base_s, "host")
+    assert slowed.violated(TOLERANCE)
+
+
+def test_sensitivity_and_the_na_threshold_follow_from_the_qos_tolerance() -> None:
+    """A job is sensitive when a saturated path would break its QoS; a donor is busy from
+    the load at which the most network-bound sensitive job just reaches its tolerance."""
+    for job in RODINIA:
+        extra = job.net_frac * (SATURATED_STRETCH - 1)
+        assert job.network_sensitive == (extra > TOLERANCE * (1 + job.net_frac))
+    assert {j.name for j in RODINIA if not j.network_sensitive} == {"hotspot", "lavamd"}
+    rule = drmaestro.na_rule(RODINIA, TOLERANCE)
+    worst = max(j.net_frac for j in RODINIA if j.network_sensitive)
+    assert worst / (1 - rule.busy_at) - worst == pytest.approx(TOLERANCE * (1 + worst))
+    assert 0 < rule.clear_at < rule.busy_at
+
+
+def test_a_looser_tolerance_makes_fewer_jobs_sensitive_and_a_later_taint() -> None:
+    strict = {j.name for j in RODINIA if j.is_sensitive(0.05)}
+    loose = {j.name for j in RODINIA if j.is_sensitive(0.20)}
+    assert loose < strict
+    assert drmaestro.na_rule(RODINIA, 0.20).busy_at > drmaestro.na_rule(RODINIA, 0.05).busy_at

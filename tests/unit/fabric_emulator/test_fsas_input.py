@@ -17,7 +17,7 @@ from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 
 TENANT, MACHINE = "t-1", "m-1"
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=200)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -115,7 +115,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
         yield e
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=60)
 @given(body=st.binary(max_size=200) | json_values.map(lambda v: repr(v).encode()))
 def test_hostile_bodies_over_http_get_4xx(emu: EmulatorProcess, body: bytes) -> None:
     cfg = FsasConfig()

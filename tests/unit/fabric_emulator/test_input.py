@@ -147,7 +147,7 @@ _targets = st.sampled_from(
 _ctypes = st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain"])
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@settings(max_examples=300)
 @given(target=_targets, body=_bodies, ctype=_ctypes)
 def test_fuzz_redfish_bodies(
     emulator: EmulatorProcess, target: tuple[str, str], body: bytes, ctype: str
@@ -169,7 +169,7 @@ def test_fuzz_redfish_bodies(
         assert info and all(m["MessageId"].startswith(("Base.", "Composition.")) for m in info)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=150)
 @given(
     target=st.sampled_from([("PATCH", "config"), ("POST", "faults"), ("PUT", "faults")]),
     body=_bodies,

@@ -17,7 +17,7 @@ from fabric_emulator.testing import EmulatorProcess
 
 from .conftest import BLOCKS, ROOT, Client, message_ids
 
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=300)
 
 
 def _collection(n: int) -> dict[str, Any]:

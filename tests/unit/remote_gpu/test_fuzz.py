@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from remote_gpu import handshake, tokens
@@ -44,13 +44,7 @@ LIMIT = 1 << 16  # payload limit: whatever passes must be cheap to build
 
 
 def _fuzz(n: int) -> settings:
-    return settings(
-        max_examples=n,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )
+    return settings(max_examples=n)
 
 
 U32 = st.sampled_from([0, 1, 2, 3, 7, 255]) | st.sampled_from(

@@ -53,7 +53,7 @@ DRIVER = "gpu.composable.dra.io"
 DONOR = "node-a"
 CONTROLLER = "system:serviceaccount:cdra:scaler"
 PLUGIN = "system:serviceaccount:cdra:plugin"
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+FUZZ = settings(max_examples=150)
 
 
 IDS = {

@@ -1,0 +1,39 @@
+"""What the suite's two ResourceSlice writers share (the node plugin, dra_driver/slices.py;
+the pool publisher, pool_publisher/publish.py): how a slice they want is compared with the
+one on the server (on the fields they set, never what the server adds), and how a plan's
+slices are written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from composable_dra.kube import JSON, Kube, path
+
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+def common_fields(obj: JSON) -> tuple[JSON, JSON, tuple[Any, ...]]:
+    """(labels, spec, the owners, driver and pool of the slice), the fields both writers set
+    on every slice; each compares its own further fields from the labels and spec."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    owners = sorted(
+        (o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []
+    )
+    common = (
+        owners,
+        spec.get("driver"),
+        pool.get("name"),
+        pool.get("generation"),
+        pool.get("resourceSliceCount"),
+    )
+    return meta.get("labels") or {}, spec, common
+
+
+def write_slices(kube: Kube, apply: Iterable[JSON], delete: Iterable[str], manager: str) -> None:
+    """Server-side apply ``apply`` as field manager ``manager``, then delete ``delete``."""
+    for obj in apply:
+        kube.apply(path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, manager)
+    for name in delete:
+        kube.delete(path(RESOURCE_API, "resourceslices", name))
