@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,11 +109,9 @@ class FabricWatch:
             h: names_[0] for h, names_ in host_nodes(nodes, spec.node_mapping, inv.hosts).items()
         }
 
-    def claimed(
-        self, fabric: str, index_keys: Callable[[], Iterable[tuple[str, str]]] | None = None
-    ) -> set[str]:
+    def claimed(self, fabric: str, index_keys: Iterable[tuple[str, str]] | None = None) -> set[str]:
         if index_keys is not None:
-            return {device for fab, device in index_keys() if fab == fabric}
+            return {device for fab, device in index_keys if fab == fabric}
         items = self.kube.get(
             path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={fabric}"
         )["items"]
@@ -190,7 +188,6 @@ def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
         )
         # kopf passes each index by its handler's name (handlers.py); none in a test.
         by_device = kwargs.get("resources_by_device")
-        index_keys = (lambda: list(by_device.keys())) if by_device is not None else None
         while not stopped:
             interval = 30.0
             try:
@@ -216,7 +213,11 @@ def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
                 )
                 if spec.orphan_policy != "Ignore":
                     host_nodes = await asyncio.to_thread(watch.host_nodes, spec, inv)
-                    claimed = await asyncio.to_thread(watch.claimed, name, index_keys)
+                    if by_device is not None:
+                        # Read here: kopf changes its index on this loop.
+                        claimed = watch.claimed(name, list(by_device.keys()))
+                    else:
+                        claimed = await asyncio.to_thread(watch.claimed, name)
                     due, first_seen = find_orphans(
                         inv,
                         host_nodes,

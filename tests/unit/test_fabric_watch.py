@@ -100,7 +100,7 @@ def test_claimed_devices_come_from_the_index_without_listing() -> None:
     kube = CountingKube()
     watch = FabricWatch(kube, None)  # type: ignore[arg-type]
     keys = [("fab", "gpu-1"), ("other", "gpu-2"), ("fab", "gpu-3")]
-    assert watch.claimed("fab", lambda: keys) == {"gpu-1", "gpu-3"}
+    assert watch.claimed("fab", keys) == {"gpu-1", "gpu-3"}
     assert kube.gets == []
 
 
