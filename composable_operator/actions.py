@@ -107,11 +107,15 @@ class Recorder:
             case ActionKind.FOLLOW:
                 pass  # the record of the task is the attach call's (Controller.end_attach)
 
+    def attaching_conditions(self, action: Action) -> list[JSON]:
+        """The condition that goes out with the record of the request, in its one write
+        (Controller.start_attach)."""
+        return [condition(names.ATTACHED, False, "Attaching", action.message)]
+
     async def _attaching(self, action: Action, seen: Seen) -> None:
+        # Nothing to write: the phase, the record of the request and the condition went
+        # out with the request (Controller.start_attach).
         if seen.phase != "Attaching":
-            # The condition goes out with the request; the phase and the record of the
-            # request went first (Controller.start_attach).
-            await self.status({}, [(names.ATTACHED, False, "Attaching", action.message)])
             self.event(
                 EventType.NORMAL,
                 "Attaching",

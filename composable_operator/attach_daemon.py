@@ -17,11 +17,12 @@ from typing import Any, Protocol
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricBackend, FabricError, Operation
-from composable_dra.fabric.registry import FabricConfigError, condition_status, host_for_node
+from composable_dra.fabric.registry import FabricConfigError, condition_status
 from composable_dra.kube import NotFound
 from composable_dra.names import normalize_uuid
 from composable_operator.actions import EventSink, Recorder, Seen
 from composable_operator.controller import Controller, pending_task, read_fabric
+from composable_operator.inventories import online_look
 from composable_operator.picks import picks_for, read_device, start_pick
 from composable_operator.reconcile import (
     Action,
@@ -62,18 +63,34 @@ def visible(status: Mapping[str, Any], uuid: str) -> bool:
     ) == normalize_uuid(uuid)
 
 
-async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
-    """Until the plugin reports the device visible (True), the time limit or a stop."""
+async def wait_until(
+    body: LiveResource, stopped: Stopped, check: Callable[[LiveResource], bool], limit: float
+) -> bool:
+    """Until ``check`` holds of the live object (True), the time limit or a stop: kopf
+    keeps the object current, and a look is a lookup in memory, no request."""
     deadline = time.monotonic() + limit
     while not stopped and time.monotonic() < deadline:
-        if visible(body.status, uuid):
+        if check(body):
             return True
-        await stopped.wait(0.1)
+        await stopped.wait(LOOK_SECONDS)
     return False
 
 
-# Seconds between looks for kopf's finalizer before a first attach.
-FINALIZER_WAIT = 0.2
+def finalized(body: LiveResource) -> bool:
+    return names.FINALIZER in (body.meta.get("finalizers") or [])
+
+
+async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
+    """Until the plugin reports the device visible (True), the time limit or a stop."""
+    return await wait_until(body, stopped, lambda b: visible(b.status, uuid), limit)
+
+
+# Seconds between looks at the live object (kopf's finalizer before a first attach; the
+# plugin's DeviceVisible): in memory, no request; short next to an attach, long enough
+# that a hundred resources waiting cost little CPU.
+LOOK_SECONDS = 0.05
+# Seconds an attach step waits for kopf's finalizer before it looks again (a pass).
+FINALIZER_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,10 @@ class AttachDaemon:
     # after our own operation ended or the node reported the device. The device itself
     # is always read again before a decision.
     reuse: Reading | None = None
+    # The last read of the fabric, and when the device was last seen in place (a read
+    # of ours or a Fabric pass's inventory; monotonic).
+    last: Reading | None = None
+    confirmed_at: float = float("-inf")
 
     @property
     def uid(self) -> str:
@@ -128,6 +149,7 @@ class AttachDaemon:
                 await rec.config_error(exc)
                 wait = self.backoff(cap)
             except NotFound:
+                self.ctl.forget_status(self.name)
                 return  # the resource is gone
             except Exception:
                 rec.unexpected()
@@ -143,22 +165,58 @@ class AttachDaemon:
         return next_delay(self.failures, cap, retry_after)
 
     async def read(self, spec: ComposableResourceSpec) -> Reading:
+        self.confirmed_at = time.monotonic()
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
             status = dict(self.body.status)
             device = await read_device(self.ctl, kept.backend, spec, status, self.uid, self.name)
-            return replace(kept, device=device)
+            self.last = replace(kept, device=device)
+            return self.last
         fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
-        device, hosts, node = await read_fabric(
-            self.ctl, backend, spec, dict(self.body.status), self.uid, self.name
+        device, host, _ = await read_fabric(
+            self.ctl, fabric, backend, spec, dict(self.body.status), self.uid, self.name
         )
-        host = host_for_node(node, fabric.node_mapping, hosts) if node else None
-        return Reading(fabric, backend, host, device)
+        self.last = Reading(fabric, backend, host, device)
+        return self.last
+
+    def online_look(self, spec: ComposableResourceSpec, status: dict[str, Any]) -> bool:
+        """An Online resource reads nothing of its own while the Fabric daemon's inventory
+        passes show its device in place (inventories.online_look): 1,000 Online resources
+        cost one inventory read per poll interval. True: nothing to do until the next
+        look; False: read the fabric and decide."""
+        last = self.last
+        if last is None or status.get("phase") != "Online":
+            return False
+        poll = self.ctl.settings.online_poll
+        confirmed = online_look(
+            self.ctl.inventories.latest(spec.fabric),
+            # A fabric that picks: the device it picked, not the slot (picks.py).
+            str(status.get("fabricDeviceID") or spec.device_id),
+            status,
+            # Vendor-driver mode: no plugin of ours reports (as in step()).
+            last.fabric.vendor_driver is not None
+            or visible(status, str(status.get("deviceUUID") or "")),
+            self.confirmed_at,
+            2 * float(last.fabric.poll_interval_seconds) + poll,
+            time.monotonic(),
+        )
+        if confirmed is None:
+            return False
+        self.confirmed_at = confirmed
+        return True
 
     async def step(
         self, spec: ComposableResourceSpec, status: dict[str, Any], rec: Recorder
     ) -> float | None:
         """One pass: the seconds to wait before the next, or None to stop."""
+        self.ctl.known_status(self.name, status)
+        if self.online_look(spec, status):
+            return self.ctl.settings.online_poll
+        if not status.get("phase") and not finalized(self.body):
+            # A new resource: nothing to read before kopf's finalizer is on.
+            await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+            if not finalized(self.body):
+                return 0.0
         r = await self.read(spec)
         open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
         if open_task is not None and open_task.monitor in self.followed:
@@ -201,17 +259,23 @@ class AttachDaemon:
                 assert action.host is not None
                 if self.stopped:
                     return None  # deletion began: from here the detach handler decides
-                if names.FINALIZER not in (self.body.meta.get("finalizers") or []):
+                if not finalized(self.body):
                     # kopf adds its finalizer in the pass that starts this daemon: an attach
                     # sent before the finalizer is on the object could land after a deletion
                     # that no detach handler sees, leaving the device composed. Wait for it.
-                    return FINALIZER_WAIT
+                    await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+                    return 0.0
                 # No await between the check above and this: a detach finds the call.
                 if (p := picks_for(r.backend, spec)) is not None:
                     call = start_pick(self.ctl, self.uid, self.name, p, spec, action.host)
                 else:
                     call = self.ctl.start_attach(
-                        self.uid, self.name, r.backend, spec.device_id, action.host
+                        self.uid,
+                        self.name,
+                        r.backend,
+                        spec.device_id,
+                        action.host,
+                        rec.attaching_conditions(action),
                     )
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)

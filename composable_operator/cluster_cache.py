@@ -1,5 +1,6 @@
-"""What the detach reads of the cluster besides its own resources: ResourceClaims and our
-driver's ResourceSlices, in caches kept by watches (composable_dra.informer), started once.
+"""What the operator reads of the cluster besides its own resources: ResourceClaims, our
+driver's ResourceSlices and Nodes, in caches kept by watches (composable_dra.informer),
+started once.
 
 A detach pass reads these caches; only the step that ends something (the fabric call, or
 letting the resource go) reads the API server itself, since a cache may lag behind an
@@ -10,6 +11,7 @@ waits for the node's plugin to drop a device waits on the slice watch's events.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable
 
 from composable_dra.informer import Informer
@@ -46,6 +48,51 @@ def local_refs(slices: Iterable[JSON], node: str, uuid: str) -> set[tuple[str, s
             if found and normalize_uuid(found) == wanted:
                 refs.add((spec["pool"]["name"], d["name"]))
     return refs
+
+
+def slim_node(node: JSON) -> JSON:
+    """The parts of a Node that mapping it to its fabric host reads (registry.host_for_node:
+    systemUUID, providerID, annotations), so that a cache of 1,000 Nodes does not keep
+    their images and conditions."""
+    meta = node.get("metadata") or {}
+    slim_meta: JSON = {"name": meta.get("name"), "annotations": dict(meta.get("annotations") or {})}
+    if meta.get("deletionTimestamp"):
+        slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    system_uuid = ((node.get("status") or {}).get("nodeInfo") or {}).get("systemUUID", "")
+    return {
+        "metadata": slim_meta,
+        "spec": {"providerID": (node.get("spec") or {}).get("providerID", "")},
+        "status": {"nodeInfo": {"systemUUID": system_uuid}},
+    }
+
+
+class Nodes:
+    """Every Node, slimmed (slim_node), kept by one watch: the Fabric daemon maps hosts to
+    nodes and an attach step finds its node without listing or reading Nodes."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._lock = threading.Lock()
+        self._by_name: dict[str, JSON] = {}
+        self.informer = Informer(kube, path("v1", "nodes"), on_event=self._event, name="nodes")
+
+    def _event(self, kind: str, node: JSON) -> None:  # on the informer's thread
+        name = str((node.get("metadata") or {}).get("name"))
+        with self._lock:
+            if kind == "DELETED":
+                self._by_name.pop(name, None)
+            else:
+                self._by_name[name] = slim_node(node)
+
+    def synced(self) -> bool:
+        return self.informer.synced.is_set()
+
+    def get(self, name: str) -> JSON | None:
+        with self._lock:
+            return self._by_name.get(name)
+
+    def all(self) -> list[JSON]:
+        with self._lock:
+            return list(self._by_name.values())
 
 
 class Changes:
@@ -86,11 +133,12 @@ class Changes:
 
 
 class ClusterCache:
-    """ResourceClaims and our driver's ResourceSlices, each a list + watch (Informer)."""
+    """ResourceClaims, our driver's ResourceSlices and Nodes, each a list + watch."""
 
     def __init__(self, kube: Kube, driver: str) -> None:
         self.kube, self.driver = kube, driver
         self.slice_changes = Changes()
+        self.nodes = Nodes(kube)
         self.claims = Informer(kube, path(RESOURCE, "resourceclaims"))
         self.slices = Informer(
             kube,
@@ -102,11 +150,13 @@ class ClusterCache:
     def start(self) -> ClusterCache:
         self.claims.start()
         self.slices.start()
+        self.nodes.informer.start()
         return self
 
     def stop(self) -> None:
         self.claims.stop()
         self.slices.stop()
+        self.nodes.informer.stop()
 
     def synced(self) -> bool:
         return self.claims.synced.is_set() and self.slices.synced.is_set()

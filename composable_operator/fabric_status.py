@@ -1,7 +1,10 @@
 """Fabric status and orphan handling, as pure functions plus a kopf daemon per Fabric.
 
 Each pass reads the fabric once and:
-- reports it in the Fabric's status: reachable, free devices by model and zone, last sync;
+- leaves the inventory for the rest of the operator (inventories.py): an Online
+  resource's check and an attach step's host mapping read it instead of the fabric;
+- reports it in the Fabric's status (one server-side apply): reachable, free devices by
+  model and zone, last sync;
 - finds orphans: devices attached to the host of one of our nodes with no
   ComposableResource saying so. One that stays an orphan longer than the grace period is,
   per the Fabric's orphanPolicy, adopted (the default) or detached. Adopting creates a
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +30,12 @@ import kopf
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, FabricSpec
 from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
+from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_nodes
 from composable_dra.kube import JSON, Conflict, Kube, path
 from composable_dra.timestamps import now_rfc3339
 from composable_operator import metrics
+from composable_operator.cluster_cache import Nodes
+from composable_operator.inventories import Inventories
 
 log = logs.get(__name__)
 ADOPTED = names.ANN_ADOPTED
@@ -75,20 +81,37 @@ def find_orphans(
 
 
 class FabricWatch:
-    """One pass per poll interval over one Fabric; see the module docstring."""
+    """One pass per poll interval over one Fabric; see the module docstring.
 
-    def __init__(self, kube: Kube, fabrics: Fabrics) -> None:
+    ``nodes``: the operator's Node cache (none: each pass lists Nodes); ``inventories``:
+    where each pass leaves its inventory. The devices that resources name come from
+    kopf's index of them when the daemon has it (``claimed``; else a list per pass)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        fabrics: Fabrics,
+        nodes: Nodes | None = None,
+        inventories: Inventories | None = None,
+    ) -> None:
         self.kube, self.fabrics = kube, fabrics
+        self.nodes, self.inventories = nodes, inventories
+        # The last status fields written per Fabric: an unreachable pass keeps them.
+        self.written: dict[str, JSON] = {}
 
     def host_nodes(self, spec: FabricSpec, inv: Inventory) -> dict[str, str]:
-        out = {}
-        for node in self.kube.get(path("v1", "nodes"))["items"]:
-            host = host_for_node(node, spec.node_mapping, inv.hosts)
-            if host:
-                out[host] = node["metadata"]["name"]
-        return out
+        """fabric host -> our node on it, from the Node cache (no list per pass)."""
+        if self.nodes is not None and self.nodes.synced():
+            nodes: Iterable[JSON] = self.nodes.all()
+        else:
+            nodes = self.kube.get(path("v1", "nodes"))["items"]
+        return {
+            h: names_[0] for h, names_ in host_nodes(nodes, spec.node_mapping, inv.hosts).items()
+        }
 
-    def claimed(self, fabric: str) -> set[str]:
+    def claimed(self, fabric: str, index_keys: Iterable[tuple[str, str]] | None = None) -> set[str]:
+        if index_keys is not None:
+            return {device for fab, device in index_keys if fab == fabric}
         items = self.kube.get(
             path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={fabric}"
         )["items"]
@@ -124,15 +147,18 @@ class FabricWatch:
     def write_status(
         self, name: str, fields: JSON, reachable: bool, reason: str, message: str
     ) -> None:
-        status_path = path(API_VERSION, "fabrics", name, subresource="status")
-        self.kube.merge_patch(status_path, {"status": fields})
+        """One server-side apply of the whole status this operator owns: fields it leaves
+        out it would drop, so a pass that only knows ``reachable`` keeps the last ones."""
+        status = {**self.written.get(name, {}), **fields}
+        self.written[name] = status
         self.kube.apply(
-            status_path,
+            path(API_VERSION, "fabrics", name, subresource="status"),
             {
                 "apiVersion": API_VERSION,
                 "kind": "Fabric",
                 "metadata": {"name": name},
                 "status": {
+                    **status,
                     "conditions": [
                         {
                             "type": "Reachable",
@@ -141,24 +167,36 @@ class FabricWatch:
                             "message": message[:1000],
                             "lastTransitionTime": now_rfc3339(),
                         }
-                    ]
+                    ],
                 },
             },
             "composable-operator",
         )
 
 
+STATUS_FIELDS = ("reachable", "freeDevices", "lastSyncTime")
+
+
 def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
     @kopf.daemon(GROUP, VERSION, "fabrics", registry=registry, cancellation_timeout=10)
-    async def poll(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    async def poll(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any) -> None:
         first_seen: dict[str, float] = {}
         flog = log.bind(fabric=name)
+        # Kept across a restart: what an unreachable first pass does not know.
+        watch.written.setdefault(
+            name, {k: body.status[k] for k in STATUS_FIELDS if k in body.status}
+        )
+        # kopf passes each index by its handler's name (handlers.py); none in a test.
+        by_device = kwargs.get("resources_by_device")
         while not stopped:
             interval = 30.0
             try:
                 spec, backend = await asyncio.to_thread(watch.fabrics.get, name)
                 interval = float(spec.poll_interval_seconds)
+                read_at = time.monotonic()
                 inv = await asyncio.to_thread(backend.inventory)
+                if watch.inventories is not None:
+                    watch.inventories.publish(name, inv, read_at, interval)
                 free = free_devices(inv)
                 by_model: Counter[str] = Counter()
                 for entry in free:
@@ -175,7 +213,11 @@ def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
                 )
                 if spec.orphan_policy != "Ignore":
                     host_nodes = await asyncio.to_thread(watch.host_nodes, spec, inv)
-                    claimed = await asyncio.to_thread(watch.claimed, name)
+                    if by_device is not None:
+                        # Read here: kopf changes its index on this loop.
+                        claimed = watch.claimed(name, list(by_device.keys()))
+                    else:
+                        claimed = await asyncio.to_thread(watch.claimed, name)
                     due, first_seen = find_orphans(
                         inv,
                         host_nodes,

@@ -58,8 +58,10 @@ def kopf_events(body: kopf.Body) -> EventSink:
 def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     """Add the ComposableResource handlers to a kopf registry."""
 
+    # Async: kopf calls it on every event of every resource, and a sync handler would go
+    # through kopf's thread pool each time.
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="resources_by_device")
-    def resources_by_device(
+    async def resources_by_device(
         name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
     ) -> dict[tuple[str, str], DeviceHolder]:
         return {
@@ -109,10 +111,12 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
         message = f"{exc}: {spec.device_id} may still be attached to {spec.target_node}"
         rec.event(EventType.WARNING, "FabricGone", message)
         rlog.warning("fabric gone; releasing the resource without a detach")
+        ctl.forget_status(name)
         return
     except FabricConfigError as exc:
         raise kopf.TemporaryError(f"cannot detach: {exc}", delay=10) from exc
     uid = str(body.meta.get("uid") or name)
+    ctl.known_status(name, body.status)
     record = parse_attach_record(dict(body.status))
     limit = float(fabric.operation_timeout_seconds)
     consistent = False
@@ -159,6 +163,7 @@ async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: in
             ctl.attaches.pop(uid, None)
             ctl.picks.picked.pop(uid, None)  # its GPU is gone: no longer anyone's pick
             ctl.unpublish_since.pop(uid, None)
+            ctl.forget_status(name)
             await asyncio.to_thread(ctl.untaint, name)
             rec.detached(time.monotonic() - t0)
             return

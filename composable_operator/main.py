@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--online-poll-seconds",
         type=float,
         default=10.0,
-        help="how often an Online device's attachment is checked against the fabric",
+        help="how often an Online resource looks at its Fabric's latest inventory (read "
+        "once per Fabric pollIntervalSeconds for all resources) and at its own status",
     )
     p.add_argument(
         "--unpublish-timeout",
@@ -81,13 +82,15 @@ def run(args: argparse.Namespace) -> int:
         online_poll=args.online_poll_seconds,
         unpublish_limit=args.unpublish_timeout,
     )
-    # Claims and slices for the detach, kept by watches (started once, here).
+    # Claims, slices and Nodes, kept by watches (started once, here).
     cache = ClusterCache(kube, args.driver_name).start()
     ctl = controller.Controller(kube, fabrics, settings, cache=cache)
     registry = kopf.OperatorRegistry()
     operator_setup.register(registry, in_cluster=not args.kubeconfig)
     handlers.register(registry, ctl)
-    fabric_status.register(registry, fabric_status.FabricWatch(kube, fabrics))
+    fabric_status.register(
+        registry, fabric_status.FabricWatch(kube, fabrics, cache.nodes, ctl.inventories)
+    )
     composability_requests.register(
         registry, composability_requests.RequestReconciler(kube, fabrics)
     )

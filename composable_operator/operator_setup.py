@@ -11,15 +11,28 @@ import kopf
 from composable_dra import names
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base kept. kopf stores one (the last handled spec, labels and annotations)
+    for handlers that compare old and new: on.create, on.update, on.field. Ours are
+    daemons, an index and on.delete, which compare nothing, and storing it cost one
+    write per resource created and one more per spec or annotation change (the scaler's
+    release and idle stamps). Without it kopf sees each event as a creation that no
+    handler wants: nothing is written."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def register(registry: kopf.OperatorRegistry, in_cluster: bool) -> None:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = names.FINALIZER
         # Our CRDs' schemas have no status.kopf: keep kopf's state in annotations.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=names.PREFIX, key="last-handled-configuration"
-        )
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 60
         settings.watching.client_timeout = 90

@@ -29,13 +29,8 @@ from prometheus_client import Counter, Gauge
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
-from composable_dra.fabric.registry import (
-    FabricConfigError,
-    Fabrics,
-    host_for_node,
-    node_mapping_fields,
-    uuid_index,
-)
+from composable_dra.fabric.registry import FabricConfigError, Fabrics, node_mapping_fields
+from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kube import JSON, Kube, path
@@ -511,15 +506,7 @@ def host_nodes(
     nodes: Iterable[JSON], mapping: NodeMapping, inventory: Inventory
 ) -> dict[str, list[str]]:
     """fabric host id -> names of the nodes that run on it, per the Fabric's nodeMapping."""
-    out: dict[str, list[str]] = {}
-    by_uuid = uuid_index(inventory.hosts)
-    for node in nodes:
-        if (node.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        host = host_for_node(node, mapping, inventory.hosts, by_uuid)
-        if host:
-            out.setdefault(host, []).append(node["metadata"]["name"])
-    return out
+    return nodes_by_host(nodes, mapping, inventory.hosts)
 
 
 IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")

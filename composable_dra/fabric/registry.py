@@ -6,7 +6,7 @@ import base64
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,22 @@ def host_for_node(
         return None
     value = node.get("metadata", {}).get("annotations", {}).get(mapping.annotation or "")
     return value if value in hosts else None
+
+
+def host_nodes(
+    nodes: Iterable[JSON], mapping: NodeMapping, hosts: Mapping[str, Host]
+) -> dict[str, list[str]]:
+    """fabric host id -> names of the (live) nodes that run on it, per the Fabric's
+    nodeMapping: one pass over the nodes, each looked up in ``uuid_index``."""
+    out: dict[str, list[str]] = {}
+    by_uuid = uuid_index(hosts)
+    for node in nodes:
+        if (node.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        host = host_for_node(node, mapping, hosts, by_uuid)
+        if host:
+            out.setdefault(host, []).append(node["metadata"]["name"])
+    return out
 
 
 class SecretKeys:

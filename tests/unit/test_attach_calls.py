@@ -19,7 +19,8 @@ from composable_dra.fabric.backend import (
     OperationStatus,
 )
 from composable_dra.kube import JSON
-from composable_operator.controller import Controller
+from composable_operator import controller as controller_module
+from composable_operator.controller import AttachCall, Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
@@ -29,15 +30,14 @@ class FakeKube:
     def __init__(self) -> None:
         self.status: JSON = {}
         self.log: list[str] = []
+        self.wrote = threading.Event()  # set by every status write
 
-    def merge_patch(self, _path: str, body: JSON) -> JSON:
-        for k, v in body["status"].items():
-            if v is None:
-                self.status.pop(k, None)
-            else:
-                self.status[k] = v
+    def apply(self, _path: str, body: JSON, _manager: str) -> JSON:
+        # A server-side apply of everything the operator owns: what it leaves out goes.
+        self.status = dict(body["status"])
         self.log.append(f"status {sorted(body['status'])}")
-        return {}
+        self.wrote.set()
+        return {"status": self.status}
 
 
 class FakeBackend:
@@ -65,23 +65,64 @@ def controller(kube: FakeKube) -> Controller:
     return Controller(kube, fabrics=None)  # type: ignore[arg-type]
 
 
+def held_attach() -> tuple[FakeKube, Controller, FakeBackend, AttachCall]:
+    """An attach request the fabric holds until ``backend.release`` is set."""
+    kube = FakeKube()
+    ctl = controller(kube)
+    backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
+    backend.release.clear()
+    call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+    return kube, ctl, backend, call
+
+
 def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> None:
     async def main() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        attaching = [{"type": "Attached", "status": "False", "reason": "Attaching"}]
+        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", attaching)  # type: ignore[arg-type]
         assert ctl.attaches["uid"] is call and call.state() == "running"
         op = await call.request
-        await ctl.records_written("uid")
+        await ctl.records_written("r1")
         assert kube.status["phase"] == "Attaching"
         record = parse_attach_record(kube.status)
         assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
         assert call.state() == "task" and call.operation() == op
         backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
         await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended"
+        # The request and its task in one write (the fabric answered at once); forgotten
+        # with the step's next write, which goes out anyway: none of its own.
+        assert [e for e in kube.log if e.startswith("status")] == [
+            "status ['conditions', 'pendingAttach', 'phase']"
+        ]
+        await ctl.write_status("r1", {"deviceUUID": "GPU-1"})
+        assert "pendingAttach" not in kube.status and kube.status["phase"] == "Attaching"
+
+    asyncio.run(main())
+
+
+def test_a_slow_answer_gets_the_request_recorded_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A restart while the request is on its way finds it recorded (its detach waits for it
+    # to land); the answer's task is recorded once it comes.
+    monkeypatch.setattr(controller_module, "RECORD_AFTER", 0.01)
+
+    async def main() -> None:
+        kube, ctl, backend, call = held_attach()
+        assert await asyncio.to_thread(kube.wrote.wait, 5)  # the early record
+        record = parse_attach_record(kube.status)
+        assert record is not None and record.monitor is None and call.state() == "running"
+        backend.release.set()
+        await call.request
+        await ctl.records_written("r1")
+        record = parse_attach_record(kube.status)
+        assert record is not None and record.monitor == MONITOR
+        written = "status ['pendingAttach', 'phase']"
+        assert kube.log == [written, "attach gpu-1 h1", written]
 
     asyncio.run(main())
 
@@ -96,8 +137,8 @@ def test_a_failed_task_is_forgotten_and_reported() -> None:
         backend.states = [OperationStatus("failed", "no")]
         with pytest.raises(OperationFailedError):
             await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended" and "pendingAttach" not in ctl.owned["r1"]
 
     asyncio.run(main())
 
@@ -109,7 +150,7 @@ def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
         backend = FakeBackend(kube, None)
         backend.states = [NotFoundError("gone")]
         await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
-        await ctl.records_written("uid")
+        await ctl.records_written("r1")
         assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -123,8 +164,10 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         with pytest.raises(InUseError):
             await call.request
-        await ctl.records_written("uid")
-        assert call.state() == "ended" and "pendingAttach" not in kube.status
+        await ctl.records_written("r1")
+        assert call.state() == "ended" and "pendingAttach" not in ctl.owned.get("r1", {})
+        await ctl.write_status("r1", {"error": "taken"})  # what the daemon writes next
+        assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
 
@@ -133,11 +176,7 @@ def test_the_request_outlives_the_daemon_that_started_it() -> None:
     # kopf cancels a resource's daemon as soon as the resource is deleted; the request
     # must go on, and its answer stay there for the detach.
     async def main() -> None:
-        kube = FakeKube()
-        ctl = controller(kube)
-        backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        backend.release.clear()
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        _, _, backend, call = held_attach()
 
         async def daemon() -> Any:
             return await asyncio.shield(call.request)
@@ -162,18 +201,18 @@ def test_record_writes_land_in_the_order_they_were_made() -> None:
             super().__init__()
             self.first = threading.Event()
 
-        def merge_patch(self, _path: str, body: JSON) -> JSON:
+        def apply(self, _path: str, body: JSON, _manager: str) -> JSON:
             if not self.first.is_set():
                 self.first.set()
                 time.sleep(0.3)
-            return super().merge_patch(_path, body)
+            return super().apply(_path, body, _manager)
 
     async def main() -> None:
         kube = SlowFirstKube()
         ctl = controller(kube)
-        ctl._record("uid", "r1", AttachRecord("h1", 1.0, MONITOR), {})
-        ctl._record("uid", "r1", None, {})
-        await ctl.records_written("uid")
+        ctl._record("r1", AttachRecord("h1", 1.0, MONITOR), {}, [])
+        ctl._record("r1", None, {}, [])
+        await ctl.records_written("r1")
         assert "pendingAttach" not in kube.status
         assert len(kube.log) == 2
 

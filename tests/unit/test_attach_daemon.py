@@ -4,6 +4,7 @@ stop flag, fabric and API server; what it records goes through actions.Recorder.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -12,12 +13,24 @@ import pytest
 
 from api.v1alpha1 import FabricSpec
 from composable_dra import names
-from composable_dra.fabric.backend import BusyError, Device, Host, Operation
+from composable_dra.fabric.backend import (
+    BusyError,
+    Device,
+    Host,
+    Inventory,
+    Operation,
+    OperationStatus,
+)
 from composable_dra.kube import JSON
 from composable_operator.actions import EventType
-from composable_operator.attach_daemon import FINALIZER_WAIT, AttachDaemon
-from composable_operator.cluster_cache import Changes, claim_results, local_refs
-from composable_operator.controller import Controller, Settings
+from composable_operator.attach_daemon import LOOK_SECONDS, AttachDaemon
+from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
+from composable_operator.controller import (
+    OWNED_CONDITIONS,
+    OWNED_FIELDS,
+    Controller,
+    Settings,
+)
 from composable_operator.reconcile import DeviceHolder, next_delay
 
 FABRIC = FabricSpec.model_validate(
@@ -64,43 +77,62 @@ class Stopped:
 
 
 class Kube:
+    """Status writes as the API server keeps them: a server-side apply owns what it sent
+    (a field it leaves out goes; conditions by type, the plugin's kept apart)."""
+
     def __init__(self, body: Body) -> None:
         self.body = body
+        self.writes: list[str] = []
+        self.node_reads = 0
 
     def merge_patch(self, _path: str, patch: JSON) -> JSON:
+        self.writes.append("merge")
         for k, v in patch["status"].items():
             if v is None:
                 self.body.status.pop(k, None)
             else:
                 self.body.status[k] = v
-        return {}
+        return {"status": dict(self.body.status)}
 
     def apply(self, _path: str, obj: JSON, _manager: str) -> JSON:
-        conds = {c["type"]: c for c in self.body.status.get("conditions", [])}
-        conds.update({c["type"]: c for c in obj["status"]["conditions"]})
-        self.body.status["conditions"] = list(conds.values())
-        return obj
+        self.writes.append("apply")
+        sent = obj["status"]
+        for k in OWNED_FIELDS:
+            if k in sent:
+                self.body.status[k] = sent[k]
+            else:
+                self.body.status.pop(k, None)
+        theirs = [
+            c for c in self.body.status.get("conditions", []) if c["type"] not in OWNED_CONDITIONS
+        ]
+        self.body.status["conditions"] = theirs + list(sent.get("conditions", []))
+        return {"status": dict(self.body.status)}
 
     def get_or_none(self, _path: str) -> JSON | None:
+        self.node_reads += 1
         return NODE
 
 
 class Fabric:
-    """One device; attach composes it at once. ``errors`` fail the next device reads."""
+    """One device; attach composes it at once, or (``task``) as a task that is done at
+    its first look. ``errors`` fail the next device reads. Counts the reads."""
 
-    def __init__(self, body: Body, plugin_sees: bool = True) -> None:
+    def __init__(self, body: Body, plugin_sees: bool = True, task: bool = False) -> None:
         self.dev = Device("gpu-1", "H100", "z1", "GPU-1", "free")
-        self.body, self.plugin_sees = body, plugin_sees
+        self.body, self.plugin_sees, self.task = body, plugin_sees, task
         self.attaches: list[tuple[str, str]] = []
         self.errors: list[Exception] = []
+        self.device_reads = self.host_reads = 0
 
     def get(self, _name: str) -> tuple[FabricSpec, Fabric]:
         return FABRIC, self
 
     def hosts(self) -> dict[str, Host]:
+        self.host_reads += 1
         return {"h1": Host("h1", "uuid-h1")}
 
     def device(self, _id: str) -> Device:
+        self.device_reads += 1
         if self.errors:
             raise self.errors.pop(0)
         return self.dev
@@ -111,7 +143,10 @@ class Fabric:
         if self.plugin_sees:  # the node's plugin reports the GPU (its own status write)
             visible = {"type": names.DEVICE_VISIBLE, "status": "True"}
             self.body.status["conditions"] = [visible]
-        return None
+        return Operation("/tasks/1/monitor", "/tasks/1", retry_after=0) if self.task else None
+
+    def operation_status(self, _op: Operation) -> OperationStatus:
+        return OperationStatus("done")
 
 
 def daemon(
@@ -156,7 +191,7 @@ def test_no_attach_is_sent_before_the_finalizer_is_on_the_resource() -> None:
     d, _ = daemon(body, fabric, stopped)
     asyncio.run(d.run())
     assert fabric.attaches == []
-    assert stopped.waits == [FINALIZER_WAIT] * 3
+    assert stopped.waits == [LOOK_SECONDS] * 3  # looks in memory, no request
     body.meta["finalizers"] = [names.FINALIZER]
     stopped = Stopped(limit=3)
     d, _ = daemon(body, fabric, stopped)
@@ -265,3 +300,100 @@ def test_changes_wake_a_waiter_and_a_change_before_the_wait_is_not_lost() -> Non
         assert await waiter is True
 
     asyncio.run(main())
+
+
+# -- cost per attach (docs/attach-flow.md, Scale) ---------------------------------------
+
+
+@pytest.mark.parametrize(("task", "writes"), [(False, 2), (True, 3)])
+def test_each_step_of_an_attach_is_one_status_write(task: bool, writes: int) -> None:
+    # Phase Attaching with the record of the request and the fabric's task (none when
+    # the fabric attached at once), Attached with the UUID, Online: one server-side apply
+    # each (the finalizer is kopf's).
+    body = Body()
+    fabric = Fabric(body, task=task)
+    d, _ = daemon(body, fabric, Stopped(limit=3))
+    kube = d.ctl.kube
+    asyncio.run(d.run())
+    assert body.status["phase"] == "Online" and "pendingAttach" not in body.status
+    assert kube.writes == ["apply"] * writes  # type: ignore[attr-defined]
+    # The plugin's condition is its own: the operator's applies kept it.
+    assert {c["type"] for c in body.status["conditions"]} == {
+        names.ATTACHED,
+        names.READY,
+        names.DEVICE_VISIBLE,
+    }
+
+
+def test_steps_read_the_device_not_every_host_nor_the_node() -> None:
+    # Three passes fail on the fabric before the attach; each reads the device again, but
+    # the node's host comes from the hosts read once (and the node from the watch's cache).
+    body = Body()
+    fabric = Fabric(body)
+    fabric.errors = [BusyError("busy")] * 3
+    d, _ = daemon(body, fabric, Stopped(limit=6))
+    cache = ClusterCache(d.ctl.kube, names.DRIVER)
+    cache.nodes._event("ADDED", NODE)
+    cache.nodes.informer.synced.set()
+    d.ctl.cache = cache
+    asyncio.run(d.run())
+    assert fabric.attaches == [("gpu-1", "h1")] and body.status["phase"] == "Online"
+    assert fabric.host_reads == 1
+    assert d.ctl.kube.node_reads == 0  # type: ignore[attr-defined]
+
+
+def test_the_fabric_passes_inventory_spares_the_hosts_read() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    d, _ = daemon(body, fabric, Stopped(limit=3))
+    hosts = {"h1": Host("h1", "uuid-h1")}
+    d.ctl.inventories.publish("fab", Inventory(hosts, {}, {}), time.monotonic(), 30)
+    asyncio.run(d.run())
+    assert body.status["phase"] == "Online" and fabric.host_reads == 0
+
+
+class FabricPasses(Stopped):
+    """Each wait, the Fabric daemon's pass publishes a fresh inventory of the fabric."""
+
+    def __init__(self, ctl: Controller, fabric: Fabric, limit: int) -> None:
+        super().__init__(limit)
+        self.ctl, self.fabric = ctl, fabric
+
+    def wait(self, timeout: float | None = None) -> Awaitable[None]:
+        inv = Inventory({"h1": Host("h1", "uuid-h1")}, {"gpu-1": self.fabric.dev}, {})
+        self.ctl.inventories.publish("fab", inv, time.monotonic(), 30)
+        return super().wait(timeout)
+
+
+def test_online_resources_read_nothing_while_the_fabric_pass_shows_them_in_place() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    d, _ = daemon(body, fabric, Stopped(limit=3))
+    asyncio.run(d.run())
+    assert body.status["phase"] == "Online"
+    reads, writes = fabric.device_reads, len(d.ctl.kube.writes)  # type: ignore[attr-defined]
+    passes = FabricPasses(d.ctl, fabric, limit=20)
+    d.stopped = passes
+    asyncio.run(d.run())
+    assert fabric.device_reads == reads and fabric.host_reads <= 1
+    assert len(d.ctl.kube.writes) == writes  # type: ignore[attr-defined]
+    assert set(passes.waits) == {10}
+    # Detached behind our back: the next pass shows it, and the daemon reads the device
+    # and attaches it again.
+    fabric.dev = replace(fabric.dev, state="free", host=None)
+    d.stopped = FabricPasses(d.ctl, fabric, limit=4)
+    asyncio.run(d.run())
+    assert fabric.attaches == [("gpu-1", "h1")] * 2
+    assert fabric.device_reads > reads
+
+
+def test_an_online_resource_reads_the_fabric_itself_when_no_pass_comes() -> None:
+    body = Body()
+    fabric = Fabric(body)
+    d, _ = daemon(body, fabric, Stopped(limit=3))
+    asyncio.run(d.run())
+    reads = fabric.device_reads
+    d.confirmed_at -= 2 * 30 + 10 + 1  # longer ago than two of the Fabric's poll intervals
+    d.stopped = Stopped(limit=1)
+    asyncio.run(d.run())
+    assert fabric.device_reads == reads + 1

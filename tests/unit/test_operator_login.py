@@ -37,3 +37,28 @@ def test_a_rotated_token_is_read_at_the_next_login(
     kubeconfig(config, "rotated")
     info = login(False, settings=settings)
     assert info is not None and info.token == "rotated"
+
+
+def test_kopf_keeps_no_diff_base_and_no_handler_needs_one() -> None:
+    # kopf wrote its diff base (an annotation) once per resource created and again on
+    # every spec or annotation change: writes no handler of ours reads. Only handlers
+    # that compare old and new (on.create, on.update, on.field, on.resume) need it.
+    from composable_operator import composability_requests, fabric_status, handlers
+    from composable_operator.operator_setup import NoDiffBase, register
+
+    registry = kopf.OperatorRegistry()
+    register(registry, in_cluster=True)
+    handlers.register(registry, None)  # type: ignore[arg-type]
+    fabric_status.register(registry, None)  # type: ignore[arg-type]
+    composability_requests.register(registry, None)  # type: ignore[arg-type]
+    reasons = {h.reason for h in registry._changing.get_all_handlers()}
+    assert reasons == {kopf.Reason.DELETE}
+    settings = kopf.OperatorSettings()
+    [configure] = [h for h in registry._activities.get_all_handlers() if h.id.endswith("configure")]
+    configure.fn(settings=settings)  # type: ignore[call-arg]
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, NoDiffBase)
+    body = kopf.Body({"metadata": {"name": "r"}, "spec": {"deviceID": "gpu-1"}})
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    assert not patch and storage.fetch(body=body) is None
