@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -80,6 +80,7 @@ def find_orphans(
     return due, seen
 
 
+@dataclass(eq=False)  # one per operator, compared by identity: it holds what each pass wrote
 class FabricWatch:
     """One pass per poll interval over one Fabric; see the module docstring.
 
@@ -87,17 +88,12 @@ class FabricWatch:
     where each pass leaves its inventory. The devices that resources name come from
     kopf's index of them when the daemon has it (``claimed``; else a list per pass)."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        fabrics: Fabrics,
-        nodes: Nodes | None = None,
-        inventories: Inventories | None = None,
-    ) -> None:
-        self.kube, self.fabrics = kube, fabrics
-        self.nodes, self.inventories = nodes, inventories
-        # The last status fields written per Fabric: an unreachable pass keeps them.
-        self.written: dict[str, JSON] = {}
+    kube: Kube
+    fabrics: Fabrics
+    nodes: Nodes | None = None
+    inventories: Inventories | None = None
+    # The last status fields written per Fabric: an unreachable pass keeps them.
+    written: dict[str, JSON] = field(default_factory=dict)
 
     def host_nodes(self, spec: FabricSpec, inv: Inventory) -> dict[str, str]:
         """fabric host -> our node on it, from the Node cache (no list per pass)."""
