@@ -173,6 +173,8 @@ class FabricWatch:
 STATUS_FIELDS = ("reachable", "freeDevices", "lastSyncTime")
 
 
+# Long because it holds the Fabric daemon's one loop (read, map, publish, report) as kopf
+# wants it, a closure; what it decides lives in FabricWatch and the pure functions above.
 def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
     @kopf.daemon(GROUP, VERSION, "fabrics", registry=registry, cancellation_timeout=10)
     async def poll(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any) -> None:

@@ -96,6 +96,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         await detach_resource(ctl, name, body, retry)
 
 
+# Long because it is one loop of kopf's detach handler whose branches share the fabric,
+# the attach record and the deadline; each decision in it is a pure function of reconcile.py.
 async def detach_resource(ctl: Controller, name: str, body: kopf.Body, retry: int) -> None:
     """Detach the resource's device (see the module docstring); raise kopf.TemporaryError
     to be called again later."""

@@ -662,6 +662,27 @@ def _returned(gpu: IdleGPU, actions: Iterable[Action]) -> bool:
     return any(isinstance(a, DeleteResource) and a.name == _meta(gpu.cr)["name"] for a in actions)
 
 
+def standby_free_blocks(view: View, users: set[tuple[str, str]]) -> list[sb.FreeBlock]:
+    """The pool blocks standby may take: not allocated, quarantined, tainted or held."""
+    s = view.s
+    taken = users | {
+        (str(sel.get("pool")), str(sel.get("device")))
+        for rule in s.quarantines
+        if (sel := (rule.get("spec") or {}).get("deviceSelector") or {})
+    }
+    free: list[sb.FreeBlock] = []
+    for (pool, device), dev in s.pool_devices.items():
+        attrs = dev.get("attributes") or {}
+        block = str((attrs.get("blockID") or {}).get("string") or device)
+        if (pool, device) in taken or dev.get("taints"):
+            continue
+        if (pool.split("/", 1)[0], block) in view.holders:
+            continue
+        model = str((attrs.get("model") or {}).get("string") or "")
+        free.append(sb.FreeBlock(pool, device, block, model))
+    return free
+
+
 def standby_phase(
     view: View, counts: Counts, idle: list[IdleGPU]
 ) -> tuple[list[Action], frozenset[str], Counts]:
@@ -721,21 +742,7 @@ def standby_phase(
         elif phase in (None, "Attaching"):
             pool = (_meta(cr).get("annotations") or {}).get(ANN_POOL, "")
             held.append(sb.Held(name, pool, spec.target_node, spec.model or "", s.now, True, True))
-    taken = set(users) | {
-        (str(sel.get("pool")), str(sel.get("device")))
-        for rule in s.quarantines
-        if (sel := (rule.get("spec") or {}).get("deviceSelector") or {})
-    }
-    free = []
-    for (pool, device), dev in s.pool_devices.items():
-        attrs = dev.get("attributes") or {}
-        block = str((attrs.get("blockID") or {}).get("string") or device)
-        if (pool, device) in taken or dev.get("taints"):
-            continue
-        if (pool.split("/", 1)[0], block) in view.holders:
-            continue
-        model = str((attrs.get("model") or {}).get("string") or "")
-        free.append(sb.FreeBlock(pool, device, block, model))
+    free = standby_free_blocks(view, set(users))
 
     def fits(fabric: str, node: str, model: str) -> bool:
         lim = limits(s.requests, fabric, model, node)
