@@ -444,7 +444,7 @@ def run_burst(suite: Suite, kube: Kube, n: int, timeout: float) -> Burst:
 
         def pod(name: str) -> None:
             burst.created[name] = time.time()
-            suite.create_pod(ns, name, claim=name)
+            suite.create_pod(ns, name, claim=name, own_nodes=False)
 
         parallel(pod, names_)
         try:

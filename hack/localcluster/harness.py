@@ -422,12 +422,16 @@ class Suite:
         node: str | None = None,
         run_seconds: float | None = None,
         local_first: bool = True,
+        own_nodes: bool = True,
     ) -> JSON:
-        """A pod with its own claim (named like the pod unless given)."""
+        """A pod with its own claim (named like the pod unless given), on this suite's nodes
+        unless ``own_nodes`` is False (nodes a bench made itself)."""
         claim_name = claim or name
         if claim is None:
             self.create_claim(namespace, claim_name, local_first)
         pod = pod_body(name, claim_name, node=node or None, image=PAUSE_IMAGE)
+        if own_nodes:
+            pod = self.on_own_nodes(pod)
         pod["spec"]["terminationGracePeriodSeconds"] = 0
         if run_seconds is not None:
             pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
@@ -521,6 +525,24 @@ class Suite:
     def node_of(self, host: str) -> str:
         real = self.real_nodes.get(host)
         return real.name if real is not None else self.nodes[host].name
+
+    def node_names(self) -> list[str]:
+        """The names of this suite's nodes, emulated and real."""
+        emulated = [n.name for n in self.nodes.values()]
+        return sorted({*emulated, *(r.name for r in self.real_nodes.values())})
+
+    def on_own_nodes(self, pod: JSON) -> JSON:
+        """``pod`` kept to this suite's nodes: the control plane is shared by the tests of a
+        session, and a node another test left behind (with its slices) must not take it."""
+        term = {
+            "matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": self.node_names()}]
+        }
+        pod["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+        return pod
 
     def host_of_node(self, node: str) -> str:
         every = {h: n.name for h, n in self.nodes.items()}

@@ -125,7 +125,9 @@ def suite_pod(
     suite.create_claim(namespace, name)
     wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
     image = next(iter(suite.real_nodes.values())).image
-    pod = for_real_node(pod_body(name, name, command=["sh", "-c", wait]), node, image)
+    pod = suite.on_own_nodes(
+        for_real_node(pod_body(name, name, command=["sh", "-c", wait]), node, image)
+    )
     if run_seconds is not None:
         pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
         pod["spec"]["restartPolicy"] = "Never"
