@@ -94,6 +94,32 @@ def pytest_runtest_makereport(
     return report
 
 
+def _node_names(cp: ControlPlane) -> set[str]:
+    api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+    with api:
+        return {n.metadata.name for n in client.CoreV1Api(api).list_node().items}
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_node(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test deletes the Nodes it registered: the control plane is shared by the
+    session, and a node left behind (with its slices) takes the pods of later tests.
+    Torn down after the test's own fixtures; a leftover is deleted, then reported."""
+    cp = request.session.stash.get(_CONTROL_PLANE, None)
+    before = _node_names(cp) if cp is not None else set()
+    yield
+    cp = request.session.stash.get(_CONTROL_PLANE, None)
+    if cp is None:
+        return
+    leftover = sorted(_node_names(cp) - before)
+    if leftover:
+        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        with api:
+            for name in leftover:
+                client.CoreV1Api(api).delete_node(name)
+        pytest.fail(f"the test left Nodes behind: {leftover}")
+
+
 @pytest.fixture(scope="module")
 def node_bin_dir() -> Path:
     """The real-node binaries (tests/e2e/realnodes.py: built if missing; never skipped

@@ -32,7 +32,9 @@ def run_example(
     is served through the attach flow), the example applied, its pods running."""
     suite = make_suite(hosts=hosts, real_hosts=hosts)
     image = next(iter(suite.real_nodes.values())).image
-    examples.apply(suite.kube, name, namespace, pod=lambda p: for_real_node(p, None, image))
+    examples.apply(
+        suite.kube, name, namespace, pod=lambda p: suite.on_own_nodes(for_real_node(p, None, image))
+    )
     names_ = examples.pods(name)
     wait_for(
         lambda: all(suite.running(namespace, p) for p in names_),

@@ -129,7 +129,7 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
         template = example("ResourceClaimTemplate")
         suite.kube.create(path(RESOURCE, "resourceclaimtemplates", namespace=namespace), template)
         image = next(iter(suite.real_nodes.values())).image
-        pod = for_real_node(example("Pod"), None, image)
+        pod = suite.on_own_nodes(for_real_node(example("Pod"), None, image))
         suite.kube.create(path("v1", "pods", namespace=namespace), pod)
         wait_for(
             lambda: suite.running(namespace, "gpu-standby"),
