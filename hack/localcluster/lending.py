@@ -22,7 +22,7 @@ from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node
+from hack.localcluster.nodes import create_node, delete_node
 from hack.localcluster.pki import CertificateAuthority, KeyPair
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
 from hack.localcluster.process import ComponentProcess
@@ -260,3 +260,7 @@ class Lab:
             n.plugin.stop()
         for d in self.donors:
             d.process.stop()
+        # The control plane outlives the lab (a test session's is shared): its Nodes go, and
+        # with them the slices they own, or later pods are scheduled onto them.
+        for n in self.nodes():
+            delete_node(self.kube.api, n.node)
