@@ -13,6 +13,7 @@ from api.v1alpha1 import NodeMapping
 from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.fabric.registry import node_mapping_fields
+from composable_dra.kept import claim_fields
 from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,
@@ -449,7 +450,7 @@ def test_the_kept_fields_of_nodes_and_claims_decide_as_the_whole_objects() -> No
         },
         {"metadata": {"name": "d", "namespace": "ns"}, "status": {}},
     ]
-    kept_claims = [publish.claim_fields(c) for c in claims]
+    kept_claims = [claim_fields(c) for c in claims]
     assert live_allocations(kept_claims, DRIVER) == live_allocations(claims, DRIVER)
     assert kept_claims[0]["metadata"] == claims[0]["metadata"]
     assert "reservedFor" not in str(kept_claims) and "nodeSelector" not in str(kept_claims)
