@@ -3,7 +3,7 @@
 glibc gives each new thread a malloc arena of its own, up to 8 per core, and memory freed
 in an arena stays mapped for that arena's next use. The operator's 64 I/O threads each
 parse fabric inventories and API answers in turn, so each arena came to hold a transient
-peak of its own, several times the Python objects alive (docs/attach-flow.md, Scale).
+peak of its own (docs/attach-flow.md, Scale).
 Two arenas are enough: the GIL serialises most allocation anyway. ``MALLOC_ARENA_MAX``
 in the environment, when set, is left to decide.
 """
