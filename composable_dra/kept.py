@@ -40,3 +40,12 @@ def slice_uuid_fields(resource_slice: JSON) -> JSON:
     kept_spec["pool"] = {k: pool[k] for k in ("name",) if k in pool}
     kept_spec["devices"] = devices
     return {"metadata": identity(resource_slice), "spec": kept_spec}
+
+
+def own_slice_fields(resource_slice: JSON) -> JSON:
+    """A node's own slice (``spec.nodeName``) as ``slice_uuid_fields``; any other slice (a
+    fabric pool's, a lending node's per-device one) whole: the scaler reads a pool
+    device's attributes, but of a node's own GPUs only which name has which UUID."""
+    if (resource_slice.get("spec") or {}).get("nodeName"):
+        return slice_uuid_fields(resource_slice)
+    return resource_slice
