@@ -35,6 +35,7 @@ from composable_dra.kube import JSON, Gone, Kube, NotFound
 log = logs.get(__name__)
 
 T = TypeVar("T")
+LIST_PAGE = 500  # objects per page of a list (client-go's pager uses the same)
 OnEvent = Callable[[str, JSON], None]
 
 
@@ -144,7 +145,9 @@ class Informer:
 
     def replace(self, items: list[JSON]) -> None:
         """Make the cache ``items``, as a relist does: events for the differences."""
-        fresh = {object_key(o): self._cached(o) for o in items}
+        self._replace({object_key(o): self._cached(o) for o in items})
+
+    def _replace(self, fresh: dict[str, JSON]) -> None:
         with self._lock:
             old, self._items = self._items, fresh
             self._lock.notify_all()
@@ -178,15 +181,28 @@ class Informer:
         self._on_change()
 
     def _relist(self) -> None:
-        try:
-            body = self._kube.get(self._path, **self._query)
-        except NotFound:
-            if not self._missing_ok:
+        """List in pages (one snapshot, as one LIST would be), each page cut to what the
+        cache keeps before the next is read: a relist of 9,000 claims then never holds
+        them all whole at once."""
+        fresh: dict[str, JSON] = {}
+        token = ""
+        while True:
+            page = {"limit": LIST_PAGE} | ({"continue": token} if token else {})
+            try:
+                body = self._kube.get(self._path, **self._query, **page)
+            except NotFound:
+                if not self._missing_ok:
+                    raise
+                self.replace([])
                 raise
-            self.replace([])
-            raise
-        self.replace(list(body.get("items") or []))
-        self._rv = str((body.get("metadata") or {}).get("resourceVersion", ""))
+            for o in body.get("items") or []:
+                fresh[object_key(o)] = self._cached(o)
+            meta = body.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        self._replace(fresh)
+        self._rv = str(meta.get("resourceVersion", ""))
 
     def _round(self) -> None:
         """List if need be, then watch until the watch ends; raises on failure."""
