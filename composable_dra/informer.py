@@ -30,12 +30,11 @@ from typing import Any, TypeVar
 
 from composable_dra import logs, retry
 from composable_dra.frozen import FrozenDict, freeze
-from composable_dra.kube import JSON, Gone, Kube, NotFound
+from composable_dra.kube import JSON, LIST_PAGE, Gone, Kube, NotFound, list_pages
 
 log = logs.get(__name__)
 
 T = TypeVar("T")
-LIST_PAGE = 500  # objects per page of a list (client-go's pager uses the same)
 OnEvent = Callable[[str, JSON], None]
 
 
@@ -181,26 +180,20 @@ class Informer:
         self._on_change()
 
     def _relist(self) -> None:
-        """List in pages (one snapshot, as one LIST would be), each page cut to what the
-        cache keeps before the next is read: a relist of 9,000 claims then never holds
-        them all whole at once."""
+        """List in pages (kube.list_pages), each cut to what the cache keeps before the
+        next is read: a relist of 9,000 claims never holds them all whole at once."""
         fresh: dict[str, JSON] = {}
-        token = ""
-        while True:
-            page = {"limit": LIST_PAGE} | ({"continue": token} if token else {})
-            try:
-                body = self._kube.get(self._path, **self._query, **page)
-            except NotFound:
-                if not self._missing_ok:
-                    raise
-                self.replace([])
+        meta: JSON = {}
+        try:
+            for body in list_pages(self._kube, self._path, LIST_PAGE, **self._query):
+                for o in body.get("items") or []:
+                    fresh[object_key(o)] = self._cached(o)
+                meta = body.get("metadata") or {}
+        except NotFound:
+            if not self._missing_ok:
                 raise
-            for o in body.get("items") or []:
-                fresh[object_key(o)] = self._cached(o)
-            meta = body.get("metadata") or {}
-            token = str(meta.get("continue") or "")
-            if not token:
-                break
+            self.replace([])
+            raise
         self._replace(fresh)
         self._rv = str(meta.get("resourceVersion", ""))
 

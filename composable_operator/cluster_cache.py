@@ -18,7 +18,7 @@ from composable_dra.fabric.backend import Host
 from composable_dra.fabric.registry import host_nodes
 from composable_dra.informer import Informer
 from composable_dra.kept import claim_fields, slice_uuid_fields
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, Kube, list_pages, path
 from composable_dra.names import normalize_uuid
 from composable_operator.reconcile import ClaimResult
 
@@ -171,7 +171,8 @@ class ClusterCache:
     def claim_results(self, consistent: bool) -> list[ClaimResult]:
         """From the cache, or (consistent) a list from the API server."""
         if consistent or not self.claims.synced.is_set():
-            return claim_results(self.kube.get(path(RESOURCE, "resourceclaims"))["items"])
+            pages = list_pages(self.kube, path(RESOURCE, "resourceclaims"))
+            return claim_results(c for body in pages for c in body.get("items") or [])
         return claim_results(self.claims.items())
 
     def local_refs(self, node: str, uuid: str, consistent: bool) -> set[tuple[str, str]]:

@@ -183,3 +183,27 @@ def test_a_request_pass_maps_hosts_from_the_node_cache_without_listing_nodes() -
     listing = Kube(nodes)
     plan, _ = RequestReconciler(listing, Fabrics(inv)).reconcile("req", spec)  # type: ignore[arg-type]
     assert plan.create == [("gpu-1", "n7")] and "/api/v1/nodes" in listing.gets
+
+
+class PagedClaims:
+    """Answers the list of claims ``limit`` at a time, as the API server does."""
+
+    def __init__(self, claims: list[JSON]) -> None:
+        self.claims = claims
+        self.queries: list[dict[str, Any]] = []
+
+    def get(self, _path: str, **query: Any) -> JSON:
+        self.queries.append(query)
+        start = int(query.get("continue") or 0)
+        end = start + int(query.get("limit") or len(self.claims))
+        more = {"continue": str(end)} if end < len(self.claims) else {}
+        return {"items": self.claims[start:end], "metadata": {"resourceVersion": "9"} | more}
+
+
+def test_a_consistent_read_of_the_claims_goes_page_by_page() -> None:
+    results = [{"driver": DRIVER, "pool": "fab/z1", "device": "gpu-1"}]
+    claims = [claim(i, results if i % 100 == 0 else []) for i in range(1201)]
+    kube = PagedClaims(claims)
+    found = ClusterCache(kube, DRIVER).claim_results(consistent=True)  # type: ignore[arg-type]
+    assert found == claim_results(claims) and len(found) == 13
+    assert [q.get("continue") for q in kube.queries] == [None, "500", "1000"]
