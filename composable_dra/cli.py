@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from composable_dra import __version__, logs
+from composable_dra import __version__, arenas, logs
 
 # subcommand -> (module, one-line help).
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logs.configure(args.command, args.log_level, args.log_format)
+    arenas.limit()  # before the component starts its threads
     code: int = importlib.import_module(args._module).run(args)
     return code
 

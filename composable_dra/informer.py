@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from composable_dra import logs, retry
 from composable_dra.frozen import FrozenDict, freeze
-from composable_dra.kube import JSON, Gone, Kube, NotFound
+from composable_dra.kube import JSON, LIST_PAGE, Gone, Kube, NotFound, list_pages
 
 log = logs.get(__name__)
 
@@ -144,7 +144,9 @@ class Informer:
 
     def replace(self, items: list[JSON]) -> None:
         """Make the cache ``items``, as a relist does: events for the differences."""
-        fresh = {object_key(o): self._cached(o) for o in items}
+        self._replace({object_key(o): self._cached(o) for o in items})
+
+    def _replace(self, fresh: dict[str, JSON]) -> None:
         with self._lock:
             old, self._items = self._items, fresh
             self._lock.notify_all()
@@ -178,15 +180,22 @@ class Informer:
         self._on_change()
 
     def _relist(self) -> None:
+        """List in pages (kube.list_pages), each cut to what the cache keeps before the
+        next is read: a relist of 9,000 claims never holds them all whole at once."""
+        fresh: dict[str, JSON] = {}
+        meta: JSON = {}
         try:
-            body = self._kube.get(self._path, **self._query)
+            for body in list_pages(self._kube, self._path, LIST_PAGE, **self._query):
+                for o in body.get("items") or []:
+                    fresh[object_key(o)] = self._cached(o)
+                meta = body.get("metadata") or {}
         except NotFound:
             if not self._missing_ok:
                 raise
             self.replace([])
             raise
-        self.replace(list(body.get("items") or []))
-        self._rv = str((body.get("metadata") or {}).get("resourceVersion", ""))
+        self._replace(fresh)
+        self._rv = str(meta.get("resourceVersion", ""))
 
     def _round(self) -> None:
         """List if need be, then watch until the watch ends; raises on failure."""

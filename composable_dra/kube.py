@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client, config
 
@@ -238,3 +238,23 @@ class Kube:
                     yield event
         finally:
             raw.release_conn()
+
+
+LIST_PAGE = 500  # objects per page of a list (client-go's pager uses the same)
+
+
+class Getter(Protocol):
+    def get(self, url_path: str, **query: Any) -> JSON: ...
+
+
+def list_pages(kube: Getter, url_path: str, page: int = LIST_PAGE, **query: Any) -> Iterator[JSON]:
+    """A LIST's answers, ``page`` objects each (``limit``/``continue``: one snapshot, as a
+    single LIST would be), so that a reader can cut each page down before the next is
+    read. The last answer's ``metadata.resourceVersion`` is the list's."""
+    token = ""
+    while True:
+        body = kube.get(url_path, **query, limit=page, **({"continue": token} if token else {}))
+        yield body
+        token = str((body.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return

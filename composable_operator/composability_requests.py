@@ -25,9 +25,10 @@ from api.v1alpha1 import (
 )
 from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_for_node
+from composable_dra.fabric.registry import FabricConfigError, Fabrics
 from composable_dra.kube import JSON, Conflict, Kube, path
 from composable_dra.sizing import desired_size, least_recently_used, spec_of
+from composable_operator.cluster_cache import Nodes, node_per_host
 
 log = logs.get(__name__)
 
@@ -99,18 +100,14 @@ def plan_request(
 
 
 class RequestReconciler:
-    def __init__(self, kube: Kube, fabrics: Fabrics) -> None:
-        self.kube, self.fabrics = kube, fabrics
+    def __init__(self, kube: Kube, fabrics: Fabrics, nodes: Nodes | None = None) -> None:
+        # nodes: the operator's Node cache (none: each pass lists Nodes).
+        self.kube, self.fabrics, self.nodes = kube, fabrics, nodes
 
     def reconcile(self, name: str, spec: ComposabilityRequestSpec) -> tuple[RequestPlan, JSON]:
         fabric, backend = self.fabrics.get(spec.fabric)
         inv = backend.inventory()
-        nodes = self.kube.get(path("v1", "nodes"))["items"]
-        host_nodes = {}
-        for node in nodes:
-            host = host_for_node(node, fabric.node_mapping, inv.hosts)
-            if host:
-                host_nodes[host] = node["metadata"]["name"]
+        host_nodes = node_per_host(self.nodes, self.kube, fabric, inv.hosts)
         resources = self.kube.get(
             path(API_VERSION, "composableresources"), fieldSelector=f"spec.fabric={spec.fabric}"
         )["items"]

@@ -30,11 +30,11 @@ import kopf
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, FabricSpec
 from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, host_nodes
+from composable_dra.fabric.registry import FabricConfigError, Fabrics
 from composable_dra.kube import JSON, Conflict, Kube, path
 from composable_dra.timestamps import now_rfc3339
 from composable_operator import metrics
-from composable_operator.cluster_cache import Nodes
+from composable_operator.cluster_cache import Nodes, node_per_host
 from composable_operator.inventories import Inventories
 
 log = logs.get(__name__)
@@ -97,13 +97,7 @@ class FabricWatch:
 
     def host_nodes(self, spec: FabricSpec, inv: Inventory) -> dict[str, str]:
         """fabric host -> our node on it, from the Node cache (no list per pass)."""
-        if self.nodes is not None and self.nodes.synced():
-            nodes: Iterable[JSON] = self.nodes.all()
-        else:
-            nodes = self.kube.get(path("v1", "nodes"))["items"]
-        return {
-            h: names_[0] for h, names_ in host_nodes(nodes, spec.node_mapping, inv.hosts).items()
-        }
+        return node_per_host(self.nodes, self.kube, spec, inv.hosts)
 
     def claimed(self, fabric: str, index_keys: Iterable[tuple[str, str]] | None = None) -> set[str]:
         if index_keys is not None:

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     kube = Kube.from_config(
         args.kubeconfig, pool_size=args.io_threads, user_agent="composable-dra/operator"
     )
-    fabrics = Fabrics(kube)
+    # One connection per I/O thread: each makes at most one fabric call at a time.
+    fabrics = Fabrics(kube, connections=args.io_threads)
     settings = controller.Settings(
         driver=args.driver_name,
         online_poll=args.online_poll_seconds,
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         registry, fabric_status.FabricWatch(kube, fabrics, cache.nodes, ctl.inventories)
     )
     composability_requests.register(
-        registry, composability_requests.RequestReconciler(kube, fabrics)
+        registry, composability_requests.RequestReconciler(kube, fabrics, cache.nodes)
     )
     log.info("operator starting")
 

@@ -23,6 +23,7 @@ from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra import logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
+from composable_dra.kept import own_slice_fields
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.names import (
     ANN_IN_USE_BY,
@@ -140,6 +141,7 @@ class Scaler(InformerDriven):
             kube,
             path(RESOURCE_API, "resourceslices"),
             wake,
+            keep=own_slice_fields,  # 1,000 nodes' slices: only their GPUs' UUIDs
             fieldSelector=f"spec.driver={driver}",
         )
         self.requests = Informer(kube, path(API_VERSION, "composabilityrequests"), wake)

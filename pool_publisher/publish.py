@@ -29,10 +29,16 @@ from prometheus_client import Counter, Gauge
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
 from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
-from composable_dra.fabric.registry import FabricConfigError, Fabrics, node_mapping_fields
+from composable_dra.fabric.registry import (
+    FabricConfigError,
+    Fabrics,
+    node_mapping_fields,
+    spec_version,
+)
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
+from composable_dra.kept import claim_fields
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
 from composable_dra.resource_slices import common_fields, write_slices
@@ -509,18 +515,10 @@ def host_nodes(
     return nodes_by_host(nodes, mapping, inventory.hosts)
 
 
-IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
-
-
-def claim_fields(claim: JSON) -> JSON:
-    """What the publisher keeps of a ResourceClaim: its allocation's results
-    (live_allocations)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    kept = [{k: r[k] for k in ("driver", "pool", "device") if k in r} for r in results]
-    status = {"allocation": {"devices": {"results": kept}}} if allocation else {}
-    meta = claim.get("metadata") or {}
-    return {"metadata": {k: meta[k] for k in IDENTITY if k in meta}, "status": status}
+def fabric_version(fabric: JSON) -> tuple[str, bool]:
+    """What of a Fabric makes its inventory worth reading again: its spec, and whether
+    it is being deleted."""
+    return spec_version(fabric), bool((fabric.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
@@ -567,7 +565,10 @@ class PoolPublisher(InformerDriven):
         self._generations: dict[str, int] = {}
         self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set
-        self.fabric_informer = Informer(kube, path(API_VERSION, "fabrics"), self._fabrics_changed)
+        self._fabric_versions: dict[str, tuple[str, bool]] = {}
+        self.fabric_informer = Informer(
+            kube, path(API_VERSION, "fabrics"), on_event=self._fabric_event
+        )
         # Of Nodes and claims (thousands each), only the fields the decisions read.
         self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
         self.claim_informer = Informer(
@@ -592,10 +593,20 @@ class PoolPublisher(InformerDriven):
         ]
         self.synced = threading.Event()
 
-    def _fabrics_changed(self) -> None:
+    def _fabric_event(self, kind: str, fabric: JSON) -> None:
+        """A Fabric added, gone, being deleted or given a new spec: read the fabrics again.
+        Its status, which the operator writes on each of its polls, changes nothing here."""
+        name = str(fabric["metadata"]["name"])
+        seen = None if kind == "DELETED" else fabric_version(fabric)
         with self._lock:
-            self._all_dirty = True
-        self._wake.set()
+            changed = self._fabric_versions.get(name) != seen
+            if seen is None:
+                self._fabric_versions.pop(name, None)
+            else:
+                self._fabric_versions[name] = seen
+            self._all_dirty = self._all_dirty or changed
+        if changed:
+            self._wake.set()
 
     # -- loop ------------------------------------------------------------------------------
 

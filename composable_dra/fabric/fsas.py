@@ -41,6 +41,7 @@ from typing import Any
 
 import certifi
 import requests
+from requests.adapters import HTTPAdapter
 
 from api.v1alpha1 import DEVICE_ID
 from composable_dra import logs
@@ -200,6 +201,7 @@ class FsasFabricManagerBackend:
         clock: Callable[[], float] = time.monotonic,
         attach_by_model: bool = False,
         models: tuple[str, ...] = (),
+        connections: int = 10,
     ) -> None:
         # attach_by_model: the FM picks the GPU (DevicePicker; docs/fabrics.md). Free
         # capacity is then read as counts of ``models``, attached GPUs from the machines.
@@ -212,7 +214,11 @@ class FsasFabricManagerBackend:
         )
         self._creds = credentials
         self._timeout = timeout
-        self._http = session or requests.Session()
+        if session is None:
+            session = requests.Session()
+            for scheme in ("https://", "http://"):  # one connection per concurrent call
+                session.mount(scheme, HTTPAdapter(pool_maxsize=connections))
+        self._http = session
         self._http.verify = False if insecure_skip_tls_verify else (ca_file or certifi.where())
         self._clock = clock
         self._lock = threading.Lock()  # guards the token

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 import certifi
 import redfish
 from redfish.rest.v1 import RetriesExhaustedError
+from requests.adapters import HTTPAdapter
 
 from api.v1alpha1 import DEVICE_ID
 from composable_dra.fabric import members
@@ -52,6 +53,9 @@ from composable_dra.fabric.backend import (
 )
 
 ROOT = "/redfish/v1"
+# Connections kept open to one fabric: requests' default; a caller making concurrent
+# calls (the operator: one per I/O thread) passes its own count.
+DEFAULT_CONNECTIONS = 10
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
 _DEVICE_ID = re.compile(DEVICE_ID)
 
@@ -180,6 +184,7 @@ class RedfishCompositionBackend:
         ca_file: str | None = None,
         insecure_skip_tls_verify: bool = False,
         timeout: float = 15.0,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         cafile = None if insecure_skip_tls_verify else (ca_file or certifi.where())
@@ -191,7 +196,12 @@ class RedfishCompositionBackend:
             timeout=timeout,
             max_retry=0,
             check_connectivity=False,
+            https_adapter=HTTPAdapter(pool_maxsize=connections),
         )
+        # The client mounts its adapter for https only; an http endpoint (the emulator, a
+        # manager behind a TLS-terminating proxy) gets the same pool, or concurrent calls
+        # beyond requests' 10 each open and drop a connection ("Connection pool is full").
+        self._client._session.mount("http://", HTTPAdapter(pool_maxsize=connections))
         self._lock = threading.Lock()  # guards logging in (the session's state)
         self._session_epoch = 0
         # The readers are looked up at each read, so that a test may wrap them.

@@ -6,14 +6,14 @@ import base64
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
 from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
-from composable_dra.fabric.redfish import RedfishCompositionBackend
+from composable_dra.fabric.redfish import DEFAULT_CONNECTIONS, RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.kube import JSON, Kube, NotFound, path
 from composable_dra.names import normalize_uuid
@@ -119,7 +119,17 @@ class SecretKeys:
         return "SecretKeys(...)"
 
 
-BackendFactory = Callable[[FabricSpec, SecretKeys, str | None], FabricBackend]
+class BackendFactory(Protocol):
+    """Builds a Fabric's backend; ``connections``: how many it keeps open to the fabric
+    (the most concurrent calls its process makes)."""
+
+    def __call__(
+        self,
+        spec: FabricSpec,
+        creds: SecretKeys,
+        ca_file: str | None,
+        connections: int = DEFAULT_CONNECTIONS,
+    ) -> FabricBackend: ...
 
 
 def _redfish(
@@ -127,19 +137,30 @@ def _redfish(
 ) -> BackendFactory:
     """The factory of a Redfish backend: endpoint, basic credentials, TLS settings."""
 
-    def make(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
+    def make(
+        spec: FabricSpec,
+        creds: SecretKeys,
+        ca_file: str | None,
+        connections: int = DEFAULT_CONNECTIONS,
+    ) -> FabricBackend:
         return backend(
             spec.endpoint,
             creds["username"],
             creds["password"],
             ca_file=ca_file,
             insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+            connections=connections,
         )
 
     return make
 
 
-def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBackend:
+def _fsas(
+    spec: FabricSpec,
+    creds: SecretKeys,
+    ca_file: str | None,
+    connections: int = DEFAULT_CONNECTIONS,
+) -> FabricBackend:
     if spec.fsas is None:  # the CRD's rule requires it; an old object may lack it
         raise FabricConfigError("backend fsas-fm needs spec.fsas (tenantUUID, realm)")
     by_model = spec.fsas.attach_by == "model"
@@ -156,6 +177,7 @@ def _fsas(spec: FabricSpec, creds: SecretKeys, ca_file: str | None) -> FabricBac
         insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
         attach_by_model=by_model,
         models=tuple(spec.fsas.models),
+        connections=connections,
     )
 
 
@@ -164,6 +186,14 @@ FACTORIES: dict[str, BackendFactory] = {
     "redfish-zones": _redfish(RedfishZonesBackend),
     "fsas-fm": _fsas,
 }
+
+
+def spec_version(fabric: JSON) -> str:
+    """Changes when the Fabric's spec does: its generation (a status write, the operator's
+    each poll, leaves it), or its resourceVersion for an object that has none."""
+    meta = fabric.get("metadata") or {}
+    generation = meta.get("generation")
+    return f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
 
 
 class Fabrics:
@@ -179,10 +209,12 @@ class Fabrics:
         kube: Kube,
         factories: dict[str, BackendFactory] | None = None,
         max_age: float = 1.0,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self.kube = kube
         self.factories = factories or FACTORIES
         self.max_age = max_age
+        self.connections = connections  # per backend: the process's concurrent calls
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[tuple[str, ...], FabricSpec, FabricBackend]] = {}
         self._checked: dict[str, float] = {}  # name -> monotonic time of the last read
@@ -204,7 +236,7 @@ class Fabrics:
         creds = self._secret(spec.credentials_secret.namespace, spec.credentials_secret.name)
         ca = self._secret(spec.ca_secret.namespace, spec.ca_secret.name) if spec.ca_secret else None
         version = (
-            fabric["metadata"]["resourceVersion"],
+            spec_version(fabric),
             creds["metadata"]["resourceVersion"],
             ca["metadata"]["resourceVersion"] if ca else "",
         )
@@ -221,7 +253,7 @@ class Fabrics:
             ca_path = self._ca_dir / f"{name}.crt"
             ca_path.write_text(_secret_value(ca, "ca.crt"))
             ca_file = str(ca_path)
-        backend = factory(spec, SecretKeys(creds), ca_file)
+        backend = factory(spec, SecretKeys(creds), ca_file, self.connections)
         with self._lock:
             old = self._cache.get(name)
             self._cache[name] = (version, spec, backend)

@@ -201,7 +201,7 @@ class Request:
     component: str
     verb: str
     resource: str
-    full_list: bool  # a LIST of a whole collection: no label or field selector
+    full_list: bool  # a LIST of a whole collection: no selector, its first page
     code: int = 200  # the response's status
 
 
@@ -230,7 +230,8 @@ def parse_audit(lines: Iterable[str]) -> Iterator[Request]:
             resource=resource,
             full_list=verb == "list"
             and not query.get("labelSelector")
-            and not query.get("fieldSelector"),
+            and not query.get("fieldSelector")
+            and not query.get("continue"),  # a later page of the same LIST
             code=int((ev.get("responseStatus") or {}).get("code") or 0),
         )
 

@@ -333,8 +333,7 @@ def test_steps_read_the_device_not_every_host_nor_the_node() -> None:
     fabric.errors = [BusyError("busy")] * 3
     d, _ = daemon(body, fabric, Stopped(limit=6))
     cache = ClusterCache(d.ctl.kube, names.DRIVER)
-    cache.nodes._event("ADDED", NODE)
-    cache.nodes.informer.synced.set()
+    cache.nodes.informer.replace([NODE])  # as its list finds it
     d.ctl.cache = cache
     asyncio.run(d.run())
     assert fabric.attaches == [("gpu-1", "h1")] and body.status["phase"] == "Online"

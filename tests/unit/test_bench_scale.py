@@ -109,6 +109,8 @@ def test_a_relist_is_a_full_list_after_one_that_succeeded() -> None:
                 lst("kopf/1", "15:00:00"),  # the operator's first, before the start
                 lst("kopf/1", "15:00:06"),
                 lst("kopf/1", "15:00:07", uri="/api/v1/nodes?labelSelector=a%3Db"),
+                # The second page of the scaler's first list: not a list of its own.
+                lst("composable-dra/scaler", "15:00:07", uri="/api/v1/nodes?limit=500&continue=x"),
                 lst("composable-dra/scaler", "15:00:08"),
             ]
         )

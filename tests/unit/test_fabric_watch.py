@@ -64,9 +64,7 @@ def inventory(n: int) -> Inventory:
 
 def cached_nodes(kube: CountingKube, items: list[JSON]) -> Nodes:
     nodes = Nodes(kube)  # type: ignore[arg-type]
-    for item in items:
-        nodes._event("ADDED", item)  # as its watch reports them
-    nodes.informer.synced.set()
+    nodes.informer.replace(items)  # as its list finds them
     return nodes
 
 
@@ -90,9 +88,9 @@ def test_the_node_cache_keeps_what_mapping_reads_and_follows_deletions() -> None
     assert slim == slim_node(node(1, annotations={"fabric/host": "h1"}))
     by_annotation = NodeMapping(by="annotation", annotation="fabric/host")
     assert host_nodes(nodes.all(), by_annotation, {"h1": Host("h1", "x")}) == {"h1": ["n1"]}
-    nodes._event("MODIFIED", node(1, deletionTimestamp="2026-01-01T00:00:00Z"))
+    nodes.informer.replace([node(1, deletionTimestamp="2026-01-01T00:00:00Z")])
     assert host_nodes(nodes.all(), NodeMapping(), inventory(2).hosts) == {}
-    nodes._event("DELETED", node(1))
+    nodes.informer.replace([])
     assert nodes.get("n1") is None and nodes.all() == []
 
 

@@ -81,3 +81,37 @@ def test_reads_are_reused_within_max_age_and_changes_seen_after(clock: list[floa
     clock[0] += 1.1
     with pytest.raises(FabricGoneError):
         fabrics.get("fab")
+
+
+def test_a_status_write_keeps_the_backend_and_a_spec_change_rebuilds_it(
+    clock: list[float],
+) -> None:
+    kube = CountingKube()
+    assert kube.fabric is not None
+    kube.fabric["metadata"]["generation"] = 1
+    built: list[Backend] = []
+
+    def factory(*_: Any) -> Backend:
+        built.append(Backend())
+        return built[-1]
+
+    fabrics = Fabrics(kube, {"redfish-composition": factory}, max_age=1.0)  # type: ignore[arg-type,dict-item]
+    first = fabrics.get("fab")[1]
+    # The operator writes the Fabric's status each poll: a new resourceVersion only.
+    kube.fabric["metadata"]["resourceVersion"] = "2"
+    clock[0] += 1.1
+    assert fabrics.get("fab")[1] is first and len(built) == 1 and not built[0].closed
+    kube.fabric["metadata"].update(resourceVersion="3", generation=2)
+    clock[0] += 1.1
+    assert fabrics.get("fab")[1] is not first and built[0].closed
+
+
+def test_backends_get_the_connection_count_they_are_built_with() -> None:
+    seen: list[int] = []
+
+    def factory(*args: Any) -> Backend:
+        seen.append(args[3])
+        return Backend()
+
+    Fabrics(CountingKube(), {"redfish-composition": factory}, connections=64).get("fab")  # type: ignore[arg-type,dict-item]
+    assert seen == [64]

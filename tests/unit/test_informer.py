@@ -78,7 +78,7 @@ def test_list_then_events_keep_the_cache_and_tell_each_change() -> None:
     kube = FakeKube([pod("a", "5")])
     with started(kube) as (inf, seen):
         assert inf.synced.wait(5)
-        assert kube.lists == [{"fieldSelector": "spec.nodeName=n1"}]
+        assert kube.lists == [{"fieldSelector": "spec.nodeName=n1", "limit": 500}]
         kube.events.put({"type": "ADDED", "object": pod("b", "11")})
         kube.events.put({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}})
         kube.events.put({"type": "DELETED", "object": pod("a", "13")})
@@ -209,3 +209,41 @@ def test_keep_caches_only_the_fields_asked_for() -> None:
     inf = Informer(FakeKube([]), "/api/v1/pods", keep=keep)  # type: ignore[arg-type]
     inf.replace([pod("a", "1", nodeName="n1")])
     assert inf.items() == [{"metadata": pod("a", "1")["metadata"]}]
+
+
+class PagingKube(FakeKube):
+    """Answers a LIST ``limit`` objects at a time, as the API server does, and logs each
+    page it serves."""
+
+    def __init__(self, items: list[JSON], log: list[str]) -> None:
+        super().__init__(items)
+        self.log = log
+
+    def get(self, url_path: str, **query: Any) -> JSON:
+        self.lists.append(query)
+        start = int(query.get("continue") or 0)
+        end = start + int(query["limit"])
+        self.log.append(f"page {start}")
+        meta = {"resourceVersion": self.rv} | (
+            {"continue": str(end)} if end < len(self.items) else {}
+        )
+        return {"items": self.items[start:end], "metadata": meta}
+
+
+def test_a_list_is_read_in_pages_each_cut_to_what_is_kept_before_the_next() -> None:
+    log: list[str] = []
+    kube = PagingKube([pod(f"p{i:04}", str(i), big="x" * 100) for i in range(1203)], log)
+
+    def keep(obj: JSON) -> JSON:
+        log.append("keep")
+        return {"metadata": obj["metadata"]}
+
+    with started(kube, keep=keep) as (inf, seen):
+        assert inf.synced.wait(5)
+        assert [q.get("continue") for q in kube.lists] == [None, "500", "1000"]
+        assert {q["limit"] for q in kube.lists} == {500}
+        # Each page is kept (cut) before the next page is asked for.
+        pages = [i for i, entry in enumerate(log) if entry.startswith("page")]
+        assert [log[i + 1 : i + 501].count("keep") for i in pages] == [500, 500, 203]
+        assert len(inf.items()) == 1203 and "spec" not in inf.items()[0]
+        assert len(seen) == 1203 and kube.watches[:1] == ["10"]

@@ -13,6 +13,7 @@ from api.v1alpha1 import NodeMapping
 from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.fabric.registry import node_mapping_fields
+from composable_dra.kept import claim_fields
 from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,
@@ -449,7 +450,34 @@ def test_the_kept_fields_of_nodes_and_claims_decide_as_the_whole_objects() -> No
         },
         {"metadata": {"name": "d", "namespace": "ns"}, "status": {}},
     ]
-    kept_claims = [publish.claim_fields(c) for c in claims]
+    kept_claims = [claim_fields(c) for c in claims]
     assert live_allocations(kept_claims, DRIVER) == live_allocations(claims, DRIVER)
     assert kept_claims[0]["metadata"] == claims[0]["metadata"]
     assert "reservedFor" not in str(kept_claims) and "nodeSelector" not in str(kept_claims)
+
+
+def test_only_a_fabrics_spec_or_deletion_makes_the_publisher_read_the_fabrics_again() -> None:
+    pub = publish.PoolPublisher(None, None)  # type: ignore[arg-type]  # not started
+
+    def fabric(rv: int, generation: int, **meta: Any) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "fab", "uid": "u", "resourceVersion": str(rv), **meta}
+            | {"generation": generation},
+            "spec": {"pollIntervalSeconds": 30},
+            "status": {"rv": rv},
+        }
+
+    def read_again_after(items: list[dict[str, Any]]) -> bool:
+        pub._all_dirty = False
+        pub._wake.clear()
+        pub.fabric_informer.replace(items)
+        assert pub._wake.is_set() == pub._all_dirty
+        return pub._all_dirty
+
+    assert read_again_after([fabric(1, 1)])  # a new Fabric
+    # The operator's status write on each poll: a new resourceVersion, the same spec.
+    assert not read_again_after([fabric(2, 1)])
+    assert not read_again_after([fabric(3, 1)])
+    assert read_again_after([fabric(4, 2)])  # a spec change
+    assert read_again_after([fabric(5, 2, deletionTimestamp="2026-11-23T00:00:00Z")])
+    assert read_again_after([])  # gone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -127,3 +128,43 @@ def test_a_device_id_cannot_name_another_resource(
         with pytest.raises(b.FabricError, match="invalid device id"):
             call()
     assert all(blk["system"] is None for blk in emu.state()["blocks"].values())
+
+
+def _pool_full_warnings(
+    emu: EmulatorProcess, caplog: pytest.LogCaptureFixture, connections: int, calls: int
+) -> int:
+    """Warnings of a connection dropped because the pool was full, after ``calls``
+    device reads at once (each held 0.3 s by the emulator, so that they overlap)."""
+    emu.reset()
+    emu.add_fault(
+        {"kind": "latency", "method": "GET", "path": "ResourceBlocks/gpu-1$", "latency": 0.3}
+    )
+    backend = RedfishCompositionBackend(emu.url, "admin", "admin", connections=connections)
+    try:
+        backend.device("gpu-2")  # log in first: the calls below only read
+        start = threading.Barrier(calls)
+
+        def read() -> None:
+            start.wait(timeout=30)
+            assert backend.device("gpu-1") is not None
+
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+            threads = [threading.Thread(target=read) for _ in range(calls)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        return sum("Connection pool is full" in r.getMessage() for r in caplog.records)
+    finally:
+        backend.close()
+        emu.reset()
+
+
+def test_concurrent_calls_up_to_its_connections_keep_their_connections(
+    emu: EmulatorProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The emulator is plain http: the DMTF client sizes only its https pool.
+    assert _pool_full_warnings(emu, caplog, connections=24, calls=24) == 0
+    # What requests' default of 10 did with the operator's concurrent attaches.
+    assert _pool_full_warnings(emu, caplog, connections=10, calls=24) > 0

@@ -408,3 +408,47 @@ def test_snapshot_reads_a_lending_nodes_pool():
         scaler.stop()
     assert s.local_devices == {("node-a", "u-1"): "gpu-0", ("node-a", "u-2"): "gpu-1"}
     assert s.pool_devices == {}
+
+
+def test_the_slice_cache_keeps_of_a_nodes_own_slice_only_which_gpu_has_which_uuid():
+    from device_scaler.scaler import Scaler, ScalerConfig
+    from dra_driver.device_source import DeviceInfo
+    from dra_driver.slices import LendPolicy, desired_slices
+
+    gpus = [DeviceInfo(name=f"gpu-{k}", uuid=f"GPU-N-{k}", model="H100") for k in range(3)]
+    own = desired_slices("node-a", "uid-a", DRIVER, gpus, 1)
+    lending = desired_slices(
+        "node-b",
+        "uid-b",
+        DRIVER,
+        [DeviceInfo(name="gpu-0", uuid="GPU-L-0", model="H100")],
+        1,
+        lend=LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=2),
+    )
+    pool = {
+        "metadata": {"name": "fab-z1-0"},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": "fab/z1", "generation": 1, "resourceSliceCount": 1},
+            "nodeSelector": {"nodeSelectorTerms": []},
+            "devices": [{"name": "gpu-9", "attributes": {"model": {"string": "H100"}}}],
+        },
+    }
+    every = [*own, *lending, pool]
+    scaler = Scaler(SlicesKube([]), ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
+    try:
+        whole = scaler.snapshot(slices=every)
+        scaler.slices.replace(every)
+        kept = scaler.snapshot()
+        cached = {s["metadata"]["name"]: s for s in scaler.slices.items()}
+    finally:
+        scaler.stop()
+    assert kept.local_devices == whole.local_devices and len(kept.local_devices) == 4
+    assert kept.pool_devices == whole.pool_devices
+    [own_kept] = [cached[s["metadata"]["name"]] for s in own]
+    assert set(own_kept["spec"]["devices"][0]) == {"name", "attributes"}
+    assert set(own_kept["spec"]["devices"][0]["attributes"]) == {"uuid"}
+    others = [s for s in every if not s["spec"].get("nodeName")]  # per-device, pool: whole
+    assert len(others) == 2
+    for other in others:
+        assert cached[other["metadata"]["name"]]["spec"] == other["spec"]

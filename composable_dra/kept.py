@@ -1,0 +1,51 @@
+"""What a controller's informer keeps of the objects of a large collection (``Informer``'s
+``keep=``): the fields its readers use, not whole objects. At 1,000 nodes a controller
+watches ~9,000 ResourceClaims and ~1,000 ResourceSlices; most of each object is what no
+controller of ours reads (docs/attach-flow.md, Scale)."""
+
+from __future__ import annotations
+
+from composable_dra.kube import JSON
+
+IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+
+
+def identity(obj: JSON) -> JSON:
+    meta = obj.get("metadata") or {}
+    return {k: meta[k] for k in IDENTITY if k in meta}
+
+
+def claim_fields(claim: JSON) -> JSON:
+    """A ResourceClaim's identity and its allocation's results (driver, pool, device)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    kept = [{k: r[k] for k in ("driver", "pool", "device") if k in r} for r in results]
+    status = {"allocation": {"devices": {"results": kept}}} if allocation else {}
+    return {"metadata": identity(claim), "status": status}
+
+
+def slice_uuid_fields(resource_slice: JSON) -> JSON:
+    """A ResourceSlice's identity, node, driver, pool name and each device's name and
+    ``uuid`` attribute: what finds the names a GPU is published under on a node."""
+    spec = resource_slice.get("spec") or {}
+    devices = []
+    for d in spec.get("devices") or []:
+        kept: JSON = {"name": d.get("name")}
+        uuid = (d.get("attributes") or {}).get("uuid")
+        if uuid is not None:
+            kept["attributes"] = {"uuid": uuid}
+        devices.append(kept)
+    pool = spec.get("pool") or {}
+    kept_spec: JSON = {k: spec[k] for k in ("nodeName", "driver") if k in spec}
+    kept_spec["pool"] = {k: pool[k] for k in ("name",) if k in pool}
+    kept_spec["devices"] = devices
+    return {"metadata": identity(resource_slice), "spec": kept_spec}
+
+
+def own_slice_fields(resource_slice: JSON) -> JSON:
+    """A node's own slice (``spec.nodeName``) as ``slice_uuid_fields``; any other slice (a
+    fabric pool's, a lending node's per-device one) whole: the scaler reads a pool
+    device's attributes, but of a node's own GPUs only which name has which UUID."""
+    if (resource_slice.get("spec") or {}).get("nodeName"):
+        return slice_uuid_fields(resource_slice)
+    return resource_slice
