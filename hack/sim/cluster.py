@@ -167,8 +167,10 @@ class Cluster:
         return self._start(arrival, host, donor)
 
     def free(self) -> tuple[bool, int]:
-        """Whether any GPU is free, and the most free cores on one machine."""
-        return any(m.free_gpus for m in self.machines), max(m.free_cores for m in self.machines)
+        """Whether any GPU is free (and not behind the host-busy taint, where the policy
+        has it), and the most free cores on one machine."""
+        any_gpu = any(m.free_gpus and self._gpu_allowed(m) for m in self.machines)
+        return any_gpu, max(m.free_cores for m in self.machines)
 
     @staticmethod
     def _full(arrival: Arrival, free: tuple[bool, int]) -> bool:
