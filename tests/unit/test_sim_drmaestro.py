@@ -188,3 +188,9 @@ def test_the_host_busy_taint_keeps_gpu_jobs_off_a_crowded_machine() -> None:
 
 def _fresh(m: Machine) -> Machine:
     return Machine(m.cores, m.gpus, m.link_gbps, m.knee)
+
+
+def test_pod_side_takes_0_or_1_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        drmaestro.main(["--pod-side", "yes"])
+    assert "0 or 1" in capsys.readouterr().err
