@@ -4,8 +4,10 @@ Each step (1 s, DRMaestro's periodic scheduling event) the scheduler places what
 from the queue, every running job advances by ``dt`` over its current effective time, and
 the links' load is measured. A job's effective time is its isolated time times
 
-- host interference: ``1 + colo`` per other busy GPU on the machine that holds its GPU
-  (ours: DRMaestro's collocation profiles are not published);
+- collocation: ``1 + colo x`` the summed pressure (data rate over the mix's mean) of the
+  other GPU jobs whose data crosses the machine that holds its GPU, or with ``pod_side``
+  the busier of that one and its pod's host (ours: DRMaestro's collocation profiles are
+  not published);
 - plus, on a remote GPU, its data-transfer share stretched by the load others put on the
   busier of the two links it crosses (an M/M/1-like ``1 / (1 - load)``), with the load
   capped where the stretch reaches what DRMaestro measured beside Iperf
@@ -14,8 +16,9 @@ the links' load is measured. A job's effective time is its isolated time times
 
 and is re-evaluated at every step, as DRMaestro's simulator re-evaluates a task's
 completion time whenever a task starts or ends. Decisions that the product makes are
-made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`)
-and the donor's lease counter (`composable_dra.lending.slo.lease_capacity`).
+made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`),
+the host-busy taint (`composable_dra.lending.hostaware`) and the donor's lease counter
+(`composable_dra.lending.slo.lease_capacity`).
 """
 
 from __future__ import annotations
