@@ -4,8 +4,10 @@ Each step (1 s, DRMaestro's periodic scheduling event) the scheduler places what
 from the queue, every running job advances by ``dt`` over its current effective time, and
 the links' load is measured. A job's effective time is its isolated time times
 
-- host interference: ``1 + colo`` per other busy GPU on the machine that holds its GPU
-  (ours: DRMaestro's collocation profiles are not published);
+- collocation: ``1 + colo x`` the summed pressure (data rate over the mix's mean) of the
+  other GPU jobs whose data crosses the machine that holds its GPU, or with ``pod_side``
+  the busier of that one and its pod's host (ours: DRMaestro's collocation profiles are
+  not published);
 - plus, on a remote GPU, its data-transfer share stretched by the load others put on the
   busier of the two links it crosses (an M/M/1-like ``1 / (1 - load)``), with the load
   capped where the stretch reaches what DRMaestro measured beside Iperf
@@ -14,8 +16,9 @@ the links' load is measured. A job's effective time is its isolated time times
 
 and is re-evaluated at every step, as DRMaestro's simulator re-evaluates a task's
 completion time whenever a task starts or ends. Decisions that the product makes are
-made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`)
-and the donor's lease counter (`composable_dra.lending.slo.lease_capacity`).
+made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`),
+the host-busy taint (`composable_dra.lending.hostaware`) and the donor's lease counter
+(`composable_dra.lending.slo.lease_capacity`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from composable_dra.lending import netaware, slo
+from composable_dra.lending import hostaware, netaware, slo
 from hack.sim.workload import SATURATED_STRETCH, TOLERANCE, Arrival, JobType
 
 COLO = 0.03
@@ -36,6 +39,23 @@ class Policy(enum.Enum):
     SERVER_CENTRIC = "server-centric"  # CPU and GPU on one machine (Firmament-like)
     LENDING = "lending"  # a GPU may be lent by another machine
     LENDING_NA = "lending-na"  # ... and network-sensitive jobs avoid busy donors
+    # ... and no GPU job takes a free GPU on a crowded machine (the host-busy taint)
+    LENDING_NA_HOST = "lending-na-host"
+    # A control, not a product: server-centric with the host-busy taint, to tell what
+    # the taint gives from what lending gives.
+    SERVER_CENTRIC_HOST = "server-centric-host"
+
+    @property
+    def lends(self) -> bool:
+        return self not in (Policy.SERVER_CENTRIC, Policy.SERVER_CENTRIC_HOST)
+
+    @property
+    def link_taint(self) -> bool:
+        return self in (Policy.LENDING_NA, Policy.LENDING_NA_HOST)
+
+    @property
+    def host_taint(self) -> bool:
+        return self in (Policy.LENDING_NA_HOST, Policy.SERVER_CENTRIC_HOST)
 
 
 @dataclass
@@ -48,6 +68,7 @@ class Machine:
     free_gpus: int = 0
     leases: int = 0  # remote leases this machine's GPUs serve
     busy: bool = False  # the link-busy taint on its remote devices
+    host_busy: bool = False  # the host-busy taint on its free GPUs
     background_jobs: int = 0  # network-heavy jobs running here
 
     def __post_init__(self) -> None:
@@ -113,6 +134,8 @@ class Cluster:
     now: float = 0.0
     loads: list[float] = field(default_factory=list)
     colo: float = COLO
+    pod_side: bool = False
+    host_rule: netaware.LinkBusyRule = field(default_factory=netaware.LinkBusyRule)
     tolerance: float = TOLERANCE  # the QoS tolerance that decides who is network-sensitive
 
     def __post_init__(self) -> None:
@@ -129,10 +152,10 @@ class Cluster:
             if m.free_cores < job.cpus:
                 continue
             cost = self.host_cost(host)
-            if job.gpus == 0 or m.free_gpus >= 1:
+            if job.gpus == 0 or (m.free_gpus >= 1 and self._gpu_allowed(m)):
                 options.append((cost, host, None))
         # A claim that prefers a local GPU and falls back to a lent one (firstAvailable).
-        if job.gpus and not options and self.policy is not Policy.SERVER_CENTRIC:
+        if job.gpus and not options and self.policy.lends:
             donor = self._donor(job)
             if donor is not None:
                 hosts = [
@@ -147,8 +170,10 @@ class Cluster:
         return self._start(arrival, host, donor)
 
     def free(self) -> tuple[bool, int]:
-        """Whether any GPU is free, and the most free cores on one machine."""
-        return any(m.free_gpus for m in self.machines), max(m.free_cores for m in self.machines)
+        """Whether any GPU is free (and not behind the host-busy taint, where the policy
+        has it), and the most free cores on one machine."""
+        any_gpu = any(m.free_gpus and self._gpu_allowed(m) for m in self.machines)
+        return any_gpu, max(m.free_cores for m in self.machines)
 
     @staticmethod
     def _full(arrival: Arrival, free: tuple[bool, int]) -> bool:
@@ -156,6 +181,10 @@ class Cluster:
         no machine has the cores, or it needs a GPU and none is free."""
         any_gpu, most_cores = free
         return (arrival.job.gpus > 0 and not any_gpu) or most_cores < arrival.job.cpus
+
+    def _gpu_allowed(self, m: Machine) -> bool:
+        """The host-busy taint, where the policy has it; no simulated job tolerates it."""
+        return not self.policy.host_taint or hostaware.may_place(False, m.host_busy)
 
     def host_cost(self, host: int) -> float:
         """The scheduler's score: spread by allocated cores, as kube-scheduler's
@@ -171,9 +200,11 @@ class Cluster:
             # The scheduler's counter check: the donor's link.leases counter.
             if m.leases >= slo.lease_capacity([], {}, m.knee):
                 continue
-            if self.policy is Policy.LENDING_NA and not netaware.may_place(
+            if self.policy.link_taint and not netaware.may_place(
                 job.is_sensitive(self.tolerance), m.busy
             ):
+                continue
+            if not self._gpu_allowed(m):
                 continue
             if best is None or m.free_gpus > self.machines[best].free_gpus:
                 best = i
@@ -213,15 +244,16 @@ class Cluster:
         loads = self.loads = self.link_loads()
         for m, load in zip(self.machines, loads, strict=True):
             m.busy = netaware.link_busy(m.busy, load, self.rule)
-        gpus_busy = [m.gpus - m.free_gpus for m in self.machines]
+        crowd = self.host_pressure()
+        for m, c in zip(self.machines, crowd, strict=True):
+            m.host_busy = netaware.link_busy(m.host_busy, self.host_load(m, c), self.host_rule)
         still = []
         for r in self.running:
-            # Contention where the job's GPU sits: its PCIe root and host memory, shared
-            # with the machine's other busy GPUs.
-            at = r.donor if r.donor is not None else r.host
             stretch = 1.0
             if r.job.gpus:
-                host = self.colo * (gpus_busy[at] - 1)
+                # The others' traffic on the busiest machine its data crosses.
+                others = max(crowd[m] for m in self.crossed(r)) - r.job.pressure
+                host = self.colo * max(0.0, others)
                 stretch += host
                 r.slowed["host"] += dt * host
             if r.donor is not None:
@@ -254,6 +286,28 @@ class Cluster:
         self.finished.append(
             Finished(r.arrival, r.start, self.now, r.donor is not None, r.expected_s(), cause)
         )
+
+    def crossed(self, r: Running) -> tuple[int, ...]:
+        """The machines whose PCIe and host memory a GPU job's data crosses: its GPU's;
+        for a remote job also its pod's host, where the client stages it for the NIC."""
+        if r.donor is None:
+            return (r.host,)
+        return (r.donor, r.host) if self.pod_side else (r.donor,)
+
+    @staticmethod
+    def host_load(m: Machine, crowd: float) -> float:
+        """A machine's host load, as its node would measure it: its GPU jobs' traffic over
+        what its host carries, taken as every GPU busy with an average job."""
+        return netaware.link_load([crowd], m.gpus) if m.gpus else 0.0
+
+    def host_pressure(self) -> list[float]:
+        """Per machine, the summed pressure of the GPU jobs whose data crosses it."""
+        crowd = [0.0] * len(self.machines)
+        for r in self.running:
+            if r.job.gpus:
+                for m in self.crossed(r):
+                    crowd[m] += r.job.pressure
+        return crowd
 
     def link_loads(self) -> list[float]:
         flows: list[list[float]] = [[] for _ in self.machines]

@@ -51,6 +51,13 @@ class JobType:
     background_gbps: float = 0.0  # a network-heavy CPU-only job's own traffic
 
     @property
+    def pressure(self) -> float:
+        """How hard it loads the PCIe and host memory of the machines its data crosses,
+        relative to the mix's average GPU job (ours: the same bytes it would send over
+        the network, `gbps`, cross PCIe when its GPU is local)."""
+        return self.gbps / MEAN_GBPS if self.gpus else 0.0
+
+    @property
     def network_sensitive(self) -> bool:
         """`is_sensitive` at the default tolerance."""
         return self.is_sensitive(TOLERANCE)
@@ -80,6 +87,8 @@ RODINIA = (
     JobType("pathfinder", cpus=2, base_s=60, net_frac=added(0.12), gbps=10),
     JobType("srad", cpus=4, base_s=200, net_frac=added(0.06), gbps=6),
 )
+# The mix's average data rate: a GPU job's host `pressure` is its rate over this.
+MEAN_GBPS = sum(j.gbps for j in RODINIA) / len(RODINIA)
 # Iperf-like: CPU only; Iperf sends as fast as the path allows, so it fills its
 # machine's link (100 Gbit/s, the scenario's default).
 BACKGROUND = JobType(

@@ -135,3 +135,62 @@ def test_a_looser_tolerance_makes_fewer_jobs_sensitive_and_a_later_taint() -> No
     loose = {j.name for j in RODINIA if j.is_sensitive(0.20)}
     assert loose < strict
     assert drmaestro.na_rule(RODINIA, 0.20).busy_at > drmaestro.na_rule(RODINIA, 0.05).busy_at
+
+
+def _job(name: str, base_s: float = 2000) -> JobType:
+    return JobType(**{**next(j for j in RODINIA if j.name == name).__dict__, "base_s": base_s})
+
+
+def test_co_runners_slow_a_job_by_their_data_rate_on_its_gpus_machine() -> None:
+    """DRMaestro: a task's time changes with the jobs running on its machine. Here each
+    co-running GPU job adds ``colo`` x its pressure (its data rate over the mix's mean)."""
+    heavy, light = _job("nw", 100_000), _job("hotspot", 100_000)
+    for neighbour in (heavy, light):
+        cluster = Cluster([Machine(16, 4, 100, knee=4)], Policy.SERVER_CENTRIC, colo=0.05)
+        for i in range(3):
+            cluster._start(Arrival(0, neighbour, -1 - i), 0, None)
+        job = _job("srad")
+        run_s = _run_alone(cluster, Arrival(0, job, 1), host=0, donor=None)
+        assert run_s == pytest.approx(job.base_s * (1 + 0.05 * 3 * neighbour.pressure), rel=0.01)
+    assert heavy.pressure > 1 > light.pressure
+    assert sum(j.pressure for j in RODINIA) == pytest.approx(len(RODINIA))
+
+
+@pytest.mark.parametrize(("pod_side", "slowed"), [(False, False), (True, True)])
+def test_a_crowded_pod_host_slows_a_remote_job_only_when_the_pod_side_counts(
+    pod_side: bool, slowed: bool
+) -> None:
+    machines = [Machine(16, 4, 100, knee=4), Machine(0, 1, 100, knee=4)]
+    cluster = Cluster(machines, Policy.LENDING, colo=0.05, pod_side=pod_side)
+    for i in range(3):
+        cluster._start(Arrival(0, _job("nw", 100_000), -1 - i), 0, None)
+    job = _job("hotspot")
+    run_s = _run_alone(cluster, Arrival(0, job, 1), host=0, donor=1)
+    # Its transfer on links that the local jobs leave idle, and no host slowdown at the donor.
+    alone = job.base_s * (1 + job.net_frac)
+    assert (run_s > alone * 1.05) is slowed
+
+
+def test_the_host_busy_taint_keeps_gpu_jobs_off_a_crowded_machine() -> None:
+    machines = [Machine(16, 4, 100, knee=4), Machine(16, 4, 100, knee=4)]
+    rule = netaware.LinkBusyRule(busy_at=0.5, clear_at=0.3)
+    job = _job("srad")
+    for policy, hosts in ((Policy.SERVER_CENTRIC, {0}), (Policy.SERVER_CENTRIC_HOST, {1})):
+        cluster = Cluster(list(map(_fresh, machines)), policy, host_rule=rule)
+        for i in range(2):
+            cluster._start(Arrival(0, _job("nw", 100_000), -1 - i), 0, None)
+        cluster.machines[1].free_cores = 4  # machine 0 is least allocated
+        cluster.step(1.0)  # measures machine 0's load: 2 heavy jobs of 4 GPUs
+        assert cluster.machines[0].host_busy  # measured under every policy, obeyed by one
+        assert cluster.place(Arrival(1, job, 1))
+        assert {r.host for r in cluster.running if r.arrival.index == 1} == hosts
+
+
+def _fresh(m: Machine) -> Machine:
+    return Machine(m.cores, m.gpus, m.link_gbps, m.knee)
+
+
+def test_pod_side_takes_0_or_1_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        drmaestro.main(["--pod-side", "yes"])
+    assert "0 or 1" in capsys.readouterr().err
