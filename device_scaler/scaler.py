@@ -229,6 +229,8 @@ class Scaler(InformerDriven):
 
     def _pass(self) -> None:
         self.reconcile()
+        if not self.synced.is_set():
+            log.info("first pass done")  # caches synced: claims are seen from now on
         self.synced.set()
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
