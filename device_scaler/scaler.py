@@ -125,6 +125,15 @@ def standby_held(resources: list[JSON]) -> dict[str, int]:
     return out
 
 
+# The longest rest after a pass (rest_after).
+PASS_REST_CAP = 1.0
+
+
+def rest_after(took: float) -> float:
+    """Seconds to rest after a pass that took ``took``: as long, up to PASS_REST_CAP."""
+    return max(0.0, min(took, PASS_REST_CAP))
+
+
 def _pipelined(action: Any) -> bool:
     """A write on an attach's path that no other write of the pass must precede or
     follow: a claim's resource, or FabricDeviceReady alone on its status."""
@@ -228,10 +237,16 @@ class Scaler(InformerDriven):
         )
 
     def _pass(self) -> None:
+        started = time.monotonic()
         self.reconcile()
         if not self.synced.is_set():
             log.info("first pass done")  # caches synced: claims are seen from now on
         self.synced.set()
+        # A pass costs O(cluster) (150 ms at a thousand nodes) and sends its attach writes
+        # without waiting for them: back to back on every event, passes alone would keep
+        # a core busy during a burst. Rest as long as the pass took, so passes take at
+        # most half the time; a small cluster's pass takes milliseconds.
+        self._stop.wait(rest_after(time.monotonic() - started))
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
         RECONCILE_ERRORS.inc()
