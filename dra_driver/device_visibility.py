@@ -17,7 +17,6 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 from api.v1alpha1 import API_VERSION
 from composable_dra import logs, names
@@ -55,10 +54,6 @@ def awaiting(resources: Iterable[JSON], present: set[str]) -> list[str]:
     ]
 
 
-# DeviceVisible writes under way at once (a burst of attaches to one node).
-WRITERS = 4
-
-
 class VisibilityReporter:
     """Writes DeviceVisible for the node's resources; see the module docstring.
 
@@ -85,7 +80,6 @@ class VisibilityReporter:
         self._stop = threading.Event()
         self._log = logs.get(__name__, node=node)
         self.manager = "composable-dra-plugin"
-        self._writes = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="visibility")
 
     def start(self) -> None:
         self.resources.start()
@@ -95,7 +89,6 @@ class VisibilityReporter:
         self._stop.set()
         self._wake.set()
         self.resources.stop()
-        self._writes.shutdown(wait=False, cancel_futures=True)
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
@@ -126,10 +119,8 @@ class VisibilityReporter:
             self._run_host_step()
             self._refresh()
             present = self._present()
-        updates = visibility_updates(resources, present)
-        # Each is an attach the scheduler waits on: a burst's writes go out together,
-        # not one behind the other.
-        list(self._writes.map(lambda item: self._write(*item), updates.items()))
+        for name, visible in visibility_updates(resources, present).items():
+            self._write(name, visible)
 
     def _run_host_step(self) -> None:
         if not self._host_step:

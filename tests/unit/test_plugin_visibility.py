@@ -232,29 +232,3 @@ def test_only_local_gpus_are_lent() -> None:
     assert "consumesCounters" not in plain["devices"][0]
     counter_sets = {c["name"] for s in layout for c in s.get("sharedCounters") or []}
     assert counter_sets == {"link", "gpu-l"}
-
-
-class BarrierKube(FreshKube):
-    """Each DeviceVisible write waits until ``n`` writes are under way at once."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__([])
-        self.barrier = threading.Barrier(n, timeout=5)
-        self.written: list[str] = []
-
-    def apply(self, url: str, body: dict[str, Any], manager: str) -> dict[str, Any]:
-        self.barrier.wait()  # raises BrokenBarrierError when the writes go one by one
-        self.written.append(body["metadata"]["name"])
-        return body
-
-
-def test_a_burst_of_attaches_gets_its_device_visible_writes_together() -> None:
-    gpus = [DeviceInfo(name=f"gpu-{i}", uuid=f"U-{i}", model="H100") for i in range(3)]
-    kube = BarrierKube(3)
-    plugin = Plugin(kube, gpus)
-    plugin.seen(*(resource(f"r{i}", f"U-{i}", phase="Attaching") for i in range(3)))
-    try:
-        plugin.reporter.sync()
-    finally:
-        plugin.reporter.stop()
-    assert sorted(kube.written) == ["r0", "r1", "r2"]
