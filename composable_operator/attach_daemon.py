@@ -63,32 +63,10 @@ def visible(status: Mapping[str, Any], uuid: str) -> bool:
     ) == normalize_uuid(uuid)
 
 
-async def wait_until(
-    body: LiveResource, stopped: Stopped, check: Callable[[LiveResource], bool], limit: float
-) -> bool:
-    """Until ``check`` holds of the live object (True), the time limit or a stop: kopf
-    keeps the object current, and a look is a lookup in memory, no request."""
-    deadline = time.monotonic() + limit
-    while not stopped and time.monotonic() < deadline:
-        if check(body):
-            return True
-        await stopped.wait(LOOK_SECONDS)
-    return False
-
-
 def finalized(body: LiveResource) -> bool:
     return names.FINALIZER in (body.meta.get("finalizers") or [])
 
 
-async def wait_visible(body: LiveResource, stopped: Stopped, uuid: str, limit: float) -> bool:
-    """Until the plugin reports the device visible (True), the time limit or a stop."""
-    return await wait_until(body, stopped, lambda b: visible(b.status, uuid), limit)
-
-
-# Seconds between looks at the live object (kopf's finalizer before a first attach; the
-# plugin's DeviceVisible): in memory, no request; short next to an attach, long enough
-# that a hundred resources waiting cost little CPU.
-LOOK_SECONDS = 0.05
 # Seconds an attach step waits for kopf's finalizer before it looks again (a pass).
 FINALIZER_WAIT = 1.0
 
@@ -159,6 +137,13 @@ class AttachDaemon:
             if wait > 0:
                 await self.stopped.wait(wait)
 
+    async def wait_until(self, check: Callable[[LiveResource], bool], limit: float) -> bool:
+        """Until ``check`` holds of the live object (True), the time limit or a stop: kopf
+        keeps the object current and wakes us on its events (resource_events.py); a look
+        is a lookup in memory, no request."""
+        events = self.ctl.resource_events
+        return await events.wait_until(self.uid, self.body, self.stopped, check, limit)
+
     def backoff(self, cap: float, retry_after: float | None = None) -> float:
         """One more failure in a row: the wait before the next try."""
         self.failures += 1
@@ -214,7 +199,7 @@ class AttachDaemon:
             return self.ctl.settings.online_poll
         if not status.get("phase") and not finalized(self.body):
             # A new resource: nothing to read before kopf's finalizer is on.
-            await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+            await self.wait_until(finalized, FINALIZER_WAIT)
             if not finalized(self.body):
                 return 0.0
         r = await self.read(spec)
@@ -263,7 +248,7 @@ class AttachDaemon:
                     # kopf adds its finalizer in the pass that starts this daemon: an attach
                     # sent before the finalizer is on the object could land after a deletion
                     # that no detach handler sees, leaving the device composed. Wait for it.
-                    await wait_until(self.body, self.stopped, finalized, FINALIZER_WAIT)
+                    await self.wait_until(finalized, FINALIZER_WAIT)
                     return 0.0
                 # No await between the check above and this: a detach finds the call.
                 if (p := picks_for(r.backend, spec)) is not None:
@@ -294,7 +279,8 @@ class AttachDaemon:
                 await rec.execute(action, seen)
                 # The fabric has done its part: wait for the node's plugin to report,
                 # watching the live object rather than reading the fabric again.
-                if await wait_visible(self.body, self.stopped, action.device_uuid or "", 5.0):
+                uuid = action.device_uuid or ""
+                if await self.wait_until(lambda b: visible(b.status, uuid), 5.0):
                     self.reuse = r
                 return 0.0
             case ActionKind.ONLINE:

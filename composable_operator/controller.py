@@ -46,6 +46,7 @@ from composable_operator.reconcile import (
     attach_in_flight,
     referencing_claims,
 )
+from composable_operator.resource_events import ResourceEvents
 
 PLURAL = "composableresources"
 MANAGER = "composable-operator"
@@ -151,6 +152,8 @@ class Controller:
     inventories: Inventories = field(default_factory=Inventories)
     # Devices a fabric that picks has attached for our resources (picks.py).
     picks: PickState = field(default_factory=PickState)
+    # Wakes a resource's daemon on the resource's next event (resource_events.py).
+    resource_events: ResourceEvents = field(default_factory=ResourceEvents)
 
     # -- status writes --------------------------------------------------------------
 

@@ -62,8 +62,12 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     # through kopf's thread pool each time.
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id="resources_by_device")
     async def resources_by_device(
-        name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+        name: str, spec: kopf.Spec, meta: kopf.Meta, uid: str, **_: Any
     ) -> dict[tuple[str, str], DeviceHolder]:
+        # kopf indexes each event once it is in the daemon's live body: the one call per
+        # event that logs nothing (an on.event handler logs each call), so the wake of the
+        # resource's waiting daemon goes here.
+        ctl.resource_events.arrived(uid)
         return {
             (str(spec.get("fabric", "")), str(spec.get("deviceID", ""))): DeviceHolder(
                 name,

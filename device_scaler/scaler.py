@@ -14,6 +14,8 @@ import contextlib
 import itertools
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,6 +49,7 @@ from device_scaler.decide import (
     quarantine_body,
     quarantine_rule_name,
 )
+from device_scaler.unseen import Unseen, hold_back
 from device_scaler.vendor import (
     Rescheduled,
     RestartVendorPlugin,
@@ -123,6 +126,56 @@ def standby_held(resources: list[JSON]) -> dict[str, int]:
     return out
 
 
+# The longest rest after a pass (rest_after).
+PASS_REST_CAP = 1.0
+
+
+def rest_after(took: float) -> float:
+    """Seconds to rest after a pass that took ``took``: as long, up to PASS_REST_CAP."""
+    return max(0.0, min(took, PASS_REST_CAP))
+
+
+def _pipelined(action: Any) -> bool:
+    """A write on an attach's path that no other write of the pass must precede or
+    follow: a claim's resource, or FabricDeviceReady alone on its status."""
+    if isinstance(action, CreateResource):
+        return True
+    if not isinstance(action, SetDeviceStatus) or action.failed:
+        return False
+    return all(
+        c.get("type") == names.FABRIC_DEVICE_READY
+        for e in action.entries
+        for c in e.get("conditions") or []
+    )
+
+
+def _version(obj: JSON | None) -> str | None:
+    return None if obj is None else str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def _claim_of(resources: list[JSON]) -> Callable[[str], str | None]:
+    """Resource name -> the uid of the claim it serves, looked up when asked."""
+    by_name: dict[str, JSON] | None = None
+
+    def claim_of(name: str) -> str | None:
+        nonlocal by_name
+        if by_name is None:
+            by_name = {cr["metadata"]["name"]: cr for cr in resources}
+        ref = ((by_name.get(name) or {}).get("spec") or {}).get("claimRef") or {}
+        return ref.get("uid")
+
+    return claim_of
+
+
+def _claim_versions(claims: list[JSON], actions: list[Any]) -> dict[int, str]:
+    """id(status write) -> the resourceVersion of the claim it was decided on."""
+    statuses = [a for a in actions if isinstance(a, SetDeviceStatus)]
+    if not statuses:
+        return {}
+    by_uid = {(c.get("metadata") or {}).get("uid"): c for c in claims}
+    return {id(a): _version(by_uid.get(a.claim.uid)) or "" for a in statuses}
+
+
 class Scaler(InformerDriven):
     thread_name = "scaler"
 
@@ -171,6 +224,8 @@ class Scaler(InformerDriven):
         # claim counts after it is gone (device_scaler/standby.py).
         self._arrivals: dict[str, sb.Arrival] = {}
         self._pool = self._executor(8, "scaler-write")
+        self._unseen = Unseen(time.monotonic)
+        self._sending: set[Future[None]] = set()  # pipelined writes on their way
         self._events = self._executor(1, "scaler-events")
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -184,8 +239,16 @@ class Scaler(InformerDriven):
         )
 
     def _pass(self) -> None:
+        started = time.monotonic()
         self.reconcile()
+        if not self.synced.is_set():
+            log.info("first pass done")  # caches synced: claims are seen from now on
         self.synced.set()
+        # A pass costs O(cluster) (150 ms at a thousand nodes) and sends its attach writes
+        # without waiting for them: back to back on every event, passes alone would keep
+        # a core busy during a burst. Rest as long as the pass took, so passes take at
+        # most half the time; a small cluster's pass takes milliseconds.
+        self._stop.wait(rest_after(time.monotonic() - started))
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
         RECONCILE_ERRORS.inc()
@@ -226,6 +289,10 @@ class Scaler(InformerDriven):
         )
 
     def reconcile(self) -> int:
+        self._unseen.forget_seen(
+            lambda name: self.resources.get(name) is not None,
+            lambda key: _version(self.claims.get(key)),
+        )
         snap = self.snapshot()
         modes = vendor_modes(self.fabrics.items(), self.config.vendor_plugin_namespace)
         self._warn_refused(modes)
@@ -249,6 +316,20 @@ class Scaler(InformerDriven):
             actions += self._confirm_releases(
                 complete_vendor(decide(vsnap, settings), vsnap, mode), vsnap, mode.driver
             )
+        actions = hold_back(actions, self._unseen, _claim_of(snap.resources))
+        versions = _claim_versions(snap.claims, actions)
+        # A claim's resource and its FabricDeviceReady depend on nothing else this pass
+        # does: they go out without the pass waiting for them, so the next claim's pass
+        # runs meanwhile (``_unseen`` keeps a later pass from sending them again).
+        for action in actions:
+            if _pipelined(action):
+                self._unseen.sent(action, versions.get(id(action), ""))
+                sending = self._pool.submit(self._send, action)
+                self._sending.add(sending)
+                sending.add_done_callback(self._sending.discard)
+        actions = [a for a in actions if not _pipelined(a)]
+        for action in actions:
+            self._unseen.sent(action, versions.get(id(action), ""))
         # decide's order matters between kinds (a device is quarantined before its claim
         # is marked failed, and that before its resource is deleted), not within one: a
         # run of creates or of claim status writes, one per claim, goes out at once.
@@ -384,9 +465,27 @@ class Scaler(InformerDriven):
         try:
             self._do(action)
         except KubeError as exc:
+            self._unseen.failed(action)
             RECONCILE_ERRORS.inc()
             log.warning("action failed", action=type(action).__name__, error=str(exc))
             self._wake.set()  # look again soon
+        except BaseException:
+            self._unseen.failed(action)
+            raise
+
+    def wait_sent(self, timeout: float) -> None:
+        """Until the pipelined writes of the passes so far are done (or ``timeout``)."""
+        wait(list(self._sending), timeout)
+
+    def _send(self, action: Any) -> None:
+        """A pipelined write, in the write pool: nothing waits for it, so its failure
+        is logged here and the next pass decides it again."""
+        try:
+            self._try(action)
+        except Exception:
+            RECONCILE_ERRORS.inc()
+            log.exception("action failed", action=type(action).__name__)
+            self._wake.set()
 
     def _do(self, action: Any) -> None:
         if isinstance(action, CreateResource):

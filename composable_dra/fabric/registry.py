@@ -218,14 +218,35 @@ class Fabrics:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[tuple[str, ...], FabricSpec, FabricBackend]] = {}
         self._checked: dict[str, float] = {}  # name -> monotonic time of the last read
+        self._reading: dict[str, threading.Lock] = {}  # name -> held while it is read
         self._ca_dir = Path(tempfile.mkdtemp(prefix="composable-fabric-ca-"))
 
     def get(self, name: str) -> tuple[FabricSpec, FabricBackend]:
-        """The Fabric's spec and a backend for it (blocking: call from a thread)."""
+        """The Fabric's spec and a backend for it (blocking: call from a thread).
+
+        One read at a time per Fabric: callers that find the cache old while a read is
+        under way wait for that read instead of making their own (a hundred attaches in
+        flight ask at once)."""
         with self._lock:
-            cached = self._cache.get(name)
-            if cached and time.monotonic() - self._checked.get(name, -1e9) < self.max_age:
-                return cached[1], cached[2]
+            fresh = self._fresh(name)
+            reading = self._reading.setdefault(name, threading.Lock())
+        if fresh is not None:
+            return fresh
+        with reading:
+            with self._lock:
+                fresh = self._fresh(name)
+            if fresh is not None:
+                return fresh  # read by the caller we waited for
+            return self._read(name)
+
+    def _fresh(self, name: str) -> tuple[FabricSpec, FabricBackend] | None:
+        """The cached spec and backend while younger than max_age (hold ``_lock``)."""
+        cached = self._cache.get(name)
+        if cached and time.monotonic() - self._checked.get(name, -1e9) < self.max_age:
+            return cached[1], cached[2]
+        return None
+
+    def _read(self, name: str) -> tuple[FabricSpec, FabricBackend]:
         read_at = time.monotonic()
         fabric = self.kube.get_or_none(path(API_VERSION, "fabrics", name))
         if fabric is None:

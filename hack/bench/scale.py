@@ -62,7 +62,13 @@ from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
 from dra_driver.slices import desired_slices
 from fabric_emulator.topology import H100, host_uuid
 from hack.bench.goals import finish, goal
-from hack.bench.time_to_gpu import PREBIND_POLL_S, Recorder, breakdown, percentile
+from hack.bench.time_to_gpu import (
+    PREBIND_POLL_S,
+    Recorder,
+    breakdown,
+    claim_times,
+    percentile,
+)
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import Suite, SuiteOptions
@@ -465,7 +471,7 @@ def run_burst(suite: Suite, kube: Kube, n: int, timeout: float) -> Burst:
         # The scheduler binds at its next re-check: give the last ones that long.
         with contextlib.suppress(AssertionError):
             wait_for(lambda: len(rec.bound) >= len(rec.ready), PREBIND_POLL_S + 2, "binding")
-        burst.stages_p50_s = breakdown(burst.created, rec)
+        burst.stages_p50_s = breakdown(claim_times(burst.created, rec, {}))
         for name in names_:
             allocated = rec.stages.get(name, {}).get("allocated")
             bound = rec.bound.get(name)

@@ -16,7 +16,12 @@ pod is bound at the first 5 s tick after its claim is ready, and the overhead ca
 below (allocated - created) + 5 - L: ``overhead_floor_s``. ``bound_at_first_recheck``
 counts the pods whose claim was ready in time for that first tick; ``stages_p50_s`` is
 the median of each step (scheduler, scaler, operator and fabric, plugin, operator,
-scaler).
+scaler; the operator's own steps from its log lines), and ``shares_s`` the p50 and p99 of
+each party's share of the time to FabricDeviceReady: ``scheduler`` (created to
+allocated), ``scaler`` (to the ComposableResource), ``operator_before_send`` (to the
+composition request), ``fabric`` (to the attach read back; includes L) and
+``after_fabric`` (Attached, the plugin's DeviceVisible, Online, the scaler's
+FabricDeviceReady).
 
 A pod counts as rescheduled when its claim's allocation changed or was removed before the
 pod was bound, or when it got more than one Scheduled event; failed when it did not run by
@@ -38,10 +43,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +96,7 @@ class Recorder:
         self.ready: dict[str, float] = {}
         self.failed: set[str] = set()
         self.allocations: dict[str, list[Any]] = {}
+        self.resource_claim: dict[str, str] = {}  # ComposableResource -> its claim
         # First-seen times of each stage of a claim's attach, for the breakdown.
         self.stages: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
@@ -133,6 +141,7 @@ class Recorder:
             if ref.get("namespace") != self.ns or not ref.get("name"):
                 return
             claim = str(ref["name"])
+            self.resource_claim[name] = claim
             self._stage(claim, "resource", now)
             status = obj.get("status") or {}
             if status.get("phase") == "Online":
@@ -188,18 +197,92 @@ STEPS = (
 )
 
 
-def breakdown(created: dict[str, float], rec: Recorder) -> dict[str, float]:
-    steps: dict[str, list[float]] = {}
+# The operator's log lines of an attach's steps (composable_operator/actions.py,
+# controller.py) -> the stage each marks, for the time between the resource and Attached.
+OPERATOR_STEPS = {
+    "attaching": "sent",  # the composition request goes to the fabric
+    "attach answered": "answered",  # the fabric answered (a task, or done)
+    "attached; awaiting the node": "op_attached",  # the task ended and the block was read
+}
+
+# Where a claim's time to FabricDeviceReady goes, by who spends it: (name, from, to).
+SHARES = (
+    ("scheduler", "created", "allocated"),
+    ("scaler", "allocated", "resource"),
+    ("operator_before_send", "resource", "sent"),
+    ("fabric", "sent", "op_attached"),  # includes L
+    ("after_fabric", "op_attached", "ready"),  # Attached written, plugin, Online, scaler
+)
+
+
+def operator_steps(log: Path | None) -> dict[str, dict[str, float]]:
+    """ComposableResource -> stage -> first time the operator's log shows it."""
+    out: dict[str, dict[str, float]] = {}
+    if log is None or not log.exists():
+        return out
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        stage = OPERATOR_STEPS.get(str(rec.get("event")))
+        if stage is None or "resource" not in rec or "timestamp" not in rec:
+            continue
+        at = datetime.fromisoformat(str(rec["timestamp"]).replace("Z", "+00:00")).timestamp()
+        out.setdefault(str(rec["resource"]), {}).setdefault(stage, at)
+    return out
+
+
+def claim_times(
+    created: dict[str, float], rec: Recorder, operator: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Claim -> every stage's first time: the bench's watches and the operator's log."""
+    from_log: dict[str, dict[str, float]] = {}
+    for resource, stages in operator.items():
+        claim = rec.resource_claim.get(resource)
+        if claim is not None:
+            from_log[claim] = stages
+    out = {}
     for name, t0 in created.items():
-        seen = {"created": t0, **rec.stages.get(name, {})}
+        seen = {"created": t0, **from_log.get(name, {}), **rec.stages.get(name, {})}
         if name in rec.ready:
             seen["ready"] = rec.ready[name]
         if name in rec.bound:
             seen["bound"] = rec.bound[name]
-        for stage, prev in STEPS:
+        out[name] = seen
+    return out
+
+
+def steps_of(
+    times: dict[str, dict[str, float]], steps: tuple[tuple[str, str, str], ...]
+) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for seen in times.values():
+        for label, prev, stage in steps:
             if stage in seen and prev in seen:
-                steps.setdefault(f"{prev}->{stage}", []).append(seen[stage] - seen[prev])
+                found.setdefault(label, []).append(seen[stage] - seen[prev])
+    return found
+
+
+def breakdown(times: dict[str, dict[str, float]]) -> dict[str, float]:
+    fine = tuple((f"{prev}->{stage}", prev, stage) for stage, prev in STEPS)
+    fine += (
+        ("resource->sent", "resource", "sent"),
+        ("sent->answered", "sent", "answered"),
+        ("answered->op_attached", "answered", "op_attached"),
+    )
+    steps = steps_of(times, fine)
     return {k: round(statistics.median(v), 3) for k, v in steps.items()}
+
+
+def shares(times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each party's share of the time to FabricDeviceReady: p50 and p99 over the claims."""
+    return {
+        k: {"p50": round(statistics.median(v), 3), "p99": round(percentile(v, 0.99), 3)}
+        for k, v in steps_of(times, SHARES).items()
+    }
 
 
 def shared_gpus(
@@ -316,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                     rescheduled += 1
                 if name in rec.failed or not suite.running(ns, name):
                     failed += 1
+            op_log = suite.operator.log_path if suite.operator is not None else None
+            times = claim_times(created, rec, operator_steps(op_log))
             out: dict[str, Any] = {
                 "claims": args.claims,
                 "attach_latency_s": latency,
@@ -333,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
                 "rescheduled": rescheduled,
                 "failed": failed,
                 "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
-                "stages_p50_s": breakdown(created, rec),
+                "stages_p50_s": breakdown(times),
+                "shares_s": shares(times),
             }
         finally:
             rec.stop()

@@ -23,7 +23,7 @@ from composable_dra.fabric.backend import (
 )
 from composable_dra.kube import JSON
 from composable_operator.actions import EventType
-from composable_operator.attach_daemon import LOOK_SECONDS, AttachDaemon
+from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
 from composable_operator.controller import (
     OWNED_CONDITIONS,
@@ -32,6 +32,7 @@ from composable_operator.controller import (
     Settings,
 )
 from composable_operator.reconcile import DeviceHolder, next_delay
+from composable_operator.resource_events import FALLBACK_LOOK_SECONDS
 
 FABRIC = FabricSpec.model_validate(
     {
@@ -191,7 +192,8 @@ def test_no_attach_is_sent_before_the_finalizer_is_on_the_resource() -> None:
     d, _ = daemon(body, fabric, stopped)
     asyncio.run(d.run())
     assert fabric.attaches == []
-    assert stopped.waits == [LOOK_SECONDS] * 3  # looks in memory, no request
+    # Looks in memory, no request; woken by the resource's events, else now and then.
+    assert stopped.waits == [FALLBACK_LOOK_SECONDS] * 3
     body.meta["finalizers"] = [names.FINALIZER]
     stopped = Stopped(limit=3)
     d, _ = daemon(body, fabric, stopped)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from typing import Any
 
@@ -115,3 +116,30 @@ def test_backends_get_the_connection_count_they_are_built_with() -> None:
 
     Fabrics(CountingKube(), {"redfish-composition": factory}, connections=64).get("fab")  # type: ignore[arg-type,dict-item]
     assert seen == [64]
+
+
+class SlowKube(CountingKube):
+    """Each read takes a while: concurrent callers overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def get_or_none(self, url: str) -> dict[str, Any] | None:
+        with self.lock:
+            self.gets.append(url)
+        time.sleep(0.2)  # the API server's answer takes that long
+        return self.fabric
+
+
+def test_callers_that_find_the_cache_old_share_one_read() -> None:
+    kube = SlowKube()
+    fabrics = Fabrics(kube, {"redfish-composition": lambda *_: Backend()}, max_age=60)  # type: ignore[arg-type,dict-item]
+    got: list[object] = []
+    callers = [threading.Thread(target=lambda: got.append(fabrics.get("fab")[1])) for _ in range(8)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(10)
+    assert len(got) == 8 and len({id(b) for b in got}) == 1
+    assert len(kube.gets) == 2  # one Fabric read and one Secret read, not eight of each

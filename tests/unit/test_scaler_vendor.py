@@ -242,6 +242,7 @@ def test_the_scaler_decides_each_resource_with_its_fabrics_driver_only():
         scaler.vendor_slices[VENDOR] = _Synced([vendor_node_slice])  # type: ignore[assignment]
         scaler._do = done.append  # type: ignore[method-assign,assignment]
         scaler.reconcile()
+        scaler.wait_sent(10)
     finally:
         scaler.stop()
     statuses = {a.claim.uid: a for a in only(done, SetDeviceStatus)}
