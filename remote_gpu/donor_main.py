@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
             # Held for the donor's lifetime: a dropped listener stops accepting.
             listener = await listen(donor, args.ucx_port)
+            log.info("ucx listening", port=args.ucx_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

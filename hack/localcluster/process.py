@@ -16,13 +16,15 @@ def cli_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra.cli"]
 
 
-def donor_argv(name: str, secret: Path, listen: str, *extra: str) -> list[str]:
-    """The command line of a remote GPU donor (quiet: warnings only) that lends as
-    ``name`` on ``listen``, with ``extra`` flags (transports, --allow...)."""
+def donor_argv(
+    name: str, secret: Path, listen: str, *extra: str, log_level: str = "warning"
+) -> list[str]:
+    """The command line of a remote GPU donor (quiet by default: warnings only) that lends
+    as ``name`` on ``listen``, with ``extra`` flags (transports, --allow...)."""
     return [
         *cli_command(),
         "--log-level",
-        "warning",
+        log_level,
         "remote-gpu-donor",
         "--name",
         name,

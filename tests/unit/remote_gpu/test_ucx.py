@@ -35,14 +35,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
     secret = tmp_path_factory.mktemp("ucx") / "secret"
@@ -60,10 +52,25 @@ def ucx_donor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
         "echo=remote_gpu.builtins:echo",
         "--allow",
         "add=remote_gpu.builtins:add",
+        log_level="info",  # its "ucx listening" line says when it is ready
     )
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "UCX_TLS": "tcp"})
+    log = secret.parent / "donor.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, "UCX_TLS": "tcp", "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=out,
+        )
     try:
-        wait_for(lambda: proc.poll() is not None or _listening(tcp_port), 30, "the donor to listen")
+        # Its UCX listener opens after the tcp one (ucxx's import is slow on a busy machine).
+        wait_for(
+            lambda: proc.poll() is not None or b"ucx listening" in log.read_bytes(),
+            60,
+            "the donor's UCX listener",
+            describe=lambda: log.read_text(errors="replace"),
+        )
         assert proc.poll() is None, "the donor exited"
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("UCX_TLS", "tcp")  # this process's UCX too: loopback over UCX's tcp
