@@ -74,7 +74,6 @@ class Nodes:
     nodes and an attach step finds its node without listing or reading Nodes."""
 
     def __init__(self, kube: Kube) -> None:
-        self.kube = kube
         self.informer = Informer(kube, path("v1", "nodes"), name="nodes", keep=slim_node)
 
     def synced(self) -> bool:

@@ -154,13 +154,10 @@ def _version(obj: JSON | None) -> str | None:
 
 
 def _claim_of(resources: list[JSON]) -> Callable[[str], str | None]:
-    """Resource name -> the uid of the claim it serves, looked up when asked."""
-    by_name: dict[str, JSON] | None = None
+    """Resource name -> the uid of the claim it serves."""
+    by_name = {cr["metadata"]["name"]: cr for cr in resources}
 
     def claim_of(name: str) -> str | None:
-        nonlocal by_name
-        if by_name is None:
-            by_name = {cr["metadata"]["name"]: cr for cr in resources}
         ref = ((by_name.get(name) or {}).get("spec") or {}).get("claimRef") or {}
         return ref.get("uid")
 
