@@ -683,15 +683,9 @@ def standby_free_blocks(view: View, users: set[tuple[str, str]]) -> list[sb.Free
     return free
 
 
-def standby_phase(
-    view: View, counts: Counts, idle: list[IdleGPU]
-) -> tuple[list[Action], frozenset[str], Counts]:
-    """Standby GPUs to attach or return, and the idle GPUs the idle rule must keep."""
-    s = view.s
-    if not s.standby.zones:
-        return [], frozenset(), counts
-    actions: list[Action] = []
-    held = [
+def _held_idle(idle: list[IdleGPU]) -> list[sb.Held]:
+    """The idle GPUs taken from a pool, as the standby plan sees them."""
+    return [
         sb.Held(
             _meta(i.cr)["name"],
             pool,
@@ -704,6 +698,17 @@ def standby_phase(
         for i in idle
         if (pool := (_meta(i.cr).get("annotations") or {}).get(ANN_POOL))
     ]
+
+
+def standby_phase(
+    view: View, counts: Counts, idle: list[IdleGPU]
+) -> tuple[list[Action], frozenset[str], Counts]:
+    """Standby GPUs to attach or return, and the idle GPUs the idle rule must keep."""
+    s = view.s
+    if not s.standby.zones:
+        return [], frozenset(), counts
+    actions: list[Action] = []
+    held = _held_idle(idle)
     users = local_users(s.claims, view.cfg.driver)
     used = False  # a standby GPU serves a claim since the last pass
     for name, cr in view.resources.items():
