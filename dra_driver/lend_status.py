@@ -6,17 +6,68 @@ seconds. It applies the NA rule with hysteresis to the measured link load
 (``netaware.link_busy``) and takes the donor's SLO lease capacity; a change republishes
 the slices (``SlicePublisher.set_lend_state``). A donor that does not answer changes
 nothing: the slices keep the last state.
+
+With a host profile (``--host-slowdown-at-full``, `QosSampling`) the same poll gives the
+per-claim QoS attributes (``composable_dra.lending.qos``): the host load is what crosses
+this machine's PCIe and memory, the donor's lease traffic (its link bytes, which its
+workers move to and from the GPU) plus, with the NVML source, the GPUs' own PCIe traffic,
+over ``--host-bandwidth``. Values are published in `qos.STEP` steps, so the slices are
+rewritten only when one moves a step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from composable_dra import logs
-from composable_dra.lending import netaware
+from composable_dra.lending import netaware, qos
 from composable_dra.remote_leases import LeaseAPIError, LeaseClient, LendingStatus
 from dra_driver.slices import LendState
+
+Attrs = tuple[tuple[str, int], ...]
+
+
+def _no_claims() -> Sequence[tuple[qos.QosProfile, bool]]:
+    return ()
+
+
+@dataclass(frozen=True)
+class QosSampling:
+    """How the plugin turns what it measures into QoS attributes: the node's host profile,
+    the bytes/s its host carries, the GPUs' PCIe bytes/s (None: not measurable here) and
+    the profiles of the claims running on this host (profile, remote)."""
+
+    host: qos.HostProfile
+    host_bandwidth: float
+    pcie: Callable[[], float | None] | None = None
+    running: Callable[[], Sequence[tuple[qos.QosProfile, bool]]] = _no_claims
+
+    def __post_init__(self) -> None:
+        if not self.host_bandwidth > 0 or self.host_bandwidth == float("inf"):
+            raise qos.ProfileError(
+                f"host bandwidth must be a positive number of bytes/s, not {self.host_bandwidth}"
+            )
+
+
+def qos_attributes(
+    status: LendingStatus,
+    pcie_bytes_per_second: float | None,
+    running: Sequence[tuple[qos.QosProfile, bool]],
+    sampling: QosSampling,
+) -> tuple[Attrs, Attrs]:
+    """The attributes of the host's local devices and of its remote devices: host load is
+    the lease traffic plus the GPUs' PCIe traffic over the host's bandwidth; the remote
+    devices add the donor's link load (when the donor knows its link)."""
+    moved = status.link_bytes_per_second + max(0.0, pcie_bytes_per_second or 0.0)
+    host_load = min(1.0, moved / sampling.host_bandwidth)
+    slowdown = qos.host_slowdown(host_load, sampling.host)
+    room = qos.headroom(host_load, running, sampling.host)
+    local = qos.published(qos.DeviceLoad(slowdown, None, room))
+    remote = qos.published(qos.DeviceLoad(slowdown, status.link_load, room))
+    return tuple(sorted(local.items())), tuple(sorted(remote.items()))
 
 
 def next_state(
@@ -45,9 +96,11 @@ class DonorStatusPoller:
         rule: netaware.LinkBusyRule,
         interval: float,
         knee: int,
+        sampling: QosSampling | None = None,
     ) -> None:
         self._client, self._node, self._publish = client, node, publish
         self.rule, self.interval, self.knee = rule, interval, knee
+        self.sampling = sampling
         self.state = LendState()
         self._failing = False
         self._stop = threading.Event()
@@ -66,16 +119,32 @@ class DonorStatusPoller:
                 self._log.warning("donor status unreadable; slices keep", error=exc.message)
             self._failing = True
         state = next_state(self.state, status, self.rule, self.knee)
+        if status is not None and self.sampling is not None:
+            local, remote = qos_attributes(
+                status, self._pcie(), self.sampling.running(), self.sampling
+            )
+            state = dataclasses.replace(state, local_qos=local, remote_qos=remote)
         if state != self.state:
             self._log.info(
                 "lending state changed",
                 link_busy=state.busy,
                 lease_capacity=state.leases,
                 link_load=status.link_load if status else None,
+                qos=dict(state.remote_qos) or None,
             )
             self.state = state
             self._publish(state)
         return state
+
+    def _pcie(self) -> float | None:
+        read = self.sampling.pcie if self.sampling is not None else None
+        if read is None:
+            return None
+        try:
+            return read()
+        except Exception:  # unmeasurable now: the lease traffic alone, the traceback logged
+            self._log.exception("reading the GPUs' PCIe throughput failed")
+            return None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="donor-status", daemon=True)

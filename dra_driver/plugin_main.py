@@ -154,6 +154,22 @@ def _add_lend_status_arguments(lend: Flags) -> None:
         default=0.5,
         help="link load below which the taint comes off again (hysteresis)",
     )
+    env_flag(
+        lend,
+        "--host-slowdown-at-full",
+        type=float,
+        help="this host's interference profile: how much longer a job runs beside GPU "
+        "traffic that fills the host (0.2: 20%%); publishes the QoS attributes hostSlowdown, "
+        "hostHeadroom and linkLoad from the donor status (docs/lending-policy.md; unset: "
+        "off; env HOST_SLOWDOWN_AT_FULL)",
+    )
+    env_flag(
+        lend,
+        "--host-bandwidth",
+        type=float,
+        help="bytes/s this host's PCIe and memory carry for GPU traffic, what the host "
+        "load is a share of (required with --host-slowdown-at-full; env HOST_BANDWIDTH)",
+    )
 
 
 def _add_rolling_update_arguments(p: argparse.ArgumentParser) -> None:
@@ -258,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
     client = _lease_client(args, kube, node)
-    poller = _donor_status(args, client, publisher, lend) if lend is not None else None
+    source = _make_source(args, node)
+    poller = _donor_status(args, client, publisher, lend, source) if lend is not None else None
     # Devices serving a pool allocation keep their pool identity: the gate decides what the
     # node's slices publish (nothing until it knows the node's resources). One watch on the
     # node's ComposableResources feeds it and the DeviceVisible reporter.
@@ -270,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         if gate is not None:
             gate.republish()
 
-    watcher = SourceWatcher(_make_source(args, node), publish)
+    watcher = SourceWatcher(source, publish)
     gate = LocalSliceGate(
         kube,
         args.node_name,
@@ -363,7 +380,29 @@ def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:
     return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)
 
 
-def _donor_status(args: argparse.Namespace, client: Any, publisher: Any, lend: Any) -> Any:
+def _qos_sampling(args: argparse.Namespace, source: Any) -> Any:
+    """What the poller needs for the QoS attributes; None without
+    ``--host-slowdown-at-full``. SystemExit on a profile that cannot work."""
+    from composable_dra.lending import qos
+    from dra_driver.lend_status import QosSampling
+
+    if args.host_slowdown_at_full is None:
+        return None
+    if args.host_bandwidth is None:
+        raise SystemExit("--host-slowdown-at-full needs --host-bandwidth")
+    try:
+        return QosSampling(
+            host=qos.HostProfile(args.host_slowdown_at_full),
+            host_bandwidth=args.host_bandwidth,
+            pcie=getattr(source, "pcie_bytes_per_second", None),
+        )
+    except qos.ProfileError as exc:
+        raise SystemExit(f"--host-slowdown-at-full/--host-bandwidth: {exc}") from None
+
+
+def _donor_status(
+    args: argparse.Namespace, client: Any, publisher: Any, lend: Any, source: Any = None
+) -> Any:
     """The poller of this node's donor status (lending on); None when off or without a
     lease client. SystemExit on thresholds that cannot work."""
     from composable_dra.lending import netaware
@@ -373,6 +412,7 @@ def _donor_status(args: argparse.Namespace, client: Any, publisher: Any, lend: A
         rule = netaware.LinkBusyRule(busy_at=args.link_busy_at, clear_at=args.link_clear_at)
     except netaware.PolicyError as exc:
         raise SystemExit(f"--link-busy-at/--link-clear-at: {exc}") from None
+    sampling = _qos_sampling(args, source)
     if client is None or args.donor_status_interval <= 0:
         return None
     return DonorStatusPoller(
@@ -382,4 +422,5 @@ def _donor_status(args: argparse.Namespace, client: Any, publisher: Any, lend: A
         rule,
         args.donor_status_interval,
         knee=lend.max_leases,
+        sampling=sampling,
     )

@@ -130,6 +130,16 @@ class LendState:
 
     busy: bool = False
     leases: int | None = None
+    # The QoS attributes (``qos.published``, sorted pairs), with --host-slowdown-at-full:
+    # for the host's local devices, and for its remote devices (with ``linkLoad``).
+    local_qos: tuple[tuple[str, int], ...] = ()
+    remote_qos: tuple[tuple[str, int], ...] = ()
+
+
+def with_qos(entry: dict[str, Any], attrs: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+    """``entry`` with the QoS attributes added (integers, in the driver's domain)."""
+    entry["attributes"].update((name, {"int": value}) for name, value in attrs)
+    return entry
 
 
 def link_leases(policy: LendPolicy, state: LendState) -> int:
@@ -183,10 +193,15 @@ def link_counter_set(devices: Sequence[DeviceInfo]) -> str:
 
 
 def remote_entry(
-    dev: DeviceInfo, donor: str, policy: LendPolicy, link_set: str, busy: bool = False
+    dev: DeviceInfo,
+    donor: str,
+    policy: LendPolicy,
+    link_set: str,
+    busy: bool = False,
+    qos: tuple[tuple[str, int], ...] = (),
 ) -> dict[str, Any]:
-    """The remote-lease device of one GPU: its model, where it is, how it is reached;
-    tainted ``composable.dra.io/link-busy`` while the donor's link is busy."""
+    """The remote-lease device of one GPU: its model, where it is, how it is reached, its
+    QoS attributes; tainted ``composable.dra.io/link-busy`` while the donor's link is busy."""
     local = device_entry(dev)
     attributes = {k: v for k, v in local["attributes"].items() if k != "pciBusID"}
     attributes.update(
@@ -211,6 +226,7 @@ def remote_entry(
     }
     if "capacity" in local:
         entry["capacity"] = local["capacity"]
+    with_qos(entry, qos)
     taint = netaware.device_taint(busy)
     if taint is not None:
         entry["taints"] = [taint]
@@ -251,11 +267,13 @@ def lend_layout(
         if not lendable(dev, keep) or remote_device_name(dev.name) in names:
             plain.append(dev)
             continue
-        local = device_entry(dev)
+        local = with_qos(device_entry(dev), state.local_qos)
         local["nodeName"] = donor
         local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
         sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
-        pairs.extend([local, remote_entry(dev, donor, policy, link_set, state.busy)])
+        pairs.extend(
+            [local, remote_entry(dev, donor, policy, link_set, state.busy, state.remote_qos)]
+        )
     # Even sizes keep a GPU's two devices in one slice.
     step = MAX_COUNTER_DEVICES_PER_SLICE
     return [
@@ -268,7 +286,12 @@ def lend_layout(
             for i in range(0, len(pairs), step)
         ),
         *(
-            {"nodeName": donor, "devices": [device_entry(d) for d in plain[i : i + max_per_slice]]}
+            {
+                "nodeName": donor,
+                "devices": [
+                    with_qos(device_entry(d), state.local_qos) for d in plain[i : i + max_per_slice]
+                ],
+            }
             for i in range(0, len(plain), max_per_slice)
         ),
     ]
@@ -571,6 +594,7 @@ class SlicePublisher:
                 deleted=plan.delete,
                 devices=len(devices),
                 link_busy=self._state.busy,
+                qos=dict(self._state.remote_qos or self._state.local_qos) or None,
             )
         return plan
 

@@ -29,12 +29,15 @@ class NvmlSource:
         self._lock = threading.Lock()
         self._initialised = False
 
+    def _init(self) -> None:  # under the lock
+        if not self._initialised:
+            self._nvml.nvmlInit()
+            self._initialised = True
+
     def list_devices(self) -> list[DeviceInfo]:
         nv = self._nvml
         with self._lock:
-            if not self._initialised:
-                nv.nvmlInit()
-                self._initialised = True
+            self._init()
             devices = []
             for index in range(nv.nvmlDeviceGetCount()):
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
@@ -59,6 +62,22 @@ class NvmlSource:
                     )
                 )
             return devices
+
+    def pcie_bytes_per_second(self) -> float | None:
+        """The PCIe traffic of every GPU on this host, both ways (NVML samples each over
+        20 ms, in KB/s); None when this driver cannot measure it."""
+        nv = self._nvml
+        with self._lock:
+            self._init()
+            total = 0.0
+            try:
+                for index in range(nv.nvmlDeviceGetCount()):
+                    handle = nv.nvmlDeviceGetHandleByIndex(index)
+                    for counter in (nv.NVML_PCIE_UTIL_TX_BYTES, nv.NVML_PCIE_UTIL_RX_BYTES):
+                        total += float(nv.nvmlDeviceGetPcieThroughput(handle, counter)) * 1024
+            except nv.NVMLError:
+                return None
+            return total
 
     def close(self) -> None:
         with self._lock:
