@@ -155,9 +155,24 @@ def test_plugin_lending_is_off_by_default_and_flags_follow_values(default: list[
         {"transports": "shm"},
         {"networkDomain": "a b"},
         {"linkBusyAt": 2},
+        {"hostSlowdownAtFull": 0},
+        {"hostBandwidth": -1},
     ):
         with pytest.raises(chart.HelmError, match="lend"):
             chart.render(values={"plugin": {"lend": bad}})
+
+
+def test_plugin_qos_attributes_are_off_by_default_and_need_both_values() -> None:
+    lend: dict[str, Any] = {"enabled": True}
+    args = container(one(chart.render(values={"plugin": {"lend": lend}}), "DaemonSet"))["args"]
+    assert not any(a.startswith("--host-") for a in args)
+    lend.update(hostSlowdownAtFull=0.2, hostBandwidth=25000000000)
+    args = container(one(chart.render(values={"plugin": {"lend": lend}}), "DaemonSet"))["args"]
+    found = dict(a.split("=", 1) for a in args if a.startswith("--host-"))
+    assert float(found["--host-slowdown-at-full"]) == 0.2
+    assert float(found["--host-bandwidth"]) == 25e9
+    with pytest.raises(chart.HelmError, match="needs plugin.lend.hostBandwidth"):
+        chart.render(values={"plugin": {"lend": {"enabled": True, "hostSlowdownAtFull": 0.2}}})
 
 
 def test_redfish_source_needs_an_endpoint() -> None:
