@@ -37,6 +37,10 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "device_scaler.main",
         "The Dynamic Device Scaler: attach for claims, release, idle scale-down",
     ),
+    "qos-selector": (
+        "composable_dra.qos_selector",
+        "Print the CEL device selector for a claim's QoS profile (network-aware lending)",
+    ),
     "migrate-cohdi": (
         "composable_dra.migrate_cohdi",
         "Convert CoHDI ComposabilityRequests (YAML) into this suite's",

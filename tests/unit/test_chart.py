@@ -171,7 +171,7 @@ def test_plugin_qos_attributes_are_off_by_default_and_need_both_values() -> None
     found = dict(a.split("=", 1) for a in args if a.startswith("--host-"))
     assert float(found["--host-slowdown-at-full"]) == 0.2
     assert float(found["--host-bandwidth"]) == 25e9
-    with pytest.raises(chart.HelmError, match="needs plugin.lend.hostBandwidth"):
+    with pytest.raises(chart.HelmError, match=r"needs plugin\.lend\.hostBandwidth"):
         chart.render(values={"plugin": {"lend": {"enabled": True, "hostSlowdownAtFull": 0.2}}})
 
 
