@@ -11,6 +11,7 @@ workload on this machine fills it); nothing injects a measurement.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,15 +35,17 @@ RESOURCE = "resource.k8s.io/v1"
 EXAMPLE = "remote-insensitive-slo"
 
 
-@pytest.fixture
-def lab(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, namespace: str
+@contextlib.contextmanager
+def running_lab(
+    kube: Kube, control_plane: ControlPlane, tmp: Path, namespace: str, *plugin_args: str
 ) -> Iterator[Lab]:
+    """One donor (3 GPUs, its link declared at 2 MB/s) and one consumer; ``plugin_args``
+    more flags for the donor's plugin."""
     unique = namespace.removeprefix("t-")
     lab = Lab(
-        kube_json,
+        kube,
         control_plane,
-        short_tmp,
+        tmp,
         namespace=namespace,
         prefix=f"na{unique}-",
         domain=f"na-{unique}",
@@ -54,13 +57,21 @@ def lab(
             "--latency-model=matmul=0.01",
             "--latency-model=paced=0.05",
         ],
-        donor_plugin_args=["--link-busy-at=0.5", "--link-clear-at=0.2"],
+        donor_plugin_args=["--link-busy-at=0.5", "--link-clear-at=0.2", *plugin_args],
     )
     try:
         lab.start(donors=1, gpus=3, max_leases=3, consumers=1)
         yield lab
     finally:
         lab.stop()
+
+
+@pytest.fixture
+def lab(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, namespace: str
+) -> Iterator[Lab]:
+    with running_lab(kube_json, control_plane, short_tmp, namespace) as lab:
+        yield lab
 
 
 def pool_slices(kube: Kube, donor: str) -> list[JSON]:
@@ -113,13 +124,22 @@ def create_compact(kube: Kube, url_path: str, obj: JSON) -> JSON:
     return created
 
 
-def apply_example(kube: Kube, ns: str, pod: Callable[[JSON], JSON]) -> None:
+def apply_example(kube: Kube, ns: str, pod: Callable[[JSON], JSON], example: str = EXAMPLE) -> None:
     """The example's objects in ``ns``, as ``kubectl create -f`` would send them."""
     plurals = {"ResourceClaimTemplate": "resourceclaimtemplates", "Pod": "pods"}
-    for obj in examples.load(EXAMPLE):
+    for obj in examples.load(example):
         kind = obj["kind"]
         body = pod(obj) if kind == "Pod" else obj
         create_compact(kube, path(obj["apiVersion"], plurals[kind], namespace=ns), body)
+
+
+def on_node(node: str) -> Callable[[JSON], JSON]:
+    """A pod (an example's) pinned to ``node``."""
+
+    def pinned(pod: JSON) -> JSON:
+        return {**pod, "spec": {**pod["spec"], "nodeSelector": {"kubernetes.io/hostname": node}}}
+
+    return pinned
 
 
 def workload(lab: Lab, name: str, args: list[str], claim: JSON | None = None) -> None:
@@ -179,16 +199,8 @@ def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(l
     # Network-sensitive (the default): the scheduler leaves the busy donor's GPUs alone.
     workload(lab, "sensitive", ["--size", "64", "--calls", "2"])
     # Network-insensitive: the example's claim tolerates the taint and is served.
-    consumer = lab.consumers[0].node
-
-    def pinned(pod: JSON) -> JSON:
-        return {
-            **pod,
-            "spec": {**pod["spec"], "nodeSelector": {"kubernetes.io/hostname": consumer}},
-        }
-
     seen = ClaimsSeen(kube, ns)
-    apply_example(kube, ns, pinned)
+    apply_example(kube, ns, on_node(lab.consumers[0].node))
     [insensitive] = examples.pods(EXAMPLE)
     assert wait_phase(lab, insensitive, ("Succeeded", "Failed")) == "Succeeded"
     pod = kube.get(path("v1", "pods", insensitive, namespace=ns))
