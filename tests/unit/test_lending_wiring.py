@@ -195,8 +195,10 @@ def test_next_state_applies_the_rule_with_hysteresis_and_caps_at_the_knee() -> N
 
 
 class Client:
-    def __init__(self) -> None:
-        self.answers: list[LendingStatus | LeaseAPIError] = []
+    """A lease client whose donor status answers are ``answers``, one a call."""
+
+    def __init__(self, *answers: LendingStatus | LeaseAPIError) -> None:
+        self.answers = list(answers)
 
     def status(self, donor: str) -> LendingStatus:
         answer = self.answers.pop(0)

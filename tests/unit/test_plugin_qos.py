@@ -17,6 +17,7 @@ from dra_driver.plugin_main import _donor_status, add_arguments
 from dra_driver.slices import LendPolicy, LendState, desired_slices, plan_slices
 from dra_driver.sources.nvml import NvmlSource
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
+from tests.unit.test_lending_wiring import Client
 from tests.unit.test_plugin_sources import FakeNvml
 
 UID = "node-uid"
@@ -59,17 +60,6 @@ def test_the_bandwidth_must_be_a_positive_number() -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(qos.ProfileError, match="host bandwidth"):
             QosSampling(host=HOST, host_bandwidth=bad)
-
-
-class Client:
-    def __init__(self, *answers: LendingStatus | LeaseAPIError) -> None:
-        self.answers = list(answers)
-
-    def status(self, donor: str) -> LendingStatus:
-        answer = self.answers.pop(0)
-        if isinstance(answer, LeaseAPIError):
-            raise answer
-        return answer
 
 
 def test_the_poller_publishes_the_attributes_only_when_one_moves_a_step() -> None:
