@@ -142,7 +142,7 @@ def violation_ratio(base: dict[str, Any], run: dict[str, Any]) -> float | None:
     when only ``run`` has some."""
     if not base["qos_violations"] and not run["qos_violations"]:
         return None
-    return float(base["qos_violations"]) / max(1, run["qos_violations"])
+    return float(base["qos_violations"]) / max(1, int(run["qos_violations"]))
 
 
 def _mix() -> Sequence[JobType]:
