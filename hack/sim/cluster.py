@@ -166,6 +166,9 @@ class Cluster:
     # lending-qos: the devices republish their load every this many steps; placements in
     # between read the values of the last publication.
     publish_every: int = 1
+    # False: every free GPU publishes the machine's headroom (no `qos.closed`), to show
+    # what claims placed before the next publication do to each other.
+    one_open: bool = True
     published: list[Published] = field(default_factory=list)
     # Per machine: whether its open GPU is still unallocated since the last publication.
     open_left: list[bool] = field(default_factory=list)
@@ -271,8 +274,12 @@ class Cluster:
                 Published(
                     local=qos.as_published(local),
                     remote=qos.as_published(lent),
-                    closed_local=qos.as_published(qos.closed(local, host)),
-                    closed_remote=qos.as_published(qos.closed(lent, host)),
+                    closed_local=qos.as_published(
+                        qos.closed(local, host) if self.one_open else local
+                    ),
+                    closed_remote=qos.as_published(
+                        qos.closed(lent, host) if self.one_open else lent
+                    ),
                 )
             )
         return out

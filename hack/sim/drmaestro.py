@@ -56,6 +56,7 @@ class Scenario:
     tolerance: float = TOLERANCE
     duration_scale: float = 1.0
     publish_every: int = 1
+    one_open: bool = True
 
 
 def na_rule(mix: Sequence[JobType], tolerance: float) -> netaware.LinkBusyRule:
@@ -101,6 +102,7 @@ def run_cluster(
         pod_side=s.pod_side,
         host_rule=host_rule(s),
         publish_every=s.publish_every,
+        one_open=s.one_open,
     )
     filler = JobType("warmup", cpus=0, base_s=WARMUP_S, net_frac=0.0, gbps=0.0, gpus=0)
     for host, cores in warmup(s.machines, s.cores, s.warmup_share, rng):
@@ -263,6 +265,8 @@ _SCENARIO_FLAGS = {
     "duration_scale": "multiply every job's run time",
     "publish_every": "lending-qos: steps (seconds) between two publications of the devices' "
     "load; the scheduler reads the last one",
+    "one_open": "lending-qos: 1: one free GPU per machine carries its headroom until the next "
+    "publication (qos.closed); 0: every free GPU does",
 }
 
 
