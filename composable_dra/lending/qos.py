@@ -12,6 +12,8 @@ evaluates) says which values its own profile can bear:
   job's transfer part is stretched ``1 / (1 - linkLoad)``.
 - ``hostHeadroom``: the host load that may still be added before a job already running
   there with a declared profile breaks its own tolerance (per mille; 1000 when none has).
+  One free device of a machine carries it; the others publish none (`closed`), so that
+  claims placed before the next publication cannot share it.
 
 A claim's `QosProfile` is what DRMaestro profiles offline for a job: the time a remote
 GPU adds on an idle link, its tolerance, and the host load it adds. It fits a device when
@@ -122,6 +124,19 @@ def headroom(
         others = max(0.0, host_load - p.host_load)
         room = min(room, p.budget(remote) / host.slowdown_at_full - others)
     return max(0.0, room)
+
+
+def closed(d: DeviceLoad, host: HostProfile) -> DeviceLoad:
+    """What a machine's other devices publish while one free device carries its load
+    ``d``: no headroom, and the slowdown with that headroom taken.
+
+    The scheduler does not see attributes change between pods: had every free device
+    offered ``d``, it could hand several claims the same headroom before the next
+    publication, and they would slow each other and the jobs running there. With one
+    device open, a machine takes at most one claim that adds load per publication, and
+    that claim sees the load its profile was checked against."""
+    taken = d.host_slowdown + host.slowdown_at_full * d.headroom
+    return DeviceLoad(min(host.slowdown_at_full, taken), d.link_load, 0.0)
 
 
 def published(d: DeviceLoad) -> dict[str, int]:

@@ -17,7 +17,8 @@ the links' load is measured. A job's effective time is its isolated time times
 and is re-evaluated at every step, as DRMaestro's simulator re-evaluates a task's
 completion time whenever a task starts or ends. Decisions that the product makes are
 made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`),
-the host-busy taint (`composable_dra.lending.hostaware`) and the donor's lease counter
+the host-busy taint (`composable_dra.lending.hostaware`), the per-claim QoS selector
+(`composable_dra.lending.qos`) and the donor's lease counter
 (`composable_dra.lending.slo.lease_capacity`).
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from composable_dra.lending import hostaware, netaware, slo
+from composable_dra.lending import hostaware, netaware, qos, slo
 from hack.sim.workload import SATURATED_STRETCH, TOLERANCE, Arrival, JobType
 
 COLO = 0.03
@@ -44,6 +45,10 @@ class Policy(enum.Enum):
     # A control, not a product: server-centric with the host-busy taint, to tell what
     # the taint gives from what lending gives.
     SERVER_CENTRIC_HOST = "server-centric-host"
+    # Lending where each GPU claim carries its QoS profile and its selector admits only the
+    # devices whose published load it can bear (`composable_dra.lending.qos`): DRMaestro's
+    # per-job NA rule, no taint.
+    LENDING_QOS = "lending-qos"
 
     @property
     def lends(self) -> bool:
@@ -56,6 +61,27 @@ class Policy(enum.Enum):
     @property
     def host_taint(self) -> bool:
         return self in (Policy.LENDING_NA_HOST, Policy.SERVER_CENTRIC_HOST)
+
+    @property
+    def qos_selector(self) -> bool:
+        return self is Policy.LENDING_QOS
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one machine's devices publish, as the scheduler reads it back
+    (`qos.as_published`): its open GPU (the free one that carries its headroom), as a
+    local device and as a device it lends, and its other GPUs (`qos.closed`)."""
+
+    local: qos.DeviceLoad
+    remote: qos.DeviceLoad
+    closed_local: qos.DeviceLoad
+    closed_remote: qos.DeviceLoad
+
+    def view(self, remote: bool, open_device: bool) -> qos.DeviceLoad:
+        if open_device:
+            return self.remote if remote else self.local
+        return self.closed_remote if remote else self.closed_local
 
 
 @dataclass
@@ -137,9 +163,22 @@ class Cluster:
     pod_side: bool = False
     host_rule: netaware.LinkBusyRule = field(default_factory=netaware.LinkBusyRule)
     tolerance: float = TOLERANCE  # the QoS tolerance that decides who is network-sensitive
+    # lending-qos: the devices republish their load every this many steps; placements in
+    # between read the values of the last publication.
+    publish_every: int = 1
+    # False: every free GPU publishes the machine's headroom (no `qos.closed`), to show
+    # what claims placed before the next publication do to each other.
+    one_open: bool = True
+    published: list[Published] = field(default_factory=list)
+    # Per machine: whether its open GPU is still unallocated since the last publication.
+    open_left: list[bool] = field(default_factory=list)
+    steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.publish_every < 1:
+            raise ValueError(f"publish_every must be at least 1 step, not {self.publish_every}")
         self.loads = [0.0] * len(self.machines)
+        self._profiles: dict[JobType, qos.QosProfile] = {}
 
     # ---- scheduling: every policy scores hosts as kube-scheduler does (blind to
     # interference); only lending may take the GPU from another machine, and only the NA
@@ -152,7 +191,9 @@ class Cluster:
             if m.free_cores < job.cpus:
                 continue
             cost = self.host_cost(host)
-            if job.gpus == 0 or (m.free_gpus >= 1 and self._gpu_allowed(m)):
+            if job.gpus == 0 or (
+                m.free_gpus >= 1 and self._gpu_allowed(m) and self._qos_fits(job, host, False)
+            ):
                 options.append((cost, host, None))
         # A claim that prefers a local GPU and falls back to a lent one (firstAvailable).
         if job.gpus and not options and self.policy.lends:
@@ -186,6 +227,91 @@ class Cluster:
         """The host-busy taint, where the policy has it; no simulated job tolerates it."""
         return not self.policy.host_taint or hostaware.may_place(False, m.host_busy)
 
+    # ---- lending-qos: the per-claim selector over what the devices published
+
+    @property
+    def gpus_per_machine(self) -> int:
+        """The GPUs of a machine: the scenario's machines are alike, so a claim's host
+        load is one share of any of them (the largest, where a test mixes them)."""
+        return max(m.gpus for m in self.machines)
+
+    def host_profile(self) -> qos.HostProfile:
+        """The machines' interference profile: beside others' traffic that fills the
+        host (every GPU busy with an average job, host load 1) a job runs ``colo x gpus``
+        longer, which is the sim's ``colo`` x the others' summed pressure."""
+        return qos.HostProfile(slowdown_at_full=self.colo * self.gpus_per_machine)
+
+    def profile(self, job: JobType) -> qos.QosProfile:
+        """A GPU job's claim profile: the transfer a remote GPU adds on an idle link, the
+        scenario's tolerance, and its pressure as a share of a host (at most all of it)."""
+        got = self._profiles.get(job)
+        if got is None:
+            share = min(1.0, job.pressure / self.gpus_per_machine)
+            got = self._profiles[job] = qos.QosProfile(job.net_frac, self.tolerance, share)
+        return got
+
+    def device_loads(self) -> list[Published]:
+        """What every machine's devices would publish now: the host slowdown its measured
+        host load gives, the headroom left before a job running on its GPUs breaks its
+        tolerance, and on the devices it lends its link's load. Once per publication,
+        not per candidate."""
+        host = self.host_profile()
+        crowd = self.host_pressure()
+        links = self.link_loads()
+        on_gpus: list[list[tuple[qos.QosProfile, bool]]] = [[] for _ in self.machines]
+        for r in self.running:
+            if r.job.gpus:
+                gpu_at = r.donor if r.donor is not None else r.host
+                on_gpus[gpu_at].append((self.profile(r.job), r.donor is not None))
+        out = []
+        for m, c, link, running in zip(self.machines, crowd, links, on_gpus, strict=True):
+            load = self.host_load(m, c)
+            local = qos.DeviceLoad(
+                qos.host_slowdown(load, host), None, qos.headroom(load, running, host)
+            )
+            lent = qos.DeviceLoad(local.host_slowdown, link, local.headroom)
+            out.append(
+                Published(
+                    local=qos.as_published(local),
+                    remote=qos.as_published(lent),
+                    closed_local=qos.as_published(
+                        qos.closed(local, host) if self.one_open else local
+                    ),
+                    closed_remote=qos.as_published(
+                        qos.closed(lent, host) if self.one_open else lent
+                    ),
+                )
+            )
+        return out
+
+    def publish(self) -> None:
+        """The node plugins measure and republish; the scheduler reads these until the
+        next publication. A machine with a free GPU opens one."""
+        self.published = self.device_loads()
+        self.open_left = [m.free_gpus > 0 for m in self.machines]
+
+    def _qos_device(self, job: JobType, machine: int, remote: bool) -> bool | None:
+        """Which of ``machine``'s free GPUs the claim's selector accepts, as a local or a
+        lent device: its open one (True), another (False), or none (None). Only what the
+        devices publish: the consumer's link is not known before placement."""
+        if not self.published:
+            self.publish()
+        seen = self.published[machine]
+        p = self.profile(job)
+        left = self.open_left[machine]
+        if left and qos.fits(p, seen.view(remote, open_device=True)):
+            return True
+        closed_free = self.machines[machine].free_gpus - (1 if left else 0)
+        if closed_free > 0 and qos.fits(p, seen.view(remote, open_device=False)):
+            return False
+        return None
+
+    def _qos_fits(self, job: JobType, machine: int, remote: bool) -> bool:
+        """The claim's selector, where the policy has it."""
+        if not self.policy.qos_selector or not job.gpus:
+            return True
+        return self._qos_device(job, machine, remote) is not None
+
     def host_cost(self, host: int) -> float:
         """The scheduler's score: spread by allocated cores, as kube-scheduler's
         LeastAllocated and Firmament's load-spreading cost do; blind to interference."""
@@ -204,7 +330,7 @@ class Cluster:
                 job.is_sensitive(self.tolerance), m.busy
             ):
                 continue
-            if not self._gpu_allowed(m):
+            if not self._gpu_allowed(m) or not self._qos_fits(job, i, True):
                 continue
             if best is None or m.free_gpus > self.machines[best].free_gpus:
                 best = i
@@ -215,7 +341,10 @@ class Cluster:
         self.machines[host].free_cores -= job.cpus
         self.machines[host].background_jobs += 1 if job.background_gbps else 0
         if job.gpus:
-            gpu_at = self.machines[donor if donor is not None else host]
+            at = donor if donor is not None else host
+            if self.policy.qos_selector and self._qos_device(job, at, donor is not None):
+                self.open_left[at] = False
+            gpu_at = self.machines[at]
             gpu_at.free_gpus -= 1
             if donor is not None:
                 gpu_at.leases += 1
@@ -233,10 +362,17 @@ class Cluster:
     # ---- time
 
     def step(self, dt: float) -> None:
+        if self.policy.qos_selector and self.steps % self.publish_every == 0:
+            self.publish()
+        self.steps += 1
         waiting = []
         free = self.free()
+        # Placing only takes resources within a step, so a job type that found no place
+        # finds none later in the same step: skip its next jobs (same result, less work).
+        failed: set[JobType] = set()
         for a in self.queue:
-            if self._full(a, free) or not self.place(a):
+            if a.job in failed or self._full(a, free) or not self.place(a):
+                failed.add(a.job)
                 waiting.append(a)
             else:
                 free = self.free()
