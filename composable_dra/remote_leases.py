@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from composable_dra.lending.claim_config import QosConfig
+
 if TYPE_CHECKING:  # the CLI imports this module for its flags: no client libraries then
     from composable_dra.kube import Kube
 
@@ -119,6 +121,13 @@ class FunctionModel(_Model):
     growth_s: float = Field(alias="growthSeconds", ge=0, allow_inf_nan=False)
 
 
+class LeasedDevice(_Model):
+    """A remote device leased now, with the QoS profile its claim declared (None: none)."""
+
+    device: str = Field(pattern=_LABEL, max_length=63)
+    qos: QosConfig | None = None
+
+
 class LendingStatus(_Model):
     """GET /v1/leases/status: what the donor measures, for the plugin that publishes its
     remote devices (the link-busy taint, the lease counter)."""
@@ -135,6 +144,9 @@ class LendingStatus(_Model):
     # The most leases every admitted SLO allows (``slo.lease_capacity``).
     lease_capacity: int = Field(alias="leaseCapacity", ge=0, le=1 << 20)
     functions: dict[str, FunctionModel] = Field(default_factory=dict, max_length=256)
+    # The leases' devices and profiles: the plugin keeps their host headroom, and offers
+    # the QoS headroom on a device no one holds (``qos.closed``).
+    leased: list[LeasedDevice] = Field(default_factory=list, max_length=1 << 12)
 
 
 class Code(StrEnum):

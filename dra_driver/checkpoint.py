@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from composable_dra import logs
+from composable_dra.lending.claim_config import QosConfig
 from dra_driver.fsutil import atomic_write
 
 VERSION = 1
@@ -61,6 +62,8 @@ class PreparedDevice(BaseModel):
     shareable: bool = False
     share_id: str | None = None
     remote: RemoteLeaseRecord | None = None
+    # The claim's QoS profile for this device: the host headroom it needs stays kept.
+    qos: QosConfig | None = None
 
 
 class ClaimRecord(BaseModel):

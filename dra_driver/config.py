@@ -12,6 +12,10 @@ Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``
         latencySLO:              # remote devices: each call of this function within
           function: matmul       # this many seconds; the donor offers no lease that
           seconds: 0.05          # would break it (docs/lending-policy.md)
+        qos:                     # the claim's QoS profile: the node keeps the host
+          transfer: 0.5          # headroom it needs (hostHeadroom; composable-dra
+          tolerance: 0.1         # qos-selector writes the matching selector)
+          hostLoad: 0.2
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra.lending.claim_config import LatencySLO, problems
+from composable_dra.lending.claim_config import LatencySLO, QosConfig, problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -45,6 +49,7 @@ class GpuConfig(BaseModel):
     sharing: Literal["Exclusive", "Shared"] = "Exclusive"
     env: dict[str, str] = Field(default_factory=dict)
     latencySLO: LatencySLO | None = None
+    qos: QosConfig | None = None
 
     @field_validator("env")
     @classmethod

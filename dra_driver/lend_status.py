@@ -11,8 +11,11 @@ With a host profile (``--host-slowdown-at-full``, `QosSampling`) the same poll g
 per-claim QoS attributes (``composable_dra.lending.qos``): the host load is what crosses
 this machine's PCIe and memory, the donor's lease traffic (its link bytes, which its
 workers move to and from the GPU) plus, with the NVML source, the GPUs' own PCIe traffic,
-over ``--host-bandwidth``. Values are published in `qos.STEP` steps, so the slices are
-rewritten only when one moves a step.
+over ``--host-bandwidth``. The headroom keeps every held device's claim inside its
+tolerance: the profiles of the claims prepared here (their ``qos`` config) and of the
+donor's leases (the donor reads the same config when it opens one). One GPU no one holds
+carries the headroom; the others publish it taken (``qos.closed``). Values are published
+in `qos.STEP` steps, so the slices are rewritten only when one moves a step.
 """
 
 from __future__ import annotations
@@ -25,13 +28,10 @@ from dataclasses import dataclass
 from composable_dra import logs
 from composable_dra.lending import netaware, qos
 from composable_dra.remote_leases import LeaseAPIError, LeaseClient, LendingStatus
-from dra_driver.slices import LendState
+from dra_driver.slices import LendState, QosAttributes
 
-Attrs = tuple[tuple[str, int], ...]
-
-
-def _no_claims() -> Sequence[tuple[qos.QosProfile, bool]]:
-    return ()
+# This node's devices held by a claim, with the profile it declared (None: none).
+Held = Sequence[tuple[str, qos.QosProfile | None]]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class QosSampling:
     host: qos.HostProfile
     host_bandwidth: float
     pcie: Callable[[], float | None] | None = None
-    running: Callable[[], Sequence[tuple[qos.QosProfile, bool]]] = _no_claims
+    held: Callable[[], Held] | None = None
 
     def __post_init__(self) -> None:
         if not self.host_bandwidth > 0 or self.host_bandwidth == float("inf"):
@@ -52,22 +52,36 @@ class QosSampling:
             )
 
 
+def _attrs(d: qos.DeviceLoad) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(qos.published(d).items()))
+
+
 def qos_attributes(
     status: LendingStatus,
     pcie_bytes_per_second: float | None,
-    running: Sequence[tuple[qos.QosProfile, bool]],
+    held: Held,
     sampling: QosSampling,
-) -> tuple[Attrs, Attrs]:
-    """The attributes of the host's local devices and of its remote devices: host load is
-    the lease traffic plus the GPUs' PCIe traffic over the host's bandwidth; the remote
-    devices add the donor's link load (when the donor knows its link)."""
+) -> QosAttributes:
+    """The attributes of the host's devices: host load is the lease traffic plus the GPUs'
+    PCIe traffic over the host's bandwidth; the remote devices add the donor's link load
+    (when the donor knows its link); the headroom keeps the profiles of the claims held
+    here (``held``) and of the donor's leases."""
     moved = status.link_bytes_per_second + max(0.0, pcie_bytes_per_second or 0.0)
     host_load = min(1.0, moved / sampling.host_bandwidth)
+    running = [(p, False) for _, p in held if p is not None] + [
+        (x.qos.profile(), True) for x in status.leased if x.qos is not None
+    ]
     slowdown = qos.host_slowdown(host_load, sampling.host)
     room = qos.headroom(host_load, running, sampling.host)
-    local = qos.published(qos.DeviceLoad(slowdown, None, room))
-    remote = qos.published(qos.DeviceLoad(slowdown, status.link_load, room))
-    return tuple(sorted(local.items())), tuple(sorted(remote.items()))
+    local = qos.DeviceLoad(slowdown, None, room)
+    remote = qos.DeviceLoad(slowdown, status.link_load, room)
+    return QosAttributes(
+        local=_attrs(local),
+        remote=_attrs(remote),
+        closed_local=_attrs(qos.closed(local, sampling.host)),
+        closed_remote=_attrs(qos.closed(remote, sampling.host)),
+        held=tuple(sorted({name for name, _ in held} | {x.device for x in status.leased})),
+    )
 
 
 def next_state(
@@ -120,17 +134,16 @@ class DonorStatusPoller:
             self._failing = True
         state = next_state(self.state, status, self.rule, self.knee)
         if status is not None and self.sampling is not None:
-            local, remote = qos_attributes(
-                status, self._pcie(), self.sampling.running(), self.sampling
-            )
-            state = dataclasses.replace(state, local_qos=local, remote_qos=remote)
+            held = self.sampling.held() if self.sampling.held is not None else ()
+            attrs = qos_attributes(status, self._pcie(), held, self.sampling)
+            state = dataclasses.replace(state, qos=attrs)
         if state != self.state:
             self._log.info(
                 "lending state changed",
                 link_busy=state.busy,
                 lease_capacity=state.leases,
                 link_load=status.link_load if status else None,
-                qos=dict(state.remote_qos) or None,
+                qos=dict(state.qos.remote) or None,
             )
             self.state = state
             self._publish(state)

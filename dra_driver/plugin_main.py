@@ -275,7 +275,6 @@ def run(args: argparse.Namespace) -> int:
     )
     client = _lease_client(args, kube, node)
     source = _make_source(args, node)
-    poller = _donor_status(args, client, publisher, lend, source) if lend is not None else None
     # Devices serving a pool allocation keep their pool identity: the gate decides what the
     # node's slices publish (nothing until it knows the node's resources). One watch on the
     # node's ComposableResources feeds it and the DeviceVisible reporter.
@@ -315,6 +314,11 @@ def run(args: argparse.Namespace) -> int:
         checkpoint,
         CdiWriter(args.cdi_dir, durable=durable),
         remote=_remote_leases(args, client, durable),
+    )
+    poller = (
+        _donor_status(args, client, publisher, lend, source, preparer.held)
+        if lend is not None
+        else None
     )
     server = PluginServer(
         preparer,
@@ -380,7 +384,7 @@ def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:
     return RemoteLeases(client, args.state_dir / "remote-gpu", durable=durable)
 
 
-def _qos_sampling(args: argparse.Namespace, source: Any) -> Any:
+def _qos_sampling(args: argparse.Namespace, source: Any, held: Any) -> Any:
     """What the poller needs for the QoS attributes; None without
     ``--host-slowdown-at-full``. SystemExit on a profile that cannot work."""
     from composable_dra.lending import qos
@@ -395,13 +399,19 @@ def _qos_sampling(args: argparse.Namespace, source: Any) -> Any:
             host=qos.HostProfile(args.host_slowdown_at_full),
             host_bandwidth=args.host_bandwidth,
             pcie=getattr(source, "pcie_bytes_per_second", None),
+            held=held,
         )
     except qos.ProfileError as exc:
         raise SystemExit(f"--host-slowdown-at-full/--host-bandwidth: {exc}") from None
 
 
 def _donor_status(
-    args: argparse.Namespace, client: Any, publisher: Any, lend: Any, source: Any = None
+    args: argparse.Namespace,
+    client: Any,
+    publisher: Any,
+    lend: Any,
+    source: Any = None,
+    held: Any = None,
 ) -> Any:
     """The poller of this node's donor status (lending on); None when off or without a
     lease client. SystemExit on thresholds that cannot work."""
@@ -412,7 +422,7 @@ def _donor_status(
         rule = netaware.LinkBusyRule(busy_at=args.link_busy_at, clear_at=args.link_clear_at)
     except netaware.PolicyError as exc:
         raise SystemExit(f"--link-busy-at/--link-clear-at: {exc}") from None
-    sampling = _qos_sampling(args, source)
+    sampling = _qos_sampling(args, source, held)
     if client is None or args.donor_status_interval <= 0:
         return None
     return DonorStatusPoller(

@@ -17,6 +17,7 @@ from typing import Any
 
 from api.v1alpha1 import ClaimRef
 from composable_dra import logs
+from composable_dra.lending.qos import QosProfile
 from composable_dra.names import normalize_uuid
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
@@ -181,6 +182,7 @@ def build_record(
             cdi_device_ids=[cdi.cdi_device_id(ref.uid, p.device.name)],
             shareable=p.shareable,
             share_id=p.share_id,
+            qos=p.config.qos,
         )
         for p in planned
     ]
@@ -318,6 +320,18 @@ class Preparer:
             device=[d.local_name for d in record.devices],
         )
         return record.devices
+
+    def held(self) -> list[tuple[str, QosProfile | None]]:
+        """This node's devices held by a claim, each with the QoS profile its claim
+        declared (None: none), for the QoS attributes (``lend_status``)."""
+        with self._lock:
+            records = list(self._checkpoint.claims.values())
+        return [
+            (d.local_name, d.qos.profile() if d.qos else None)
+            for r in records
+            for d in r.devices
+            if d.remote is None
+        ]
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error ("" for success). Unknown claims succeed."""

@@ -122,6 +122,37 @@ class LendPolicy:
         }
 
 
+Attrs = tuple[tuple[str, int], ...]  # sorted (name, value) pairs
+
+
+@dataclass(frozen=True)
+class QosAttributes:
+    """The QoS attributes (``qos.published``) a lending host publishes, with
+    --host-slowdown-at-full: ``local``/``remote`` on its one open GPU, the lowest-named
+    one no claim or lease holds; ``closed_local``/``closed_remote`` (``qos.closed``, no
+    headroom) on the others, so the scheduler cannot hand several claims the same headroom
+    before the next publication. ``held``: the device names held now (local GPUs prepared
+    here, remote devices leased)."""
+
+    local: Attrs = ()
+    remote: Attrs = ()
+    closed_local: Attrs = ()
+    closed_remote: Attrs = ()
+    held: tuple[str, ...] = ()
+
+    def open_gpu(self, devices: Sequence[DeviceInfo]) -> str | None:
+        """The GPU that carries the headroom: the first of ``devices`` not held."""
+        held = set(self.held)
+        return next(
+            (
+                d.name
+                for d in devices
+                if d.name not in held and remote_device_name(d.name) not in held
+            ),
+            None,
+        )
+
+
 @dataclass(frozen=True)
 class LendState:
     """What the donor measured, as its slices publish it (docs/lending-policy.md): the
@@ -130,13 +161,10 @@ class LendState:
 
     busy: bool = False
     leases: int | None = None
-    # The QoS attributes (``qos.published``, sorted pairs), with --host-slowdown-at-full:
-    # for the host's local devices, and for its remote devices (with ``linkLoad``).
-    local_qos: tuple[tuple[str, int], ...] = ()
-    remote_qos: tuple[tuple[str, int], ...] = ()
+    qos: QosAttributes = QosAttributes()
 
 
-def with_qos(entry: dict[str, Any], attrs: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+def with_qos(entry: dict[str, Any], attrs: Attrs) -> dict[str, Any]:
     """``entry`` with the QoS attributes added (integers, in the driver's domain)."""
     entry["attributes"].update((name, {"int": value}) for name, value in attrs)
     return entry
@@ -198,7 +226,7 @@ def remote_entry(
     policy: LendPolicy,
     link_set: str,
     busy: bool = False,
-    qos: tuple[tuple[str, int], ...] = (),
+    qos: Attrs = (),
 ) -> dict[str, Any]:
     """The remote-lease device of one GPU: its model, where it is, how it is reached, its
     QoS attributes; tainted ``composable.dra.io/link-busy`` while the donor's link is busy."""
@@ -263,17 +291,22 @@ def lend_layout(
     ]
     pairs: list[dict[str, Any]] = []
     plain: list[DeviceInfo] = []
+    q = state.qos
+    open_gpu = q.open_gpu(ordered)
+
+    def local_qos(dev: DeviceInfo) -> Attrs:
+        return q.local if dev.name == open_gpu else q.closed_local
+
     for dev in ordered:
         if not lendable(dev, keep) or remote_device_name(dev.name) in names:
             plain.append(dev)
             continue
-        local = with_qos(device_entry(dev), state.local_qos)
+        remote_qos = q.remote if dev.name == open_gpu else q.closed_remote
+        local = with_qos(device_entry(dev), local_qos(dev))
         local["nodeName"] = donor
         local["consumesCounters"] = [{"counterSet": dev.name, "counters": {"gpu": {"value": "1"}}}]
         sets.append({"name": dev.name, "counters": {"gpu": {"value": "1"}}})
-        pairs.extend(
-            [local, remote_entry(dev, donor, policy, link_set, state.busy, state.remote_qos)]
-        )
+        pairs.extend([local, remote_entry(dev, donor, policy, link_set, state.busy, remote_qos)])
     # Even sizes keep a GPU's two devices in one slice.
     step = MAX_COUNTER_DEVICES_PER_SLICE
     return [
@@ -289,7 +322,7 @@ def lend_layout(
             {
                 "nodeName": donor,
                 "devices": [
-                    with_qos(device_entry(d), state.local_qos) for d in plain[i : i + max_per_slice]
+                    with_qos(device_entry(d), local_qos(d)) for d in plain[i : i + max_per_slice]
                 ],
             }
             for i in range(0, len(plain), max_per_slice)
@@ -594,7 +627,7 @@ class SlicePublisher:
                 deleted=plan.delete,
                 devices=len(devices),
                 link_busy=self._state.busy,
-                qos=dict(self._state.remote_qos or self._state.local_qos) or None,
+                qos=dict(self._state.qos.remote or self._state.qos.local) or None,
             )
         return plan
 

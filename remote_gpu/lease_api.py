@@ -46,7 +46,12 @@ from pydantic import ValidationError
 from composable_dra import logs
 from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
 from composable_dra.lending import slo
-from composable_dra.lending.claim_config import SLOConfigError, lease_of_claim
+from composable_dra.lending.claim_config import (
+    QosConfig,
+    SLOConfigError,
+    lease_of_claim,
+    qos_of_claim,
+)
 from composable_dra.remote_leases import (
     API_PREFIX,
     MAX_BODY,
@@ -56,6 +61,7 @@ from composable_dra.remote_leases import (
     Code,
     ErrorBody,
     LeaseAPIError,
+    LeasedDevice,
     LeaseInfo,
     LeaseList,
     OpenLease,
@@ -146,6 +152,7 @@ class Lease:
     info: LeaseInfo
     token: Token = field(repr=False)
     slo: slo.Lease = field(default_factory=lambda: slo.Lease(""))  # its claim's latency SLO
+    qos: QosConfig | None = None  # its claim's QoS profile
 
 
 # Why a candidate lease may not join the admitted ones (None: it may).
@@ -165,7 +172,11 @@ class LeaseBook:
         self.instance = secrets.token_hex(8)  # this process's: leases die with it
 
     def open(
-        self, req: OpenLease, want: slo.Lease | None = None, refusal: Refusal | None = None
+        self,
+        req: OpenLease,
+        want: slo.Lease | None = None,
+        refusal: Refusal | None = None,
+        profile: QosConfig | None = None,
     ) -> tuple[Lease, bool]:
         """The claim's lease (and True when new). CONFLICT when the claim's lease is for
         another device or node: that allocation ended, and its lease must close first.
@@ -208,7 +219,7 @@ class LeaseBook:
                 device=req.device,
                 node=req.node,
             )
-            lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl), want)
+            lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl), want, profile)
             self._by_id[lease_id] = lease
             self._by_claim[req.claim_uid] = lease_id
             return lease, True
@@ -231,6 +242,10 @@ class LeaseBook:
     def admitted(self) -> list[slo.Lease]:
         with self._lock:
             return [lease.slo for lease in self._by_id.values()]
+
+    def leased(self) -> list[LeasedDevice]:
+        with self._lock:
+            return [LeasedDevice(device=x.info.device, qos=x.qos) for x in self._by_id.values()]
 
     def is_open(self, lease_id: int) -> bool:
         """The data plane's gate: only leases this API opened may connect."""
@@ -390,10 +405,10 @@ class LeaseAPI:
         body = await request.read()
         self._controller(await self._who(request))
         req = parse_open(body)
-        want, refusal = None, None
+        want, refusal, profile = None, None, None
         if self.monitor is not None:
-            want, refusal = await self._slo_of(req), self.monitor.refusal
-        lease, created = self.book.open(req, want, refusal)
+            (want, profile), refusal = await self._wants_of(req), self.monitor.refusal
+        lease, created = self.book.open(req, want, refusal, profile)
         if created:
             log.info(
                 "lease opened for claim",
@@ -404,18 +419,21 @@ class LeaseAPI:
             )
         return _json(lease.info.model_dump(by_alias=True), 201 if created else 200)
 
-    async def _slo_of(self, req: OpenLease) -> slo.Lease:
-        """The latency SLO the claim asks of this device (none: a lease without one)."""
+    async def _wants_of(self, req: OpenLease) -> tuple[slo.Lease, QosConfig | None]:
+        """The latency SLO and the QoS profile the claim declares for this device (none:
+        a lease without them)."""
         loop = asyncio.get_running_loop()
         claim = await loop.run_in_executor(None, self._claims.claim, req.namespace, req.name)
         if claim is None or (claim.get("metadata") or {}).get("uid") != req.claim_uid:
-            return slo.Lease("")
+            return slo.Lease(""), None
+        driver, pool = self.config.driver, self.config.node
         try:
-            found = lease_of_claim(claim, self.config.driver, self.config.node, req.device)
+            found = lease_of_claim(claim, driver, pool, req.device)
+            profile = qos_of_claim(claim, driver, pool, req.device)
         except SLOConfigError as exc:
             why = f"claim {req.namespace}/{req.name}: {exc}"
             raise LeaseAPIError(Code.BAD_REQUEST, why) from None
-        return found or slo.Lease("")
+        return found or slo.Lease(""), profile
 
     async def _status(self, request: web.Request) -> web.Response:
         who = await self._who(request)
@@ -428,6 +446,7 @@ class LeaseAPI:
         if self.monitor is None:
             raise LeaseAPIError(Code.NOT_FOUND, "this donor measures nothing for lending")
         status = self.monitor.status(self.book.instance, self.book.admitted())
+        status = status.model_copy(update={"leased": self.book.leased()})
         return _json(status.model_dump(by_alias=True))
 
     async def _list(self, request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""A claim's latency SLO for its remote calls, as our driver's opaque config carries it.
+"""What the donor reads of a claim's opaque config: the latency SLO of its remote calls
+and its QoS profile.
 
     config:
     - requests: [gpu]
@@ -8,11 +9,13 @@
           apiVersion: gpu.composable.dra.io/v1alpha1
           kind: GpuConfig
           latencySLO: {function: matmul, seconds: 0.05}
+          qos: {transfer: 0.5, tolerance: 0.1, hostLoad: 0.2}
 
 The plugin validates the whole ``GpuConfig`` at prepare (``dra_driver/config.py``); the
-donor reads only ``latencySLO`` when the lease controller opens the claim's lease, to
-admit the lease or refuse it (``slo.admit``). Shared here because neither component may
-import the other.
+donor reads ``latencySLO`` and ``qos`` when the lease controller opens the claim's lease:
+the first to admit the lease or refuse it (``slo.admit``), the second to report the
+lease's profile to its node's plugin, which keeps the host headroom it needs
+(``qos.headroom``). Shared here because neither component may import the other.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from composable_dra.lending import slo
+from composable_dra.lending import qos, slo
 
 # An allow-list name of a donor (``--allow NAME=MODULE:FUNCTION``, or the import path).
 FUNCTION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
@@ -38,6 +41,21 @@ class LatencySLO(BaseModel):
 
     function: str = Field(pattern=FUNCTION_NAME)
     seconds: float = Field(gt=0, le=3600, allow_inf_nan=False)
+
+
+class QosConfig(BaseModel):
+    """A claim's QoS profile (``qos.QosProfile``), declared so that the node running it
+    keeps the host headroom the claim needs: later claims that would push the host past
+    its tolerance are not offered this node's devices (``hostHeadroom``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    transfer: float = Field(ge=0, le=10, allow_inf_nan=False)
+    tolerance: float = Field(gt=0, le=10, allow_inf_nan=False)
+    host_load: float = Field(default=0.0, alias="hostLoad", ge=0, le=1, allow_inf_nan=False)
+
+    def profile(self) -> qos.QosProfile:
+        return qos.QosProfile(self.transfer, self.tolerance, self.host_load)
 
 
 def _applies(requests: Any, request: str) -> bool:
@@ -62,11 +80,11 @@ def _request_of(allocation: dict[str, Any], driver: str, pool: str, device: str)
     return None
 
 
-def lease_of_claim(claim: Any, driver: str, pool: str, device: str) -> slo.Lease | None:
-    """The SLO lease of the allocated ``pool/device`` of ``claim`` (None: the device is
-    not allocated to it). Configs from the class come first, the claim's win; the last
-    ``latencySLO`` that applies to the device's request counts. SLOConfigError when the
-    claim's configs are malformed."""
+def _parameter(claim: Any, driver: str, pool: str, device: str, key: str) -> tuple[bool, Any]:
+    """Whether ``pool/device`` is allocated to ``claim``, and the last value of ``key`` in
+    our driver's configs that apply to its request (None: none sets it). Configs from the
+    class come first, the claim's win. SLOConfigError when the claim's configs are
+    malformed."""
     if not isinstance(claim, dict):
         raise SLOConfigError("the claim is not an object")
     allocation = (claim.get("status") or {}).get("allocation") or {}
@@ -74,14 +92,14 @@ def lease_of_claim(claim: Any, driver: str, pool: str, device: str) -> slo.Lease
         raise SLOConfigError("the claim's allocation is not an object")
     request = _request_of(allocation, driver, pool, device)
     if request is None:
-        return None
+        return False, None
     configs = (allocation.get("devices") or {}).get("config") or []
     if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
         raise SLOConfigError("every device config must be an object")
     ordered = sorted(
         enumerate(configs), key=lambda ic: (0 if ic[1].get("source") == "FromClass" else 1, ic[0])
     )
-    found: LatencySLO | None = None
+    found: Any = None
     for _, cfg in ordered:
         opaque = cfg.get("opaque") or {}
         if not isinstance(opaque, dict) or opaque.get("driver") != driver:
@@ -89,12 +107,34 @@ def lease_of_claim(claim: Any, driver: str, pool: str, device: str) -> slo.Lease
         if not _applies(cfg.get("requests") or [], request):
             continue
         parameters = opaque.get("parameters")
-        if not isinstance(parameters, dict) or parameters.get("latencySLO") is None:
-            continue
-        found = parse_slo(parameters["latencySLO"])
-    if found is None:
+        if isinstance(parameters, dict) and parameters.get(key) is not None:
+            found = parameters[key]
+    return True, found
+
+
+def lease_of_claim(claim: Any, driver: str, pool: str, device: str) -> slo.Lease | None:
+    """The SLO lease of the allocated ``pool/device`` of ``claim`` (None: the device is
+    not allocated to it); the last ``latencySLO`` that applies to the device's request
+    counts. SLOConfigError when the claim's configs are malformed."""
+    allocated, value = _parameter(claim, driver, pool, device, "latencySLO")
+    if not allocated:
+        return None
+    if value is None:
         return slo.Lease(function="")
+    found = parse_slo(value)
     return slo.Lease(function=found.function, slo_s=found.seconds)
+
+
+def qos_of_claim(claim: Any, driver: str, pool: str, device: str) -> QosConfig | None:
+    """The QoS profile the claim declares for its allocated ``pool/device`` (None: none,
+    or the device is not allocated to it). SLOConfigError when it cannot be read."""
+    _, value = _parameter(claim, driver, pool, device, "qos")
+    if value is None:
+        return None
+    try:
+        return QosConfig.model_validate(value)
+    except ValidationError as exc:
+        raise SLOConfigError(f"invalid qos: {problems(exc, 'qos')}") from None
 
 
 def problems(exc: ValidationError, root: str) -> str:

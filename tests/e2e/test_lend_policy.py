@@ -104,20 +104,20 @@ def link_leases(kube: Kube, donor: str) -> str | None:
 
 
 def create_compact(kube: Kube, url_path: str, obj: JSON) -> JSON:
-    """POST ``obj`` as compact JSON, as kubectl and client-go send it.
+    """POST ``obj`` as compact JSON with sorted keys, as kubectl sends a manifest.
 
-    The Python client's ``json.dumps`` puts spaces in a claim's opaque parameters; the API
-    server keeps those bytes as they came, but re-encodes them compactly on any later
-    patch of the claim's status, so the allocation that copied them no longer compares
-    equal and the lease controller's status write is refused ("status.allocation: field
-    cannot be modified once set")."""
+    The Python client's ``json.dumps`` puts spaces in a claim's opaque parameters and keeps
+    the keys' order; the API server keeps those bytes as they came, but re-encodes them
+    compactly, keys sorted, on any later patch of the claim's status, so the allocation
+    that copied them no longer compares equal and the lease controller's status write is
+    refused ("status.allocation: field cannot be modified once set")."""
     method, url, headers, _, _ = kube.api.param_serialize(
         "POST",
         url_path,
         header_params={"Accept": "application/json", "Content-Type": "application/json"},
         auth_settings=["BearerToken"],
     )
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
     resp = kube.api.rest_client.pool_manager.request(method, url, body=body, headers=headers)
     assert resp.status == 201, resp.data
     created: JSON = json.loads(resp.data)

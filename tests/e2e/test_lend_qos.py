@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import Kube, path
+from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware, qos
 from hack import examples
 from hack.localcluster import ControlPlane
@@ -25,6 +25,7 @@ from hack.localcluster.remote_pods import DRIVER, REMOTE
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen
 from tests.e2e.test_lend_policy import (
+    RESOURCE,
     apply_example,
     end,
     on_node,
@@ -70,12 +71,18 @@ def loads(kube: Kube, donor: str) -> dict[str, qos.DeviceLoad]:
     return out
 
 
-def remote_fit(kube: Kube, donor: str, profile: qos.QosProfile) -> bool | None:
-    """Whether ``profile`` fits every remote device of the donor by what they publish
-    (True), none (False), or some (None)."""
-    remote = {n: d for n, d in loads(kube, donor).items() if n.endswith("-remote")}
-    marks = {qos.fits(profile, d) for d in remote.values()}
-    return None if len(marks) != 1 else marks.pop()
+def remote_loads(kube: Kube, donor: str) -> dict[str, qos.DeviceLoad]:
+    return {n: d for n, d in loads(kube, donor).items() if n.endswith("-remote")}
+
+
+def remote_fit(kube: Kube, donor: str, profile: qos.QosProfile) -> bool:
+    """Whether ``profile`` fits a remote device of the donor by what they publish."""
+    return any(qos.fits(profile, d) for d in remote_loads(kube, donor).values())
+
+
+def open_devices(kube: Kube, donor: str) -> list[str]:
+    """The remote devices that offer host headroom (one GPU no one holds: `qos.closed`)."""
+    return sorted(n for n, d in remote_loads(kube, donor).items() if d.headroom > 0)
 
 
 def claim_name(kube: Kube, ns: str, pod: str) -> str | None:
@@ -109,6 +116,9 @@ def test_a_network_bound_claim_waits_for_a_busy_donor_while_a_light_one_is_serve
     # Every device publishes the host's load; only the remote ones the link's.
     assert {n.endswith("-remote") for n in published} == {True, False}
     assert all((d.link_load is None) != n.endswith("-remote") for n, d in published.items())
+    # One GPU carries the headroom; the others publish it taken, so that the scheduler
+    # does not hand it to several claims before the next publication.
+    assert len(open_devices(kube, donor)) == 1, published
     # Real load: a workload that keeps multiplying 256x256 matrices on the donor.
     workload(lab, "loader", ["--size", "256", "--calls", "1", "--seconds", "600"])
     wait_for(
@@ -153,3 +163,65 @@ def test_a_network_bound_claim_waits_for_a_busy_donor_while_a_light_one_is_serve
     claim = wait_for(lambda: seen.allocated(name), 30, "the network-bound claim's allocation")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == donor and result["device"].endswith("-remote"), result
+
+
+# A claim that declares a profile (its config's ``qos``) and holds a GPU of the donor; one
+# that would add more host load than the first can bear.
+HELD = qos.QosProfile(transfer=0.5, tolerance=0.1, host_load=0.05)
+HEAVY = qos.QosProfile(transfer=0.001, tolerance=1.0, host_load=0.8)
+
+
+def declared(profile: qos.QosProfile) -> JSON:
+    """A claim's config that declares ``profile`` (GpuConfig ``qos``)."""
+    parameters = {
+        "apiVersion": "gpu.composable.dra.io/v1alpha1",
+        "kind": "GpuConfig",
+        "qos": {
+            "transfer": profile.transfer,
+            "tolerance": profile.tolerance,
+            "hostLoad": profile.host_load,
+        },
+    }
+    return {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def test_a_held_claims_declared_profile_keeps_its_headroom(lab: Lab) -> None:
+    kube, ns = lab.kube, lab.namespace
+    donor = lab.donors[0].node
+    wait_for(
+        lambda: [d.headroom for d in remote_loads(kube, donor).values()].count(1.0) == 1,
+        60,
+        "one device of a quiet donor to offer all the host's headroom",
+        describe=lab.describe,
+    )
+    holder = remote_claim("holder", tolerations=[netaware.INSENSITIVE_TOLERATION])
+    holder["spec"]["devices"]["config"] = [declared(HELD)]
+    workload(lab, "holder", ["--size", "64", "--calls", "1", "--seconds", "600"], holder)
+    assert wait_phase(lab, "holder", ("Running",)) == "Running"
+    # The donor reads the profile from the claim when it opens the lease; its node's
+    # plugin keeps the host load the holder can bear: 0.1 x 1.5 / 0.2 = 0.75 at most.
+    budget = HELD.budget(True) / 0.2
+    wait_for(
+        lambda: 0 < max(d.headroom for d in remote_loads(kube, donor).values()) <= budget,
+        60,
+        f"the open device's headroom to fall to what the holder bears (<= {budget})",
+        describe=lab.describe,
+    )
+    held = kube.get(path(RESOURCE, "resourceclaims", "holder", namespace=ns))
+    [result] = held["status"]["allocation"]["devices"]["results"]
+    assert result["device"] not in open_devices(kube, donor), (result, loads(kube, donor))
+    # A claim that would add more host load than that is offered none of the host's devices.
+    selectors = [{"cel": {"expression": e}} for e in (REMOTE, qos.cel_selector(HEAVY, DRIVER))]
+    heavy = remote_claim("heavy", selectors=selectors)
+    workload(lab, "heavy", ["--size", "64", "--calls", "2"], heavy)
+    message = wait_for(
+        lambda: unschedulable(kube, ns, "heavy"),
+        60,
+        "the heavy claim's pod to be found unschedulable",
+        describe=lab.describe,
+    )
+    assert "CEL" not in message and "error" not in message.lower(), message
+    assert not remote_fit(kube, donor, HEAVY)
+    # The holder ends: its headroom is free again, and the heavy claim is served.
+    end(lab, "holder")
+    assert wait_phase(lab, "heavy", ("Succeeded", "Failed")) == "Succeeded"

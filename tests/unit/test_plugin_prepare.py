@@ -11,6 +11,7 @@ import pytest
 
 from api.v1alpha1 import ClaimRef
 from composable_dra import names
+from composable_dra.lending.qos import QosProfile
 from dra_driver.cdi import CdiDevice, CdiWriter, build_spec, cdi_device_id, resolve
 from dra_driver.checkpoint import Checkpoint, CheckpointError
 from dra_driver.config import ConfigError, parse_parameters
@@ -377,3 +378,36 @@ def test_nvidia_visible_devices_names_gpus_as_nvml_does() -> None:
     env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-{bare.lower()},GPU-abc"
     assert env["COMPOSABLE_GPU_UUIDS"] == f"{bare},GPU-abc"
+
+
+def test_held_devices_carry_their_claims_qos_profile_across_a_restart(env: Env) -> None:
+    """The QoS attributes keep the headroom of the claims prepared here (issue 18)."""
+    profile = {"transfer": 0.2, "tolerance": 0.1, "hostLoad": 0.3}
+    with_qos = env.api.add(
+        claim(
+            name="qos",
+            results=[result("gpu-0"), result("gpu-1", request="other")],
+            config=[opaque(gpu_config(qos=profile), requests=["gpu"])],
+        )
+    )
+    plain = env.api.add(claim(name="plain", results=[result("gpu-2")]))
+    assert env.preparer.held() == []
+    env.preparer.prepare([with_qos, plain])
+    expected = {
+        ("gpu-0", QosProfile(transfer=0.2, tolerance=0.1, host_load=0.3)),
+        ("gpu-1", None),  # the other request: no profile
+        ("gpu-2", None),
+    }
+    assert set(env.preparer.held()) == expected
+    assert set(env.restart().held()) == expected  # from the checkpoint
+    env.preparer.unprepare([with_qos])
+    assert env.preparer.held() == [("gpu-2", None)]
+    # A profile that cannot describe a job is refused at prepare, with the reason.
+    bad = env.api.add(
+        claim(
+            name="bad",
+            results=[result("gpu-0")],
+            config=[opaque(gpu_config(qos={"transfer": -1, "tolerance": 0.1}))],
+        )
+    )
+    assert "qos.transfer" in env.preparer.prepare([bad])[bad.uid].error

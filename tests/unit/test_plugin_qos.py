@@ -4,14 +4,16 @@ slices publish them, and the flags that turn them on."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from composable_dra.lending import netaware, qos
+from composable_dra.lending.claim_config import QosConfig
 from composable_dra.names import normalize_uuid
-from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus
+from composable_dra.remote_leases import Code, LeaseAPIError, LeasedDevice, LendingStatus
 from dra_driver.lend_status import DonorStatusPoller, QosSampling, qos_attributes
 from dra_driver.plugin_main import _donor_status, add_arguments
 from dra_driver.slices import LendPolicy, LendState, desired_slices, plan_slices
@@ -42,18 +44,38 @@ def status(link_bytes: float, link_capacity: float | None = 1000.0) -> LendingSt
 
 def test_host_load_is_the_lease_traffic_and_the_gpus_pcie_over_the_host_bandwidth() -> None:
     # 900 B/s of leases (link 90% busy) and 1,100 B/s on the GPUs' PCIe: 20% of the host.
-    local, remote = qos_attributes(status(900.0), 1100.0, (), SAMPLING)
-    assert dict(local) == {qos.HOST_SLOWDOWN: 100, qos.HEADROOM: 1000}  # 0.4 * 0.2, a step up
-    assert dict(remote) == {**dict(local), qos.LINK_LOAD: 900}
+    a = qos_attributes(status(900.0), 1100.0, (), SAMPLING)
+    assert dict(a.local) == {qos.HOST_SLOWDOWN: 100, qos.HEADROOM: 1000}  # 0.4 * 0.2, a step up
+    assert dict(a.remote) == {**dict(a.local), qos.LINK_LOAD: 900}
     # Without NVML (None) only the lease traffic counts; a donor with no link bandwidth
     # gives no linkLoad, so the claims' selectors treat the device by its host alone.
-    assert dict(qos_attributes(status(900.0), None, (), SAMPLING)[0])[qos.HOST_SLOWDOWN] == 50
-    _, unknown = qos_attributes(status(900.0, None), None, (), SAMPLING)
+    assert dict(qos_attributes(status(900.0), None, (), SAMPLING).local)[qos.HOST_SLOWDOWN] == 50
+    unknown = qos_attributes(status(900.0, None), None, (), SAMPLING).remote
     assert qos.LINK_LOAD not in dict(unknown)
-    # A running claim with a profile lowers the headroom (qos.headroom over the host load).
-    running = [(qos.QosProfile(transfer=0.0, tolerance=0.1, host_load=0.1), False)]
-    local, _ = qos_attributes(status(900.0), 1100.0, running, SAMPLING)
-    assert dict(local)[qos.HEADROOM] == 150  # 0.1 / 0.4 - (0.2 - 0.1)
+
+
+def test_the_headroom_keeps_the_profiles_of_claims_held_here_and_of_the_donors_leases() -> None:
+    # A claim prepared here on gpu-0 with a profile lowers the headroom (qos.headroom).
+    held = [("gpu-0", qos.QosProfile(transfer=0.0, tolerance=0.1, host_load=0.1)), ("gpu-2", None)]
+    a = qos_attributes(status(900.0), 1100.0, held, SAMPLING)
+    assert dict(a.local)[qos.HEADROOM] == 150  # 0.1 / 0.4 - (0.2 - 0.1)
+    assert a.held == ("gpu-0", "gpu-2")
+    # The closed devices publish that headroom taken: no room, and its slowdown added.
+    assert dict(a.closed_local) == {qos.HOST_SLOWDOWN: 150, qos.HEADROOM: 0}  # 0.08 + 0.4 * 0.15
+    assert dict(a.closed_remote) == {**dict(a.closed_local), qos.LINK_LOAD: 900}
+    # A lease the donor holds for a claim with a tighter profile lowers it further; its
+    # remote device counts as held.
+    lease = LeasedDevice(
+        device="gpu-1-remote", qos=QosConfig(transfer=0.5, tolerance=0.05, host_load=0.1)
+    )
+    leased = status(900.0).model_copy(update={"leased": [lease]})
+    a = qos_attributes(leased, 1100.0, held, SAMPLING)
+    assert dict(a.local)[qos.HEADROOM] == 75  # 0.05 * 1.5 / 0.4 - (0.2 - 0.1) = 0.0875
+    assert a.held == ("gpu-0", "gpu-1-remote", "gpu-2")
+    # A lease with no profile holds its device and keeps no headroom.
+    bare = status(900.0).model_copy(update={"leased": [LeasedDevice(device="gpu-1-remote")]})
+    a = qos_attributes(bare, 1100.0, (), SAMPLING)
+    assert dict(a.local)[qos.HEADROOM] == 1000 and a.held == ("gpu-1-remote",)
 
 
 def test_the_bandwidth_must_be_a_positive_number() -> None:
@@ -81,8 +103,8 @@ def test_the_poller_publishes_the_attributes_only_when_one_moves_a_step() -> Non
     )
     for _ in range(4):
         poller.poll_once()
-    assert [dict(s.remote_qos)[qos.LINK_LOAD] for s in published] == [100, 800]
-    assert [dict(s.local_qos)[qos.HOST_SLOWDOWN] for s in published] == [25, 50]
+    assert [dict(s.qos.remote)[qos.LINK_LOAD] for s in published] == [100, 800]
+    assert [dict(s.qos.local)[qos.HOST_SLOWDOWN] for s in published] == [25, 50]
     assert published[1].busy  # the taint's rule is applied as before
 
 
@@ -109,7 +131,7 @@ def test_a_pcie_reader_that_fails_leaves_the_lease_traffic() -> None:
         sampling=sampling,
     )
     poller.poll_once()
-    assert dict(published[0].local_qos)[qos.HOST_SLOWDOWN] == 50  # 0.4 * 0.1, a step up
+    assert dict(published[0].qos.local)[qos.HOST_SLOWDOWN] == 50  # 0.4 * 0.1, a step up
 
 
 def devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -117,8 +139,8 @@ def devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_slices_carry_the_attributes_on_local_and_remote_devices() -> None:
-    local, remote = qos_attributes(status(900.0), 1100.0, (), SAMPLING)
-    state = LendState(busy=True, local_qos=local, remote_qos=remote)
+    attrs = qos_attributes(status(900.0), 1100.0, (), SAMPLING)
+    state = LendState(busy=True, qos=attrs)
     # gpu-1 is fabric-attached (kept): published plain, not lent, still on this host.
     fabric = gpu(1)
     slices = desired_slices(
@@ -133,14 +155,21 @@ def test_the_slices_carry_the_attributes_on_local_and_remote_devices() -> None:
     )
     found = devices(slices)
     assert set(found) == {"gpu-0", "gpu-0-remote", "gpu-1"}
+    # gpu-0, the first GPU no one holds, carries the headroom; gpu-1 publishes it taken.
+    for name in ("gpu-0", "gpu-0-remote"):
+        a = found[name]["attributes"]
+        assert a[qos.HOST_SLOWDOWN] == {"int": 100} and a[qos.HEADROOM] == {"int": 1000}
+    assert found["gpu-1"]["attributes"][qos.HEADROOM] == {"int": 0}
+    assert found["gpu-1"]["attributes"][qos.HOST_SLOWDOWN] == {"int": 400}
     for name, d in found.items():
-        attrs = d["attributes"]
-        assert attrs[qos.HOST_SLOWDOWN] == {"int": 100} and attrs[qos.HEADROOM] == {"int": 1000}
-        assert (qos.LINK_LOAD in attrs) == name.endswith("-remote"), name
+        assert (qos.LINK_LOAD in d["attributes"]) == name.endswith("-remote"), name
     assert found["gpu-0-remote"]["attributes"][qos.LINK_LOAD] == {"int": 900}
     assert [t["key"] for t in found["gpu-0-remote"]["taints"]] == [netaware.LINK_BUSY_TAINT]
     # A step's move is a change to publish; the same values are not.
-    moved = LendState(busy=True, local_qos=local, remote_qos=((qos.LINK_LOAD, 925), *remote[1:]))
+    moved = LendState(
+        busy=True,
+        qos=dataclasses.replace(attrs, remote=((qos.LINK_LOAD, 925), *attrs.remote[1:])),
+    )
     assert plan_slices(
         NODE, UID, DRIVER, [gpu(0), fabric], slices, 1, POLICY, {normalize_uuid(fabric.uuid)}, state
     ).empty
@@ -149,6 +178,31 @@ def test_the_slices_carry_the_attributes_on_local_and_remote_devices() -> None:
     ).empty
     plain = devices(desired_slices(NODE, UID, DRIVER, [gpu(0)], 1, lend=POLICY))
     assert not any(qos.HOST_SLOWDOWN in d["attributes"] for d in plain.values())
+
+
+def test_one_gpu_no_one_holds_carries_the_headroom() -> None:
+    """A claim prepared on gpu-0 and a lease of gpu-1's remote device: gpu-2 is open; the
+    rest publish no headroom, so no second claim that adds load lands before the next
+    publication (the simulator's --one-open)."""
+    held = [("gpu-0", None)]
+    lease = LeasedDevice(device="gpu-1-remote")
+    leased = status(900.0).model_copy(update={"leased": [lease]})
+    state = LendState(qos=qos_attributes(leased, 1100.0, held, SAMPLING))
+    found = devices(
+        desired_slices(NODE, UID, DRIVER, [gpu(i) for i in range(4)], 1, lend=POLICY, state=state)
+    )
+    room = {n: d["attributes"][qos.HEADROOM]["int"] for n, d in found.items()}
+    assert room == {
+        "gpu-0": 0, "gpu-0-remote": 0, "gpu-1": 0, "gpu-1-remote": 0,
+        "gpu-2": 1000, "gpu-2-remote": 1000, "gpu-3": 0, "gpu-3-remote": 0,
+    }  # fmt: skip
+    # Everything held: no device offers headroom.
+    full = [(f"gpu-{i}", None) for i in range(4)]
+    state = LendState(qos=qos_attributes(status(900.0), 1100.0, full, SAMPLING))
+    found = devices(
+        desired_slices(NODE, UID, DRIVER, [gpu(i) for i in range(4)], 1, lend=POLICY, state=state)
+    )
+    assert {d["attributes"][qos.HEADROOM]["int"] for d in found.values()} == {0}
 
 
 class PcieNvml(FakeNvml):

@@ -8,6 +8,7 @@ import pytest
 
 from composable_dra import cli, names
 from composable_dra.lending import netaware, qos
+from dra_driver.config import parse_parameters
 from hack import examples
 from hack.localcluster.remote_pods import REMOTE
 
@@ -57,7 +58,8 @@ def test_the_example_carries_the_selector_of_the_command_it_names(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """deploy/examples/remote-qos.yaml, as the e2e test applies it: its QoS selector is
-    what the command in its comment prints, and it tolerates the link-busy taint."""
+    what the command in its comment prints, its config declares the same profile, and it
+    tolerates the link-busy taint."""
     text = (examples.EXAMPLES / "remote-qos.yaml").read_text()
     [command] = re.findall(r"composable-dra (qos-selector .*)", text)
     assert cli.main(command.split()) == 0
@@ -67,3 +69,9 @@ def test_the_example_carries_the_selector_of_the_command_it_names(
     cels = [s["cel"]["expression"] for s in request["exactly"]["selectors"]]
     assert cels == [REMOTE, printed]
     assert request["exactly"]["tolerations"] == [netaware.INSENSITIVE_TOLERATION]
+    [config] = template["spec"]["spec"]["devices"]["config"]
+    declared = parse_parameters(config["opaque"]["parameters"]).qos
+    args = cli.build_parser().parse_args(command.split())
+    assert declared is not None and declared.profile() == qos.QosProfile(
+        args.transfer, args.tolerance, args.host_load
+    )

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from composable_dra.lending import slo
-from composable_dra.remote_leases import Code, LendingStatus
+from composable_dra.lending import qos, slo
+from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus
 from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
@@ -162,3 +162,27 @@ def test_the_data_plane_feeds_the_monitor(tmp_path: Path) -> None:
         assert status.link_bytes_per_second * 60.0 >= 5 * 2 * 4096
     finally:
         stop_donor(running, thread)
+
+
+def test_the_status_names_the_leased_devices_with_their_claims_qos_profiles(
+    measured: Served,
+) -> None:
+    """The donor node's plugin keeps the headroom of the leases' profiles (issue 18)."""
+    controller = measured.client("controller")
+    claim = slo_claim("q1", "gpu-0-remote", {"function": "paced", "seconds": 1.0})
+    config = claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]
+    config["qos"] = {"transfer": 0.5, "tolerance": 0.1, "hostLoad": 0.2}
+    measured.claims.items[("ns", "c1")] = claim
+    lease = controller.open(DONOR, request("q1"))
+    leased = measured.client("plugin-a").status(DONOR).leased
+    assert [(x.device, x.qos.profile() if x.qos else None) for x in leased] == [
+        ("gpu-0-remote", qos.QosProfile(transfer=0.5, tolerance=0.1, host_load=0.2))
+    ]
+    controller.close(DONOR, lease.lease)
+    assert measured.client("plugin-a").status(DONOR).leased == []
+    # A profile that does not parse is a bad request, with the reason.
+    config["qos"] = {"transfer": 0.5, "tolerance": 0}
+    measured.claims.items[("ns", "c1")] = claim
+    with pytest.raises(LeaseAPIError, match="invalid qos: tolerance") as err:
+        controller.open(DONOR, request("q1"))
+    assert err.value.code is Code.BAD_REQUEST
