@@ -62,6 +62,14 @@ def test_a_small_run_prints_its_json_last(capsys: pytest.CaptureFixture[str]) ->
     assert {r["completed"] for r in runs.values()} == {96}
     assert runs["server-centric"]["remote_jobs"] == 0
     assert runs["lending"]["remote_jobs"] > 0
+    assert runs["lending-qos"]["remote_jobs"] > 0
+    # The goals measure the per-claim selectors; the taints' figures stand beside them.
+    base = runs["server-centric"]
+    assert out["qos_violation_ratio"] == drmaestro.violation_ratio(base, runs["lending-qos"])
+    assert out["makespan_speedup"] == drmaestro.makespan_speedup(base, runs["lending-qos"])
+    assert out["qos_violation_ratio_with_taints"] == drmaestro.violation_ratio(
+        base, runs["lending-na-host"]
+    )
     assert out["slo_violations"] == 0
     for key in ("makespan_speedup", "qos_violation_ratio", "apps_admitted_ratio"):
         assert key in out and key in out["goals"]
