@@ -7,8 +7,9 @@ mix; optionally a share of network-heavy background jobs, which the paper's simu
 does not have) on 128 machines of 40 CPUs and 4 GPUs, after a warm-up that takes half
 the cluster's CPUs for 2,000 s (DRMaestro's Table 4 setup as far as the paper describes
 it). Compared: server-centric (no disaggregation, Firmament-like), lending without and
-with the network-aware taint, and with the host-busy taint too (the product's whole NA
-policy, which the goals measure); server-centric with the host-busy taint is a control.
+with the network-aware taint, and with the host-busy taint too; server-centric with the
+host-busy taint is a control; and lending-qos, where each GPU claim's QoS selector reads
+what the devices publish (the product's per-claim NA policy, which the goals measure).
 Every job is slowed by the GPU jobs co-running on its GPU's machine (re-evaluated each
 second, as DRMaestro re-evaluates a task's completion time when a task starts or ends).
 

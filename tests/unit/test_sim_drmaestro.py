@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from composable_dra.lending import netaware
+from composable_dra.lending import netaware, qos
 from hack.sim import drmaestro
 from hack.sim.cluster import Cluster, Finished, Machine, Policy
 from hack.sim.workload import (
@@ -62,6 +62,14 @@ def test_a_small_run_prints_its_json_last(capsys: pytest.CaptureFixture[str]) ->
     assert {r["completed"] for r in runs.values()} == {96}
     assert runs["server-centric"]["remote_jobs"] == 0
     assert runs["lending"]["remote_jobs"] > 0
+    assert runs["lending-qos"]["remote_jobs"] > 0
+    # The goals measure the per-claim selectors; the taints' figures stand beside them.
+    base = runs["server-centric"]
+    assert out["qos_violation_ratio"] == drmaestro.violation_ratio(base, runs["lending-qos"])
+    assert out["makespan_speedup"] == drmaestro.makespan_speedup(base, runs["lending-qos"])
+    assert out["qos_violation_ratio_with_taints"] == drmaestro.violation_ratio(
+        base, runs["lending-na-host"]
+    )
     assert out["slo_violations"] == 0
     for key in ("makespan_speedup", "qos_violation_ratio", "apps_admitted_ratio"):
         assert key in out and key in out["goals"]
@@ -194,3 +202,107 @@ def test_pod_side_takes_0_or_1_only(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         drmaestro.main(["--pod-side", "yes"])
     assert "0 or 1" in capsys.readouterr().err
+
+
+# ---- lending-qos: the per-claim selector over what the devices published
+
+
+def test_the_published_host_slowdown_is_the_slowdown_the_sim_applies() -> None:
+    """The host profile (``colo`` x GPUs) turns the measured host load into ``hostSlowdown``;
+    a job placed there must run that much longer, and the published value, rounded to the
+    safe side, never promises less."""
+    cluster = Cluster([Machine(16, 4, 100, knee=4)], Policy.LENDING_QOS, colo=0.05)
+    neighbours = (_job("nw", 100_000), _job("srad", 100_000))
+    for i, neighbour in enumerate(neighbours):
+        cluster._start(Arrival(0, neighbour, -1 - i), 0, None)
+    assert cluster.host_profile() == qos.HostProfile(slowdown_at_full=0.05 * 4)
+    load = Cluster.host_load(cluster.machines[0], cluster.host_pressure()[0])
+    exact = qos.host_slowdown(load, cluster.host_profile())
+    (seen,) = cluster.device_loads()
+    job = _job("btree")
+    slowed = _run_alone(cluster, Arrival(0, job, 1), host=0, donor=None) / job.base_s - 1
+    assert slowed == pytest.approx(0.05 * sum(n.pressure for n in neighbours), rel=0.01)
+    assert exact == pytest.approx(slowed, rel=0.01)
+    assert exact <= seen.local.host_slowdown < exact + qos.STEP / qos.SCALE
+
+
+@pytest.mark.parametrize("newcomer", [j.name for j in RODINIA])
+def test_a_newcomer_within_the_published_headroom_keeps_a_running_job_in_tolerance(
+    newcomer: str,
+) -> None:
+    """``hostHeadroom`` is the host load a running job's tolerance leaves: a claim whose
+    profile's ``host_load`` fits in it slows the running job by no more than its
+    tolerance, and one that does not fit would break it."""
+    cluster = Cluster([Machine(16, 4, 100, knee=4)], Policy.LENDING_QOS, colo=0.08)
+    cluster._start(Arrival(0, _job("nw", 500), 1), 0, None)
+    (seen,) = cluster.device_loads()
+    fits = cluster.profile(_job(newcomer)).host_load <= seen.local.headroom
+    cluster._start(Arrival(0, _job(newcomer, 100_000), -1), 0, None)
+    for _ in range(1000):
+        if not cluster.busy_with_jobs():
+            break
+        cluster.step(1.0)
+    (done,) = [f for f in cluster.finished if f.arrival.index == 1]
+    assert done.violated(TOLERANCE) is not fits
+
+
+def _nw_queue(cluster: Cluster, count: int) -> None:
+    cluster.queue += [Arrival(0, _job("nw", 100), i) for i in range(count)]
+
+
+@pytest.mark.parametrize(("one_open", "violations"), [(True, 0), (False, 4)])
+def test_one_open_device_per_machine_keeps_claims_from_sharing_its_headroom(
+    one_open: bool, violations: int
+) -> None:
+    """The scheduler does not see attributes change between pods: when every free GPU
+    publishes the machine's headroom, claims placed before the next publication all take
+    it and slow each other past their tolerance. With one open device a machine takes one
+    such claim per publication, and the next sees its load."""
+    cluster = Cluster([Machine(64, 4, 100, knee=4)], Policy.LENDING_QOS, one_open=one_open)
+    _nw_queue(cluster, 4)
+    cluster.step(1.0)
+    assert len(cluster.running) == (1 if one_open else 4)
+    for _ in range(1000):
+        if not (cluster.queue or cluster.running):
+            break
+        cluster.step(1.0)
+    assert len(cluster.finished) == 4
+    assert sum(f.violated(TOLERANCE) for f in cluster.finished) == violations
+
+
+def test_only_the_open_device_takes_a_loaded_claim_until_the_next_publication() -> None:
+    cluster = Cluster([Machine(64, 4, 100, knee=4)], Policy.LENDING_QOS, publish_every=3)
+    _nw_queue(cluster, 4)
+    placed = []
+    for _ in range(4):
+        cluster.step(1.0)
+        placed.append(len(cluster.running))
+    # Publications before steps 1 and 4: one claim each; the third nw would not fit.
+    assert placed == [1, 1, 1, 2]
+
+
+def test_placements_between_publications_read_the_last_one() -> None:
+    """With ``publish_every`` the scheduler reads stale values: a claim that the fresh
+    load would refuse is placed until the next publication shows the load."""
+    cluster = Cluster(
+        [Machine(64, 4, 100, knee=4)], Policy.LENDING_QOS, publish_every=5, one_open=False
+    )
+    cluster.step(1.0)  # the first publication: an idle machine
+    idle = cluster.published
+    for i in range(2):
+        cluster._start(Arrival(0, _job("nw", 100_000), -1 - i), 0, None)
+    for _ in range(4):
+        cluster.step(1.0)
+    assert cluster.published == idle
+    assert cluster.place(Arrival(0, _job("nw"), 1))
+    cluster.step(1.0)  # the next publication
+    assert cluster.published[0].local.host_slowdown > idle[0].local.host_slowdown
+    assert not cluster.place(Arrival(0, _job("nw"), 2))
+
+
+def test_publish_every_must_be_a_step_at_least(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        drmaestro.main(["--publish-every", "0"])
+    assert "--publish-every must be at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="publish_every"):
+        Cluster([Machine(1, 1, 100, knee=1)], Policy.LENDING_QOS, publish_every=0)
