@@ -7,10 +7,10 @@ for the end reads what the claim said on the way here.
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, Gone, Kube, path
 
 RESOURCE = "resource.k8s.io/v1"
 
@@ -23,16 +23,35 @@ class ClaimsSeen:
         self._lock = threading.Lock()
         self._versions: dict[str, list[JSON]] = {}
         self._timeout = timeout
+        self._retry = threading.Event()  # never set: its wait is the back-off
+        self.errors: list[str] = []
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        # Ends with its timeout, or when the test's control plane goes away under it.
-        with contextlib.suppress(Exception):
-            for event in self.kube.watch(self.url, self._rv, self._timeout):
-                if event["type"] in ("ADDED", "MODIFIED"):
+        # Until its timeout: a watch that breaks (a loaded machine, a dropped connection)
+        # resumes from the last version it saw, so no version in between is missed; the
+        # errors are kept for the test's failure message. Ends with the control plane.
+        deadline = time.monotonic() + self._timeout
+        rv = self._rv
+        while (left := int(deadline - time.monotonic())) > 0:
+            try:
+                for event in self.kube.watch(self.url, rv, left):
                     obj = event["object"]
-                    with self._lock:
-                        self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._record(obj)
+            except Gone:  # too old to resume: what is there now is the best left
+                listed = self.kube.get(self.url)
+                rv = listed["metadata"]["resourceVersion"]
+                for obj in listed.get("items") or []:
+                    self._record(obj)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+                self._retry.wait(0.5)  # a back-off between attempts, not a synchronisation
+
+    def _record(self, obj: JSON) -> None:
+        with self._lock:
+            self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
 
     def versions(self, name: str) -> list[JSON]:
         with self._lock:
@@ -42,3 +61,10 @@ class ClaimsSeen:
         """The last version of the claim that had an allocation."""
         found = [c for c in self.versions(name) if (c.get("status") or {}).get("allocation")]
         return found[-1] if found else None
+
+    def describe(self, name: str) -> str:
+        """For a failure message: the versions of ``name`` seen, and the watch's errors."""
+        phases = [bool((c.get("status") or {}).get("allocation")) for c in self.versions(name)]
+        return (
+            f"claim {name}: versions seen, allocated or not: {phases}; watch errors: {self.errors}"
+        )
