@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from composable_dra import logs
 from composable_dra.lending import netaware, qos
 from composable_dra.remote_leases import LeaseAPIError, LeaseClient, LendingStatus
-from dra_driver.slices import LendState, QosAttributes
+from dra_driver.slices import Attrs, LendState, QosAttributes
 
 # This node's devices held by a claim, with the profile it declared (None: none).
 Held = Sequence[tuple[str, qos.QosProfile | None]]
@@ -38,7 +38,7 @@ Held = Sequence[tuple[str, qos.QosProfile | None]]
 class QosSampling:
     """How the plugin turns what it measures into QoS attributes: the node's host profile,
     the bytes/s its host carries, the GPUs' PCIe bytes/s (None: not measurable here) and
-    the profiles of the claims running on this host (profile, remote)."""
+    this node's devices held by claims prepared here, with their profiles."""
 
     host: qos.HostProfile
     host_bandwidth: float
@@ -52,7 +52,7 @@ class QosSampling:
             )
 
 
-def _attrs(d: qos.DeviceLoad) -> tuple[tuple[str, int], ...]:
+def _attrs(d: qos.DeviceLoad) -> Attrs:
     return tuple(sorted(qos.published(d).items()))
 
 

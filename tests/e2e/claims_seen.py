@@ -11,6 +11,7 @@ import threading
 import time
 
 from composable_dra.kube import JSON, Gone, Kube, path
+from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 
@@ -68,3 +69,10 @@ class ClaimsSeen:
         return (
             f"claim {name}: versions seen, allocated or not: {phases}; watch errors: {self.errors}"
         )
+
+    def wait_allocated(self, name: str, what: str, timeout: float = 30) -> JSON:
+        """The last version of ``name`` with an allocation, once the watch has seen one."""
+        found: JSON = wait_for(
+            lambda: self.allocated(name), timeout, what, describe=lambda: self.describe(name)
+        )
+        return found

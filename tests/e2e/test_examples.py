@@ -136,12 +136,7 @@ def test_prefer_local_pool_remote(make_suite: MakeSuite, namespace: str) -> None
     )
     pod = suite.pod(namespace, name)
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    claim = wait_for(
-        lambda: seen.allocated(claim_name),
-        30,
-        "the claim's allocation seen",
-        describe=lambda: seen.describe(claim_name),
-    )
+    claim = seen.wait_allocated(claim_name, "the claim's allocation seen")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["request"] == "gpu/pool"
     node = next(n for n in suite.nodes.values() if n.name == pod["spec"]["nodeName"])

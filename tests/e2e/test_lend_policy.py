@@ -205,12 +205,7 @@ def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(l
     assert wait_phase(lab, insensitive, ("Succeeded", "Failed")) == "Succeeded"
     pod = kube.get(path("v1", "pods", insensitive, namespace=ns))
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    claim = wait_for(
-        lambda: seen.allocated(claim_name),
-        30,
-        "the example claim's allocation",
-        describe=lambda: seen.describe(claim_name),
-    )
+    claim = seen.wait_allocated(claim_name, "the example claim's allocation")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == donor and result["device"].endswith("-remote"), result
     wait_unschedulable(kube, ns, "sensitive")

@@ -160,12 +160,7 @@ def test_a_network_bound_claim_waits_for_a_busy_donor_while_a_light_one_is_serve
         describe=lab.describe,
     )
     assert wait_phase(lab, bound, ("Succeeded", "Failed")) == "Succeeded"
-    claim = wait_for(
-        lambda: seen.allocated(name),
-        30,
-        "the network-bound claim's allocation",
-        describe=lambda: seen.describe(name),
-    )
+    claim = seen.wait_allocated(name, "the network-bound claim's allocation")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == donor and result["device"].endswith("-remote"), result
 
