@@ -7,7 +7,9 @@ and no wait is near zero or above ``cap``. Each loop passes its cap: how long a 
 may go unnoticed after it is mended.
 
 An error that names its own wait (a ``retry_after`` attribute, from a Retry-After
-header) is retried after that wait instead.
+header) is retried after that wait instead, up to MAX_OWN_WAIT: a fabric that asks for
+days is not obeyed for days (composable_dra/fabric/retry_after.py refuses such answers
+at the edge; this is the second line for every other source of a ``retry_after``).
 
 Loops that must end promptly on shutdown pass their stop event: waits end when it is set,
 and no attempt starts after it.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
@@ -31,12 +34,18 @@ OnError = Callable[[BaseException, float], None]
 
 log = logs.get(__name__)
 
+# The longest wait an error may ask for: longer and the loop would look like a hang.
+MAX_OWN_WAIT = 300.0
+
 
 def _own_wait(after: object) -> float | None:
-    """A Retry-After (seconds) worth obeying: a number, not negative; else None."""
-    if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
-        return float(after)
-    return None
+    """A Retry-After (seconds) worth obeying, at most MAX_OWN_WAIT: a number, not
+    negative, not NaN; else None (the policy's own backoff)."""
+    if not isinstance(after, int | float) or isinstance(after, bool):
+        return None
+    if math.isnan(after) or after < 0:
+        return None
+    return min(float(after), MAX_OWN_WAIT)
 
 
 class _RetryAfter(wait_base):

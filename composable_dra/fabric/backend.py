@@ -62,6 +62,14 @@ class TransientError(FabricError):
     retryable = True
 
 
+class BadAnswerError(FabricError):
+    """The fabric answered something that cannot be read or trusted: malformed or too
+    deep JSON, another shape than the API's, an answer too large or a wait of days."""
+
+    kind = "bad_answer"
+    retryable = True
+
+
 class OperationFailedError(FabricError):
     """The fabric ran the operation and reports that it failed."""
 

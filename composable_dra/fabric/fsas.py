@@ -20,16 +20,19 @@ as CoHDI's CI mock of the FM, which does neither; docs/fabrics.md, "Assumptions"
   so an FM that ignores the condition fails loudly instead of attaching a stranger.
 
 Choices, as in the Redfish backend: TLS verified by default (the Fabric's CA, else the
-certifi bundle); no blind retries of changes (the operator re-reads and decides again);
-the token is cached until shortly before it expires, and a 401 fetches a new one and
-repeats that request once (a refused request changed nothing). Secrets never reach logs
-or error messages.
+certifi bundle; passed with each request, so that ``REQUESTS_CA_BUNDLE`` in the
+environment does not replace it); no blind retries of changes (the operator re-reads and
+decides again); the token is cached until shortly before it expires, and a 401 fetches a
+new one and repeats that request once (a refused request changed nothing). Secrets never
+reach logs or error messages, nor another host: no redirect is followed (requests would
+re-send the token request's form, client secret and password included, to wherever a
+307 points, https or not). Each request and its whole answer take at most ``timeout``
+and ``http_answer.MAX_ANSWER`` bytes (http_answer.py); answers are read by the pure
+functions of fsas_answers.py, so a malformed one is a typed FabricError.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 import threading
@@ -43,15 +46,13 @@ import certifi
 import requests
 from requests.adapters import HTTPAdapter
 
-from api.v1alpha1 import DEVICE_ID
 from composable_dra import logs
 from composable_dra.fabric.backend import (
     AuthError,
+    BadAnswerError,
     Device,
     FabricError,
     Host,
-    InsufficientError,
-    InUseError,
     Inventory,
     NotFoundError,
     Operation,
@@ -59,27 +60,29 @@ from composable_dra.fabric.backend import (
     OperationStatus,
     TransientError,
     Zone,
-    status_error,
 )
-from composable_dra.fabric.redfish import retry_after_seconds
+from composable_dra.fabric.fsas_answers import (
+    GPU,
+    device_of,
+    error_for,
+    free_count,
+    listed,
+    machine_devices,
+    machine_id,
+    resources_of,
+    token_of,
+    zone_id,
+)
+from composable_dra.fabric.http_answer import parse_json, read_body
 
 log = logs.get(__name__)
 
 FM = "fabric_manager/api/v1"
-GPU = "gpu"
 # A token is renewed this long before it expires, so no request carries a dying one.
 TOKEN_LEEWAY_S = 30.0
-_DEVICE_ID = re.compile(DEVICE_ID)
 _SEGMENT = re.compile(r"^[A-Za-z0-9._:-]+$")  # DEVICE_ID's characters; quoted anyway
-# res_op_status: its first digit is the health (0 OK, 1 warning, 2 critical).
-_HEALTHY = ("0", "1")
-# FM error codes (detail.code) whose meaning the status alone does not carry.
-_CODE_ERRORS: dict[str, type[FabricError]] = {
-    "E_RESOURCE_IN_USE": InUseError,
-    "E_INSUFFICIENT_RESOURCES": InsufficientError,
-    "E_NOT_FOUND": NotFoundError,
-    "E_OPERATION_FAILED": OperationFailedError,
-}
+# Compressed answers would let a few bytes on the wire become gigabytes in memory.
+_IDENTITY = {"Accept-Encoding": "identity"}
 
 
 def segment(value: str, what: str) -> str:
@@ -87,36 +90,6 @@ def segment(value: str, what: str) -> str:
     if not _SEGMENT.fullmatch(value) or value in (".", ".."):
         raise FabricError(f"invalid {what} {value!r}: not one URL path segment")
     return urllib.parse.quote(value, safe="")
-
-
-def error_for(status: int, body: Any, headers: Mapping[str, str], what: str) -> FabricError:
-    """The typed error for a failed FM answer ({"status", "detail": {"code", "message"}})."""
-    detail = body.get("detail") if isinstance(body, dict) else None
-    code = str(detail.get("code", "")) if isinstance(detail, dict) else ""
-    text = detail.get("message") if isinstance(detail, dict) else None
-    if not isinstance(text, str):
-        text = json.dumps(text) if text is not None else "no details"
-    message = f"{what}: HTTP {status}: {code + ': ' if code else ''}{text}"
-    retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
-    if code in _CODE_ERRORS:
-        return _CODE_ERRORS[code](message, retry_after=retry_after)
-    return status_error(status, message, retry_after)
-
-
-def token_expiry(answer: Mapping[str, Any], now: float) -> float:
-    """When a token answer expires: ``expires_in``, else the JWT's ``exp`` claim."""
-    expires_in = answer.get("expires_in")
-    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool):
-        return now + float(expires_in)
-    parts = str(answer.get("access_token", "")).split(".")
-    if len(parts) == 3:
-        try:
-            claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        except (binascii.Error, ValueError):
-            claims = None
-        if isinstance(claims, dict) and isinstance(claims.get("exp"), int | float):
-            return float(claims["exp"])
-    raise AuthError("the token answer says neither expires_in nor a JWT exp")
 
 
 @dataclass(frozen=True)
@@ -145,45 +118,6 @@ class Credentials:
         else:
             form["grant_type"] = "client_credentials"
         return form
-
-
-def _model(resource: Mapping[str, Any]) -> str:
-    spec = resource.get("res_spec")
-    conditions = spec.get("condition", []) if isinstance(spec, dict) else []
-    for c in conditions if isinstance(conditions, list) else []:
-        if isinstance(c, dict) and c.get("column") == "model" and c.get("operator") == "eq":
-            return str(c.get("value", ""))
-    return ""
-
-
-def device_of(resource: Mapping[str, Any], machine: str | None, zone: str) -> Device | None:
-    """The Device a GPU resource describes (None for another type, or a bad id)."""
-    rid = str(resource.get("res_uuid", ""))
-    if resource.get("res_type") != GPU or not _DEVICE_ID.fullmatch(rid):
-        return None
-    healthy = str(resource.get("res_op_status", "0"))[:1] in _HEALTHY
-    return Device(
-        id=rid,
-        model=_model(resource),
-        zone=zone,
-        uuid=str(resource.get("res_serial_num", "")),
-        state=("attached" if machine else "free") if healthy else "busy",
-        host=machine,
-    )
-
-
-def machine_devices(machine: Mapping[str, Any]) -> list[Device]:
-    """The GPUs a machine lists as attached to it."""
-    mach, zone = str(machine.get("mach_uuid", "")), zone_id(machine)
-    found = machine.get("resources")
-    resources = [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
-    return [d for r in resources if (d := device_of(r, mach, zone)) is not None]
-
-
-def zone_id(item: Mapping[str, Any]) -> str:
-    """The zone of a machine or a resource: its fabric (resources reach their fabric's
-    machines)."""
-    return str(item.get("fabric_uuid") or f"fabric-{item.get('fabric_id', '')}")
 
 
 class FsasFabricManagerBackend:
@@ -219,7 +153,11 @@ class FsasFabricManagerBackend:
             for scheme in ("https://", "http://"):  # one connection per concurrent call
                 session.mount(scheme, HTTPAdapter(pool_maxsize=connections))
         self._http = session
-        self._http.verify = False if insecure_skip_tls_verify else (ca_file or certifi.where())
+        # Given with each request: a session's own verify loses to REQUESTS_CA_BUNDLE.
+        self._verify: bool | str = (
+            False if insecure_skip_tls_verify else (ca_file or certifi.where())
+        )
+        self._http.verify = self._verify
         self._clock = clock
         self._lock = threading.Lock()  # guards the token
         self._token: tuple[str, float] | None = None  # (access token, expires at on clock)
@@ -227,25 +165,54 @@ class FsasFabricManagerBackend:
 
     # -- transport -----------------------------------------------------------------------
 
+    def _exchange(
+        self, method: str, url: str, what: str, **kw: Any
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        """One request and its whole answer within ``timeout``: the status, the JSON body
+        (None when there is none, or when a failure's body is not JSON) and the headers.
+        A redirect is answered as it came: never followed."""
+        deadline = time.monotonic() + self._timeout
+        headers = {**_IDENTITY, **kw.pop("headers", {})}
+        try:
+            resp = self._http.request(
+                method,
+                url,
+                headers=headers,
+                timeout=self._timeout,
+                allow_redirects=False,
+                stream=True,
+                verify=self._verify,
+                **kw,
+            )
+        except requests.RequestException as exc:
+            raise TransientError(f"{what}: {type(exc).__name__}") from exc
+        raw = read_body(resp, deadline, what)
+        status = resp.status_code
+        try:
+            body = parse_json(raw, what) if raw else None
+        except BadAnswerError:
+            if 200 <= status < 300:
+                raise
+            body = None  # a failure's page from a proxy, say: the status tells enough
+        return status, body, resp.headers
+
     def _fetch_token(self) -> tuple[str, float]:
         url = f"{self.endpoint}/{self._token_path}"
-        try:
-            resp = self._http.post(url, data=self._creds.form(), timeout=self._timeout)
-        except requests.RequestException as exc:
-            raise TransientError(f"token request to {url}: {type(exc).__name__}") from exc
-        if resp.status_code in (400, 401, 403):
-            raise AuthError(f"token request to {url} refused: HTTP {resp.status_code}")
-        if resp.status_code != 200:
-            raise error_for(resp.status_code, _body(resp), resp.headers, "token request")
-        answer = _body(resp)
-        if not isinstance(answer, dict) or not answer.get("access_token"):
-            raise AuthError(f"token request to {url}: no access_token in the answer")
+        what = f"token request to {url}"
+        status, answer, headers = self._exchange("POST", url, what, data=self._creds.form())
+        if 300 <= status < 400:
+            raise AuthError(
+                f"{what} answered HTTP {status}, a redirect: not followed, so that the "
+                "client secret and password go to no other place"
+            )
+        if status in (400, 401, 403):
+            raise AuthError(f"{what} refused: HTTP {status}")
+        if status != 200:
+            raise error_for(status, answer, headers, "token request")
+        token, lifetime = token_of(answer, time.time(), url)
         self.token_fetches += 1
-        wall = time.time()
-        lifetime = token_expiry(answer, wall) - wall
         log.info("fsas token fetched", endpoint=self.endpoint, valid_s=round(lifetime))
-        expires = lifetime + self._clock()
-        return str(answer["access_token"]), expires
+        return token, lifetime + self._clock()
 
     def _bearer(self, stale: str | None = None) -> str:
         """A token valid for TOKEN_LEEWAY_S more seconds; a new one if ``stale`` is the
@@ -266,45 +233,47 @@ class FsasFabricManagerBackend:
         body: Any = None,
     ) -> tuple[int, Any, Mapping[str, str]]:
         url = f"{self.endpoint}/{path}"
+        what = f"{method} {url}"
         params = {"tenant_uuid": self.tenant, **(query or {})}
         token = self._bearer()
         for attempt in (1, 2):
-            try:
-                resp = self._http.request(
-                    method,
-                    url,
-                    params=params,
-                    json=body,
-                    headers={"Authorization": f"Bearer {token}"},
-                    timeout=self._timeout,
-                )
-            except requests.RequestException as exc:
-                raise TransientError(f"{method} {url}: {type(exc).__name__}") from exc
-            if resp.status_code == 401 and attempt == 1:
+            status, answer, headers = self._exchange(
+                method,
+                url,
+                what,
+                params=params,
+                json=body,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            if status == 401 and attempt == 1:
                 token = self._bearer(stale=token)  # expired early or revoked: renew, once
                 continue
-            return resp.status_code, _body(resp), resp.headers
-        raise AuthError(f"{method} {url}: still unauthorized with a new token")
+            if 300 <= status < 400:
+                raise BadAnswerError(f"{what}: HTTP {status}, a redirect: not followed")
+            return status, answer, headers
+        raise AuthError(f"{what}: still unauthorized with a new token")
 
     def _get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         status, body, headers = self._call("GET", path, query=query)
-        if status != 200 or not isinstance(body, dict):
+        if status != 200:
             raise error_for(status, body, headers, f"GET {path}")
+        if not isinstance(body, dict):
+            raise BadAnswerError(f"GET {path}: the answer is not a JSON object")
         return body
+
+    def _host(self, machine: Mapping[str, Any]) -> Host:
+        mach = machine_id(machine)
+        name = machine.get("mach_name")
+        return Host(mach, mach, name if isinstance(name, str) else "")
 
     # -- reads ---------------------------------------------------------------------------
 
     def _machines(self) -> list[dict[str, Any]]:
-        machines = self._get(f"{FM}/machines").get("data", {}).get("machines", [])
-        return [m for m in machines if isinstance(m, dict) and m.get("mach_uuid")]
+        machines = listed(self._get(f"{FM}/machines"), "machines", f"GET {FM}/machines")
+        return [m for m in machines if machine_id(m)]
 
     def hosts(self) -> dict[str, Host]:
-        return {
-            str(m["mach_uuid"]): Host(
-                str(m["mach_uuid"]), str(m["mach_uuid"]), str(m.get("mach_name", ""))
-            )
-            for m in self._machines()
-        }
+        return {machine_id(m): self._host(m) for m in self._machines()}
 
     def _resources(self) -> list[dict[str, Any]]:
         status, body, headers = self._call("GET", f"{FM}/resources", query={"res_type": GPU})
@@ -313,30 +282,23 @@ class FsasFabricManagerBackend:
                 f"GET {FM}/resources answered 404: this fabric manager does not list its GPUs "
                 "by identity, which the fsas-fm backend needs (docs/fabrics.md, Assumptions)"
             )
-        if status != 200 or not isinstance(body, dict):
+        if status != 200:
             raise error_for(status, body, headers, f"GET {FM}/resources")
-        found = body.get("data", {}).get("resources")
-        return [r for r in found or [] if isinstance(r, dict)]
+        return listed(body, "resources", f"GET {FM}/resources")
 
     def inventory(self) -> Inventory:
         if self.picks_device:
             return self._counted_inventory()
         machines = self._machines()
-        hosts = {
-            str(m["mach_uuid"]): Host(
-                str(m["mach_uuid"]), str(m["mach_uuid"]), str(m.get("mach_name", ""))
-            )
-            for m in machines
-        }
+        hosts = {machine_id(m): self._host(m) for m in machines}
         devices: dict[str, Device] = {}
         for r in self._resources():
-            machine = r.get("mach_uuid") or None
-            device = device_of(r, str(machine) if machine else None, zone_id(r))
+            device = device_of(r, machine_id(r) or None, zone_id(r))
             if device is not None:
                 devices[device.id] = device
         zone_hosts: dict[str, set[str]] = {}
         for m in machines:
-            zone_hosts.setdefault(zone_id(m), set()).add(str(m["mach_uuid"]))
+            zone_hosts.setdefault(zone_id(m), set()).add(machine_id(m))
         zone_devices: dict[str, set[str]] = {}
         for d in devices.values():
             zone_devices.setdefault(d.zone, set()).add(d.id)
@@ -355,8 +317,8 @@ class FsasFabricManagerBackend:
         devices: dict[str, Device] = {}
         zone_hosts: dict[str, set[str]] = {}
         for m in machines:
-            mach = str(m["mach_uuid"])
-            hosts[mach] = Host(mach, mach, str(m.get("mach_name", "")))
+            mach = machine_id(m)
+            hosts[mach] = self._host(m)
             zone_hosts.setdefault(zone_id(m), set()).add(mach)
             for d in machine_devices(m):
                 devices[d.id] = d
@@ -377,15 +339,12 @@ class FsasFabricManagerBackend:
             f"{FM}/machines/{segment(machine, 'host id')}/available-reserved-resources",
             {"res_type": GPU, "condition": condition},
         )
-        count = body.get("reserved_res_num_per_fabric")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise FabricError(f"free GPUs of {model!r}: not a count: {count!r}")
-        return count
+        return free_count(body, f"free GPUs of {model!r}")
 
     def host_devices(self, host_id: str) -> list[Device]:
-        body = self._get(f"{FM}/machines/{segment(host_id, 'host id')}")
-        found = body.get("data", {}).get("machines", [])
-        return [d for m in found if isinstance(m, dict) for d in machine_devices(m)]
+        path = f"{FM}/machines/{segment(host_id, 'host id')}"
+        found = listed(self._get(path), "machines", f"GET {path}")
+        return [d for m in found for d in machine_devices(m)]
 
     def _picked_device(self, device_id: str) -> Device | None:
         # No resource endpoint on such an FM: a GPU is known while a machine has it.
@@ -403,8 +362,7 @@ class FsasFabricManagerBackend:
         )
         if status != 200:
             raise error_for(status, body, headers, what)
-        found = body.get("data", {}).get("machines", []) if isinstance(body, dict) else []
-        return [m for m in found if isinstance(m, dict)]
+        return listed(body, "machines", what)
 
     def attach_model(self, model: str, host_id: str) -> Device:
         machine = segment(host_id, "host id")
@@ -426,12 +384,12 @@ class FsasFabricManagerBackend:
         status, body, headers = self._call("GET", f"{FM}/resources/{rid}")
         if status == 404:
             return None
-        if status != 200 or not isinstance(body, dict):
-            raise error_for(status, body, headers, f"GET resource {device_id}")
-        found = body.get("data", {}).get("resources") or []
-        r = found[0] if isinstance(found, list) and found and isinstance(found[0], dict) else {}
-        machine = r.get("mach_uuid") or None
-        return device_of(r, str(machine) if machine else None, zone_id(r))
+        what = f"GET resource {device_id}"
+        if status != 200:
+            raise error_for(status, body, headers, what)
+        found = listed(body, "resources", what)
+        r = found[0] if found else {}
+        return device_of(r, machine_id(r) or None, zone_id(r))
 
     # -- changes -------------------------------------------------------------------------
 
@@ -458,8 +416,7 @@ class FsasFabricManagerBackend:
         added = [
             str(r.get("res_uuid"))
             for m in self._scale_up(machine, host_id, conditions, what)
-            for r in m.get("resources", [])
-            if isinstance(r, dict)
+            for r in resources_of(m)
         ]
         strangers = [a for a in added if a != rid]
         for other in strangers:
@@ -490,10 +447,3 @@ class FsasFabricManagerBackend:
         with self._lock:
             self._token = None
         self._http.close()
-
-
-def _body(resp: requests.Response) -> Any:
-    try:
-        return resp.json()
-    except ValueError:
-        return None

@@ -17,7 +17,6 @@ Choices that differ from the library's defaults, on purpose:
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import logging
 import re
 import threading
@@ -51,6 +50,7 @@ from composable_dra.fabric.backend import (
     Zone,
     status_error,
 )
+from composable_dra.fabric.retry_after import busy_wait, poll_hint
 
 ROOT = "/redfish/v1"
 # Connections kept open to one fabric: requests' default; a caller making concurrent
@@ -88,20 +88,6 @@ _MESSAGE_ERRORS: dict[str, type[FabricError]] = {
 }
 
 
-def retry_after_seconds(value: str | None, default: float = 1.0) -> float:
-    """Retry-After as delta-seconds or an HTTP date."""
-    if not value:
-        return default
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return default
-    return max(0.0, when.timestamp() - time.time())
-
-
 def _messages(body: Any) -> list[dict[str, Any]]:
     if not isinstance(body, dict):
         return []
@@ -123,7 +109,7 @@ def _describe(body: Any, fallback: str) -> str:
 def error_for(status: int, body: Any, headers: dict[str, str], what: str) -> FabricError:
     """The typed error for a failed Redfish response."""
     message = f"{what}: HTTP {status}: {_describe(body, 'no details')}"
-    retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
+    retry_after = busy_wait(status, headers, what)
     for info in _messages(body):
         suffix = str(info.get("MessageId", "")).rsplit(".", 1)[-1]
         if suffix in _MESSAGE_ERRORS:
@@ -406,7 +392,7 @@ class RedfishCompositionBackend:
             return Operation(
                 monitor=monitor or str(task),
                 task=task,
-                retry_after=retry_after_seconds(headers.get("retry-after")),
+                retry_after=poll_hint(headers.get("retry-after")),
             )
         raise error_for(status, payload, headers, what)
 
@@ -419,9 +405,7 @@ class RedfishCompositionBackend:
     def operation_status(self, op: Operation) -> OperationStatus:
         status, payload, headers = self._call("GET", op.monitor)
         if status == 202:
-            return OperationStatus(
-                "running", retry_after=retry_after_seconds(headers.get("retry-after"))
-            )
+            return OperationStatus("running", retry_after=poll_hint(headers.get("retry-after")))
         if status in (200, 204) and not (isinstance(payload, dict) and "TaskState" in payload):
             return OperationStatus("done")
         if status >= 400 and status != 404 and op.task:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import urllib.parse
 from collections.abc import Iterator
@@ -14,12 +15,8 @@ import requests
 
 from api.v1alpha1 import FabricSpec
 from composable_dra.fabric import backend as b
-from composable_dra.fabric.fsas import (
-    TOKEN_LEEWAY_S,
-    Credentials,
-    FsasFabricManagerBackend,
-    token_expiry,
-)
+from composable_dra.fabric.fsas import TOKEN_LEEWAY_S, Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas_answers import token_expiry
 from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
@@ -252,12 +249,15 @@ def test_cohdi_shaped_requests(emu: EmulatorProcess, tmp_path: Path) -> None:
 
 
 class FakeResponse:
+    """What the backend reads of a streamed requests.Response."""
+
     def __init__(self, status: int, body: Any) -> None:
-        self.status_code, self._body = status, body
+        self.status_code = status
+        self.raw = io.BytesIO(json.dumps(body).encode())  # read1, as urllib3's answer has
         self.headers: dict[str, str] = {}
 
-    def json(self) -> Any:
-        return self._body
+    def close(self) -> None:
+        pass
 
 
 class StrangerFM:
@@ -269,10 +269,9 @@ class StrangerFM:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any]] = []
 
-    def post(self, url: str, **_: Any) -> FakeResponse:
-        return FakeResponse(200, {"access_token": "t", "expires_in": 300})
-
     def request(self, method: str, url: str, **kw: Any) -> FakeResponse:
+        if "/id_manager/" in url:
+            return FakeResponse(200, {"access_token": "t", "expires_in": 300})
         self.calls.append((method, url.rsplit("/api/v1/", 1)[-1], kw.get("json")))
         gpu = {"res_uuid": "gpu-1", "res_type": "gpu", "res_op_status": "0", "res_spec": {}}
         if method == "GET":

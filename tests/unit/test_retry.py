@@ -39,13 +39,41 @@ def test_a_first_wait_above_the_cap_is_the_cap() -> None:
     assert 0.05 <= retry.delay(1, cap=0.1, first=1.0) <= 0.1
 
 
-@pytest.mark.parametrize(("after", "expected"), [(7.0, 7.0), (0, 0.0), (400.0, 400.0)])
+@pytest.mark.parametrize(("after", "expected"), [(7.0, 7.0), (0, 0.0), (250.0, 250.0)])
 def test_a_wait_the_server_asked_for_wins(after: float, expected: float) -> None:
     assert retry.delay(3, cap=5.0, retry_after=after) == expected
 
 
 def test_a_negative_wait_the_server_asked_for_is_ignored() -> None:
     assert 0.4 <= retry.delay(3, cap=5.0, retry_after=-1.0) <= 0.8
+
+
+@pytest.mark.parametrize("after", [999_999_999.0, float("inf"), 1e308])
+def test_an_absurd_wait_the_server_asked_for_is_capped(after: float) -> None:
+    """Issue 25.5: a fabric's Retry-After of decades (or infinity) was obeyed as asked."""
+    assert retry.delay(3, cap=5.0, retry_after=after) == retry.MAX_OWN_WAIT
+
+
+def test_a_nan_wait_the_server_asked_for_is_ignored() -> None:
+    assert 0.4 <= retry.delay(3, cap=5.0, retry_after=float("nan")) <= 0.8
+
+
+def test_forever_waits_no_longer_than_the_cap_on_an_absurd_retry_after() -> None:
+    class Busy(Exception):
+        retry_after = float("inf")
+
+    waits: list[float] = []
+    calls: list[int] = []
+
+    def busy_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Busy
+        return "done"
+
+    retrying = retry.tenacity.Retrying(sleep=waits.append, wait=retry.policy(cap=1.0))
+    assert retrying(busy_once) == "done"
+    assert waits == [retry.MAX_OWN_WAIT]
 
 
 def test_bad_arguments_are_refused() -> None:
