@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from composable_dra.fabric import backend as b
-from composable_dra.fabric import fsas, redfish
+from composable_dra.fabric import fsas_answers, redfish
 from composable_dra.fabric.retry_after import (
     ABSURD,
     busy_wait,
@@ -61,7 +61,9 @@ def test_leading_zeros_do_not_make_a_short_wait_absurd() -> None:
 
 
 @pytest.mark.parametrize("status", [429, 503])
-@pytest.mark.parametrize("error_for", [redfish.error_for, fsas.error_for], ids=["redfish", "fsas"])
+@pytest.mark.parametrize(
+    "error_for", [redfish.error_for, fsas_answers.error_for], ids=["redfish", "fsas"]
+)
 def test_every_backend_refuses_an_absurd_busy_answer(status: int, error_for: object) -> None:
     """Obeyed, ``Retry-After: 999999999`` had the operator wait 31 years."""
     build = error_for  # a Redfish or an Fsas answer: the same rule
