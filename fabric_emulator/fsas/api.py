@@ -13,6 +13,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from fabric_emulator import limits
 from fabric_emulator.topology import Block, Host, Topology
 
 GPU = "gpu"
@@ -144,11 +145,12 @@ def parse_remove(body: Any, tenant: str, machine: str) -> RemoveSpec:
 
 
 def parse_condition_query(raw: str | None) -> Condition:
-    """available-reserved-resources' ``condition`` query parameter (JSON)."""
+    """available-reserved-resources' ``condition`` query parameter (JSON, bounded as a
+    body is: nested a thousand deep, ``json`` raised RecursionError, a 500)."""
     if raw is None:
         raise _bad("condition is required")
     try:
-        value = json.loads(raw)
+        value = limits.parse_json(raw.encode("utf-8", "surrogatepass"))
     except ValueError:
         raise _bad("condition is not JSON") from None
     return _condition(value)

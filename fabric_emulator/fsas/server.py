@@ -22,11 +22,11 @@ from aiohttp import web
 
 from composable_dra import logs
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import limits, state
+from fabric_emulator import state
 from fabric_emulator.fsas import api
 from fabric_emulator.fsas.api import FsasError
 from fabric_emulator.fsas.config import FsasConfig
-from fabric_emulator.server import Config, Emulator, Handler
+from fabric_emulator.server import BodyRefused, Config, Emulator, Handler, read_json
 from fabric_emulator.state import RedfishError
 from fabric_emulator.topology import Host, Topology
 
@@ -162,7 +162,12 @@ class FsasEmulator(Emulator):
         raise FsasError(404, "E_NOT_FOUND", f"no {method} {path}")
 
     async def _token(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.content.read(api.MAX_FORM + 1)
+        # The whole body: content.read(n) returns what has arrived, so a form split over
+        # two TCP segments was refused as malformed.
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise FsasError(413, "invalid_request", "the form is too large") from None
         form = api.parse_token_form(raw)
         ok = secrets.compare_digest(form.client_id.encode(), self.fsas.client_id.encode())
         ok &= secrets.compare_digest(form.client_secret.encode(), self.fsas.client_secret.encode())
@@ -249,15 +254,12 @@ class FsasEmulator(Emulator):
         )
 
     async def _body(self, request: web.Request) -> Any:
-        if request.content_type != "application/json":
-            raise FsasError(415, "E_INVALID_PARAMETER", "Content-Type must be application/json")
-        raw = await request.content.read(limits.MAX_BODY + 1)
-        if len(raw) > limits.MAX_BODY:
-            raise FsasError(413, "E_INVALID_PARAMETER", "body too large")
+        """The whole JSON body, read as the Redfish side reads one (read_json: 415, 413 or
+        400), in the FM's error shape."""
         try:
-            return limits.parse_json(raw)
-        except ValueError as exc:
-            raise FsasError(400, "E_INVALID_PARAMETER", f"malformed JSON: {exc}") from None
+            return await read_json(request)
+        except BodyRefused as refused:
+            raise FsasError(refused.status, "E_INVALID_PARAMETER", str(refused)) from None
 
     async def _attach(self, request: web.Request, host: Host) -> web.StreamResponse:
         spec = api.parse_add(await self._body(request), self.fsas.tenant, host.uuid)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import select
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +157,93 @@ def test_hostile_bodies_over_http_get_4xx(emu: EmulatorProcess, body: bytes) -> 
         timeout=10,
     )
     assert forged.status_code in (400, 401), forged.text
+
+
+def test_a_deeply_nested_condition_query_is_refused() -> None:
+    """json.loads raised RecursionError on it: the emulator answered 500."""
+    for deep in ("[" * 5000 + "]" * 5000, '{"a":' * 40 + "1" + "}" * 40):
+        with pytest.raises(api.FsasError) as err:
+            api.parse_condition_query(deep)
+        assert err.value.status == 400
+
+
+def _token(emu: EmulatorProcess) -> str:
+    cfg = FsasConfig()
+    answer = requests.post(
+        f"{emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
+        data={"client_id": cfg.client_id, "client_secret": cfg.client_secret,
+              "grant_type": "client_credentials"},
+        timeout=10,
+    )  # fmt: skip
+    token: str = answer.json()["access_token"]
+    return token
+
+
+def test_a_deeply_nested_condition_query_over_http_gets_400(emu: EmulatorProcess) -> None:
+    # Percent-encoded, within the request line's limit (8190 bytes), past json's recursion.
+    deep = "[" * 1300 + "]" * 1300
+    resp = requests.get(
+        f"{emu.url}/fabric_manager/api/v1/machines/{host_uuid('node-1')}"
+        f"/available-reserved-resources?tenant_uuid={FsasConfig().tenant}&condition={deep}",
+        headers={"Authorization": f"Bearer {_token(emu)}"},
+        timeout=10,
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["detail"]["code"] == "E_INVALID_PARAMETER"
+
+
+def _split_exchange(url: str, head: str, body: bytes) -> tuple[int, bytes]:
+    """One request whose body goes in two TCP segments, and the answer's status and body."""
+    address = urllib.parse.urlsplit(url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        lines = f"{head}\r\nHost: {address.netloc}\r\nContent-Length: {len(body)}\r\n"
+        half = len(body) // 2
+        sock.sendall(lines.encode() + b"Connection: close\r\n\r\n" + body[:half])
+        # A server that answers before the whole body has come (as this one did) answers
+        # now; a correct one waits for the rest. The bound gives the first its chance.
+        early, _, _ = select.select([sock], [], [], 1.0)
+        if not early:
+            sock.sendall(body[half:])
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, resp.read()
+
+
+def test_an_attach_body_split_over_two_segments_is_read_whole(emu: EmulatorProcess) -> None:
+    emu.reset()
+    cfg, machine = FsasConfig(), host_uuid("node-1")
+    spec = {
+        "res_type": "gpu",
+        "res_num": 1,
+        "res_spec": {
+            "condition": [{"column": "model", "operator": "eq", "value": "NVIDIA H100 80GB HBM3"}]
+        },
+    }
+    body = {"tenants": {"tenant_uuid": cfg.tenant, "machines": [
+        {"mach_uuid": machine, "resources": [{"res_specs": [spec]}]}]}}  # fmt: skip
+    status, answer = _split_exchange(
+        emu.url,
+        f"PATCH /fabric_manager/api/v1/machines/{machine}/update?tenant_uuid={cfg.tenant}"
+        f" HTTP/1.1\r\nAuthorization: Bearer {_token(emu)}\r\nContent-Type: application/json",
+        json.dumps(body).encode(),
+    )
+    assert status == 200, answer
+    assert len(json.loads(answer)["data"]["machines"][0]["resources"]) == 1
+    emu.reset()
+
+
+def test_a_token_form_split_over_two_segments_is_read_whole(emu: EmulatorProcess) -> None:
+    cfg = FsasConfig()
+    form = urllib.parse.urlencode(
+        {"client_id": cfg.client_id, "client_secret": cfg.client_secret,
+         "grant_type": "client_credentials"}
+    ).encode()  # fmt: skip
+    status, answer = _split_exchange(
+        emu.url,
+        f"POST /id_manager/realms/{cfg.realm}/protocol/openid-connect/token HTTP/1.1\r\n"
+        "Content-Type: application/x-www-form-urlencoded",
+        form,
+    )
+    assert status == 200, answer
+    assert json.loads(answer)["access_token"]
