@@ -44,7 +44,6 @@ from typing import Any
 
 import certifi
 import requests
-from requests.adapters import HTTPAdapter
 
 from composable_dra import logs
 from composable_dra.fabric.backend import (
@@ -74,6 +73,7 @@ from composable_dra.fabric.fsas_answers import (
     zone_id,
 )
 from composable_dra.fabric.http_answer import parse_json, read_body
+from composable_dra.fabric.http_deadline import DeadlineAdapter, deadline
 
 log = logs.get(__name__)
 
@@ -151,7 +151,7 @@ class FsasFabricManagerBackend:
         if session is None:
             session = requests.Session()
             for scheme in ("https://", "http://"):  # one connection per concurrent call
-                session.mount(scheme, HTTPAdapter(pool_maxsize=connections))
+                session.mount(scheme, DeadlineAdapter(pool_maxsize=connections))
         self._http = session
         # Given with each request: a session's own verify loses to REQUESTS_CA_BUNDLE.
         self._verify: bool | str = (
@@ -171,22 +171,24 @@ class FsasFabricManagerBackend:
         """One request and its whole answer within ``timeout``: the status, the JSON body
         (None when there is none, or when a failure's body is not JSON) and the headers.
         A redirect is answered as it came: never followed."""
-        deadline = time.monotonic() + self._timeout
+        ends = time.monotonic() + self._timeout
         headers = {**_IDENTITY, **kw.pop("headers", {})}
         try:
-            resp = self._http.request(
-                method,
-                url,
-                headers=headers,
-                timeout=self._timeout,
-                allow_redirects=False,
-                stream=True,
-                verify=self._verify,
-                **kw,
-            )
+            with deadline(ends):
+                resp = self._http.request(
+                    method,
+                    url,
+                    headers=headers,
+                    timeout=self._timeout,
+                    allow_redirects=False,
+                    stream=True,
+                    verify=self._verify,
+                    **kw,
+                )
         except requests.RequestException as exc:
-            raise TransientError(f"{what}: {type(exc).__name__}") from exc
-        raw = read_body(resp, deadline, what)
+            late = " within the call's time limit" if time.monotonic() >= ends else ""
+            raise TransientError(f"{what}: no answer{late}: {type(exc).__name__}") from exc
+        raw = read_body(resp, ends, what)
         status = resp.status_code
         try:
             body = parse_json(raw, what) if raw else None

@@ -53,6 +53,9 @@ def read_body(
             got += chunk
             if len(got) > cap:
                 raise BadAnswerError(f"{what}: an answer of more than {cap} bytes")
+    except (urllib3.exceptions.ReadTimeoutError, TimeoutError) as exc:
+        # Each read waits at most until the deadline: a timeout is the deadline's.
+        raise TransientError(f"{what}: no whole answer within the call's time limit") from exc
     except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
         raise TransientError(f"{what}: reading the answer: {type(exc).__name__}") from exc
     finally:

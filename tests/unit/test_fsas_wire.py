@@ -38,6 +38,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
         self.server.seen.append((self.command, path, body))
+        self.server.ports.append(self.client_address[1])
         self.server.answers.get(path, not_found)(self)
 
     do_GET = do_POST = do_PATCH = do_DELETE = _any
@@ -68,12 +69,13 @@ class Wire(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, tls: ssl.SSLContext | None = None, handler: type[Handler] = Handler) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
         if tls is not None:
             self.socket = tls.wrap_socket(self.socket, server_side=True)
         self.answers: dict[str, Answer] = {TOKEN_PATH: answer(200, TOKEN)}
         self.seen: list[tuple[str, str, bytes]] = []
+        self.ports: list[int] = []  # the client's port of each request
         self.stop = threading.Event()  # ends a trickling answer
         self.scheme = "https" if tls else "http"
 
@@ -135,18 +137,20 @@ def test_a_redirected_call_is_a_fabric_error_and_is_not_followed(wire: Wire) -> 
 # -- item 8: one deadline per call, a size cap -------------------------------------------------
 
 
-def trickle(body: bytes, every: float) -> Answer:
-    """The whole answer, a byte at a time: each read returns within any read timeout."""
+def trickle(body: bytes, every: float, headers_too: bool = False) -> Answer:
+    """The answer's body (and with ``headers_too`` its status line and headers as well),
+    a byte at a time: each read returns within any read timeout."""
 
     def send(h: Handler) -> None:
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        for i in range(len(body)):
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        if not headers_too:
+            h.wfile.write(head)
+        slow = head + body if headers_too else body
+        for i in range(len(slow)):
             if h.server.stop.wait(every):
                 return
             try:
-                h.wfile.write(body[i : i + 1])
+                h.wfile.write(slow[i : i + 1])
                 h.wfile.flush()
             except OSError:
                 return  # the client gave up
@@ -154,10 +158,11 @@ def trickle(body: bytes, every: float) -> Answer:
     return send
 
 
-def test_a_trickled_answer_ends_at_the_calls_deadline(wire: Wire) -> None:
+@pytest.mark.parametrize("headers_too", [False, True], ids=["body", "whole answer"])
+def test_a_trickled_answer_ends_at_the_calls_deadline(wire: Wire, headers_too: bool) -> None:
     """requests' timeout bounds each read: trickled, a 1 s call took as long as the FM
-    liked (here 6 s)."""
-    wire.answers[MACHINES_PATH] = trickle(NO_MACHINES.ljust(60), every=0.1)
+    liked (here 6 s or more)."""
+    wire.answers[MACHINES_PATH] = trickle(NO_MACHINES.ljust(60), 0.1, headers_too)
     backend = fm(wire.url, timeout=1.0)
     started = time.monotonic()
     with pytest.raises(b.TransientError, match="time limit"):
@@ -202,6 +207,22 @@ def test_every_request_asks_for_an_uncompressed_answer(wire: Wire) -> None:
     wire.answers[MACHINES_PATH] = record
     fm(wire.url).hosts()
     assert encodings == ["identity"]
+
+
+class KeepAlive(Handler):
+    protocol_version = "HTTP/1.1"
+
+
+def test_a_connection_read_to_its_end_is_used_again() -> None:
+    """Answers are read by hand (streamed): a whole one still frees its connection for
+    the next call, instead of a new connection (and TLS handshake) per call."""
+    with Wire(handler=KeepAlive) as w:
+        w.answers[MACHINES_PATH] = answer(200, NO_MACHINES)
+        backend = fm(w.url)
+        backend.hosts()
+        backend.hosts()
+        backend.close()
+    assert len(w.ports) == 3 and len(set(w.ports)) == 1  # the token, then two calls
 
 
 # -- item 8: garbage answers are typed errors --------------------------------------------------
