@@ -133,12 +133,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
 @given(body=st.binary(max_size=200) | json_values.map(lambda v: repr(v).encode()))
 def test_hostile_bodies_over_http_get_4xx(emu: EmulatorProcess, body: bytes) -> None:
     cfg = FsasConfig()
-    token = requests.post(
-        f"{emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
-        data={"client_id": cfg.client_id, "client_secret": cfg.client_secret,
-              "grant_type": "client_credentials"},
-        timeout=10,
-    ).json()["access_token"]  # fmt: skip
+    token = _token(emu)
     for method in ("PATCH", "DELETE"):
         resp = requests.request(
             method,
