@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import tenacity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +72,7 @@ def test_forever_waits_no_longer_than_the_cap_on_an_absurd_retry_after() -> None
             raise Busy
         return "done"
 
-    retrying = retry.tenacity.Retrying(sleep=waits.append, wait=retry.policy(cap=1.0))
+    retrying = tenacity.Retrying(sleep=waits.append, wait=retry.policy(cap=1.0))
     assert retrying(busy_once) == "done"
     assert waits == [retry.MAX_OWN_WAIT]
 
