@@ -25,8 +25,11 @@ integers (`published`), so the plugin, the scheduler and the simulator decide al
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from api.v1alpha1 import DNS_SUBDOMAIN
 
 HOST_SLOWDOWN = "hostSlowdown"
 LINK_LOAD = "linkLoad"
@@ -42,6 +45,10 @@ STEP = 25
 
 class ProfileError(ValueError):
     """A profile whose numbers cannot describe a job or a host."""
+
+
+class SelectorError(ValueError):
+    """A selector that cannot be written for the domain asked for."""
 
 
 @dataclass(frozen=True)
@@ -167,9 +174,18 @@ def as_published(d: DeviceLoad) -> DeviceLoad:
 
 
 def cel_selector(p: QosProfile, domain: str) -> str:
-    """`fits` as a CEL device selector over the published attributes of ``domain``: what
-    a claim puts in its request's ``selectors`` so the scheduler applies its profile. A
-    device that publishes no load (a pool device not yet attached) is not refused."""
+    """`fits` as a CEL device selector over the published attributes of ``domain``, the
+    driver that publishes them: what a claim puts in its request's ``selectors`` so the
+    scheduler applies its profile. A device of that driver that publishes no load (a pool
+    device not yet attached) is not refused; a device of any other driver is, so that a
+    mistyped domain matches no device rather than every one (a domain without attributes
+    reads as empty). SelectorError when ``domain`` is not a driver name: it is written
+    into the expression, where a quote or a backslash would change it."""
+    if len(domain) > 63 or not re.fullmatch(DNS_SUBDOMAIN, domain):
+        raise SelectorError(
+            f"driver name {domain!r} is not a DRA driver name (a DNS subdomain of at most "
+            "63 characters)"
+        )
     a = f'device.attributes["{domain}"]'
     host = f"double({a}.{HOST_SLOWDOWN}) / {SCALE}.0"
     link = f"({p.transfer!r} / (1.0 - double({a}.{LINK_LOAD}) / {SCALE}.0) - {p.transfer!r})"
@@ -177,6 +193,6 @@ def cel_selector(p: QosProfile, domain: str) -> str:
     local = f"({host} <= {p.budget(False)!r})"
     need = math.ceil(round(p.host_load * SCALE, 6))
     return (
-        f'!("{HOST_SLOWDOWN}" in {a}) || ('
-        f'("{LINK_LOAD}" in {a} ? {remote} : {local}) && {a}.{HEADROOM} >= {need})'
+        f'device.driver == "{domain}" && (!("{HOST_SLOWDOWN}" in {a}) || ('
+        f'("{LINK_LOAD}" in {a} ? {remote} : {local}) && {a}.{HEADROOM} >= {need}))'
     )
