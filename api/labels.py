@@ -15,7 +15,8 @@ from typing import Literal
 _NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
 _NAME_RE = re.compile(_NAME)
 _VALUE_RE = re.compile(f"({_NAME})?")
-_PREFIX_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A DNS subdomain (RFC 1123), as a label key's prefix or a DRA driver's name must be.
+DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # One requirement of a selector: `!key`, `key`, `key op value`, `key in|notin (values)`.
 # Tokens may be spaced as labels.Parse allows; keys and values are checked afterwards.
 _WORD = r"[^\s=!,()<>]+"
@@ -44,7 +45,7 @@ def key_problem(key: str) -> str | None:
     DNS subdomain of at most 253 characters, the name at most 63."""
     prefix, _, name = key.rpartition("/")
     if "/" in key and not (
-        prefix and len(prefix) <= 253 and _PREFIX_RE.fullmatch(prefix) is not None
+        prefix and len(prefix) <= 253 and DNS_SUBDOMAIN_RE.fullmatch(prefix) is not None
     ):
         return f"label key {key!r}: its prefix must be a DNS subdomain of at most 253 characters"
     if not (len(name) <= 63 and _NAME_RE.fullmatch(name)):

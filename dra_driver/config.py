@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra.lending.claim_config import LatencySLO, QosConfig, problems
+from composable_dra.lending.claim_config import LatencySLO, QosConfig
+from composable_dra.validation import problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"

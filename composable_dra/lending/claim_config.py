@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from composable_dra.lending import qos, slo
+from composable_dra.validation import problems
 
 # An allow-list name of a donor (``--allow NAME=MODULE:FUNCTION``, or the import path).
 FUNCTION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
@@ -135,13 +136,6 @@ def qos_of_claim(claim: Any, driver: str, pool: str, device: str) -> QosConfig |
         return QosConfig.model_validate(value)
     except ValidationError as exc:
         raise SLOConfigError(f"invalid qos: {problems(exc, 'qos')}") from None
-
-
-def problems(exc: ValidationError, root: str) -> str:
-    """A validation error as one readable line: each field's path and what is wrong."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in exc.errors()
-    )
 
 
 def parse_slo(value: Any) -> LatencySLO:

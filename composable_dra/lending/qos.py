@@ -25,11 +25,10 @@ integers (`published`), so the plugin, the scheduler and the simulator decide al
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from api.v1alpha1 import DNS_SUBDOMAIN
+from api.labels import DNS_SUBDOMAIN_RE
 
 HOST_SLOWDOWN = "hostSlowdown"
 LINK_LOAD = "linkLoad"
@@ -181,7 +180,7 @@ def cel_selector(p: QosProfile, domain: str) -> str:
     mistyped domain matches no device rather than every one (a domain without attributes
     reads as empty). SelectorError when ``domain`` is not a driver name: it is written
     into the expression, where a quote or a backslash would change it."""
-    if len(domain) > 63 or not re.fullmatch(DNS_SUBDOMAIN, domain):
+    if len(domain) > 63 or not DNS_SUBDOMAIN_RE.fullmatch(domain):
         raise SelectorError(
             f"driver name {domain!r} is not a DRA driver name (a DNS subdomain of at most "
             "63 characters)"
