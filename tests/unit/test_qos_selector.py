@@ -7,8 +7,8 @@ import re
 import pytest
 
 from composable_dra import cli, names
+from composable_dra.gpu_config import parse_parameters
 from composable_dra.lending import netaware, qos
-from dra_driver.config import parse_parameters
 from hack import examples
 from hack.localcluster.remote_pods import REMOTE
 
