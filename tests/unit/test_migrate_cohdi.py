@@ -128,11 +128,11 @@ def test_cli_writes_ours_or_nothing(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def _bomb(levels: int) -> str:
     """Billion laughs: each anchor aliased nine times by the next (600 bytes at 9 levels)."""
-    lines = ['a0: &a0 ["lol"]']
+    lines = ["lol:", '  a0: &a0 ["lol"]']
     for i in range(1, levels + 1):
-        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+        lines.append(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
     request = yaml.safe_dump(cohdi()).replace("type: gpu", f"type: *a{levels}")
-    return "\n".join(lines) + "\n---\n" + request
+    return "\n".join(lines) + "\n" + request
 
 
 def test_an_alias_bomb_is_refused_before_it_expands(
