@@ -16,6 +16,8 @@ import pydantic.dataclasses
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from api import labels
+
 GROUP = "composable.dra.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -97,6 +99,14 @@ class FsasSettings(_Model):
     )
 
 
+# The CRD's approximation of `labels.names_something` (the field is a free string): some
+# requirement, between commas, is key=value or key==value with a value.
+_NAMES_A_LABEL = (
+    r"self.matches('(^|,)\\s*[A-Za-z0-9][-A-Za-z0-9_./]*\\s*==?\\s*"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\\s*(,|$)')"
+)
+
+
 class VendorRestart(_Model):
     """Which pods run the vendor's kubelet plugin, to restart after an attach."""
 
@@ -105,9 +115,25 @@ class VendorRestart(_Model):
         min_length=1,
         max_length=1024,
         pattern=r"^[A-Za-z0-9./_=!,() -]+$",
-        description="A label selector (e.g. 'app=nvidia-dra-driver-kubelet-plugin'); the "
-        "scaler deletes the matching pods on the GPU's node once the GPU is attached.",
+        description="A label selector that names the plugin's pods with at least one "
+        "key=value (NVIDIA's: 'app.kubernetes.io/name=dra-driver-nvidia-gpu,"
+        "dra-driver-nvidia-gpu-component=kubelet-plugin'); the scaler deletes the matching "
+        "pods on the GPU's node once the GPU is attached.",
+        json_schema_extra=_rules(
+            (_NAMES_A_LABEL, "podSelector must name the plugin's pods with a key=value")
+        ),
     )
+
+    @field_validator("pod_selector")
+    @classmethod
+    def _names_the_plugin(cls, value: str) -> str:
+        # Refused, not trusted: '!x' or 'a!=b' would select every pod of the namespace on
+        # the node, and the scaler deletes what it selects.
+        if not labels.names_something(labels.parse_selector(value)):
+            raise ValueError(
+                f"podSelector {value!r} must name the plugin's pods with at least one key=value"
+            )
+        return value
 
 
 class VendorDriver(_Model):

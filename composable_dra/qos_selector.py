@@ -31,7 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="the share of a host's PCIe/memory bandwidth the job adds (0..1; default 0)",
     )
-    p.add_argument("--driver-name", default=names.DRIVER, help="the attributes' domain")
+    p.add_argument(
+        "--driver-name",
+        default=names.DRIVER,
+        help="the driver that publishes the attributes (their domain); the selector "
+        "refuses every other driver's devices",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         profile = qos.QosProfile(
             transfer=args.transfer, tolerance=args.tolerance, host_load=args.host_load
         )
-    except qos.ProfileError as exc:
+        selector = qos.cel_selector(profile, args.driver_name)
+    except (qos.ProfileError, qos.SelectorError) as exc:
         print(f"composable-dra qos-selector: {exc}", file=sys.stderr)
         return 2
-    print(qos.cel_selector(profile, args.driver_name))
+    print(selector)
     return 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from composable_dra.lending.claim_config import QosConfig
+from composable_dra.gpu_config import QosConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for its flags: no client libraries then
     from composable_dra.kube import Kube

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from composable_dra import logs
-from composable_dra.lending.claim_config import QosConfig
+from composable_dra.gpu_config import QosConfig
 from dra_driver.fsutil import atomic_write
 
 VERSION = 1

@@ -17,11 +17,11 @@ from typing import Any
 
 from api.v1alpha1 import ClaimRef
 from composable_dra import logs
+from composable_dra.gpu_config import ConfigError, GpuConfig, claim_configs
 from composable_dra.lending.qos import QosProfile
 from composable_dra.names import normalize_uuid
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
-from dra_driver.config import ConfigError, GpuConfig, claim_configs
 from dra_driver.device_source import DeviceInfo
 from dra_driver.remote_prepare import (
     RemoteClaimError,

@@ -44,14 +44,10 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from composable_dra import logs
+from composable_dra.gpu_config import ConfigError, QosConfig
 from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
 from composable_dra.lending import slo
-from composable_dra.lending.claim_config import (
-    QosConfig,
-    SLOConfigError,
-    lease_of_claim,
-    qos_of_claim,
-)
+from composable_dra.lending.claim_config import lease_of_claim, qos_of_claim
 from composable_dra.remote_leases import (
     API_PREFIX,
     MAX_BODY,
@@ -430,7 +426,7 @@ class LeaseAPI:
         try:
             found = lease_of_claim(claim, driver, pool, req.device)
             profile = qos_of_claim(claim, driver, pool, req.device)
-        except SLOConfigError as exc:
+        except ConfigError as exc:
             why = f"claim {req.namespace}/{req.name}: {exc}"
             raise LeaseAPIError(Code.BAD_REQUEST, why) from None
         return found or slo.Lease(""), profile

@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from api.labels import DNS_SUBDOMAIN_RE
+
 HOST_SLOWDOWN = "hostSlowdown"
 LINK_LOAD = "linkLoad"
 HEADROOM = "hostHeadroom"
@@ -42,6 +44,10 @@ STEP = 25
 
 class ProfileError(ValueError):
     """A profile whose numbers cannot describe a job or a host."""
+
+
+class SelectorError(ValueError):
+    """A selector that cannot be written for the domain asked for."""
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,18 @@ def as_published(d: DeviceLoad) -> DeviceLoad:
 
 
 def cel_selector(p: QosProfile, domain: str) -> str:
-    """`fits` as a CEL device selector over the published attributes of ``domain``: what
-    a claim puts in its request's ``selectors`` so the scheduler applies its profile. A
-    device that publishes no load (a pool device not yet attached) is not refused."""
+    """`fits` as a CEL device selector over the published attributes of ``domain``, the
+    driver that publishes them: what a claim puts in its request's ``selectors`` so the
+    scheduler applies its profile. A device of that driver that publishes no load (a pool
+    device not yet attached) is not refused; a device of any other driver is, so that a
+    mistyped domain matches no device rather than every one (a domain without attributes
+    reads as empty). SelectorError when ``domain`` is not a driver name: it is written
+    into the expression, where a quote or a backslash would change it."""
+    if len(domain) > 63 or not DNS_SUBDOMAIN_RE.fullmatch(domain):
+        raise SelectorError(
+            f"driver name {domain!r} is not a DRA driver name (a DNS subdomain of at most "
+            "63 characters)"
+        )
     a = f'device.attributes["{domain}"]'
     host = f"double({a}.{HOST_SLOWDOWN}) / {SCALE}.0"
     link = f"({p.transfer!r} / (1.0 - double({a}.{LINK_LOAD}) / {SCALE}.0) - {p.transfer!r})"
@@ -177,6 +192,6 @@ def cel_selector(p: QosProfile, domain: str) -> str:
     local = f"({host} <= {p.budget(False)!r})"
     need = math.ceil(round(p.host_load * SCALE, 6))
     return (
-        f'!("{HOST_SLOWDOWN}" in {a}) || ('
-        f'("{LINK_LOAD}" in {a} ? {remote} : {local}) && {a}.{HEADROOM} >= {need})'
+        f'device.driver == "{domain}" && (!("{HOST_SLOWDOWN}" in {a}) || ('
+        f'("{LINK_LOAD}" in {a} ? {remote} : {local}) && {a}.{HEADROOM} >= {need}))'
     )

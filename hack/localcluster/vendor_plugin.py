@@ -3,7 +3,8 @@
 mode's end-to-end test.
 
 ``VendorPluginSet`` keeps, per node, the plugin process and a Pod that stands for it
-(label ``app=vendor-plugin``, bound to the node, running the test image and waiting).
+(NVIDIA's kubelet plugin pod labels, bound to the node, running the test image and
+waiting).
 When that Pod is deleted, as the scaler does to restart a plugin that does
 not see hot-plug, the set restarts the process and creates the Pod again, as the
 DaemonSet controller and the kubelet would.
@@ -23,9 +24,20 @@ from hack.localcluster.controlplane import cached_build
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.realnode_pods import for_real_node
 
-DRIVER = "gpu.vendor.example"
-DEVICE_CLASS = "vendor-gpu"
-LABEL = "app=vendor-plugin"
+# NVIDIA's driver, DeviceClass, namespace and kubelet plugin pod labels, as its chart
+# (kubernetes-sigs/dra-driver-nvidia-gpu, v0.4.0 on) and upgrade guide set them: the
+# plugin stands in for it under its real names, so the vendor-mode example is tested.
+DRIVER = "gpu.nvidia.com"
+DEVICE_CLASS = "gpu.nvidia.com"
+NAMESPACE = "nvidia-dra-driver-gpu"  # the upgrade guide's release and namespace
+LABELS = {
+    "app.kubernetes.io/name": "dra-driver-nvidia-gpu",  # the chart's name
+    "app.kubernetes.io/instance": NAMESPACE,  # the release's name
+    "dra-driver-nvidia-gpu-component": "kubelet-plugin",  # tells the chart's components apart
+}
+SELECTOR = (
+    "app.kubernetes.io/name=dra-driver-nvidia-gpu,dra-driver-nvidia-gpu-component=kubelet-plugin"
+)
 BINARY = "vendor-plugin"
 # klog's level at which the upstream helper logs each gRPC call (its GRPCVerbosity
 # default): the kubelet's NotifyRegistrationStatus then shows in the plugin's log.
@@ -40,8 +52,8 @@ def find_vendor_plugin(bin_dir: str | None = None) -> Path:
 
 
 def device_class() -> dict[str, object]:
-    """The vendor's DeviceClass, as NVIDIA's selects its GPUs: by driver and a type."""
-    expr = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    """NVIDIA's DeviceClass for whole GPUs, as its chart writes it: by driver and type."""
+    expr = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"
     return {
         "metadata": {"name": DEVICE_CLASS},
         "spec": {"selectors": [{"cel": {"expression": expr}}]},
@@ -129,7 +141,7 @@ class VendorPluginSet:
             path("v1", "pods", namespace=self.namespace),
             self._pods_changed,
             name="vendor-plugin-pods",
-            labelSelector=LABEL,
+            labelSelector=SELECTOR,
         )
 
     def start(self) -> None:
@@ -150,7 +162,6 @@ class VendorPluginSet:
         return f"vendor-plugin-{node}"[:63]
 
     def _create_pod(self, node: str) -> None:
-        key, value = LABEL.split("=", 1)
         # A real container that only waits: the process beside it is the plugin.
         container = {
             "name": "plugin",
@@ -158,7 +169,7 @@ class VendorPluginSet:
             "command": ["sh", "-c", "exec sleep 3600"],
         }
         body: JSON = {
-            "metadata": {"name": self._pod_name(node), "labels": {key: value}},
+            "metadata": {"name": self._pod_name(node), "labels": dict(LABELS)},
             "spec": {"nodeName": node, "containers": [container]},
         }
         body = for_real_node(body, node, self.image)

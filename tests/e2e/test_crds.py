@@ -8,6 +8,7 @@ import pytest
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.kube import Kube, KubeError, path
+from hack.localcluster import vendor_plugin
 from hack.localcluster.crds import install_crds
 
 
@@ -110,6 +111,26 @@ def test_fabric_defaults_and_refusals(crds: Kube, unique: str) -> None:
     assert "pollIntervalSeconds" in refused(
         crds, "fabrics", fabric(f"j-{unique}", pollIntervalSeconds=1)
     )
+
+
+@pytest.mark.parametrize("selector", [" ", "!x", "a!=b", "x", "a notin (b)", "a="])
+def test_a_vendor_restart_selector_must_name_the_plugin(
+    crds: Kube, unique: str, selector: str
+) -> None:
+    """Issue 25.13: each of these matches every pod without the label, so the scaler would
+    delete every pod of the namespace on the GPU's node."""
+    vendor = {"name": "gpu.nvidia.com", "restart": {"namespace": "ns", "podSelector": selector}}
+    body = fabric(f"v-{unique}", vendorDriver=vendor)
+    assert "podSelector must name the plugin's pods" in refused(crds, "fabrics", body)
+
+
+def test_nvidias_kubelet_plugin_selector_is_accepted(crds: Kube, unique: str) -> None:
+    vendor = {
+        "name": vendor_plugin.DRIVER,
+        "restart": {"namespace": vendor_plugin.NAMESPACE, "podSelector": vendor_plugin.SELECTOR},
+    }
+    crds.create(path(API_VERSION, "fabrics"), fabric(f"w-{unique}", vendorDriver=vendor))
+    crds.delete(path(API_VERSION, "fabrics", f"w-{unique}"))
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from hack.localcluster import vendor_plugin
 from hack.localcluster.harness import CR_API, Suite
 from hack.localcluster.objects import RESOURCE
 from hack.localcluster.realnode import RealNode
+from hack.localcluster.realnode_pods import for_real_node
 from hack.localcluster.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
@@ -120,6 +120,25 @@ def start_vendor_plugin(
     return plugins
 
 
+def nvidia_controller_pod(suite: Suite, real: RealNode, ns: str) -> str:
+    """A pod labelled as NVIDIA's chart labels its controller, on ``real``, in the plugin's
+    namespace: the restart selector must leave it alone. Returns its UID."""
+    labels = {**vendor_plugin.LABELS, "dra-driver-nvidia-gpu-component": "controller"}
+    container = {
+        "name": "controller",
+        "image": real.image,
+        "command": ["sh", "-c", "exec sleep 3600"],
+    }
+    body = {
+        "metadata": {"name": "nvidia-controller", "labels": labels},
+        "spec": {"nodeName": real.name, "containers": [container]},
+    }
+    created = suite.kube.create(
+        path("v1", "pods", namespace=ns), for_real_node(body, real.name, real.image)
+    )
+    return str(created["metadata"]["uid"])
+
+
 @pytest.fixture(scope="module")
 def binary() -> Path:
     """The vendor plugin: built through the Go module proxy when missing (never skipped)."""
@@ -129,7 +148,7 @@ def binary() -> Path:
 def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     make_suite: MakeSuite, namespace: str, short_tmp: Path, binary: Path
 ) -> None:
-    plugins_ns = f"vendor-{uuid.uuid4().hex[:6]}"
+    plugins_ns = vendor_plugin.NAMESPACE
     suite = make_suite(
         hosts=HOSTS,
         real_hosts=HOSTS,
@@ -142,6 +161,7 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     real1, real2 = suite.real_nodes["node-1"], suite.real_nodes["node-2"]
     node1, node2 = real1.name, real2.name
     plugins = start_vendor_plugin(suite, real1, plugins_ns, binary, short_tmp / "vp")
+    bystander = nvidia_controller_pod(suite, real1, plugins_ns)
     try:
         # 1. The one-cycle path (our plugin, FabricDeviceReady), timed, on node-2.
         t0 = time.monotonic()
@@ -169,7 +189,7 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
                     "vendorDriver": {
                         "name": vendor_plugin.DRIVER,
                         "attributes": {"type": "gpu"},
-                        "restart": {"namespace": plugins_ns, "podSelector": vendor_plugin.LABEL},
+                        "restart": {"namespace": plugins_ns, "podSelector": vendor_plugin.SELECTOR},
                     }
                 }
             },
@@ -195,6 +215,11 @@ def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
         assert not result.get("bindingConditions")
         assert names.FABRIC_DEVICE_RESCHEDULE in claim_events(suite, namespace, "vendor")
         assert plugins.restarts(node1) >= 1
+        # NVIDIA's real selector restarted the kubelet plugin, not its namespace's other pods.
+        kept = suite.kube.get(path("v1", "pods", "nvidia-controller", namespace=plugins_ns))
+        assert kept["metadata"]["uid"] == bystander and not kept["metadata"].get(
+            "deletionTimestamp"
+        )
         [cr] = [r for r in suite.resources() if r["spec"]["targetNode"] == node1]
         assert cr["status"]["phase"] == "Online"
         gpu = normalize_uuid(cr["status"]["deviceUUID"])

@@ -7,7 +7,13 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dra_driver.config import API_VERSION, KIND, ConfigError, claim_configs, parse_parameters
+from composable_dra.gpu_config import (
+    API_VERSION,
+    KIND,
+    ConfigError,
+    claim_configs,
+    parse_parameters,
+)
 from tests.unit.plugin_fixtures import DRIVER
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12))

@@ -78,4 +78,7 @@ def test_a_profile_out_of_range_is_refused(bad: dict[str, float]) -> None:
 def test_the_selector_names_the_profile_and_the_domain() -> None:
     cel = qos.cel_selector(NW, "gpu.composable.dra.io")
     assert 'device.attributes["gpu.composable.dra.io"].hostHeadroom >= 480' in cel
-    assert cel.startswith('!("hostSlowdown" in device.attributes["gpu.composable.dra.io"])')
+    assert cel.startswith(
+        'device.driver == "gpu.composable.dra.io" && '
+        '(!("hostSlowdown" in device.attributes["gpu.composable.dra.io"])'
+    )

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from composable_dra.gpu_config import ConfigError, parse_parameters
 from composable_dra.lending import netaware, slo
-from composable_dra.lending.claim_config import SLOConfigError, lease_of_claim
+from composable_dra.lending.claim_config import lease_of_claim
 from composable_dra.lending.measure import LatencySamples, RateWindow, parse_model
 from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
-from dra_driver.config import ConfigError, parse_parameters
 from dra_driver.lend_status import DonorStatusPoller, next_state
 from dra_driver.slices import (
     LendPolicy,
@@ -125,7 +125,7 @@ def test_the_claims_slo_for_the_allocated_device() -> None:
         {"function": "../x", "seconds": 1},
         {"function": "m", "seconds": 0},
     ):
-        with pytest.raises(SLOConfigError, match="invalid latencySLO"):
+        with pytest.raises(ConfigError, match=r"invalid GpuConfig: latencySLO"):
             lease_of_claim(slo_claim(params(latencySLO=bad)), DRIVER, "donor", "gpu-0-remote")
 
 
@@ -155,13 +155,13 @@ KEYS = st.sampled_from(["request", "driver", "pool", "device", "requests", "opaq
     st.dictionaries(KEYS, JSONISH, max_size=4),
 )
 def test_lease_of_claim_fuzz(latency: Any, requests: Any, result: Any) -> None:
-    """Whatever the claim holds: an SLO lease, None, or SLOConfigError."""
+    """Whatever the claim holds: an SLO lease, None, or ConfigError."""
     claim = slo_claim(params(latencySLO=latency), requests)
     claim["status"]["allocation"]["devices"]["results"].append(result)
     for c in (claim, {"status": {"allocation": {"devices": {"results": result}}}}, latency):
         try:
             found = lease_of_claim(c, DRIVER, "donor", "gpu-0-remote")
-        except SLOConfigError:
+        except ConfigError:
             continue
         assert found is None or found.slo_s is None or 0 < found.slo_s <= 3600
 

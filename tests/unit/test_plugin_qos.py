@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from composable_dra.gpu_config import QosConfig
 from composable_dra.lending import netaware, qos
-from composable_dra.lending.claim_config import QosConfig
 from composable_dra.names import normalize_uuid
 from composable_dra.remote_leases import Code, LeaseAPIError, LeasedDevice, LendingStatus
 from dra_driver.lend_status import DonorStatusPoller, QosSampling, qos_attributes

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from composable_dra import cli, names
+from composable_dra.gpu_config import parse_parameters
 from composable_dra.lending import netaware, qos
-from dra_driver.config import parse_parameters
 from hack import examples
 from hack.localcluster.remote_pods import REMOTE
 
@@ -45,6 +45,40 @@ def test_bad_numbers_are_refused_and_nothing_is_printed(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("composable-dra qos-selector: ") and named in err
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        'gpu.composable.dra.io"] || true || device.attributes["x',
+        "gpu\\.composable.dra.io",
+        "GPU.composable.dra.io",
+        "gpu composable",
+        "",
+        "a" * 64,
+    ],
+)
+def test_a_driver_name_that_is_not_one_is_refused_and_nothing_is_printed(
+    driver: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25.10: the name is written into the CEL, where a quote or a backslash changes
+    the expression."""
+    argv = ["qos-selector", "--transfer", "0.5", "--tolerance", "0.1", "--driver-name", driver]
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("composable-dra qos-selector: driver name ")
+    with pytest.raises(qos.SelectorError):
+        qos.cel_selector(qos.QosProfile(0.5, 0.1, 0.0), driver)
+
+
+def test_the_selector_takes_only_the_named_drivers_devices() -> None:
+    """Issue 25.10: a domain with no attributes reads as empty, so "publishes no load" held
+    for every device under a mistyped name; the selector now requires the driver first
+    (tests/e2e/test_qos_selector.py has the scheduler evaluate it)."""
+    cel = qos.cel_selector(qos.QosProfile(0.5, 0.1, 0.0), "gpu.example.com")
+    assert cel.startswith('device.driver == "gpu.example.com" && (')
+    assert cel.endswith(")")
 
 
 def test_a_number_that_is_not_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

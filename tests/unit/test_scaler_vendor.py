@@ -6,6 +6,10 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
+from api.v1alpha1 import FabricSpec
 from composable_dra import names
 from composable_dra.names import ANN_POOL
 from composable_dra.timestamps import format_time
@@ -28,6 +32,7 @@ from device_scaler.vendor import (
     complete_vendor,
     vendor_modes,
 )
+from hack.localcluster import vendor_plugin
 from tests.unit.test_scaler import CFG, NOW, POOL, SlicesKube, claim, only, resource, snap
 
 VENDOR = "gpu.vendor.example"
@@ -251,3 +256,26 @@ def test_the_scaler_decides_each_resource_with_its_fabrics_driver_only():
     assert statuses["c1"].entries[0]["conditions"][0]["type"] == names.FABRIC_DEVICE_RESCHEDULE
     assert statuses["c2"].entries[0]["conditions"][0]["type"] == names.FABRIC_DEVICE_READY
     assert not only(done, PatchResource) and not only(done, DeleteResource)
+
+
+@pytest.mark.parametrize("selector", [" ", "!x", "a!=b", "x", "a notin (b)", "a=", "a=b=c"])
+def test_a_restart_selector_that_names_no_label_value_is_refused(selector: str):
+    """Issue 25.13: such a selector matches every pod of the namespace on the GPU's node,
+    and the scaler deletes what it matches. The model refuses it, so the Fabric gets no
+    vendor mode from the scaler and no pod is deleted."""
+    restart = {"name": VENDOR, "restart": {"namespace": "gpu", "podSelector": selector}}
+    with pytest.raises(ValidationError, match="podSelector"):
+        FabricSpec.model_validate(fabric("fab", restart)["spec"])
+    assert vendor_modes([fabric("fab", restart)], "gpu") == []
+    s = snap([vclaim()], [online()])
+    assert not [a for m in vendor_modes([fabric("fab", restart)]) for a in run(s, m)]
+
+
+def test_nvidias_kubelet_plugin_selector_is_taken():
+    selector = vendor_plugin.SELECTOR
+    restart = {
+        "name": VENDOR,
+        "restart": {"namespace": vendor_plugin.NAMESPACE, "podSelector": selector},
+    }
+    [mode] = vendor_modes([fabric("fab", restart)], vendor_plugin.NAMESPACE)
+    assert mode.restart_selector == selector

@@ -183,6 +183,6 @@ def test_the_status_names_the_leased_devices_with_their_claims_qos_profiles(
     # A profile that does not parse is a bad request, with the reason.
     config["qos"] = {"transfer": 0.5, "tolerance": 0}
     measured.claims.items[("ns", "c1")] = claim
-    with pytest.raises(LeaseAPIError, match="invalid qos: tolerance") as err:
+    with pytest.raises(LeaseAPIError, match=r"invalid GpuConfig: qos\.tolerance") as err:
         controller.open(DONOR, request("q1"))
     assert err.value.code is Code.BAD_REQUEST

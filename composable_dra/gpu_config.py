@@ -1,4 +1,7 @@
-"""Opaque device configuration addressed to our driver (``opaque.parameters``).
+"""Opaque device configuration addressed to our driver (``opaque.parameters``), and how a
+claim's configs for one request merge: the one reading of them, by the plugin at prepare
+(``dra_driver/prepare.py``) and by the donor when it opens a lease
+(``lending/claim_config.py``), so both see the same SLO and QoS profile.
 
 Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``::
 
@@ -26,7 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra.lending.claim_config import LatencySLO, QosConfig, problems
+from composable_dra.lending import qos
+from composable_dra.validation import problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
@@ -37,8 +41,36 @@ _BAD_VALUE_CHARS = ("\x00", "\n", "\r")
 _RESERVED_PREFIXES = ("COMPOSABLE_GPU_", "NVIDIA_VISIBLE_DEVICES")
 
 
+# An allow-list name of a donor (``--allow NAME=MODULE:FUNCTION``, or the import path).
+FUNCTION_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
+
+
 class ConfigError(ValueError):
-    pass
+    """A claim's config for our driver that cannot be read."""
+
+
+class LatencySLO(BaseModel):
+    """Every call of ``function`` through the lease should take at most ``seconds``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    function: str = Field(pattern=FUNCTION_NAME)
+    seconds: float = Field(gt=0, le=3600, allow_inf_nan=False)
+
+
+class QosConfig(BaseModel):
+    """A claim's QoS profile (``qos.QosProfile``), declared so that the node running it
+    keeps the host headroom the claim needs: later claims that would push the host past
+    its tolerance are not offered this node's devices (``hostHeadroom``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    transfer: float = Field(ge=0, le=10, allow_inf_nan=False)
+    tolerance: float = Field(gt=0, le=10, allow_inf_nan=False)
+    host_load: float = Field(default=0.0, alias="hostLoad", ge=0, le=1, allow_inf_nan=False)
+
+    def profile(self) -> qos.QosProfile:
+        return qos.QosProfile(self.transfer, self.tolerance, self.host_load)
 
 
 class GpuConfig(BaseModel):
@@ -86,7 +118,8 @@ class RequestConfigs:
         self._entries = list(entries)
 
     def for_request(self, request: str) -> GpuConfig:
-        """Merge every config that applies to ``request``; later entries win per field."""
+        """Merge every config that applies to ``request``; later entries win per field,
+        also where they set it to null (a claim's ``qos: null`` drops its class's profile)."""
         merged: dict[str, Any] = {}
         env: dict[str, str] = {}
         for requests, cfg in self._entries:
