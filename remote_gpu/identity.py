@@ -27,24 +27,33 @@ class Identity:
 
 
 def _one(extra: dict[str, Any], key: str) -> str | None:
-    values = extra.get(key) or []
-    return str(values[0]) if isinstance(values, list) and len(values) == 1 else None
+    """The one string ``extra`` holds under ``key``; None for none, several or another type."""
+    values = extra.get(key)
+    if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str):
+        return values[0]
+    return None
 
 
 def identity_of(status: dict[str, Any], audiences: Sequence[str]) -> Identity:
     """The caller a TokenReview's status names; UNAUTHENTICATED unless it vouches for
     the token for one of ``audiences``."""
-    if not status.get("authenticated"):
+    if status.get("authenticated") is not True:
         raise LeaseAPIError(Code.UNAUTHENTICATED, "the token does not authenticate")
-    if not set(audiences) & set(status.get("audiences") or []):
+    granted = status.get("audiences")
+    if not isinstance(granted, list) or not any(a in granted for a in audiences):
         raise LeaseAPIError(Code.UNAUTHENTICATED, "the token is for another audience")
-    user = status.get("user") or {}
-    extra = user.get("extra") or {}
-    if not isinstance(extra, dict):
-        extra = {}
+    user = _dict(status.get("user"))
+    extra = _dict(user.get("extra"))
+    username = user.get("username")
     return Identity(
-        str(user.get("username") or ""), _one(extra, NODE_NAME_EXTRA), _one(extra, POD_NAME_EXTRA)
+        username if isinstance(username, str) else "",
+        _one(extra, NODE_NAME_EXTRA),
+        _one(extra, POD_NAME_EXTRA),
     )
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def is_plugin_on(who: Identity, plugin: str, node: str) -> bool:

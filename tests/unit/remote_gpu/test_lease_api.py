@@ -34,8 +34,8 @@ from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.errors import AuthError, RemoteGPUError
+from remote_gpu.identity import Identity
 from remote_gpu.lease_api import (
-    Identity,
     LeaseAPI,
     LeaseAPIConfig,
     LeaseBook,

@@ -5,6 +5,7 @@ TokenReview is this module's stand-in, or the real client against a closed port.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -26,7 +27,7 @@ from hack.localcluster.wait import wait_for
 from remote_gpu.lease_api import KubeReviewer, bearer
 from remote_gpu.token_reviews import UNKNOWN_LANE
 
-from .test_lease_api import DONOR, FUZZ, Reviewer, Served, allocated_claim, request
+from .test_lease_api import DONOR, FUZZ, Served, allocated_claim, request
 
 
 @pytest.fixture
@@ -161,10 +162,8 @@ def test_a_known_caller_is_reviewed_again_beside_a_flood(tmp_path: Path) -> None
 
 
 def _ignore(call: Any) -> None:
-    try:
+    with contextlib.suppress(LeaseAPIError):
         call()
-    except LeaseAPIError:
-        pass
 
 
 @FUZZ
