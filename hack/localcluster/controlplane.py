@@ -32,8 +32,6 @@ from hack.localcluster.pki import CertificateAuthority, KeyPair, write_service_a
 from hack.localcluster.wait import WaitTimeout, wait_for
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-# Service-account tokens' issuer, and so the audience of tokens for the API server itself.
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
 class ControlPlaneError(RuntimeError):
@@ -249,7 +247,7 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={proxy.cert}",
                 f"--proxy-client-key-file={proxy.key}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",

@@ -5,8 +5,9 @@ TokenRequest, as the node, bound to the pod (so the API server writes the pod's 
 it), renewed at 80% of its life. A test's plugin is a process, not a pod, so the harness
 does the same: a Pod on the node that runs as the plugins' service account, and its token,
 requested with the node's own credentials (``system:node:<node>``, which the Node
-authorizer and NodeRestriction allow only for pods on that node), written to the file the
-plugin's ``--lease-token-file`` names.
+authorizer and NodeRestriction allow only for pods on that node, and only for an audience
+the pod's own projected volume names), written to the file the plugin's
+``--lease-token-file`` names.
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ TOKEN_SECONDS = 600  # what the chart's projected volume asks for, the least all
 
 
 def request_token(
-    kube: Kube, namespace: str, sa: str, bound: JSON, audience: str, seconds: int = TOKEN_SECONDS
+    kube: Kube,
+    namespace: str,
+    sa: str,
+    bound: JSON,
+    audience: str | None,
+    seconds: int = TOKEN_SECONDS,
 ) -> str:
     """A token of ``namespace/sa`` bound to ``bound`` (a Pod or a Node, as the API server
-    returned it), as ``kube``'s user asks for it; KubeError when it may not."""
+    returned it) for ``audience`` (None: the API server's own), as ``kube``'s user asks
+    for it; KubeError when it may not."""
     meta = bound["metadata"]
     out = kube.create(
         path("v1", "serviceaccounts", sa, namespace=namespace, subresource="token"),
@@ -39,7 +46,7 @@ def request_token(
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
             "spec": {
-                "audiences": [audience],
+                "audiences": [audience] if audience is not None else [],
                 "expirationSeconds": seconds,
                 "boundObjectRef": {
                     "kind": bound["kind"],
@@ -99,6 +106,26 @@ class PodToken:
                     "nodeName": self.node,
                     "serviceAccountName": self.sa,
                     "containers": [{"name": "plugin", "image": "example.invalid/plugin"}],
+                    # As the chart's plugin pod: v1.37.1 lets a kubelet request a pod's
+                    # token only for an audience the pod's own volumes name: the lease
+                    # token's, and the API server's (the pod's API access).
+                    "volumes": [
+                        {
+                            "name": "tokens",
+                            "projected": {
+                                "sources": [
+                                    {"serviceAccountToken": {"path": "api"}},
+                                    {
+                                        "serviceAccountToken": {
+                                            "path": "lease",
+                                            "audience": self.audience,
+                                            "expirationSeconds": TOKEN_SECONDS,
+                                        }
+                                    },
+                                ]
+                            },
+                        }
+                    ],
                 },
             },
         )

@@ -40,7 +40,7 @@ from composable_dra.remote_leases import (
 from dra_driver import cdi
 from hack import chart
 from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import SERVICE_ACCOUNT_ISSUER, free_port
+from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.lending import (
@@ -372,7 +372,7 @@ def test_a_node_cannot_act_as_another_nodes_plugin(remote: RemoteSetup) -> None:
             assert kerr.value.status == 403, (bound["kind"], aud, kerr.value)
     # X's plugin pod's API token (what its pod holds) asks for C's: the plugins' account
     # may create no tokens.
-    api_token = request_token(x_kubelet, ns, PLUGIN_SA, x.pod, SERVICE_ACCOUNT_ISSUER)
+    api_token = request_token(x_kubelet, ns, PLUGIN_SA, x.pod, None)
     as_plugin = bearer_kube(remote.cp, api_token)
     for bound in (c_pod, node_c):  # 403, not 401: authenticated, and refused
         with pytest.raises(KubeError) as kerr:
