@@ -76,11 +76,19 @@ class Reviewer:
         self.calls: list[str] = []
         self.release = threading.Event()
         self.release.set()
+        self._lock = threading.Lock()
+        self.hanging = 0  # slow reviews under way now
+        self.most_hanging = 0  # and at most
 
     def review(self, token: str, audiences: tuple[str, ...]) -> Identity:
         self.calls.append(token)
         if token.startswith("slow-"):
+            with self._lock:
+                self.hanging += 1
+                self.most_hanging = max(self.most_hanging, self.hanging)
             self.release.wait(30)
+            with self._lock:
+                self.hanging -= 1
         if token == "api-down":
             raise LeaseAPIError(Code.UNAVAILABLE, "TokenReview failed")
         if audience(DONOR) not in audiences or token not in IDS:
@@ -206,6 +214,10 @@ def test_credentials_only_for_the_consumer_nodes_plugin_and_a_real_allocation(
     served.claims.items[("ns", "c1")] = allocated_claim("k1", node="node-d")
     refused(lambda: served.client("plugin-c").credentials(DONOR, info.lease), Code.FORBIDDEN)
     served.claims.items[("ns", "c1")] = allocated_claim("k1")
+    # The allocation is real now; still not for another node's plugin, nor for a token
+    # bound to the consumer's Node object rather than to a pod there.
+    for who in ("plugin-d", "plugin-c-node-bound"):
+        refused(lambda w=who: served.client(w).credentials(DONOR, info.lease), Code.FORBIDDEN)
     token = tokens.Token.from_json(served.client("plugin-c").credentials(DONOR, info.lease))
     assert token.lease == info.lease and token.donor == "donor-a"
     tokens.verify(SECRET, token, "donor-a")

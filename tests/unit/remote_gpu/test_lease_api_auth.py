@@ -5,14 +5,12 @@ TokenReview is this module's stand-in, or the real client against a closed port.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import urllib3
@@ -87,6 +85,35 @@ def test_an_api_server_that_does_not_answer_is_503_with_retry_after(tmp_path: Pa
         s.close()
 
 
+class Flood:
+    """``n`` callers with made-up bearers whose TokenReviews hang until ``end``; started
+    once the unknown lane is full of them."""
+
+    def __init__(self, served: Served, n: int) -> None:
+        self.served = served
+        self.errors: list[LeaseAPIError] = []
+        served.reviewer.release.clear()
+        self.threads = [threading.Thread(target=self._call, args=(i,)) for i in range(n)]
+        for t in self.threads:
+            t.start()
+        wait_for(
+            lambda: served.reviewer.hanging >= UNKNOWN_LANE,
+            10,
+            "the unknown lane to fill with hanging reviews",
+        )
+
+    def _call(self, i: int) -> None:
+        try:
+            self.served.client(f"slow-{i}").list(DONOR)
+        except LeaseAPIError as exc:
+            self.errors.append(exc)
+
+    def end(self) -> None:
+        self.served.reviewer.release.set()
+        for t in self.threads:
+            t.join(30)
+
+
 def test_a_flood_of_unknown_bearers_does_not_starve_an_authorized_call(served: Served) -> None:
     """TokenReviews of made-up bearers hang (a slow API server); meanwhile the consumer
     node's plugin, whose token the donor knows, collects its lease's credentials (a claim
@@ -97,36 +124,18 @@ def test_a_flood_of_unknown_bearers_does_not_starve_an_authorized_call(served: S
     plugin = served.client("plugin-c")
     plugin.credentials(DONOR, info.lease)  # its token is known from here on
 
-    served.reviewer.release.clear()
-    results: list[Any] = []
-
-    def bad(i: int) -> None:
-        try:
-            served.client(f"slow-{i}").list(DONOR)
-        except LeaseAPIError as exc:
-            results.append(exc)
-
-    flood = [threading.Thread(target=bad, args=(i,)) for i in range(40)]
-    for t in flood:
-        t.start()
-    wait_for(
-        lambda: sum(c.startswith("slow-") for c in served.reviewer.calls) >= UNKNOWN_LANE,
-        10,
-        "the unknown lane to fill with hanging reviews",
-    )
+    flood = Flood(served, 40)
     started = time.monotonic()
     token = plugin.credentials(DONOR, info.lease)
     assert token["lease"] == info.lease
     assert time.monotonic() - started < 2.0
-    served.reviewer.release.set()
-    for t in flood:
-        t.join(30)
-    assert len(results) == 40
-    turned_away = [e for e in results if e.code is Code.UNAVAILABLE]
+    flood.end()
+    assert len(flood.errors) == 40
+    turned_away = [e for e in flood.errors if e.code is Code.UNAVAILABLE]
     assert turned_away and all(e.retry_after is not None for e in turned_away)
-    assert {e.code for e in results} <= {Code.UNAVAILABLE, Code.UNAUTHENTICATED}
-    # No more reviews than the lane holds were ever asked of the API server at once.
-    assert sum(c.startswith("slow-") for c in served.reviewer.calls) <= 40
+    assert {e.code for e in flood.errors} <= {Code.UNAVAILABLE, Code.UNAUTHENTICATED}
+    # The API server was never asked more of the flood at once than the lane holds.
+    assert served.reviewer.most_hanging == UNKNOWN_LANE
 
 
 def test_a_known_caller_is_reviewed_again_beside_a_flood(tmp_path: Path) -> None:
@@ -136,34 +145,16 @@ def test_a_known_caller_is_reviewed_again_beside_a_flood(tmp_path: Path) -> None
     try:
         controller = s.client("controller")
         controller.list(DONOR)
-        s.reviewer.release.clear()
-        flood = [
-            threading.Thread(target=lambda i=i: _ignore(lambda: s.client(f"slow-{i}").list(DONOR)))
-            for i in range(UNKNOWN_LANE * 3)
-        ]
-        for t in flood:
-            t.start()
-        wait_for(
-            lambda: sum(c.startswith("slow-") for c in s.reviewer.calls) >= UNKNOWN_LANE,
-            10,
-            "the unknown lane to fill",
-        )
+        flood = Flood(s, UNKNOWN_LANE * 3)
         before = s.reviewer.calls.count("controller")
         started = time.monotonic()
         controller.list(DONOR)
         assert time.monotonic() - started < 2.0
         assert s.reviewer.calls.count("controller") == before + 1  # reviewed again
-        s.reviewer.release.set()
-        for t in flood:
-            t.join(30)
+        flood.end()
     finally:
         s.reviewer.release.set()
         s.close()
-
-
-def _ignore(call: Any) -> None:
-    with contextlib.suppress(LeaseAPIError):
-        call()
 
 
 @FUZZ
