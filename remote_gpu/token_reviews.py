@@ -72,8 +72,13 @@ class Reviews:
         if pending is None:
             pending = asyncio.ensure_future(self._review(key, token))
             self._pending[key] = pending
-            pending.add_done_callback(lambda _f: self._pending.pop(key, None))
+            pending.add_done_callback(lambda f: self._done(key, f))
         return _unwrap(await asyncio.shield(pending))
+
+    def _done(self, key: bytes, review: asyncio.Future[Answer]) -> None:
+        self._pending.pop(key, None)
+        if not review.cancelled():
+            review.exception()  # retrieved: every caller may have gone meanwhile
 
     async def _review(self, key: bytes, token: str) -> Answer:
         known = key in self._known
