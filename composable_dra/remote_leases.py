@@ -4,10 +4,12 @@
 A lent GPU's lease is opened by the lease controller (in the scaler) and its credentials
 are collected by the consumer node's plugin at prepare time. Both talk HTTPS to the donor
 (TLS verified against ``--donor-ca-file``, or the system trust store), and both prove who
-they are with a service-account token for the donor's audience (TokenRequest): the
-controller's unbound, the plugin's bound to its Node, so that the donor's TokenReview
-names the node. Shared here: the wire models, the typed errors, where a donor's API is
-(``DonorDirectory``), and the synchronous client both callers use (``LeaseClient``).
+they are with a service-account token: the controller's its own, for one donor's audience
+(TokenRequest); the plugin's the one the kubelet projects into its pod, bound to the pod
+and so to its node, for the donors' common audience (``--lease-token-file``), so that the
+donor's TokenReview names the node and no other node can make one like it. Shared here:
+the wire models, the typed errors, where a donor's API is (``DonorDirectory``), and the
+synchronous client both callers use (``LeaseClient``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,8 +39,14 @@ REMOTE_READY = "RemoteGPUReady"
 REMOTE_FAILED = "RemoteGPUFailed"
 REMOTE_SUFFIX = "-remote"  # the plugin's name for a GPU's remote-lease device
 API_PREFIX = "/v1/leases"
-# The TokenReview extra that names the node a bound token was issued for.
+# The TokenReview extras that name the node and the pod a bound token was issued for.
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+# The audience of the plugins' projected token, which every donor accepts: a pod's
+# projected tokens are fixed in its spec, and a DaemonSet's spec cannot name every donor.
+# The donors share one trust domain anyway (one token key): docs/architecture.md.
+DONORS_AUDIENCE = "composable.dra.io/remote-gpu-donors"
+MAX_TOKEN = 8192  # bytes of a bearer token, either way
 MAX_BODY = 16 << 10  # bytes of a request or response body, either way
 TOKEN_SECONDS = 600  # the shortest lifetime TokenRequest grants
 
@@ -181,12 +190,15 @@ class ErrorBody(_Model):
 
 
 class LeaseAPIError(Exception):
-    """What the donor refused (``code``), or ``UNAVAILABLE`` when it was not reached."""
+    """What the donor refused (``code``), or ``UNAVAILABLE`` when it was not reached;
+    ``retry_after``: seconds to wait before asking again, when known (the retry policy
+    honours it)."""
 
-    def __init__(self, code: Code, message: str) -> None:
+    def __init__(self, code: Code, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def status(self) -> int:
@@ -226,8 +238,9 @@ class DonorDirectory:
         return cls(urls, template)
 
 
-def add_client_arguments(p: argparse.ArgumentParser, role: str) -> None:
-    """Flags of a lease API caller (the scaler's lease controller, the plugin)."""
+def add_client_arguments(p: argparse.ArgumentParser, role: str, token_file: bool = False) -> None:
+    """Flags of a lease API caller: the scaler's lease controller (its service account),
+    or with ``token_file`` the plugin (its pod's projected token)."""
     g = p.add_argument_group("remote GPU leases", f"how the {role} reaches donors' lease APIs")
     g.add_argument(
         "--donor-api",
@@ -246,6 +259,16 @@ def add_client_arguments(p: argparse.ArgumentParser, role: str) -> None:
         default=os.environ.get("DONOR_CA_FILE"),
         help="CA bundle that signs the donors' certificates (default: system trust store)",
     )
+    if token_file:
+        g.add_argument(
+            "--lease-token-file",
+            default=os.environ.get("LEASE_TOKEN_FILE"),
+            metavar="PATH",
+            help=f"the {role}'s pod's projected service-account token for the audience "
+            f"{DONORS_AUDIENCE}, which proves its node to donors; re-read at each call, as "
+            "the kubelet renews it (env LEASE_TOKEN_FILE; unset: remote GPU leases off)",
+        )
+        return
     g.add_argument(
         "--lease-service-account",
         default=os.environ.get("LEASE_SERVICE_ACCOUNT"),
@@ -255,17 +278,21 @@ def add_client_arguments(p: argparse.ArgumentParser, role: str) -> None:
     )
 
 
-def client_from_args(
-    args: argparse.Namespace, kube: Kube, node: tuple[str, str] | None = None
-) -> LeaseClient:
-    """The client ``add_client_arguments``' flags describe (``--lease-service-account``
-    set); tokens bound to ``node`` (name, uid) when given. SystemExit on bad flags."""
+def client_from_args(args: argparse.Namespace, kube: Kube | None = None) -> LeaseClient:
+    """The client ``add_client_arguments``' flags describe: tokens from
+    ``--lease-token-file``, else requested for ``--lease-service-account`` (with ``kube``).
+    SystemExit on bad flags."""
+    tokens: Tokens
     try:
         directory = DonorDirectory.parse(args.donor_api, args.donor_api_template)
-        namespace, name = parse_service_account(args.lease_service_account)
+        if getattr(args, "lease_token_file", None):
+            tokens = FileToken(Path(args.lease_token_file))
+        else:
+            assert kube is not None
+            tokens = TokenSource(kube, *parse_service_account(args.lease_service_account))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    return LeaseClient(directory, TokenSource(kube, namespace, name, node), args.donor_ca_file)
+    return LeaseClient(directory, tokens, args.donor_ca_file)
 
 
 def parse_service_account(value: str) -> tuple[str, str]:
@@ -282,17 +309,34 @@ class Tokens(Protocol):
     def token(self, aud: str) -> str: ...
 
 
+class FileToken:
+    """The token in a file the kubelet keeps fresh (a projected service-account token),
+    read at each call: the same token whatever donor's audience is asked, since it is for
+    the donors' common one (``DONORS_AUDIENCE``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def token(self, aud: str) -> str:
+        try:
+            raw = self.path.read_bytes()[: MAX_TOKEN + 1]
+        except OSError as exc:
+            raise LeaseAPIError(
+                Code.UNAVAILABLE, f"no lease token at {self.path}: {exc.strerror}"
+            ) from None
+        token = raw.strip()
+        if not token or len(token) > MAX_TOKEN or not token.isascii() or b" " in token:
+            raise LeaseAPIError(Code.UNAVAILABLE, f"no usable lease token at {self.path}")
+        return token.decode("ascii")
+
+
 class TokenSource:
     """Service-account tokens for donors' audiences (TokenRequest), cached until 80% of
-    their lifetime. ``node`` (name, uid) binds them to that Node: the TokenReview then
-    names the node, and the token dies with the Node object."""
+    their lifetime: the lease controller's."""
 
-    def __init__(
-        self, kube: Kube, namespace: str, name: str, node: tuple[str, str] | None = None
-    ) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
         self._kube = kube
         self._namespace, self._name = namespace, name
-        self._node = node
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, str]] = {}
 
@@ -304,13 +348,6 @@ class TokenSource:
             if cached is not None and cached[0] > time.monotonic():
                 return cached[1]
         spec: JSON = {"audiences": [aud], "expirationSeconds": TOKEN_SECONDS}
-        if self._node is not None:
-            spec["boundObjectRef"] = {
-                "kind": "Node",
-                "apiVersion": "v1",
-                "name": self._node[0],
-                "uid": self._node[1],
-            }
         try:
             out = self._kube.create(
                 path(
@@ -394,12 +431,13 @@ class LeaseClient:
             payload = None
         if 200 <= resp.status < 300:
             return payload
+        after = retry_after(resp.headers.get("Retry-After"))
         try:
             err = ErrorBody.model_validate(payload)
         except ValidationError:
             code = next((c for c, s in STATUS.items() if s == resp.status), Code.INTERNAL)
-            raise LeaseAPIError(code, f"donor {donor} answered HTTP {resp.status}") from None
-        raise LeaseAPIError(err.code, err.message)
+            raise LeaseAPIError(code, f"donor {donor} answered HTTP {resp.status}", after) from None
+        raise LeaseAPIError(err.code, err.message, after)
 
     def open(self, donor: str, request: OpenLease) -> LeaseInfo:
         out = self._call(donor, "POST", "", request.model_dump(by_alias=True))
@@ -428,6 +466,14 @@ class LeaseClient:
 
 
 _M = TypeVar("_M", bound=BaseModel)
+
+
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After of whole seconds (the form the donor sends), capped at an hour;
+    None for anything else."""
+    if value is None or not (value.isascii() and value.isdigit() and len(value) <= 6):
+        return None
+    return float(min(int(value), 3600))
 
 
 def parse_status(payload: Any, donor: str) -> LendingStatus:

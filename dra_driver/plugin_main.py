@@ -123,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: every other node in the same network domain)",
     )
     _add_lend_status_arguments(lend)
-    add_client_arguments(p, "plugin")
+    add_client_arguments(p, "plugin", token_file=True)
     p.add_argument(
         "--no-fsync",
         action="store_true",
@@ -139,7 +139,7 @@ def _add_lend_status_arguments(lend: Flags) -> None:
         "5",
         type=float,
         help="seconds between reads of this node's donor status (link load, SLO lease "
-        "capacity; needs --lease-service-account; 0: off; env DONOR_STATUS_INTERVAL)",
+        "capacity; needs --lease-token-file; 0: off; env DONOR_STATUS_INTERVAL)",
     )
     lend.add_argument(
         "--link-busy-at",
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     publisher = SlicePublisher(
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
-    client = _lease_client(args, kube, node)
+    client = _lease_client(args)
     source = _make_source(args, node)
     # Devices serving a pool allocation keep their pool identity: the gate decides what the
     # node's slices publish (nothing until it knows the node's resources). One watch on the
@@ -364,14 +364,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lease_client(args: argparse.Namespace, kube: Any, node: dict[str, Any]) -> Any:
-    """The donors' lease APIs, with tokens bound to this Node; None without
-    ``--lease-service-account``."""
-    if not args.lease_service_account:
+def _lease_client(args: argparse.Namespace) -> Any:
+    """The donors' lease APIs, with this pod's projected token (bound to the pod, so to
+    this node); None without ``--lease-token-file``."""
+    if not args.lease_token_file:
         return None
     from composable_dra.remote_leases import client_from_args
 
-    return client_from_args(args, kube, node=(args.node_name, node["metadata"]["uid"]))
+    return client_from_args(args)
 
 
 def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:

@@ -295,7 +295,7 @@ class Preparer:
         except RemoteClaimError as exc:
             raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         if remote and self._remote is None:
-            raise ClaimError("this plugin has no --lease-service-account: no remote GPUs here")
+            raise ClaimError("this plugin has no --lease-token-file: no remote GPUs here")
         paths = [
             (r, str(self._remote.token_path(ref.uid, r.device))) for r in remote if self._remote
         ]

@@ -3,10 +3,10 @@
 A claim allocated a donor's ``<gpu>-remote`` device carries, once the lease controller
 opened the lease, ``RemoteGPUReady`` with ``data`` = {donor, endpoint, lease} on that
 device. Prepare asks the donor's lease API for the lease's token (proving this node with
-a service-account token bound to it), writes it 0400 under the plugin's state directory,
-and the CDI spec gives the container ``REMOTE_GPU_ENDPOINT``, ``REMOTE_GPU_LEASE`` and
-``REMOTE_GPU_TOKEN_FILE`` (the file mounted read-only): what ``RemoteGPU.from_env()``
-reads. Unprepare removes the file and closes the lease at the donor.
+its pod's projected service-account token, bound to the pod), writes it 0400 under the
+plugin's state directory, and the CDI spec gives the container ``REMOTE_GPU_ENDPOINT``,
+``REMOTE_GPU_LEASE`` and ``REMOTE_GPU_TOKEN_FILE`` (the file mounted read-only): what
+``RemoteGPU.from_env()`` reads. Unprepare removes the file and closes the lease at the donor.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ def _add_lease_api_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lease-plugin-sa",
         metavar="NAMESPACE/NAME",
-        help="the plugins' service account: a consumer node's plugin collects its credentials",
+        help="the plugins' service account: a consumer node's plugin collects its credentials "
+        "with its pod's token (bound to a pod on that node)",
     )
     g.add_argument("--lease-ttl", type=float, default=86400.0, help="seconds a lease's token lives")
 
@@ -221,13 +222,13 @@ def _lease_api(args: argparse.Namespace, config: Any, monitor: Any) -> Any:
     then admits only the leases the API opened."""
     from composable_dra.kube import Kube
     from composable_dra.remote_leases import parse_service_account
+    from remote_gpu.identity import service_account_user
     from remote_gpu.lease_api import (
         KubeReviewer,
         LeaseAPI,
         LeaseAPIConfig,
         LeaseBook,
         server_context,
-        service_account_user,
     )
 
     missing = [

@@ -2,14 +2,16 @@
 
 HTTPS (aiohttp), JSON, served beside the data plane by ``remote-gpu-donor`` with
 ``--lease-api-listen``. Every call carries a service-account token for this donor's
-audience, checked with a TokenReview:
+audience (the controller's) or the donors' common one (the plugins' projected token),
+checked with a TokenReview (``remote_gpu/token_reviews.py``; who may do what:
+``remote_gpu/identity.py``):
 
 - ``POST /v1/leases`` (the lease controller's account only): open a lease for one
   allocated remote device of one claim and its consumer node; idempotent per claim UID.
   Answers the lease id and the data plane's endpoint: no credentials.
 - ``GET /v1/leases`` (the controller): every open lease, to resync after a restart.
-- ``POST /v1/leases/{id}/credentials`` (the plugin's account, with a token bound to the
-  lease's consumer node): the lease's token JSON, once the claim itself (read from the
+- ``POST /v1/leases/{id}/credentials`` (the plugin's account, with a token bound to a
+  pod on the lease's consumer node): the lease's token JSON, once the claim itself (read from the
   API server) shows that device allocated to that node.
 - ``DELETE /v1/leases/{id}`` (the controller, or the consumer node's plugin): close it;
   its token opens nothing any more and a connection using it ends.
@@ -30,17 +32,18 @@ status; bodies are capped at ``MAX_BODY`` bytes; nothing from a request names a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
+import re
 import secrets
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import urllib3
 from aiohttp import web
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from composable_dra import logs
@@ -50,8 +53,9 @@ from composable_dra.lending import slo
 from composable_dra.lending.claim_config import lease_of_claim, qos_of_claim
 from composable_dra.remote_leases import (
     API_PREFIX,
+    DONORS_AUDIENCE,
     MAX_BODY,
-    NODE_NAME_EXTRA,
+    MAX_TOKEN,
     STATUS,
     STATUS_PATH,
     Code,
@@ -64,52 +68,50 @@ from composable_dra.remote_leases import (
     allocation_node,
     audience,
 )
+from remote_gpu.identity import Identity, identity_of, is_plugin_on
 from remote_gpu.lending import LendingMonitor
+from remote_gpu.token_reviews import REVIEW_SECONDS, Reviewer, Reviews
 from remote_gpu.tokens import Token, issue
 
 log = logs.get(__name__)
 
 MAX_LEASES = 1024  # leases one donor holds at most; the link's knee is far below
-REVIEW_SECONDS = 10.0  # how long a TokenReview's answer is reused
-REVIEW_CACHE = 4096  # answers kept at most
+API_DOWN_RETRY_S = 5.0  # Retry-After while the API server does not answer
 _LEASE_ID_MAX = 2**53  # fits a JSON number exactly, as the claim status carries it
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who called, as the TokenReview says: the user, and the node a token is bound to."""
-
-    user: str
-    node: str | None = None
-
-
-class Reviewer(Protocol):
-    def review(self, token: str, aud: str) -> Identity: ...
 
 
 class ClaimSource(Protocol):
     def claim(self, namespace: str, name: str) -> JSON | None: ...
 
 
+# What the Kubernetes client raises when the API server is not reached or answers no
+# status: its own ApiException (TLS failures), urllib3's errors once its retries are
+# spent, a socket's OSError.
+_UNREACHED = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
 class KubeReviewer:
-    """TokenReview and claim reads against the API server (blocking: run off the loop)."""
+    """TokenReview and claim reads against the API server (blocking: run off the loop).
+    An API server that does not answer is UNAVAILABLE, with a Retry-After."""
 
     def __init__(self, kube: Kube) -> None:
         self._kube = kube
 
-    def review(self, token: str, aud: str) -> Identity:
+    def review(self, token: str, audiences: tuple[str, ...]) -> Identity:
         try:
             out = self._kube.create(
                 path("authentication.k8s.io/v1", "tokenreviews"),
                 {
                     "apiVersion": "authentication.k8s.io/v1",
                     "kind": "TokenReview",
-                    "spec": {"token": token, "audiences": [aud]},
+                    "spec": {"token": token, "audiences": list(audiences)},
                 },
             )
         except KubeError as exc:
-            raise LeaseAPIError(Code.UNAVAILABLE, f"TokenReview failed: {exc.reason}") from None
-        return identity_of(out.get("status") or {}, aud)
+            raise _unavailable(f"TokenReview failed: {exc.reason}") from None
+        except _UNREACHED as exc:
+            raise _unavailable(f"TokenReview failed: {type(exc).__name__}") from None
+        return identity_of(out.get("status") or {}, audiences)
 
     def claim(self, namespace: str, name: str) -> JSON | None:
         try:
@@ -119,25 +121,13 @@ class KubeReviewer:
         except NotFound:
             return None
         except KubeError as exc:
-            raise LeaseAPIError(Code.UNAVAILABLE, f"cannot read the claim: {exc.reason}") from None
+            raise _unavailable(f"cannot read the claim: {exc.reason}") from None
+        except _UNREACHED as exc:
+            raise _unavailable(f"cannot read the claim: {type(exc).__name__}") from None
 
 
-def identity_of(status: JSON, aud: str) -> Identity:
-    """The caller a TokenReview's status names; UNAUTHENTICATED unless it vouches for
-    the token for this audience."""
-    if not status.get("authenticated"):
-        raise LeaseAPIError(Code.UNAUTHENTICATED, "the token does not authenticate")
-    if aud not in (status.get("audiences") or []):
-        raise LeaseAPIError(Code.UNAUTHENTICATED, "the token is for another audience")
-    user = status.get("user") or {}
-    extra = user.get("extra") or {}
-    nodes = extra.get(NODE_NAME_EXTRA) or []
-    node = str(nodes[0]) if isinstance(nodes, list) and len(nodes) == 1 else None
-    return Identity(str(user.get("username") or ""), node)
-
-
-def service_account_user(namespace: str, name: str) -> str:
-    return f"system:serviceaccount:{namespace}:{name}"
+def _unavailable(message: str) -> LeaseAPIError:
+    return LeaseAPIError(Code.UNAVAILABLE, message, retry_after=API_DOWN_RETRY_S)
 
 
 # -- the leases ------------------------------------------------------------------------
@@ -294,10 +284,15 @@ def parse_open(body: bytes) -> OpenLease:
         raise LeaseAPIError(Code.BAD_REQUEST, f"invalid fields: {', '.join(fields)}") from None
 
 
+# RFC 6750's b64token: what a service-account token (a JWT) is made of. Anything else,
+# bytes that are not UTF-8 among them, is no token and costs no TokenReview.
+_B64TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
 def bearer(header: str | None) -> str:
     scheme, _, token = (header or "").partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > 8192:
+    if scheme.lower() != "bearer" or len(token) > MAX_TOKEN or not _B64TOKEN.fullmatch(token):
         raise LeaseAPIError(Code.UNAUTHENTICATED, "a bearer token is required")
     return token
 
@@ -325,15 +320,16 @@ class LeaseAPI:
         claims: ClaimSource,
         on_close: Callable[[int, float], None] = lambda _lease, _expiry: None,
         monitor: LendingMonitor | None = None,
+        review_ttl: float = REVIEW_SECONDS,
     ) -> None:
         self.config, self.book = config, book
-        self._reviewer, self._claims = reviewer, claims
+        self._claims = claims
         self.monitor = monitor
         self._on_close = on_close
-        self._audience = audience(config.node)
-        # TokenReview answers for a few seconds, by the token's digest: a caller's burst
-        # (or a flood of one bad token) costs the API server one review.
-        self._reviews: dict[bytes, tuple[float, Identity | LeaseAPIError]] = {}
+        # This donor's own audience (the controller's tokens), and the plugins' projected
+        # token's, which every donor accepts.
+        audiences = (audience(config.node), DONORS_AUDIENCE)
+        self._reviews = Reviews(reviewer, audiences, ttl=review_ttl)
 
     def set_on_close(self, on_close: Callable[[int, float], None]) -> None:
         self._on_close = on_close
@@ -353,7 +349,7 @@ class LeaseAPI:
             response: web.StreamResponse = await handler(request)
             return response
         except LeaseAPIError as exc:
-            return _error(exc.code, exc.message)
+            return _error(exc.code, exc.message, exc.retry_after)
         except web.HTTPRequestEntityTooLarge:
             return _error(Code.TOO_LARGE, f"a body of at most {MAX_BODY} bytes")
         except web.HTTPException as exc:  # no such route or method
@@ -364,28 +360,7 @@ class LeaseAPI:
             return _error(Code.INTERNAL, "internal error")
 
     async def _who(self, request: web.Request) -> Identity:
-        token = bearer(request.headers.get("Authorization"))
-        key = hashlib.sha256(token.encode()).digest()
-        now = time.monotonic()
-        cached = self._reviews.get(key)
-        if cached is None or cached[0] <= now:
-            loop = asyncio.get_running_loop()
-            try:
-                who: Identity | LeaseAPIError = await loop.run_in_executor(
-                    None, self._reviewer.review, token, self._audience
-                )
-            except LeaseAPIError as exc:
-                if exc.code is not Code.UNAUTHENTICATED:
-                    raise  # the API server not answering: ask again next time
-                who = exc
-            if len(self._reviews) >= REVIEW_CACHE:
-                self._reviews = {k: v for k, v in self._reviews.items() if v[0] > now}
-            if len(self._reviews) < REVIEW_CACHE:
-                self._reviews[key] = (now + REVIEW_SECONDS, who)
-            cached = (now + REVIEW_SECONDS, who)
-        if isinstance(cached[1], LeaseAPIError):
-            raise cached[1]
-        return cached[1]
+        return await self._reviews.who(bearer(request.headers.get("Authorization")))
 
     def _controller(self, who: Identity) -> None:
         if who.user != self.config.controller:
@@ -433,8 +408,8 @@ class LeaseAPI:
 
     async def _status(self, request: web.Request) -> web.Response:
         who = await self._who(request)
-        if who.user != self.config.controller and not (
-            who.user == self.config.plugin and who.node == self.config.node
+        if who.user != self.config.controller and not is_plugin_on(
+            who, self.config.plugin, self.config.node
         ):
             raise LeaseAPIError(
                 Code.FORBIDDEN, f"only the plugin of node {self.config.node} reads its status"
@@ -457,7 +432,7 @@ class LeaseAPI:
         who = await self._who(request)
         lease = self._lease(request)
         info = lease.info
-        if who.user != self.config.plugin or who.node != info.node:
+        if not is_plugin_on(who, self.config.plugin, info.node):
             raise LeaseAPIError(
                 Code.FORBIDDEN, f"only the plugin of node {info.node} may have this lease's token"
             )
@@ -472,8 +447,8 @@ class LeaseAPI:
     async def _close(self, request: web.Request) -> web.Response:
         who = await self._who(request)
         lease = self._lease(request)
-        if who.user != self.config.controller and not (
-            who.user == self.config.plugin and who.node == lease.info.node
+        if who.user != self.config.controller and not is_plugin_on(
+            who, self.config.plugin, lease.info.node
         ):
             raise LeaseAPIError(Code.FORBIDDEN, f"{who.user} may not close this lease")
         closed = self.book.close(lease.info.lease)
@@ -487,8 +462,11 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     return web.json_response(payload, status=status, headers={"Cache-Control": "no-store"})
 
 
-def _error(code: Code, message: str) -> web.Response:
-    return _json(ErrorBody(code=code, message=message).model_dump(mode="json"), STATUS[code])
+def _error(code: Code, message: str, retry_after: float | None = None) -> web.Response:
+    response = _json(ErrorBody(code=code, message=message).model_dump(mode="json"), STATUS[code])
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, round(retry_after)))
+    return response
 
 
 def server_context(cert: str, key: str) -> ssl.SSLContext:

@@ -3,7 +3,10 @@
 The flags are the ones fake nodes need (docs/architecture.md, Testing): the apiserver advertises
 127.0.0.1 and skips the ServiceAccount and TaintNodesByCondition admission plugins, and
 the node lifecycle controller is off, so Node objects with a Ready condition and no
-kubelet stay schedulable.
+kubelet stay schedulable. Nodes are held to what a cluster holds them to: the Node
+authorizer and the NodeRestriction admission plugin judge every ``system:node:<name>``
+client (the real kubelets, and the harness where it plays a kubelet), so a node's
+credentials reach only its own node's objects.
 """
 
 from __future__ import annotations
@@ -248,7 +251,8 @@ class ControlPlane:
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",
-                "--authorization-mode=RBAC",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
                 "--allow-privileged=true",

@@ -3,15 +3,17 @@
 Each donor is a node (kubelet emulator) whose plugin lends its static GPUs (``--lend``)
 and a ``remote-gpu-donor`` process with its lease API over HTTPS (a local CA); each
 consumer is a node with no GPU and no fabric reach whose plugin fetches lease
-credentials at prepare; the scaler runs the lease controller. Every component is its own
-process. Used by ``hack/bench/remote_claims.py`` and the demo (``hack/demo.py``).
+credentials at prepare, proving its node with the token a pod of its own would hold
+(``hack/localcluster/pod_token.py``: the harness plays the kubelet); the scaler runs the
+lease controller. Every component is its own process. Used by
+``hack/bench/remote_claims.py`` and the demo (``hack/demo.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.nodes import create_node, delete_node
 from hack.localcluster.pki import CertificateAuthority, KeyPair
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
+from hack.localcluster.pod_token import PodToken
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS
 from hack.localcluster.remote_pods import DRIVER
@@ -69,6 +72,19 @@ def donor_process(
     )
 
 
+def donor_flags(apis: Mapping[str, str], ca: Path) -> list[str]:
+    """A lease API caller's flags for the donors ``apis`` (node -> URL) under the CA ``ca``."""
+    return [*(f"--donor-api={node}={url}" for node, url in apis.items()), f"--donor-ca-file={ca}"]
+
+
+def plugin_token(
+    cp: ControlPlane, kube: Kube, node: str, namespace: str, workdir: Path
+) -> PodToken:
+    """The projected token of a plugin pod on ``node`` (the plugins' service account in
+    ``namespace``), under ``workdir``, kept fresh until ``stop``."""
+    return PodToken(cp, kube, node, namespace, PLUGIN_SA, workdir / "lease-token" / "token")
+
+
 def scaler_process(
     cp: ControlPlane, client_flags: Sequence[str], workdir: Path
 ) -> ComponentProcess:
@@ -109,6 +125,7 @@ class Lab:
     donors: list[Donor] = field(default_factory=list)
     consumers: list[Consumer] = field(default_factory=list)
     procs: list[ComponentProcess] = field(default_factory=list)
+    tokens: list[PodToken] = field(default_factory=list)  # the plugins' pod tokens
     # Donors' plugins read their donor's status this often (0: never; the lending policy).
     donor_status_interval: float = 0.0
     donor_args: list[str] = field(default_factory=list)  # more flags for each donor
@@ -119,12 +136,17 @@ class Lab:
         self.secret = self.root / "donor-secret"
         self.secret.write_bytes(os.urandom(32).hex().encode())
 
-    def client_flags(self, sa: str) -> list[str]:
+    def controller_flags(self) -> list[str]:
         return [
-            f"--lease-service-account={self.namespace}/{sa}",
-            *(f"--donor-api={d.node}={d.api_url}" for d in self.donors),
-            f"--donor-ca-file={self.ca.cert_path}",
+            f"--lease-service-account={self.namespace}/{CONTROLLER_SA}",
+            *donor_flags({d.node: d.api_url for d in self.donors}, self.ca.cert_path),
         ]
+
+    def plugin_flags(self, node: str, root: Path, apis: Mapping[str, str]) -> list[str]:
+        """The lease flags of ``node``'s plugin: its pod's token, and the donors ``apis``."""
+        token = plugin_token(self.cp, self.kube, node, self.namespace, root).start()
+        self.tokens.append(token)
+        return [f"--lease-token-file={token.file}", *donor_flags(apis, self.ca.cert_path)]
 
     def node(self, name: str) -> tuple[KubeletEmulator, Path]:
         create_node(self.kube.api, name, labels={NETWORK_DOMAIN_LABEL: self.domain})
@@ -143,11 +165,9 @@ class Lab:
         kubelet, root = self.node(name)
         api_port = free_port()
         status: list[str] = []
-        if self.donor_status_interval > 0:  # its own donor's API, with its node's token
+        if self.donor_status_interval > 0:  # its own donor's API, with its pod's token
             status = [
-                f"--lease-service-account={self.namespace}/{PLUGIN_SA}",
-                f"--donor-api={name}=https://127.0.0.1:{api_port}",
-                f"--donor-ca-file={self.ca.cert_path}",
+                *self.plugin_flags(name, root, {name: f"https://127.0.0.1:{api_port}"}),
                 f"--donor-status-interval={self.donor_status_interval}",
             ]
         plugin = self.plugin(
@@ -214,12 +234,13 @@ class Lab:
                 f"the lease API of {d.node}",
                 describe=d.process.log_tail,
             )
-        scaler = scaler_process(self.cp, self.client_flags(CONTROLLER_SA), self.root / "scaler")
+        scaler = scaler_process(self.cp, self.controller_flags(), self.root / "scaler")
         self.procs.append(scaler.start())
         for i in range(consumers):
             name = f"{self.prefix}consumer-{i}"
             kubelet, root = self.node(name)
-            plugin = self.plugin(name, kubelet, root, self.client_flags(PLUGIN_SA))
+            apis = {d.node: d.api_url for d in self.donors}
+            plugin = self.plugin(name, kubelet, root, self.plugin_flags(name, root, apis))
             write_static_devices(plugin.static_file, [])  # no GPU, and no fabric reaches it
             plugin.start()
             self.consumers.append(Consumer(name, plugin, kubelet))
@@ -255,6 +276,8 @@ class Lab:
     def stop(self) -> None:
         for p in self.procs:
             p.stop()
+        for t in self.tokens:
+            t.stop()
         for n in self.nodes():
             n.kubelet.stop()
             n.plugin.stop()

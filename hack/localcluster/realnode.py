@@ -148,6 +148,19 @@ def kubelet_config(workdir: Path, ca_file: Path, port: int, healthz_port: int) -
     }
 
 
+def node_kubeconfig(cp: ControlPlane, node: str, path: Path, key_name: str = "node") -> Path:
+    """A kubeconfig at ``path`` with the node's own client certificate
+    (``system:node:<node>``, group ``system:nodes``; ``<key_name>-<node>`` in the control
+    plane's PKI directory): what its kubelet uses, and what the Node authorizer and
+    NodeRestriction judge."""
+    assert cp.ca is not None
+    pair = cp.ca.issue(
+        f"{key_name}-{node}", f"system:node:{node}", organizations=("system:nodes",), client=True
+    )
+    _write_kubeconfig(path, cp.server, cp.ca.cert_path, pair.cert, pair.key)
+    return path
+
+
 def _write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path) -> None:
     body = {
         "apiVersion": "v1",
@@ -300,14 +313,7 @@ class RealNode:
         kubelet_yaml.write_text(
             yaml.safe_dump(kubelet_config(self.workdir, cp.ca.cert_path, free_port(), free_port()))
         )
-        pair = cp.ca.issue(
-            f"node-{self.name}",
-            f"system:node:{self.name}",
-            organizations=("system:nodes",),
-            client=True,
-        )
-        kubeconfig = self.workdir / "kubelet.kubeconfig"
-        _write_kubeconfig(kubeconfig, cp.server, cp.ca.cert_path, pair.cert, pair.key)
+        kubeconfig = node_kubeconfig(cp, self.name, self.workdir / "kubelet.kubeconfig")
         admin = config.new_client_from_config(config_file=str(cp.kubeconfig))
         ensure_node_binding(admin)
 

@@ -3,10 +3,14 @@
 Every component is its own process on the real control plane: donor A's plugin lends
 its GPU (``--lend``, kubelet emulator), the donor (``remote-gpu-donor`` with its lease
 API over HTTPS), the scaler (whose lease controller opens leases), and node C's plugin
-(no GPU, no fabric) under its own kubelet emulator. The pod's claim selects a remote
-device; the test builds ``RemoteGPU.from_env()`` from the env the CDI spec gives the
-container (the token file the plugin wrote, mapped through the spec's mount) and runs
-``matmul`` on the donor.
+(no GPU, no fabric) under its own kubelet emulator, proving its node to the donor with
+the token of a pod on its node (the harness plays the kubelet: a Pod there, and a
+TokenRequest bound to it with the node's own credentials). The control plane runs the
+Node authorizer and NodeRestriction, so the forged cases are the ones a cluster has: one
+node's plugin identity, or its kubelet's credentials, against another node's lease. The
+pod's claim selects a remote device; the test builds ``RemoteGPU.from_env()`` from the
+env the CDI spec gives the container (the token file the plugin wrote, mapped through the
+spec's mount) and runs ``matmul`` on the donor.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.remote_leases import (
+    DONORS_AUDIENCE,
     Code,
     DonorDirectory,
+    FileToken,
     LeaseAPIError,
     LeaseClient,
     LeaseInfo,
+    Tokens,
     TokenSource,
+    audience,
 )
 from dra_driver import cdi
 from hack import chart
@@ -35,9 +43,17 @@ from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.crds import install_crds
 from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.lending import CONTROLLER_SA, PLUGIN_SA, donor_process, scaler_process
+from hack.localcluster.lending import (
+    CONTROLLER_SA,
+    PLUGIN_SA,
+    donor_flags,
+    donor_process,
+    plugin_token,
+    scaler_process,
+)
 from hack.localcluster.pki import CertificateAuthority
 from hack.localcluster.plugin_process import PluginProcess, write_static_devices
+from hack.localcluster.pod_token import PodToken, bearer_kube, request_token
 from hack.localcluster.process import ComponentProcess
 from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
@@ -67,6 +83,7 @@ class RemoteSetup:
         self.procs: list[ComponentProcess] = []
         self.consumer_kubelet: KubeletEmulator | None = None
         self.consumer_plugin: PluginProcess | None = None
+        self.tokens: list[PodToken] = []
         self.ca = CertificateAuthority(root / "pki")
         self.tls = self.ca.issue("donor", "donor", ips=("127.0.0.1",), server=True)
         for sa in (CONTROLLER_SA, PLUGIN_SA):
@@ -79,12 +96,15 @@ class RemoteSetup:
     def api_url(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
-    def client_flags(self, sa: str) -> list[str]:
-        return [
-            f"--lease-service-account={self.ns}/{sa}",
-            f"--donor-api={self.donor}={self.api_url}",
-            f"--donor-ca-file={self.ca.cert_path}",
-        ]
+    def donor_flags(self) -> list[str]:
+        return donor_flags({self.donor: self.api_url}, self.ca.cert_path)
+
+    def pod_token(self, node: str) -> PodToken:
+        """The token of a plugin pod on ``node``, as its kubelet would keep it."""
+        root = self.root / f"token-{node}"
+        token = plugin_token(self.cp, self.kube, node, self.ns, root).start()
+        self.tokens.append(token)
+        return token
 
     def start(self) -> None:
         self.donor = self.cluster.donor(gpus=1, max_leases=2)
@@ -99,18 +119,20 @@ class RemoteSetup:
         )
         self.start_donor()
         install_crds(self.kube)
-        scaler = scaler_process(self.cp, self.client_flags(CONTROLLER_SA), self.root / "scaler")
+        controller = [f"--lease-service-account={self.ns}/{CONTROLLER_SA}", *self.donor_flags()]
+        scaler = scaler_process(self.cp, controller, self.root / "scaler")
         self.procs.append(scaler.start())
         self.consumer = self.cluster.node("consumer")
         kubelet = KubeletEmulator(self.kube, self.consumer, self.root / "kc", self.root / "cdic")
         kubelet.start()
         self.consumer_kubelet = kubelet
+        self.consumer_token = self.pod_token(self.consumer)
         plugin = PluginProcess.beside(
             kubelet,
             self.consumer,
             self.cp.kubeconfig,
             self.root / "consumer-plugin",
-            self.client_flags(PLUGIN_SA),
+            [f"--lease-token-file={self.consumer_token.file}", *self.donor_flags()],
         )
         write_static_devices(plugin.static_file, [])
         plugin.start()
@@ -131,20 +153,18 @@ class RemoteSetup:
             describe=proc.log_tail,
         )
 
-    def client(self, sa: str, node: str | None = None) -> LeaseClient:
-        """A lease API client with real tokens of ``sa`` (bound to ``node`` if given)."""
-        bound = None
-        if node is not None:
-            bound = (node, self.kube.get(path("v1", "nodes", node))["metadata"]["uid"])
+    def client(self, tokens: Tokens) -> LeaseClient:
         return LeaseClient(
-            DonorDirectory({self.donor: self.api_url}),
-            TokenSource(self.kube, self.ns, sa, bound),
-            str(self.ca.cert_path),
+            DonorDirectory({self.donor: self.api_url}), tokens, str(self.ca.cert_path)
         )
+
+    def as_account(self, sa: str) -> LeaseClient:
+        """A lease API client with real, unbound tokens of ``sa`` for the donor's audience."""
+        return self.client(TokenSource(self.kube, self.ns, sa))
 
     def leases(self) -> list[LeaseInfo]:
         """The donor's open leases, asked as the lease controller."""
-        return self.client(CONTROLLER_SA).list(self.donor).items
+        return self.as_account(CONTROLLER_SA).list(self.donor).items
 
     def describe(self) -> str:
         parts = [p.log_tail(30) for p in (*self.procs, self.donor_proc)]
@@ -155,6 +175,8 @@ class RemoteSetup:
     def close(self) -> None:
         for p in self.procs:
             p.stop()
+        for t in self.tokens:
+            t.stop()
         if getattr(self, "donor_proc", None) is not None:
             self.donor_proc.stop()
         if self.consumer_plugin is not None:
@@ -273,14 +295,21 @@ def end_pod_and_claim(setup: RemoteSetup, name: str) -> None:
 def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
     claim, env, mounts = lease_and_run(remote, "lent")
     run_matmul(env, mounts)
-    # Real TokenReviews: the credentials go to the consumer node's plugin only.
+    # Real TokenReviews: the credentials go to the consumer node's plugin only, not to
+    # the plugin of another node, an unbound token of the plugins' account or the
+    # controller.
     lease = int(env["REMOTE_GPU_LEASE"])
-    for sa, node in ((PLUGIN_SA, remote.donor), (PLUGIN_SA, None), (CONTROLLER_SA, None)):
+    others: dict[str, Tokens] = {
+        "the donor node's plugin": FileToken(remote.pod_token(remote.donor).file),
+        "an unbound plugin token": TokenSource(remote.kube, remote.ns, PLUGIN_SA),
+        "the controller": TokenSource(remote.kube, remote.ns, CONTROLLER_SA),
+    }
+    for who, tokens in others.items():
         with pytest.raises(LeaseAPIError) as err:
-            remote.client(sa, node).credentials(remote.donor, lease)
-        assert err.value.code is Code.FORBIDDEN, (sa, node, err.value)
+            remote.client(tokens).credentials(remote.donor, lease)
+        assert err.value.code is Code.FORBIDDEN, (who, err.value)
     with pytest.raises(LeaseAPIError) as err:  # and leases open for the controller only
-        remote.client(PLUGIN_SA, remote.consumer).list(remote.donor)
+        remote.client(FileToken(remote.consumer_token.file)).list(remote.donor)
     assert err.value.code is Code.FORBIDDEN
     token_file = Path(mounts[env["REMOTE_GPU_TOKEN_FILE"]])
     mac = json.loads(token_file.read_text())["mac"]
@@ -298,6 +327,61 @@ def test_remote_gpu_runs_matmul_and_leaves_nothing(remote: RemoteSetup) -> None:
     for text in (*logs, json.dumps(events), json.dumps(claim)):
         assert mac not in text
         assert remote.secret.read_text() not in text
+
+
+class Fixed:
+    """One token, whatever the audience asked."""
+
+    def __init__(self, token: str) -> None:
+        self.value = token
+
+    def token(self, aud: str) -> str:
+        return self.value
+
+
+def test_a_node_cannot_act_as_another_nodes_plugin(remote: RemoteSetup) -> None:
+    """Node X (the donor's node: its plugin is a plugin like any other) against consumer
+    C's lease, with the Node authorizer and NodeRestriction on: X's plugin pod's token
+    is refused C's credentials and the close; X's kubelet credentials cannot have a
+    token bound to C's plugin pod or to Node C; X's plugin's own API token cannot have
+    one at all; and the proof the donor took before, a plugin-account token bound to the
+    Node object (which whoever may create the account's tokens can make for any node),
+    is refused."""
+    kube, ns = remote.kube, remote.ns
+    _claim, env, _mounts = lease_and_run(remote, "lent")
+    lease = int(env["REMOTE_GPU_LEASE"])
+    x = remote.pod_token(remote.donor)
+    x_plugin = remote.client(FileToken(x.file))
+    node_c = kube.get(path("v1", "nodes", remote.consumer))
+    node_bound = Fixed(request_token(kube, ns, PLUGIN_SA, node_c, DONORS_AUDIENCE))
+    callers = {"X's plugin": x_plugin, "a Node-bound token": remote.client(node_bound)}
+    for who, client in callers.items():
+        for call in (client.credentials, client.close):
+            with pytest.raises(LeaseAPIError) as err:
+                call(remote.donor, lease)
+            assert err.value.code is Code.FORBIDDEN, (who, call, err.value)
+    assert [i.lease for i in remote.leases()] == [lease]  # still open
+
+    # X's kubelet may have tokens for the pods on X only.
+    x_kubelet = x.node_kube()
+    c_pod = remote.consumer_token.pod
+    for bound in (c_pod, node_c):
+        for aud in (DONORS_AUDIENCE, audience(remote.donor)):
+            with pytest.raises(KubeError) as kerr:
+                request_token(x_kubelet, ns, PLUGIN_SA, bound, aud)
+            assert kerr.value.status == 403, (bound["kind"], aud, kerr.value)
+    # X's plugin pod's API token (what its pod holds) asks for C's: the plugins' account
+    # may create no tokens.
+    api_token = request_token(x_kubelet, ns, PLUGIN_SA, x.pod, None)
+    as_plugin = bearer_kube(remote.cp, api_token)
+    for bound in (c_pod, node_c):  # 403, not 401: authenticated, and refused
+        with pytest.raises(KubeError) as kerr:
+            request_token(as_plugin, ns, PLUGIN_SA, bound, DONORS_AUDIENCE)
+        assert kerr.value.status == 403, (bound["kind"], kerr.value)
+
+    # C's own plugin still collects and closes: the pod ends, the lease with it.
+    end_pod_and_claim(remote, "lent")
+    wait_for(lambda: remote.leases() == [], 30, "the lease to close", describe=remote.describe)
 
 
 def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
@@ -353,7 +437,10 @@ def test_chart_rbac_for_leases_is_what_they_need_and_no_more(
             )
 
         expected = {
-            "plugin": ([token_for("plugin")], [token_for("scaler"), token_for("remote-gpu-donor")]),
+            # No tokens, not even its own: its pod's token is the kubelet's to make.
+            "plugin": (
+                [], [token_for("plugin"), token_for("scaler"), token_for("remote-gpu-donor")]
+            ),
             "scaler": ([token_for("scaler")], [token_for("plugin")]),
             "remote-gpu-donor": (
                 [Access("create", "tokenreviews", "authentication.k8s.io"),

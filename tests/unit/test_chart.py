@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from composable_dra import names
+from composable_dra.remote_leases import DONORS_AUDIENCE
 from hack import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
@@ -326,25 +327,41 @@ def test_remote_gpu_leases_rbac_is_least_privilege(
         for o in default
     )
     assert not any(a.startswith("--lease-") for a in container(one(default, "DaemonSet"))["args"])
-    for component in ("plugin", "scaler"):
-        sa = f"cdra-composable-dra-{component}"
-        role = one(everything, "Role", f"-{component}-lease-tokens")
-        # Tokens of its own service account, nothing else.
-        assert role["rules"] == [
-            {
-                "apiGroups": [""],
-                "resources": ["serviceaccounts/token"],
-                "resourceNames": [sa],
-                "verbs": ["create"],
-            }
-        ]
-        binding = one(everything, "RoleBinding", f"-{component}-lease-tokens")
-        assert binding["subjects"][0]["name"] == sa
-        workload = "DaemonSet" if component == "plugin" else "Deployment"
-        args = container(one(everything, workload, f"-{component}"))["args"]
-        assert f"--lease-service-account=composable-dra/{sa}" in args
+    sa = "cdra-composable-dra-scaler"
+    role = one(everything, "Role", "-scaler-lease-tokens")
+    # The lease controller: tokens of its own service account, nothing else.
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": [sa],
+            "verbs": ["create"],
+        }
+    ]
+    binding = one(everything, "RoleBinding", "-scaler-lease-tokens")
+    assert binding["subjects"][0]["name"] == sa
+    # The plugin creates no token: a node could bind one to another node.
+    assert not [o for o in everything if o["metadata"]["name"].endswith("-plugin-lease-tokens")]
+    scaler = container(one(everything, "Deployment", "-scaler"))["args"]
+    plugin_ds = one(everything, "DaemonSet", "-plugin")
+    plugin = container(plugin_ds)["args"]
+    assert f"--lease-service-account=composable-dra/{sa}" in scaler
+    assert not [a for a in plugin if a.startswith("--lease-service-account")]
+    for args in (scaler, plugin):
         assert "--donor-api-template=https://{node}:7471" in args
         assert "--donor-ca-file=/etc/composable-dra/donor-ca/ca.crt" in args
+    # Its proof is its pod's own token, for the donors' audience, mounted where the flag
+    # says.
+    volumes = {v["name"]: v for v in plugin_ds["spec"]["template"]["spec"]["volumes"]}
+    (source,) = volumes["lease-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"] == {
+        "path": "token",
+        "audience": DONORS_AUDIENCE,
+        "expirationSeconds": 600,
+    }
+    mount = next(m for m in container(plugin_ds)["volumeMounts"] if m["name"] == "lease-token")
+    assert mount["readOnly"] is True
+    assert f"--lease-token-file={mount['mountPath']}/token" in plugin
     donor = one(everything, "ClusterRole", "-remote-gpu-donor")
     assert donor["rules"] == [
         {

@@ -95,7 +95,7 @@ def test_the_donor_status_poller_needs_a_lease_client_and_sound_thresholds() -> 
     publisher = SimpleNamespace(set_lend_state=lambda _state: None)
     policy = LendPolicy(network_domain="rack-1", link_gbps=100, max_leases=4)
     args = _args("--lend", "--link-busy-at=0.8", "--link-clear-at=0.3")
-    assert _donor_status(args, None, publisher, policy) is None  # no lease service account
+    assert _donor_status(args, None, publisher, policy) is None  # no lease token file
     poller = _donor_status(args, object(), publisher, policy)
     assert poller.rule.busy_at == 0.8 and poller.knee == 4 and poller.interval == 5.0
     off = _args("--lend", "--donor-status-interval=0")

@@ -143,7 +143,7 @@ def test_a_plugin_without_lease_settings_refuses_remote_devices(tmp_path: Path) 
     env.remote = None  # type: ignore[assignment]
     preparer = env.start()
     ref = env.add(remote_claim("u-5"))
-    assert "--lease-service-account" in preparer.prepare([ref])[ref.uid].error
+    assert "--lease-token-file" in preparer.prepare([ref])[ref.uid].error
 
 
 def test_token_paths_come_from_checked_names(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.errors import AuthError, RemoteGPUError
+from remote_gpu.identity import Identity
 from remote_gpu.lease_api import (
-    Identity,
     LeaseAPI,
     LeaseAPIConfig,
     LeaseBook,
@@ -58,24 +58,40 @@ FUZZ = settings(max_examples=150)
 
 IDS = {
     "controller": Identity(CONTROLLER),
-    "plugin-c": Identity(PLUGIN, "node-c"),
-    "plugin-d": Identity(PLUGIN, "node-d"),
+    "plugin-c": Identity(PLUGIN, "node-c", "plugin-pod-c"),
+    "plugin-d": Identity(PLUGIN, "node-d", "plugin-pod-d"),
     "plugin-unbound": Identity(PLUGIN),
-    "stranger": Identity("system:serviceaccount:other:sa", "node-c"),
+    # Bound to node-c's Node object, not to a pod there: whoever may create the account's
+    # tokens can make one of those for any node.
+    "plugin-c-node-bound": Identity(PLUGIN, "node-c"),
+    "stranger": Identity("system:serviceaccount:other:sa", "node-c", "pod-c"),
 }
 
 
 class Reviewer:
-    """TokenReview stand-in: token -> identity (only for this donor's audience)."""
+    """TokenReview stand-in: token -> identity (only for this donor's audiences). A token
+    named ``slow-...`` is answered only once ``release`` is set (a slow API server)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+        self.hanging = 0  # slow reviews under way now
+        self.most_hanging = 0  # and at most
 
-    def review(self, token: str, aud: str) -> Identity:
+    def review(self, token: str, audiences: tuple[str, ...]) -> Identity:
         self.calls.append(token)
+        if token.startswith("slow-"):
+            with self._lock:
+                self.hanging += 1
+                self.most_hanging = max(self.most_hanging, self.hanging)
+            self.release.wait(30)
+            with self._lock:
+                self.hanging -= 1
         if token == "api-down":
             raise LeaseAPIError(Code.UNAVAILABLE, "TokenReview failed")
-        if aud != audience(DONOR) or token not in IDS:
+        if audience(DONOR) not in audiences or token not in IDS:
             raise LeaseAPIError(Code.UNAUTHENTICATED, "the token does not authenticate")
         return IDS[token]
 
@@ -125,20 +141,21 @@ class As:
 
 
 class Served:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, reviewer: Any = None, **kw: Any) -> None:
         ca = CertificateAuthority(tmp / "pki")
         pair = ca.issue("donor", "donor", ips=("127.0.0.1",), server=True)
         self.ca = str(ca.cert_path)
         self.book = LeaseBook("donor-a", "127.0.0.1:7470", SECRET, 60.0)
         self.claims = Claims()
         self.closed: list[int] = []
-        self.reviewer = Reviewer()
+        self.reviewer = reviewer or Reviewer()
         self.api = LeaseAPI(
             LeaseAPIConfig(DONOR, DRIVER, CONTROLLER, PLUGIN),
             self.book,
             self.reviewer,
             self.claims,
             lambda lease, _expiry: self.closed.append(lease),
+            **kw,
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -190,13 +207,17 @@ def test_credentials_only_for_the_consumer_nodes_plugin_and_a_real_allocation(
     served: Served,
 ) -> None:
     info = served.client("controller").open(DONOR, request("k1"))
-    for who in ("controller", "plugin-d", "plugin-unbound", "stranger"):
+    for who in ("controller", "plugin-d", "plugin-unbound", "plugin-c-node-bound", "stranger"):
         refused(lambda w=who: served.client(w).credentials(DONOR, info.lease), Code.FORBIDDEN)
     # The consumer's plugin, but the claim does not show that allocation (yet).
     refused(lambda: served.client("plugin-c").credentials(DONOR, info.lease), Code.FORBIDDEN)
     served.claims.items[("ns", "c1")] = allocated_claim("k1", node="node-d")
     refused(lambda: served.client("plugin-c").credentials(DONOR, info.lease), Code.FORBIDDEN)
     served.claims.items[("ns", "c1")] = allocated_claim("k1")
+    # The allocation is real now; still not for another node's plugin, nor for a token
+    # bound to the consumer's Node object rather than to a pod there.
+    for who in ("plugin-d", "plugin-c-node-bound"):
+        refused(lambda w=who: served.client(w).credentials(DONOR, info.lease), Code.FORBIDDEN)
     token = tokens.Token.from_json(served.client("plugin-c").credentials(DONOR, info.lease))
     assert token.lease == info.lease and token.donor == "donor-a"
     tokens.verify(SECRET, token, "donor-a")
@@ -208,6 +229,7 @@ def test_close_by_the_controller_or_the_consumer_plugin(served: Served) -> None:
     a = controller.open(DONOR, request("x1"))
     b = controller.open(DONOR, request("x2"))
     refused(lambda: served.client("plugin-d").close(DONOR, a.lease), Code.FORBIDDEN)
+    refused(lambda: served.client("plugin-c-node-bound").close(DONOR, a.lease), Code.FORBIDDEN)
     served.client("plugin-c").close(DONOR, a.lease)
     controller.close(DONOR, b.lease)
     controller.close(DONOR, b.lease)  # gone already: no error

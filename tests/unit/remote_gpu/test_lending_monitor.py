@@ -17,7 +17,7 @@ from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.donor_main import add_arguments, lending_monitor
-from remote_gpu.lease_api import Identity
+from remote_gpu.identity import Identity
 from remote_gpu.lending import LendingMonitor
 
 from .conftest import ALLOW, SECRET, start_donor, stop_donor
@@ -88,7 +88,7 @@ def test_donor_flags_build_the_monitor_or_say_what_is_wrong() -> None:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    IDS["plugin-a"] = Identity(PLUGIN, DONOR)  # the plugin of the donor's own node
+    IDS["plugin-a"] = Identity(PLUGIN, DONOR, "plugin-pod-a")  # the donor node's own plugin
     s = Served(tmp_path_factory.mktemp("lease-api-lending"))
     s.api.monitor = LendingMonitor(1e6, priors={"paced": PACED}, functions={"paced"})
     yield s

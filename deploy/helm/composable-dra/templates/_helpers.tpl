@@ -15,11 +15,20 @@
 {{/* Lease API caller flags (remote GPUs): cdra.leaseArgs (dict "root" $ "component" "plugin"). */}}
 {{- define "cdra.leaseArgs" -}}
 {{- $r := .root.Values.remoteGPU -}}
+{{- if eq .component "plugin" }}
+- --lease-token-file={{ include "cdra.leaseTokenDir" . }}/token
+{{- else }}
 - --lease-service-account={{ .root.Release.Namespace }}/{{ include "cdra.name" . }}
+{{- end }}
 - {{ printf "--donor-api-template=%s" $r.donorApiTemplate | quote }}
 {{- if $r.donorCAFile }}
 - --donor-ca-file={{ $r.donorCAFile }}
 {{- end }}
+{{- end -}}
+
+{{/* Where the plugin's projected lease token is mounted (remote GPUs). */}}
+{{- define "cdra.leaseTokenDir" -}}
+/var/run/secrets/composable-dra/lease
 {{- end -}}
 
 {{- define "cdra.labels" -}}
