@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from composable_dra import kube_json
 from composable_dra.lending import qos, slo
 
 # An allow-list name of a donor (``--allow NAME=MODULE:FUNCTION``, or the import path).
@@ -109,6 +110,8 @@ def _parameter(claim: Any, driver: str, pool: str, device: str, key: str) -> tup
         parameters = opaque.get("parameters")
         if isinstance(parameters, dict) and parameters.get(key) is not None:
             found = parameters[key]
+    if kube_json.cut_paths(found, limit=1):
+        raise SLOConfigError(f"{key} nests deeper than {kube_json.MAX_DEPTH} levels: not read")
     return True, found
 
 
