@@ -277,7 +277,8 @@ def _report_cut(value: Any) -> None:
         paths = kube_json.cut_paths(obj)
         if not paths:
             continue
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
         obj_kind = kind or str(obj.get("kind") or "")
         CUT_OBJECTS.labels(obj_kind).inc()
         log.warning(

@@ -36,11 +36,11 @@ def claim(name: str, parameters: str) -> str:
     )
     alloc = config.replace('[{"requests"', '[{"source":"FromClaim","requests"')
     return (
-        '{"metadata":{"name":"%s","namespace":"other","uid":"uid-%s","resourceVersion":"7"},'
+        f'{{"metadata":{{"name":"{name}","namespace":"other","uid":"uid-{name}","resourceVersion":"7"}},'
         '"spec":{"devices":{"requests":[{"name":"gpu","exactly":{"deviceClassName":"gpu"}}],'
-        '"config":%s}},"status":{"allocation":{"devices":{"results":[{"request":"gpu",'
-        '"driver":"%s","pool":"donor","device":"gpu-0-remote"}],"config":%s}}}}'
-    ) % (name, name, config, DRIVER, alloc)
+        f'"config":{config}}}}},"status":{{"allocation":{{"devices":{{"results":[{{"request":"gpu",'
+        f'"driver":"{DRIVER}","pool":"donor","device":"gpu-0-remote"}}],"config":{alloc}}}}}}}}}'
+    )
 
 
 GOOD = '{"apiVersion":"gpu.composable.dra.io/v1alpha1","kind":"GpuConfig","sharing":"Shared"}'
@@ -48,8 +48,8 @@ GOOD = '{"apiVersion":"gpu.composable.dra.io/v1alpha1","kind":"GpuConfig","shari
 
 def claim_list(*items: str) -> bytes:
     return (
-        '{"kind":"ResourceClaimList","apiVersion":"resource.k8s.io/v1",'
-        '"metadata":{"resourceVersion":"9"},"items":[%s]}' % ",".join(items)  # noqa: UP031
+        '{{"kind":"ResourceClaimList","apiVersion":"resource.k8s.io/v1",'
+        '"metadata":{{"resourceVersion":"9"}},"items":[{}]}}'.format(",".join(items))
     ).encode()
 
 
@@ -90,7 +90,9 @@ class FakeApi:
     def param_serialize(self, method: str, url: str, **kw: Any) -> tuple[Any, ...]:
         return method, url, kw["header_params"], kw["body"], kw["query_params"]
 
-    def call_api(self, method: str, url: str, headers: Any, body: Any, query: Any, **kw: Any) -> Any:
+    def call_api(
+        self, method: str, url: str, headers: Any, body: Any, query: Any, **kw: Any
+    ) -> Any:
         if ("watch", True) in query:
             lines, self.events = self.events, []
             return _Response(b"".join(line + b"\n" for line in lines))
@@ -98,4 +100,4 @@ class FakeApi:
 
 
 def kube(listed: bytes, events: list[bytes] | None = None) -> Kube:
-    return Kube(FakeApi(listed, events))  # type: ignore[arg-type]
+    return Kube(FakeApi(listed, events))

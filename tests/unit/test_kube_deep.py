@@ -22,7 +22,6 @@ from composable_dra.remote_leases import Code, DonorDirectory, LeaseAPIError, Le
 from dra_driver.config import ConfigError, claim_configs
 from tests.unit.deep_claims import DRIVER, GOOD, claim, claim_list, kube, nested, worst_parameters
 
-
 # -- a LIST and a watch of claims with one too deep ---------------------------------------
 
 
@@ -56,10 +55,10 @@ def test_an_informer_serves_claims_beside_a_deep_one() -> None:
     api = kube(claim_list(claim("good", GOOD), deep), [added.encode()])
     inf = Informer(api, "/apis/resource.k8s.io/v1/resourceclaims", retry_cap=0.05).start()
     try:
-        found = inf.wait_for(lambda items: len(items) == 3 and items, timeout=10)
+        assert inf.wait_for(lambda items: len(items) == 3, timeout=10)
     finally:
         inf.stop()
-    assert sorted(o["metadata"]["name"] for o in found) == ["bad", "good", "late"]
+    assert sorted(inf.cached_keys()) == ["other/bad", "other/good", "other/late"]
 
 
 def test_deep_params_in_a_claim_refuse_its_slo() -> None:
@@ -92,5 +91,3 @@ def test_a_deep_answer_from_a_donor_is_a_typed_error() -> None:
     with pytest.raises(LeaseAPIError) as err:
         client.list("donor")
     assert err.value.code is Code.INTERNAL
-
-
