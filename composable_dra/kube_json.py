@@ -77,27 +77,26 @@ def decode(raw: bytes | str) -> tuple[Any, bool]:
             return _build(raw.encode() if isinstance(raw, str) else raw)
         except ijson.JSONError as exc:
             raise DecodeError(f"not JSON: {str(exc).splitlines()[0]}") from None
-    cuts = [0]
-    if isinstance(value, dict | list):
-        value = _cut(value, 1, cuts)
-    return value, cuts[0] > 0
+    cut = _cut(value, 1) if type(value) is dict or type(value) is list else False
+    return value, cut
 
 
-def _cut(value: Any, depth: int, cuts: list[int]) -> Any:
-    """``value`` (fresh from json.loads, ours to change) cut below ``MAX_DEPTH``; counts
-    the cuts in ``cuts[0]``."""
-    if depth > MAX_DEPTH:
-        cuts[0] += 1
-        return TOO_DEEP
-    if type(value) is dict:
-        for key, child in value.items():
-            if isinstance(child, dict | list):
-                value[key] = _cut(child, depth + 1, cuts)
-    else:
-        for i, child in enumerate(value):
-            if isinstance(child, dict | list):
-                value[i] = _cut(child, depth + 1, cuts)
-    return value
+def _cut(value: Any, depth: int) -> bool:
+    """Cut the containers below ``MAX_DEPTH`` in ``value``, a container ``depth`` levels
+    down (fresh from json.loads: ours to change); whether any was cut. The hot path of
+    every read: no call for a leaf, a write only where something is cut."""
+    children = value.items() if type(value) is dict else enumerate(value)
+    cut = False
+    if depth >= MAX_DEPTH:
+        for key, child in children:
+            if type(child) is dict or type(child) is list:
+                value[key] = TOO_DEEP
+                cut = True
+        return cut
+    for _, child in children:
+        if (type(child) is dict or type(child) is list) and _cut(child, depth + 1):
+            cut = True
+    return cut
 
 
 def _build(raw: bytes) -> tuple[Any, bool]:
