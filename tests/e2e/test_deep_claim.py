@@ -31,6 +31,7 @@ from tests.e2e.test_remote_lease import (
     run_matmul,
 )
 
+__all__ = ["remote"]  # the fixture the lease test uses
 pytestmark = pytest.mark.e2e
 
 RESOURCE = "resource.k8s.io/v1"
@@ -96,7 +97,7 @@ def test_the_server_accepts_the_deepest_claim_and_refuses_one_byte_more(
 ) -> None:
     claim = kube_json.get(path(RESOURCE, "resourceclaims", "deep-max", namespace=deep_claims))
     assert claim["metadata"]["name"] == "deep-max"  # read back whole, cut below 100 levels
-    with pytest.raises(Exception, match="(?i)too long|must have at most"):
+    with pytest.raises(Exception, match=r"(?i)too long|must have at most"):
         create_deep_claim(kube_json, deep_claims, "too-long", DEEPEST + 1)
 
 
@@ -107,9 +108,7 @@ def test_a_pool_claim_is_served_beside_deep_claims(
     # One more, while the components watch.
     create_deep_claim(suite.kube, deep_claims, "deep-late", 2000)
     suite_pod(suite, namespace, "p1")
-    wait_for(
-        lambda: suite.running(namespace, "p1"), 90, "the pod to run", describe=suite.describe
-    )
+    wait_for(lambda: suite.running(namespace, "p1"), 90, "the pod to run", describe=suite.describe)
     [status] = suite.claim(namespace, "p1")["status"]["devices"]
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         names.FABRIC_DEVICE_READY: "True"
