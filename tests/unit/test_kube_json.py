@@ -13,10 +13,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from composable_dra import kube_json
+from composable_dra import kube_json, names
 from composable_dra.frozen import freeze
 from composable_dra.kube import CUT_OBJECTS
 from composable_dra.lending.claim_config import SLOConfigError, lease_of_claim
+from device_scaler.scaler import Scaler, ScalerConfig
 from dra_driver.config import ConfigError, claim_configs, parse_parameters
 from tests.unit.deep_claims import (
     BODY_DEPTH_MAX,
@@ -28,6 +29,7 @@ from tests.unit.deep_claims import (
     kube,
     nested,
 )
+from tests.unit.test_scaler import CFG
 
 
 @pytest.mark.parametrize("depth", [1000, 3000])
@@ -51,6 +53,26 @@ def test_deep_params_refuse_the_slo_by_name() -> None:
     raw = claim("bad", '{"kind":"GpuConfig","latencySLO":%s}' % nested(500, "{"))  # noqa: UP031
     with pytest.raises(SLOConfigError, match="latencySLO nests deeper than 100 levels"):
         lease_of_claim(kube_json.loads(raw), DRIVER, "donor", "gpu-0-remote")
+
+
+def test_the_scaler_posts_one_warning_event_on_a_cut_claim() -> None:
+    posted: list[tuple[str, dict[str, Any]]] = []
+
+    def record(involved: dict[str, Any], namespace: str, kind: str, reason: str, message: str):
+        posted.append(
+            (namespace, {"involved": involved, "kind": kind, "reason": reason, "message": message})
+        )
+
+    scaler = Scaler(kube(claim_list()), ScalerConfig(CFG))  # not started
+    scaler._event = record  # type: ignore[method-assign]
+    listed = claim_list(claim("good", GOOD), claim("bad", '{"a":' + nested(1000) + "}"))
+    good, bad = kube(listed).get("/x")["items"]
+    for change, obj in (("ADDED", good), ("ADDED", bad), ("MODIFIED", bad), ("DELETED", bad)):
+        scaler._claim_seen(change, obj)
+    [(ns, event)] = posted
+    assert ns == "other" and event["involved"]["name"] == "bad"
+    assert (event["kind"], event["reason"]) == ("Warning", names.NESTED_TOO_DEEP)
+    assert ".spec.devices.config[0].opaque.parameters.a[0]" in event["message"]
 
 
 # -- fuzz -------------------------------------------------------------------------------------
