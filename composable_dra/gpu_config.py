@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from composable_dra import kube_json
 from composable_dra.lending import qos
 from composable_dra.validation import problems
 
@@ -100,6 +101,12 @@ def parse_parameters(parameters: Any) -> GpuConfig:
     """Validate one ``opaque.parameters`` object; ConfigError with a readable message."""
     if not isinstance(parameters, dict):
         raise ConfigError("opaque parameters must be an object")
+    cut = kube_json.cut_paths(parameters, limit=1)
+    if cut:
+        raise ConfigError(
+            f"opaque parameters nest deeper than {kube_json.MAX_DEPTH} levels"
+            f" (at parameters{cut[0]}): not read"
+        )
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version != API_VERSION or kind != KIND:
         raise ConfigError(

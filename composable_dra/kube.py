@@ -10,14 +10,24 @@ through its public ``ApiClient.param_serialize`` and ``call_api`` (what its gene
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from kubernetes import client, config
+from prometheus_client import Counter
+
+from composable_dra import kube_json, logs
 
 JSON = dict[str, Any]
+
+log = logs.get(__name__)
+
+CUT_OBJECTS = Counter(
+    "composable_dra_objects_cut_total",
+    "Objects read from the API server with a part nested deeper than the suite reads, cut",
+    ["kind"],
+)
 
 
 class KubeError(Exception):
@@ -147,7 +157,7 @@ class Kube:
         raw = resp.read()
         status = resp.status
         try:
-            payload: JSON = json.loads(raw) if raw else {}
+            payload: JSON = self._decode(raw) if raw else {}
         except ValueError:
             # Not every error is a Status object: an unknown API group answers a plain
             # "404 page not found".
@@ -158,6 +168,15 @@ class Kube:
             err = _ERRORS.get(status, KubeError)
             raise err(status, str(payload.get("reason", "")), str(payload.get("message", raw)))
         return payload
+
+    @staticmethod
+    def _decode(raw: bytes) -> Any:
+        """A body or watch event, within the API server's limits (composable_dra/kube_json.py):
+        a part nested too deep is cut, and each object with a cut is counted and logged."""
+        value, cut = kube_json.decode(raw)
+        if cut:
+            _report_cut(value)
+        return value
 
     def get(self, url_path: str, **query: Any) -> JSON:
         """An object, or a list of them (with query parameters such as labelSelector)."""
@@ -219,7 +238,7 @@ class Kube:
         raw = resp.response
         try:
             if resp.status != 200:
-                payload = json.loads(raw.read() or b"{}")
+                payload = kube_json.loads(raw.read() or b"{}")
                 err = _ERRORS.get(resp.status, KubeError)
                 raise err(resp.status, payload.get("reason", ""), payload.get("message", ""))
             buffer = b""
@@ -229,7 +248,7 @@ class Kube:
                     line, buffer = buffer.split(b"\n", 1)
                     if not line.strip():
                         continue
-                    event: JSON = json.loads(line)
+                    event: JSON = self._decode(line)
                     if event.get("type") == "ERROR":
                         status = event.get("object", {})
                         code = int(status.get("code", 500))
@@ -238,6 +257,38 @@ class Kube:
                     yield event
         finally:
             raw.release_conn()
+
+
+def _report_cut(value: Any) -> None:
+    """Count and log each object of a body (a LIST's items, a watch event's object, an
+    object) that was cut. Rare: only a body with a cut is walked."""
+    if not isinstance(value, dict):
+        return
+    list_kind = str(value.get("kind") or "")
+    if isinstance(value.get("items"), list):
+        objects, kind = value["items"], list_kind.removesuffix("List")
+    elif isinstance(value.get("object"), dict):
+        objects, kind = [value["object"]], ""
+    else:
+        objects, kind = [value], ""
+    for obj in objects:
+        if not isinstance(obj, dict):
+            continue
+        paths = kube_json.cut_paths(obj)
+        if not paths:
+            continue
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        obj_kind = kind or str(obj.get("kind") or "")
+        CUT_OBJECTS.labels(obj_kind).inc()
+        log.warning(
+            "object nested too deep: parts cut, not read",
+            kind=obj_kind,
+            object=f"{meta.get('namespace') or ''}/{meta.get('name') or ''}".lstrip("/"),
+            uid=meta.get("uid"),
+            paths=paths,
+            max_depth=kube_json.MAX_DEPTH,
+        )
 
 
 LIST_PAGE = 500  # objects per page of a list (client-go's pager uses the same)

@@ -10,6 +10,8 @@ PREFIX = "composable.dra.io"
 FABRIC_DEVICE_READY = "FabricDeviceReady"
 FABRIC_DEVICE_FAILED = "FabricDeviceFailed"
 FABRIC_DEVICE_RESCHEDULE = "FabricDeviceReschedule"
+# Event reason: a claim with parts nested deeper than the suite reads (kube_json.MAX_DEPTH).
+NESTED_TOO_DEEP = "NestedTooDeep"
 
 # Conditions on ComposableResource.
 DEVICE_VISIBLE = "DeviceVisible"  # written by the node's kubelet plugin

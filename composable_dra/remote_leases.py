@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from composable_dra import kube_json
 from composable_dra.gpu_config import QosConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for its flags: no client libraries then
@@ -426,7 +427,8 @@ class LeaseClient:
         if resp.status == 204:
             return None
         try:
-            payload = json.loads(raw)
+            # A deep answer is cut (never RecursionError), then refused by the models.
+            payload = kube_json.loads(raw)
         except ValueError:
             payload = None
         if 200 <= resp.status < 300:

@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
-from composable_dra import logs, names
+from composable_dra import kube_json, logs, names
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
 from composable_dra.kept import own_slice_fields
@@ -185,7 +185,9 @@ class Scaler(InformerDriven):
         self._events_lock = threading.Lock()
         wake = self._wake.set
         driver = self.settings.driver
-        self.claims = Informer(kube, path(RESOURCE_API, "resourceclaims"), wake)
+        self.claims = Informer(
+            kube, path(RESOURCE_API, "resourceclaims"), wake, on_event=self._claim_seen
+        )
         self.resources = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self.slices = Informer(
             kube,
@@ -620,6 +622,24 @@ class Scaler(InformerDriven):
             )
 
     # -- events -------------------------------------------------------------------------
+
+    def _claim_seen(self, kind: str, claim: JSON) -> None:
+        """A Warning Event, once, on a claim that arrived cut (composable_dra/kube_json.py):
+        the suite serves it without the cut parts, and refuses our driver's config there."""
+        if kind == "DELETED":
+            return
+        cut = kube_json.cut_paths(claim, limit=3)
+        meta = claim.get("metadata") or {}
+        if not cut or not meta.get("uid") or not meta.get("namespace") or not meta.get("name"):
+            return
+        self._claim_event(
+            ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]),
+            "Warning",
+            names.NESTED_TOO_DEEP,
+            f"parts nested deeper than {kube_json.MAX_DEPTH} levels are not read: "
+            f"{', '.join(cut)}; a config for {self.settings.driver} there is refused",
+            "",
+        )
 
     def _claim_event(
         self, claim: ClaimRef, kind: str, reason: str, message: str, device: str
