@@ -38,10 +38,11 @@ from composable_dra.fabric.registry import (
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kept import claim_fields
+from composable_dra.kept import claim_binding_fields
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
-from composable_dra.resource_slices import common_fields, write_slices
+from composable_dra.resource_slices import common_fields, touch_slice, write_slices
+from composable_dra.wake import SLICE_WAKES, Waker
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -508,6 +509,23 @@ def plan_pools(
     return plan
 
 
+def is_fabric_pool(pool: str) -> bool:
+    """A fabric pool's name, ``<fabric>/<zone>``; a node's pool (its name) has no '/'."""
+    return "/" in pool
+
+
+def first_slice(slices: Iterable[JSON], pool: str) -> str | None:
+    """The name of the pool's first slice (the one a touch writes), None if it has none."""
+    return min(
+        (
+            str(s["metadata"]["name"])
+            for s in slices
+            if ((s.get("spec") or {}).get("pool") or {}).get("name") == pool
+        ),
+        default=None,
+    )
+
+
 def host_nodes(
     nodes: Iterable[JSON], mapping: NodeMapping, inventory: Inventory
 ) -> dict[str, list[str]]:
@@ -572,8 +590,10 @@ class PoolPublisher(InformerDriven):
         # Of Nodes and claims (thousands each), only the fields the decisions read.
         self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
         self.claim_informer = Informer(
-            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_fields
+            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_binding_fields
         )
+        # Pools to touch once the scheduler let go of an allocation it held in flight.
+        self._waker = Waker(pools=is_fabric_pool)
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self._live: set[tuple[str, str]] = set()
@@ -618,7 +638,8 @@ class PoolPublisher(InformerDriven):
             interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
             fetched = self._inventories.get(name, (None, 0.0))[1]
             waits.append(max(0.0, fetched + interval - now))
-        return min(waits)
+        touch = self._waker.schedule.next_in(now)
+        return min(waits if touch is None else [*waits, touch])
 
     def _loop(self) -> None:
         self._debounced_passes(
@@ -653,6 +674,18 @@ class PoolPublisher(InformerDriven):
         self._inventories[name] = (inv, time.monotonic())
         return spec, inv
 
+    def _wake_pods(self, plan: PoolPlan) -> None:
+        """Touch each pool due a wake-up that this pass did not write (composable_dra/wake.py):
+        a pool rewritten after its time needs nothing more."""
+        now = time.monotonic()
+        schedule = self._waker.schedule
+        schedule.written({str(s["spec"]["pool"]["name"]) for s in plan.apply}, now)
+        for pool in schedule.take(now):
+            name = first_slice(self.slice_informer.items(), pool)
+            if name is not None and touch_slice(self.kube, name):
+                SLICE_WAKES.inc()
+                log.info("pool touched to wake pods", pool=pool, slice=name)
+
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
         with self._lock:
@@ -669,6 +702,7 @@ class PoolPublisher(InformerDriven):
             if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
         }
         live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
+        self._waker.observe(claims, drivers)
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
@@ -712,6 +746,7 @@ class PoolPublisher(InformerDriven):
         )
         write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generations, self._in_place = plan.generations, plan.in_place
+        self._wake_pods(plan)
         POOL_FREE_DEVICES.clear()
         for (fabric_name, zone, model), count in free_by_model(desired.values()).items():
             POOL_FREE_DEVICES.labels(fabric_name, zone, model).set(count)
