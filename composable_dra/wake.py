@@ -13,8 +13,9 @@ times.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter
@@ -33,77 +34,87 @@ SLICE_WAKES = Counter(
 )
 
 Held = tuple[str, str, str]  # (claim uid, pool, device)
+Mine = Callable[[str, str], bool]  # (driver, pool): a pool this writer writes
+
+
+def _obj(value: object) -> JSON:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[JSON]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _statuses(claim: JSON) -> Mapping[tuple[str, str, str], list[JSON]]:
     out: dict[tuple[str, str, str], list[JSON]] = {}
-    for st in (claim.get("status") or {}).get("devices") or []:
+    for st in _dicts(_obj(claim.get("status")).get("devices")):
         key = (str(st.get("driver", "")), str(st.get("pool", "")), str(st.get("device", "")))
-        out[key] = [c for c in st.get("conditions") or [] if isinstance(c, dict)]
+        out[key] = _dicts(st.get("conditions"))
     return out
 
 
-def _results(claim: JSON) -> list[JSON]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
+def _results(claim: JSON, mine: Mine) -> list[tuple[Held, JSON]]:
+    uid = str(_obj(claim.get("metadata")).get("uid", ""))
+    allocation = _obj(_obj(claim.get("status")).get("allocation"))
     return [
-        r for r in (allocation.get("devices") or {}).get("results") or [] if isinstance(r, dict)
+        ((uid, str(r.get("pool", "")), str(r.get("device", ""))), r)
+        for r in _dicts(_obj(allocation.get("devices")).get("results"))
+        if mine(str(r.get("driver", "")), str(r.get("pool", "")))
     ]
 
 
-def allocated(
-    claims: Iterable[JSON], drivers: Collection[str], pools: Callable[[str], bool]
-) -> frozenset[Held]:
-    """(claim uid, pool, device) of every allocation result of ``drivers`` in ``pools``."""
-    return frozenset(
-        (str((c.get("metadata") or {}).get("uid", "")), str(r.get("pool", "")), str(r["device"]))
-        for c in claims
-        for r in _results(c)
-        if r.get("driver") in drivers and "device" in r and pools(str(r.get("pool", "")))
-    )
+def _names(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def waiting(result: JSON, conditions: list[JSON], now: float) -> bool:
-    """Whether the scheduler may still hold ``result`` in flight: it has binding
-    conditions, none of its failure conditions is True (a failed binding is deallocated by
-    the scheduler itself, a write that wakes), and its binding conditions are not all True,
-    or turned True too recently for the scheduler's check to have seen them."""
-    required = [str(c) for c in result.get("bindingConditions") or []]
+def allocated(claim: JSON, mine: Mine) -> frozenset[Held]:
+    """The claim's allocation results in pools this writer writes."""
+    return frozenset(held for held, _ in _results(claim, mine))
+
+
+def met_since(result: JSON, conditions: list[JSON]) -> tuple[bool, float | None]:
+    """(whether the scheduler may hold ``result`` in flight, since when its binding
+    conditions are all True: None while they are not). Only a result with binding
+    conditions is held, and not one with a failure condition True: the scheduler
+    deallocates a failed binding itself, a write that wakes the waiting pods."""
+    required = _names(result.get("bindingConditions"))
     if not required:
-        return False
+        return False, None
     by_type = {str(c.get("type")): c for c in conditions}
-    failures = [str(c) for c in result.get("bindingFailureConditions") or []]
-    if any((by_type.get(f) or {}).get("status") == "True" for f in failures):
-        return False
-    met = [by_type.get(t) for t in required]
-    if not all(c is not None and c.get("status") == "True" for c in met):
-        return True
-    # lastTransitionTime has whole seconds: one more second of doubt.
-    since = [parse_time(str(c.get("lastTransitionTime") or "")) for c in met if c is not None]
-    return any(t is None or now - t < RECHECK_SECONDS + 1 for t in since)
+    failures = _names(result.get("bindingFailureConditions"))
+    if any(_obj(by_type.get(f)).get("status") == "True" for f in failures):
+        return False, None
+    met = [_obj(by_type.get(t)) for t in required]
+    if not all(c.get("status") == "True" for c in met):
+        return True, None
+    times = [parse_time(str(c.get("lastTransitionTime") or "")) for c in met]
+    return True, max((t for t in times if t is not None), default=0.0)
 
 
-def pending(
-    claims: Iterable[JSON], drivers: Collection[str], pools: Callable[[str], bool], now: float
-) -> frozenset[Held]:
-    """The allocation results (of ``drivers``, in ``pools``) the scheduler may still hold in
-    flight at wall-clock time ``now``."""
-    out: set[Held] = set()
-    for claim in claims:
-        uid = str((claim.get("metadata") or {}).get("uid", ""))
-        statuses = _statuses(claim)
-        for r in _results(claim):
-            driver, pool, device = str(r.get("driver")), str(r.get("pool", "")), r.get("device")
-            if driver not in drivers or device is None or not pools(pool):
-                continue
-            if waiting(r, statuses.get((driver, pool, str(device)), []), now):
-                out.add((uid, pool, str(device)))
-    return frozenset(out)
+def holds(claim: JSON, mine: Mine) -> dict[Held, float | None]:
+    """The claim's results the scheduler may hold in flight, and since when their binding
+    conditions are met (None: not yet)."""
+    statuses = _statuses(claim)
+    out: dict[Held, float | None] = {}
+    for held, r in _results(claim, mine):
+        may, since = met_since(r, statuses.get((str(r.get("driver")), held[1], held[2]), []))
+        if may:
+            out[held] = since
+    return out
 
 
-def dropped(before: frozenset[Held], still: frozenset[Held]) -> frozenset[str]:
-    """Pools of the results that were pending and are no longer allocated: the claim
-    deleted or deallocated while the scheduler may have held it in flight."""
-    return frozenset(pool for _, pool, _ in before - still)
+def dropped(
+    before: Mapping[Held, float | None], still: frozenset[Held], now: float
+) -> frozenset[str]:
+    """Pools of the results that are no longer allocated at wall-clock time ``now`` and
+    that the scheduler may have held in flight then: their binding conditions not met, or
+    met too recently for its check to have seen them (lastTransitionTime has whole
+    seconds: one more second of doubt)."""
+    return frozenset(
+        pool
+        for (uid, pool, device), since in before.items()
+        if (uid, pool, device) not in still and (since is None or now - since < RECHECK_SECONDS + 1)
+    )
 
 
 @dataclass
@@ -140,26 +151,41 @@ class WakeSchedule:
         return max(0.0, min(self.due.values()) - now) if self.due else None
 
 
-@dataclass
 class Waker:
-    """What one slice writer keeps: the results pending at its last look, the touches
-    planned. ``observe`` on each look at the claims; ``schedule`` on each write."""
+    """One slice writer's wake-ups: fed each claim event (an informer's ``on_event``),
+    it plans a touch of a pool whose held allocation ended; the writer's loop asks
+    ``next_in``, reports its own writes (``written``) and touches what ``take`` gives."""
 
-    pools: Callable[[str], bool]
-    schedule: WakeSchedule = field(default_factory=WakeSchedule)
-    _pending: frozenset[Held] = frozenset()
+    def __init__(self, mine: Mine) -> None:
+        self.mine = mine
+        self.schedule = WakeSchedule()
+        self._held: dict[str, dict[Held, float | None]] = {}  # claim uid -> its held results
+        self._lock = threading.Lock()
 
-    def observe(
-        self,
-        claims: Collection[JSON],
-        drivers: Collection[str],
-        wall: float | None = None,
-        mono: float | None = None,
+    def event(
+        self, kind: str, claim: JSON, wall: float | None = None, mono: float | None = None
     ) -> frozenset[str]:
-        """Plan a touch for every pool whose pending allocation ended since the last look;
-        the pools newly planned."""
+        """A claim added, modified or deleted; the pools whose touch this (re)planned."""
         wall = time.time() if wall is None else wall
         mono = time.monotonic() if mono is None else mono
-        ended = dropped(self._pending, allocated(claims, drivers, self.pools))
-        self._pending = pending(claims, drivers, self.pools, wall)
-        return frozenset(ended) if self.schedule.add(ended, mono + WAKE_AFTER) else frozenset()
+        uid = str(_obj(claim.get("metadata")).get("uid", ""))
+        gone = kind == "DELETED"
+        now_held = {} if gone else holds(claim, self.mine)
+        with self._lock:
+            before = self._held.pop(uid, {})
+            if now_held:
+                self._held[uid] = now_held
+            ended = dropped(before, frozenset() if gone else allocated(claim, self.mine), wall)
+            return ended if self.schedule.add(ended, mono + WAKE_AFTER) else frozenset()
+
+    def written(self, pools: Iterable[str], at: float | None = None) -> None:
+        with self._lock:
+            self.schedule.written(pools, time.monotonic() if at is None else at)
+
+    def take(self, now: float | None = None) -> list[str]:
+        with self._lock:
+            return self.schedule.take(time.monotonic() if now is None else now)
+
+    def next_in(self, now: float | None = None) -> float | None:
+        with self._lock:
+            return self.schedule.next_in(time.monotonic() if now is None else now)

@@ -509,8 +509,9 @@ def plan_pools(
     return plan
 
 
-def is_fabric_pool(pool: str) -> bool:
-    """A fabric pool's name, ``<fabric>/<zone>``; a node's pool (its name) has no '/'."""
+def is_fabric_pool(driver: str, pool: str) -> bool:
+    """A fabric pool's name, ``<fabric>/<zone>``, of any driver (ours, or a vendor's in
+    vendor-driver mode); a node's pool (its name) has no '/'."""
     return "/" in pool
 
 
@@ -589,11 +590,15 @@ class PoolPublisher(InformerDriven):
         )
         # Of Nodes and claims (thousands each), only the fields the decisions read.
         self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
-        self.claim_informer = Informer(
-            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_binding_fields
-        )
         # Pools to touch once the scheduler let go of an allocation it held in flight.
-        self._waker = Waker(pools=is_fabric_pool)
+        self._waker = Waker(is_fabric_pool)
+        self.claim_informer = Informer(
+            kube,
+            path(RESOURCE_API, "resourceclaims"),
+            wake,
+            on_event=self._claim_event,
+            keep=claim_binding_fields,
+        )
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self._live: set[tuple[str, str]] = set()
@@ -628,6 +633,10 @@ class PoolPublisher(InformerDriven):
         if changed:
             self._wake.set()
 
+    def _claim_event(self, kind: str, claim: JSON) -> None:
+        # The pass that the same event wakes sees the planned touch through _next_poll_in.
+        self._waker.event(kind, claim)
+
     # -- loop ------------------------------------------------------------------------------
 
     def _next_poll_in(self) -> float:
@@ -638,7 +647,7 @@ class PoolPublisher(InformerDriven):
             interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
             fetched = self._inventories.get(name, (None, 0.0))[1]
             waits.append(max(0.0, fetched + interval - now))
-        touch = self._waker.schedule.next_in(now)
+        touch = self._waker.next_in(now)
         return min(waits if touch is None else [*waits, touch])
 
     def _loop(self) -> None:
@@ -678,9 +687,8 @@ class PoolPublisher(InformerDriven):
         """Touch each pool due a wake-up that this pass did not write (composable_dra/wake.py):
         a pool rewritten after its time needs nothing more."""
         now = time.monotonic()
-        schedule = self._waker.schedule
-        schedule.written({str(s["spec"]["pool"]["name"]) for s in plan.apply}, now)
-        for pool in schedule.take(now):
+        self._waker.written({str(s["spec"]["pool"]["name"]) for s in plan.apply}, now)
+        for pool in self._waker.take(now):
             name = first_slice(self.slice_informer.items(), pool)
             if name is not None and touch_slice(self.kube, name):
                 SLICE_WAKES.inc()
@@ -702,7 +710,6 @@ class PoolPublisher(InformerDriven):
             if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
         }
         live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
-        self._waker.observe(claims, drivers)
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
