@@ -24,6 +24,7 @@ from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 from tests.e2e.realnodes import plugin_of, suite_pod
+from tests.e2e.wake import touches
 
 pytestmark = pytest.mark.e2e
 RESOURCES = path(API_VERSION, "composableresources")
@@ -284,3 +285,59 @@ def test_pods_and_claims_deleted_while_their_gpus_attach(
     wait_for(quiet, 60, "every resource gone and every task ended", describe=suite.describe)
     assert suite.composed() == {}, f"left composed with no resource: {suite.describe()}"
     wait_pooled(suite, blocks)
+
+
+def test_pods_waiting_for_a_gpu_run_once_cancelled_attaches_free_theirs(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # Issue 25, item 0: 8 pool pods on the 8 pool GPUs (attach latency 1.5 s), 4 of them
+    # deleted with their claims while their GPUs attach, and 4 new prefer-local pods
+    # created at once. kube-scheduler holds each cancelled allocation in flight until its
+    # next binding-condition check (<= 5 s after the delete) and no event follows its
+    # release: without a wake-up, new pods that failed before it waited for the 5 min
+    # flush of unschedulable pods. The pool publisher touches each affected pool once.
+    suite = make_suite(attach_latency=1.5, real_hosts=REAL)
+    [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
+    first = [f"p{i}" for i in range(8)]
+    for p in first:
+        suite_pod(suite, namespace, p)
+    wait_for(
+        lambda: fired(suite, latency["id"]) >= len(first),
+        60,
+        "every attach request to reach the fabric",
+        describe=suite.describe,
+    )
+    attaching = sorted(
+        r["spec"]["claimRef"]["name"]
+        for r in suite.resources()
+        if (r.get("status") or {}).get("phase") != "Online"
+        and not suite.pod(namespace, r["spec"]["claimRef"]["name"])["spec"].get("nodeName")
+    )
+    assert len(attaching) >= 4, suite.describe()
+    cancelled = attaching[:4]
+    blocks = {
+        r["spec"]["deviceID"]
+        for r in suite.resources()
+        if r["spec"]["claimRef"]["name"] in cancelled
+    }
+    for p in cancelled:
+        suite.kube.delete(path("v1", "pods", p, namespace=namespace), gracePeriodSeconds=0)
+        suite.kube.delete(path("resource.k8s.io/v1", "resourceclaims", p, namespace=namespace))
+    later = [f"q{i}" for i in range(4)]
+    for q in later:
+        suite_pod(suite, namespace, q)
+    wait_pooled(suite, blocks)
+    freed = time.monotonic()
+    pods = [*later, *(p for p in first if p not in cancelled)]
+    wait_for(
+        lambda: all(suite.running(namespace, p) for p in pods),
+        30,
+        "every pod of the sequence to run within 30 s of the GPUs being free",
+        describe=suite.describe,
+    )
+    print(f"every pod ran {time.monotonic() - freed:.1f} s after the GPUs were back in the pool")
+    assert suite.publisher is not None
+    # The extra slice writes: at most one per pool the cancellations touched.
+    made = touches(suite.publisher)
+    print(f"wake-up touches: {len(made)}")
+    assert len(made) <= len({suite.emulator.state()["blocks"][b]["zone"] for b in blocks})

@@ -40,7 +40,11 @@ def claim(
     conds: list[JSON] = []
     if ready is not None:
         conds.append(
-            {"type": "FabricDeviceReady", "status": "True", "lastTransitionTime": format_time(ready)}
+            {
+                "type": "FabricDeviceReady",
+                "status": "True",
+                "lastTransitionTime": format_time(ready),
+            }
         )
     if failed:
         conds.append({"type": "FabricDeviceFailed", "status": "True"})
