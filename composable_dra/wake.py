@@ -28,6 +28,7 @@ from composable_dra.timestamps import parse_time
 RECHECK_SECONDS = 5.0
 WAKE_AFTER = RECHECK_SECONDS + 1.5
 
+TOUCH_EVENT = "pool touched to wake pods"  # what a writer logs on each touch
 SLICE_WAKES = Counter(
     "composable_dra_slice_wakes_total",
     "Slice writes made only to wake pods that a dropped in-flight allocation left waiting",

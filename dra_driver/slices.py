@@ -30,7 +30,7 @@ from composable_dra.lending import netaware
 from composable_dra.names import normalize_uuid
 from composable_dra.quantity import format_bytes, parse_bytes
 from composable_dra.resource_slices import common_fields, touch_slice, write_slices
-from composable_dra.wake import SLICE_WAKES, Waker
+from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 
@@ -677,7 +677,7 @@ class SlicePublisher:
             name = slice_name(self.node_name, self.driver, 0)
             if touch_slice(self._kube, name):
                 SLICE_WAKES.inc()
-                self._log.info("pool touched to wake pods", slice=name)
+                self._log.info(TOUCH_EVENT, slice=name)
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
         metrics.RECONCILE_ERRORS.inc()

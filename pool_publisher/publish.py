@@ -42,7 +42,7 @@ from composable_dra.kept import claim_binding_fields
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
 from composable_dra.resource_slices import common_fields, touch_slice, write_slices
-from composable_dra.wake import SLICE_WAKES, Waker
+from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -692,7 +692,7 @@ class PoolPublisher(InformerDriven):
             name = first_slice(self.slice_informer.items(), pool)
             if name is not None and touch_slice(self.kube, name):
                 SLICE_WAKES.inc()
-                log.info("pool touched to wake pods", pool=pool, slice=name)
+                log.info(TOUCH_EVENT, pool=pool, slice=name)
 
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""

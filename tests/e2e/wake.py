@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from composable_dra.wake import TOUCH_EVENT
 from hack.localcluster.process import ComponentProcess
-
-TOUCHED = "pool touched to wake pods"
 
 
 def touches(process: ComponentProcess) -> list[dict[str, object]]:
     """The slice writes ``process`` made only to wake pods, from its log."""
-    return [e for e in process.log_events() if e.get("event") == TOUCHED]
+    return [e for e in process.log_events() if e.get("event") == TOUCH_EVENT]
