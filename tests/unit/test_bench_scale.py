@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from composable_dra.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
 from hack.bench import scale
 
@@ -122,10 +123,10 @@ def test_a_relist_is_a_full_list_after_one_that_succeeded() -> None:
 
 def test_wake_touches_are_counted_from_the_publishers_log_within_the_burst() -> None:
     events = [
-        {"event": scale.TOUCH_EVENT, "timestamp": "2026-11-27T10:00:01.500000Z"},
-        {"event": scale.TOUCH_EVENT, "timestamp": "2026-11-27T10:00:09Z"},  # after the burst
+        {"event": TOUCH_EVENT, "timestamp": "2026-11-27T10:00:01.500000Z"},
+        {"event": TOUCH_EVENT, "timestamp": "2026-11-27T10:00:09Z"},  # after the burst
         {"event": "pools published", "timestamp": "2026-11-27T10:00:02Z"},
-        {"event": scale.TOUCH_EVENT},  # no time: not counted
+        {"event": TOUCH_EVENT},  # no time: not counted
     ]
     start = 1_795_773_600.0  # 2026-11-27T10:00:00Z
     assert scale.wake_touches(events, start, start + 5) == 1
