@@ -251,14 +251,14 @@ def test_an_out_of_band_attach_is_adopted_then_returned_to_the_pool_when_idle(
     wait_pooled(suite, {block})
 
 
-def test_pods_and_claims_deleted_while_their_gpus_attach(
-    make_suite: MakeSuite, namespace: str
-) -> None:
-    # The issue's probe: pool GPUs attach slowly (here 5 s of latency); the pods and their claims
-    # are deleted once every attach request has reached the fabric.
-    suite = make_suite(attach_latency=5, real_hosts=REAL)
+def pods_attaching(
+    make_suite: MakeSuite, namespace: str, latency_s: float, n: int
+) -> tuple[Suite, list[str]]:
+    """A suite whose pool GPUs attach with ``latency_s`` of latency, and ``n`` pods with
+    their own claims, once every one's attach request has reached the fabric."""
+    suite = make_suite(attach_latency=latency_s, real_hosts=REAL)
     [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
-    pods = [f"p{i}" for i in range(4)]
+    pods = [f"p{i}" for i in range(n)]
     for p in pods:
         suite_pod(suite, namespace, p)
     wait_for(
@@ -267,6 +267,15 @@ def test_pods_and_claims_deleted_while_their_gpus_attach(
         "every attach request to reach the fabric",
         describe=suite.describe,
     )
+    return suite, pods
+
+
+def test_pods_and_claims_deleted_while_their_gpus_attach(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The issue's probe: pool GPUs attach slowly (here 5 s of latency); the pods and their claims
+    # are deleted once every attach request has reached the fabric.
+    suite, pods = pods_attaching(make_suite, namespace, 5, 4)
     blocks = {r["spec"]["deviceID"] for r in suite.resources()}
     assert len(blocks) == len(pods)
     for p in pods:
@@ -296,17 +305,7 @@ def test_pods_waiting_for_a_gpu_run_once_cancelled_attaches_free_theirs(
     # next binding-condition check (<= 5 s after the delete) and no event follows its
     # release: without a wake-up, new pods that failed before it waited for the 5 min
     # flush of unschedulable pods. The pool publisher touches each affected pool once.
-    suite = make_suite(attach_latency=1.5, real_hosts=REAL)
-    [latency] = [r for r in suite.emulator.faults() if r["kind"] == "latency"]
-    first = [f"p{i}" for i in range(8)]
-    for p in first:
-        suite_pod(suite, namespace, p)
-    wait_for(
-        lambda: fired(suite, latency["id"]) >= len(first),
-        60,
-        "every attach request to reach the fabric",
-        describe=suite.describe,
-    )
+    suite, first = pods_attaching(make_suite, namespace, 1.5, 8)
     attaching = sorted(
         r["spec"]["claimRef"]["name"]
         for r in suite.resources()

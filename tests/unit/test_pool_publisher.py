@@ -495,23 +495,10 @@ class PatchRecorder:
 
 
 def pending_then_deleted(pub: publish.PoolPublisher) -> None:
-    claim = {
-        "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "driver": DRIVER,
-                            "pool": "fab/zone-1",
-                            "device": "gpu-1",
-                            "bindingConditions": ["FabricDeviceReady"],
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    result = {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1"}
+    result["bindingConditions"] = ["FabricDeviceReady"]
+    allocation = {"devices": {"results": [result]}}
+    claim = {"metadata": {"uid": "u1"}, "status": {"allocation": allocation}}
     pub._waker.event("ADDED", claim, mono=0.0)
     pub._waker.event("DELETED", claim, mono=0.0)  # due at 6.5, long past
 

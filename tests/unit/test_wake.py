@@ -12,6 +12,7 @@ from composable_dra.kept import claim_binding_fields
 from composable_dra.kube import JSON
 from composable_dra.timestamps import format_time
 from composable_dra.wake import WAKE_AFTER, Waker, WakeSchedule, holds
+from tests.unit.fuzz_json import JSON_VALUES
 
 DRIVER = "gpu.composable.dra.io"
 POOL = "fab/zone-a"
@@ -128,20 +129,12 @@ def test_two_drops_make_one_touch_after_the_later() -> None:
     assert s.take(12.0) == ["a"]
 
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12))
-_json = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=16,
-)
 _claims = st.one_of(
-    st.dictionaries(st.text(max_size=8), _json, max_size=3),
+    st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3),
     st.builds(
         lambda c, status: {**c, "status": status},
         st.sampled_from([claim(), claim(ready=NOW), claim(failed=True)]),
-        _json,
+        JSON_VALUES,
     ),
 )
 
