@@ -495,7 +495,7 @@ class PatchRecorder:
 
 
 def pending_then_deleted(pub: publish.PoolPublisher) -> None:
-    result = {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1"}
+    result: dict[str, Any] = {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1"}
     result["bindingConditions"] = ["FabricDeviceReady"]
     allocation = {"devices": {"results": [result]}}
     claim = {"metadata": {"uid": "u1"}, "status": {"allocation": allocation}}
