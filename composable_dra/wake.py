@@ -26,7 +26,7 @@ from composable_dra.timestamps import parse_time
 # kube-scheduler's binding-condition check (PreBind, every 5 s after an immediate first
 # one); the touch waits that long plus a margin for its informer and its poll goroutine.
 RECHECK_SECONDS = 5.0
-WAKE_AFTER = RECHECK_SECONDS + 1.5
+WAKE_AFTER = RECHECK_SECONDS + 2.0
 
 TOUCH_EVENT = "pool touched to wake pods"  # what a writer logs on each touch
 SLICE_WAKES = Counter(

@@ -500,7 +500,7 @@ def pending_then_deleted(pub: publish.PoolPublisher) -> None:
     allocation = {"devices": {"results": [result]}}
     claim = {"metadata": {"uid": "u1"}, "status": {"allocation": allocation}}
     pub._waker.event("ADDED", claim, mono=0.0)
-    pub._waker.event("DELETED", claim, mono=0.0)  # due at 6.5, long past
+    pub._waker.event("DELETED", claim, mono=0.0)  # due at 7, long past
 
 
 def test_a_dropped_pending_allocation_touches_its_pools_first_slice_once() -> None:
