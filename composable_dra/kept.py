@@ -24,6 +24,38 @@ def claim_fields(claim: JSON) -> JSON:
     return {"metadata": identity(claim), "status": status}
 
 
+def claim_binding_fields(claim: JSON) -> JSON:
+    """``claim_fields`` and, of results with binding conditions, those conditions and the
+    claim's status conditions for their devices (type, status, time): what tells an
+    allocation the scheduler may still hold in flight (composable_dra/wake.py)."""
+    status = claim.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    keys = ("driver", "pool", "device", "bindingConditions", "bindingFailureConditions")
+    kept = [{k: r[k] for k in keys if k in r} for r in results]
+    waiting = {
+        (r.get("driver"), r.get("pool"), r.get("device"))
+        for r in kept
+        if r.get("bindingConditions")
+    }
+    devices = [
+        {
+            "driver": st.get("driver"),
+            "pool": st.get("pool"),
+            "device": st.get("device"),
+            "conditions": [
+                {k: c[k] for k in ("type", "status", "lastTransitionTime") if k in c}
+                for c in st.get("conditions") or []
+            ],
+        }
+        for st in status.get("devices") or []
+        if (st.get("driver"), st.get("pool"), st.get("device")) in waiting
+    ]
+    out: JSON = {"allocation": {"devices": {"results": kept}}} if status.get("allocation") else {}
+    if devices:
+        out["devices"] = devices
+    return {"metadata": identity(claim), "status": out}
+
+
 def slice_uuid_fields(resource_slice: JSON) -> JSON:
     """A ResourceSlice's identity, node, driver, pool name and each device's name and
     ``uuid`` attribute: what finds the names a GPU is published under on a node."""

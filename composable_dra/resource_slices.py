@@ -5,12 +5,17 @@ slices are written."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra import names
+from composable_dra.kube import JSON, Kube, NotFound, path
 
 RESOURCE_API = "resource.k8s.io/v1"
+# Set by a touch (composable_dra/wake.py): a write that changes nothing the scheduler
+# allocates from, and that it still takes as a ResourceSlice update.
+WOKEN_ANNOTATION = f"{names.PREFIX}/woken-at"
 
 
 def common_fields(obj: JSON) -> tuple[JSON, JSON, tuple[Any, ...]]:
@@ -37,3 +42,16 @@ def write_slices(kube: Kube, apply: Iterable[JSON], delete: Iterable[str], manag
         kube.apply(path(RESOURCE_API, "resourceslices", obj["metadata"]["name"]), obj, manager)
     for name in delete:
         kube.delete(path(RESOURCE_API, "resourceslices", name))
+
+
+def touch_slice(kube: Kube, name: str) -> bool:
+    """One write to slice ``name`` that changes only an annotation (the time, to the
+    microsecond, so that it always changes): any update of a slice requeues the pods the
+    scheduler's DRA plugin found unschedulable. False when the slice is gone."""
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+    body = {"metadata": {"annotations": {WOKEN_ANNOTATION: stamp}}}
+    try:
+        kube.merge_patch(path(RESOURCE_API, "resourceslices", name), body)
+    except NotFound:
+        return False
+    return True

@@ -17,17 +17,20 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composable_dra import logs, retry
 from composable_dra.informer import Informer
-from composable_dra.kube import Kube, path
+from composable_dra.kept import claim_binding_fields
+from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware
 from composable_dra.names import normalize_uuid
 from composable_dra.quantity import format_bytes, parse_bytes
-from composable_dra.resource_slices import common_fields, write_slices
+from composable_dra.resource_slices import common_fields, touch_slice, write_slices
+from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 
@@ -547,6 +550,22 @@ class SlicePublisher:
             fieldSelector=f"spec.driver={driver}",
             labelSelector=self._label_selector,
         )
+        # A lent GPU's remote device has a binding condition: when the scheduler lets go
+        # of an allocation of it that it held in flight, pods that wait for a GPU are woken
+        # by one touch of this pool (composable_dra/wake.py). Only a lending node watches
+        # claims for that; its own local devices have no binding conditions.
+        self._waker = Waker(lambda drv, pool: drv == driver and pool == node_name)
+        self._claims = (
+            Informer(
+                kube,
+                path(RESOURCE_API, "resourceclaims"),
+                name=f"claims-{node_name}",
+                on_event=self._claim_event,
+                keep=claim_binding_fields,
+            )
+            if lend is not None
+            else None
+        )
         self._log = logs.get(__name__, node=node_name)
         self.synced = threading.Event()
 
@@ -568,11 +587,15 @@ class SlicePublisher:
         t.start()
         self._threads.append(t)
         self._watch.start()
+        if self._claims is not None:
+            self._claims.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         self._watch.stop()
+        if self._claims is not None:
+            self._claims.stop()
         if self._threads:
             self._threads[0].join(timeout=5)
 
@@ -618,6 +641,8 @@ class SlicePublisher:
         )
         write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generation = plan.generation
+        if plan.apply:
+            self._waker.written([self.node_name], time.monotonic())
         metrics.DEVICES_PUBLISHED.set(len(devices))
         if not plan.empty:
             self._log.info(
@@ -631,9 +656,14 @@ class SlicePublisher:
             )
         return plan
 
+    def _claim_event(self, kind: str, claim: JSON) -> None:
+        if self._waker.event(kind, claim):
+            self._wake.set()  # the loop's next wait ends at the touch's time
+
     def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._resync)
+            touch = self._waker.next_in()
+            self._wake.wait(self._resync if touch is None else min(self._resync, touch))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -643,6 +673,11 @@ class SlicePublisher:
         if self.reconcile() is not None and not self.synced.is_set():
             self.synced.set()
             self._log.info("slices in sync", generation=self._generation)
+        for _ in self._waker.take():  # this pool, after its rewrite (if any) counted
+            name = slice_name(self.node_name, self.driver, 0)
+            if touch_slice(self._kube, name):
+                SLICE_WAKES.inc()
+                self._log.info(TOUCH_EVENT, slice=name)
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
         metrics.RECONCILE_ERRORS.inc()

@@ -38,10 +38,11 @@ from composable_dra.fabric.registry import (
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kept import claim_fields
+from composable_dra.kept import claim_binding_fields
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.quantity import format_bytes, parse_bytes
-from composable_dra.resource_slices import common_fields, write_slices
+from composable_dra.resource_slices import common_fields, touch_slice, write_slices
+from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -508,6 +509,24 @@ def plan_pools(
     return plan
 
 
+def is_fabric_pool(driver: str, pool: str) -> bool:
+    """A fabric pool's name, ``<fabric>/<zone>``, of any driver (ours, or a vendor's in
+    vendor-driver mode); a node's pool (its name) has no '/'."""
+    return "/" in pool
+
+
+def first_slice(slices: Iterable[JSON], pool: str) -> str | None:
+    """The name of the pool's first slice (the one a touch writes), None if it has none."""
+    return min(
+        (
+            str(s["metadata"]["name"])
+            for s in slices
+            if ((s.get("spec") or {}).get("pool") or {}).get("name") == pool
+        ),
+        default=None,
+    )
+
+
 def host_nodes(
     nodes: Iterable[JSON], mapping: NodeMapping, inventory: Inventory
 ) -> dict[str, list[str]]:
@@ -571,8 +590,14 @@ class PoolPublisher(InformerDriven):
         )
         # Of Nodes and claims (thousands each), only the fields the decisions read.
         self.node_informer = Informer(kube, path("v1", "nodes"), wake, keep=node_mapping_fields)
+        # Pools to touch once the scheduler let go of an allocation it held in flight.
+        self._waker = Waker(is_fabric_pool)
         self.claim_informer = Informer(
-            kube, path(RESOURCE_API, "resourceclaims"), wake, keep=claim_fields
+            kube,
+            path(RESOURCE_API, "resourceclaims"),
+            wake,
+            on_event=self._claim_event,
+            keep=claim_binding_fields,
         )
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
@@ -608,6 +633,10 @@ class PoolPublisher(InformerDriven):
         if changed:
             self._wake.set()
 
+    def _claim_event(self, kind: str, claim: JSON) -> None:
+        # The pass that the same event wakes sees the planned touch through _next_poll_in.
+        self._waker.event(kind, claim)
+
     # -- loop ------------------------------------------------------------------------------
 
     def _next_poll_in(self) -> float:
@@ -618,7 +647,8 @@ class PoolPublisher(InformerDriven):
             interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
             fetched = self._inventories.get(name, (None, 0.0))[1]
             waits.append(max(0.0, fetched + interval - now))
-        return min(waits)
+        touch = self._waker.next_in(now)
+        return min(waits if touch is None else [*waits, touch])
 
     def _loop(self) -> None:
         self._debounced_passes(
@@ -652,6 +682,17 @@ class PoolPublisher(InformerDriven):
             return spec, cached[0]
         self._inventories[name] = (inv, time.monotonic())
         return spec, inv
+
+    def _wake_pods(self, plan: PoolPlan) -> None:
+        """Touch each pool due a wake-up that this pass did not write (composable_dra/wake.py):
+        a pool rewritten after its time needs nothing more."""
+        now = time.monotonic()
+        self._waker.written({str(s["spec"]["pool"]["name"]) for s in plan.apply}, now)
+        for pool in self._waker.take(now):
+            name = first_slice(self.slice_informer.items(), pool)
+            if name is not None and touch_slice(self.kube, name):
+                SLICE_WAKES.inc()
+                log.info(TOUCH_EVENT, pool=pool, slice=name)
 
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
@@ -712,6 +753,7 @@ class PoolPublisher(InformerDriven):
         )
         write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generations, self._in_place = plan.generations, plan.in_place
+        self._wake_pods(plan)
         POOL_FREE_DEVICES.clear()
         for (fabric_name, zone, model), count in free_by_model(desired.values()).items():
             POOL_FREE_DEVICES.labels(fabric_name, zone, model).set(count)

@@ -56,6 +56,8 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, Gone, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
+from composable_dra.timestamps import parse_time
+from composable_dra.wake import TOUCH_EVENT
 from dra_driver.device_source import DeviceInfo, device_name_for
 from dra_driver.device_visibility import visibility_updates
 from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
@@ -504,9 +506,26 @@ def goals(out: JSON) -> dict[str, dict[str, Any]]:
     return found
 
 
+def wake_touches(events: Iterable[JSON], start: float, end: float) -> int:
+    """The pool publisher's wake-up touches (composable_dra/wake.py) between ``start`` and
+    ``end`` (Unix times), from its log: one slice write each, among its writes."""
+    return sum(
+        1
+        for e in events
+        if e.get("event") == TOUCH_EVENT
+        and start <= (parse_time(str(e.get("timestamp") or "")) or 0.0) < end
+    )
+
+
 def report(
-    bursts: list[Burst], requests: list[Request], started: float, peak: dict[str, float], load: str
+    bursts: list[Burst],
+    requests: list[Request],
+    started: float,
+    peak: dict[str, float],
+    load: str,
+    wakes: int = 0,
 ) -> JSON:
+    """``wakes``: the publisher's wake-up touches in the last burst."""
     last = bursts[-1]
     first = bursts[0]
     per_claim = [b.cpu_per_claim() for b in bursts]
@@ -544,6 +563,8 @@ def report(
         "lists_after_start": {c: dict(v) for c, v in sorted(lists.items())},
         "attaches": attaches,
         "writes_per_attach": {**per_attach, "total": round(sum(per_attach.values()), 2)},
+        # Of the pool publisher's, the touches that only wake pods after a cancellation.
+        "wake_writes_per_attach": round(wakes / attaches, 2),
         # Events are the humans' record, not the attach's state: counted apart.
         "events_per_attach": {**events, "total": round(sum(events.values()), 2)},
         "writes_in_burst": {c: dict(v) for c, v in sorted(writes.items())},
@@ -627,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
             bursts = [
                 run_burst(suite, kube, n, args.timeout) for n in (args.first, args.claims) if n > 0
             ]
+            assert suite.publisher is not None
+            wakes = wake_touches(suite.publisher.log_events(), bursts[-1].start, bursts[-1].end)
             pids = controller_pids(suite)
             peak = {c: peak_rss_mb(p) for c, p in pids.items()}
             load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
@@ -638,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
             suite.emulator.close()
     # The API server has stopped: its audit log (blocking mode) is complete.
     requests = list(parse_audit(audit_log.read_text().splitlines()))
-    out = report(bursts, requests, started, peak, load)
+    out = report(bursts, requests, started, peak, load, wakes)
     out["setup_s"] = round(setup_s, 1)
     out["percentage_of_nodes_to_score"] = args.percentage_of_nodes_to_score
     out["pool_window"] = args.pool_window

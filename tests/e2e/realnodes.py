@@ -114,15 +114,21 @@ def suite_pod(
     name: str,
     node: str | None = None,
     run_seconds: float | None = None,
+    claim: JSON | None = None,
 ) -> JSON:
-    """``Suite.create_pod`` (its own claim, local GPUs first), made to run on real nodes
+    """``Suite.create_pod`` (its own claim: ``claim``'s body, named like the pod, or one for
+    a GPU, local ones first), made to run on real nodes
     where the suite has any, wherever the scheduler puts the pod: the test image in the
     host network, a container that prints its environment and waits (``run_seconds``:
     exits then, never restarted, as the emulator's run annotation does, which it keeps for
     the suite's emulated nodes)."""
+    if claim is None:
+        suite.create_claim(namespace, name)
+    else:
+        body = {**claim, "metadata": {"name": name}}
+        suite.kube.create(path(RESOURCE, "resourceclaims", namespace=namespace), body)
     if not suite.real_nodes:
-        return suite.create_pod(namespace, name, node=node, run_seconds=run_seconds)
-    suite.create_claim(namespace, name)
+        return suite.create_pod(namespace, name, claim=name, node=node, run_seconds=run_seconds)
     wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
     image = next(iter(suite.real_nodes.values())).image
     pod = suite.on_own_nodes(

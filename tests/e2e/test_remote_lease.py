@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from tests.e2e.test_lend import (
     get_claim,
     wait_allocated,
 )
+from tests.e2e.wake import touches
 
 pytestmark = pytest.mark.usefixtures("device_class")
 
@@ -541,3 +543,40 @@ def test_a_claim_used_by_a_second_pod_gets_a_new_lease(remote: RemoteSetup) -> N
     kube.delete(path("v1", "pods", "second", namespace=ns))
     kube.delete(path(RESOURCE, "resourceclaims", "shared", namespace=ns))
     wait_for(lambda: remote.leases() == [], 60, "every lease to close", describe=remote.describe)
+
+
+def test_a_lease_cancelled_while_its_pod_waits_wakes_the_pod_that_waits_for_the_gpu(
+    remote: RemoteSetup,
+) -> None:
+    """The lending path of issue 25's cancellations: the donor's one GPU is allocated to a
+    claim whose pod waits in PreBind for RemoteGPUReady (the lease controller is down, so
+    no lease opens); the pod and its claim go, and a second pod is created at once. The
+    scheduler still holds the first allocation in flight and finds the second pod
+    unschedulable; it lets go at its next binding-condition check (<= 5 s), and no event
+    follows. The donor's plugin touches its pool once after that check, so the second pod
+    runs well within the scheduler's 5 min flush of unschedulable pods."""
+    kube, ns = remote.kube, remote.ns
+    donor = remote.cluster.plugin
+    assert donor is not None
+    scaler = remote.procs[0]
+    scaler.kill()  # nothing opens a lease: the pod waits in PreBind
+    claim_pod(kube, ns, "held", remote.consumer, remote=True)
+    assert wait_allocated(kube, ns, "held") == (remote.donor, "gpu-0-remote")
+    assert not kube.get(path("v1", "pods", "held", namespace=ns))["spec"].get("nodeName")
+    kube.delete(path("v1", "pods", "held", namespace=ns), gracePeriodSeconds=0)
+    kube.delete(path(RESOURCE, "resourceclaims", "held", namespace=ns))
+    ended = time.monotonic()
+    claim_pod(kube, ns, "waits", remote.consumer, remote=True)
+    scaler.start()
+    wait_for(
+        lambda: pod_running(kube, ns, "waits"),
+        30,
+        "the pod that waited for the GPU to run",
+        describe=lambda: f"{remote.describe()}\n{donor.log_tail(30)}",
+    )
+    print(f"the waiting pod ran {time.monotonic() - ended:.1f} s after the cancellation")
+    # One extra slice write for the cancellation, no more.
+    assert len(touches(donor.process)) == 1
+    run_matmul(*container_env(remote, kube.get(path("v1", "pods", "waits", namespace=ns))))
+    end_pod_and_claim(remote, "waits")
+    assert len(touches(donor.process)) == 1  # a bound claim's end: none

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from composable_dra.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
 from hack.bench import scale
 
@@ -118,3 +119,14 @@ def test_a_relist_is_a_full_list_after_one_that_succeeded() -> None:
     start = reqs[0].at
     assert scale.full_relists(reqs, start) == {"operator": {"nodes": 1}, "scaler": {"nodes": 1}}
     assert scale.full_relists(reqs, start + 6.5) == {"scaler": {"nodes": 1}}
+
+
+def test_wake_touches_are_counted_from_the_publishers_log_within_the_burst() -> None:
+    events = [
+        {"event": TOUCH_EVENT, "timestamp": "2026-11-27T10:00:01.500000Z"},
+        {"event": TOUCH_EVENT, "timestamp": "2026-11-27T10:00:09Z"},  # after the burst
+        {"event": "pools published", "timestamp": "2026-11-27T10:00:02Z"},
+        {"event": TOUCH_EVENT},  # no time: not counted
+    ]
+    start = 1_795_773_600.0  # 2026-11-27T10:00:00Z
+    assert scale.wake_touches(events, start, start + 5) == 1

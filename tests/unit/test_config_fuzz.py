@@ -14,16 +14,10 @@ from composable_dra.gpu_config import (
     claim_configs,
     parse_parameters,
 )
+from tests.unit.fuzz_json import JSON_VALUES
 from tests.unit.plugin_fixtures import DRIVER
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12))
-_json = st.recursive(
-    _scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+_json = JSON_VALUES
 # Mostly well-addressed GpuConfigs, so the fields themselves get exercised.
 _parameters = st.one_of(
     _json,

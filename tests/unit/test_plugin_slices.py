@@ -15,12 +15,14 @@ from dra_driver.slices import (
     POOL_LABEL,
     LendPolicy,
     LendPolicyError,
+    SlicePublisher,
     desired_slices,
     device_entry,
     plan_slices,
     pool_label_value,
     remote_device_name,
     same_slice,
+    slice_name,
 )
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
 
@@ -362,3 +364,35 @@ def test_slices_of_an_older_plugin_without_the_pool_label_are_rewritten() -> Non
     plan = plan_slices(NODE, UID, DRIVER, devices, observed)
     assert plan.generation == 4
     assert plan.apply[0]["metadata"]["labels"][POOL_LABEL] == NODE
+
+
+class PatchRecorder:
+    def __init__(self) -> None:
+        self.patches: list[str] = []
+
+    def merge_patch(self, url_path: str, body: Any) -> Any:
+        self.patches.append(url_path)
+        return {}
+
+
+def test_only_a_lending_plugin_watches_claims_and_it_touches_its_first_slice_once() -> None:
+    assert SlicePublisher(PatchRecorder(), NODE, "uid", DRIVER)._claims is None  # type: ignore[arg-type]
+    kube = PatchRecorder()
+    pub = SlicePublisher(kube, NODE, "uid", DRIVER, lend=POLICY)  # type: ignore[arg-type]
+    assert pub._claims is not None
+    remote = {"driver": DRIVER, "pool": NODE, "device": "gpu-0-remote"}
+    claim = {
+        "metadata": {"uid": "u1"},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{**remote, "bindingConditions": ["RemoteGPUReady"]}]}
+            }
+        },
+    }
+    pub._claim_event("ADDED", claim)
+    assert pub._waker.event("DELETED", claim, mono=0.0)  # due long ago
+    pub._reconcile_once()  # no devices reported yet: no slices, but the touch goes
+    pub._reconcile_once()
+    assert kube.patches == [
+        f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(NODE, DRIVER, 0)}"
+    ]

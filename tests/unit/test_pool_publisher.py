@@ -481,3 +481,50 @@ def test_only_a_fabrics_spec_or_deletion_makes_the_publisher_read_the_fabrics_ag
     assert read_again_after([fabric(4, 2)])  # a spec change
     assert read_again_after([fabric(5, 2, deletionTimestamp="2026-11-23T00:00:00Z")])
     assert read_again_after([])  # gone
+
+
+class PatchRecorder:
+    """Records merge patches: all that a wake-up touch sends."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, Any]] = []
+
+    def merge_patch(self, url_path: str, body: Any) -> Any:
+        self.patches.append((url_path, body))
+        return {}
+
+
+def pending_then_deleted(pub: publish.PoolPublisher) -> None:
+    result: dict[str, Any] = {"driver": DRIVER, "pool": "fab/zone-1", "device": "gpu-1"}
+    result["bindingConditions"] = ["FabricDeviceReady"]
+    allocation = {"devices": {"results": [result]}}
+    claim = {"metadata": {"uid": "u1"}, "status": {"allocation": allocation}}
+    pub._waker.event("ADDED", claim, mono=0.0)
+    pub._waker.event("DELETED", claim, mono=0.0)  # due at 7, long past
+
+
+def test_a_dropped_pending_allocation_touches_its_pools_first_slice_once() -> None:
+    kube = PatchRecorder()
+    pub = publish.PoolPublisher(kube, None)  # type: ignore[arg-type]  # not started
+    slices = [
+        {"metadata": {"name": n, "resourceVersion": "1"}, "spec": {"pool": {"name": p}}}
+        for n, p in (("fab-zone-1-1", "fab/zone-1"), ("fab-zone-1-0", "fab/zone-1"), ("z", "x/y"))
+    ]
+    pub.slice_informer.replace(slices)
+    pending_then_deleted(pub)
+    pub._wake_pods(publish.PoolPlan())
+    ((url, body),) = kube.patches
+    assert url.endswith("/resourceslices/fab-zone-1-0")
+    assert list(body["metadata"]["annotations"]) == ["composable.dra.io/woken-at"]
+    pub._wake_pods(publish.PoolPlan())
+    assert len(kube.patches) == 1  # once
+
+
+def test_a_rewrite_of_the_pool_after_its_time_is_the_wake_up() -> None:
+    kube = PatchRecorder()
+    pub = publish.PoolPublisher(kube, None)  # type: ignore[arg-type]  # not started
+    pending_then_deleted(pub)
+    applied = publish.PoolPlan(apply=[{"spec": {"pool": {"name": "fab/zone-1"}}}])
+    pub._wake_pods(applied)
+    assert kube.patches == []
+    assert pub._waker.next_in() is None
