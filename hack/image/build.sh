@@ -50,10 +50,11 @@ ensure_tools() {
 
 # suite_dates: the Date of each suite's InRelease, which changes whenever a package does.
 suite_dates() {
-  local src url
+  local src url s release
   for src in "${sources[@]}"; do
     read -r _ url s _ <<<"$src"
-    curl -fsS --max-time 30 "$url/dists/$s/InRelease" | grep -m1 '^Date:' | sed "s|^Date:|$s:|"
+    release=$(curl -fsS --max-time 30 "$url/dists/$s/InRelease")
+    echo "$s:$(grep -m1 '^Date:' <<<"$release" | cut -d: -f2-)"
   done
 }
 
