@@ -31,7 +31,20 @@ sources=(
   "deb $mirror/debian-security $suite-security main"
 )
 venv=/opt/venv
-base_path="$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The base's recipe; all of it is part of the base's cache key. No documentation but the
+# licences.
+mmdebstrap_args=(
+  --variant=apt --include="$packages" --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+  --customize-hook="chroot \"\$1\" python3 -m venv $venv"
+)
+# What python:3.11-slim's config sets, with the virtualenv's pip and python first.
+base_config=(
+  --env "PATH=$venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+  --env LANG=C.UTF-8 --cmd python3
+)
 
 ensure_tools() {
   local tools=(buildah mmdebstrap umoci runc) need=() t
@@ -48,13 +61,14 @@ ensure_tools() {
   fi
 }
 
-# suite_dates: the Date of each suite's InRelease, which changes whenever a package does.
-suite_dates() {
+# suite_epochs: each suite's InRelease Date (seconds since the epoch), which changes
+# whenever one of its packages does.
+suite_epochs() {
   local src url s release
   for src in "${sources[@]}"; do
     read -r _ url s _ <<<"$src"
     release=$(curl -fsS --max-time 30 "$url/dists/$s/InRelease")
-    echo "$s:$(grep -m1 '^Date:' <<<"$release" | cut -d: -f2-)"
+    echo "$s $(date -u -d "$(grep -m1 '^Date:' <<<"$release" | cut -d: -f2-)" +%s)"
   done
 }
 
@@ -76,12 +90,15 @@ out_dir="$cache_root/image"
 store="$out_dir/storage"
 mkdir -p "$out_dir"
 
-if dates=$(suite_dates 2>/dev/null); then
-  base_key=$(printf '%s\n' "$suite" "$packages" "$venv" "$dates" | sha256sum | cut -c1-12)
-  echo "$base_key" >"$out_dir/base-key"
-  log "Debian suites: $(echo "$dates" | paste -sd' ')"
+if epochs=$(suite_epochs 2>/dev/null); then
+  base_key=$(printf '%s\n' "${sources[@]}" "${mmdebstrap_args[@]}" "${base_config[@]}" "$epochs" |
+    sha256sum | cut -c1-12)
+  # The newest suite's date stamps the base's files: the same inputs give the same rootfs.
+  base_epoch=$(sort -k2n <<<"$epochs" | tail -n1 | cut -d' ' -f2)
+  echo "$base_key $base_epoch" >"$out_dir/base-key"
+  log "Debian suites: $(while read -r s e; do echo "$s $(date -u -d "@$e" +%FT%TZ)"; done <<<"$epochs" | paste -sd,)"
 elif [[ -s $out_dir/base-key ]]; then
-  base_key=$(<"$out_dir/base-key")
+  read -r base_key base_epoch <"$out_dir/base-key"
   log "cannot read the Debian suites' dates from $mirror; reusing the last base ($base_key)"
 else
   log "ERROR: cannot reach the Debian mirror $mirror (set DEBIAN_MIRROR) and no base is cached"
@@ -100,7 +117,8 @@ tmp=$(mktemp -d "$out_dir/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # A private store (vfs: no overlay or fuse needed) and chroot isolation (no cgroup or
 # namespace setup beyond chroot), which work on cgroup v1 hosts without CAP_SYS_RESOURCE.
-b() { buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs "$@"; }
+store_flags=(--root "$store/root" --runroot "$store/run" --storage-driver vfs)
+b() { buildah "${store_flags[@]}" "$@"; }
 export BUILDAH_ISOLATION=chroot
 start=$SECONDS
 
@@ -108,24 +126,17 @@ base_image="$image_name-base:$suite-$base_key"
 if ! b inspect --type image "$base_image" >/dev/null 2>&1; then
   t0=$SECONDS
   log "building the base $base_image with mmdebstrap (a cold build takes about 2 minutes) ..."
-  # Reproducible file times; no documentation but the licences.
-  SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(date -u -d 'today 00:00' +%s)} nice -n 10 mmdebstrap \
-    --quiet --variant=apt --include="$packages" \
-    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --customize-hook="chroot \"\$1\" python3 -m venv $venv" \
+  SOURCE_DATE_EPOCH=$base_epoch nice -n 10 mmdebstrap --quiet "${mmdebstrap_args[@]}" \
     "$suite" "$tmp/rootfs.tar" "${sources[@]}" >&2
   ctr=$(b from scratch)
   b add "$ctr" "$tmp/rootfs.tar" / >/dev/null
-  # What python:3.11-slim's config sets, with the virtualenv's pip and python first.
-  b config --env PATH="$base_path" --env LANG=C.UTF-8 --cmd python3 "$ctr"
-  b commit --quiet --rm --identity-label=false "$ctr" "$base_image" >/dev/null
+  b config "${base_config[@]}" "$ctr"
+  b commit --quiet --rm --identity-label=false --timestamp "$base_epoch" "$ctr" "$base_image" >/dev/null
   rm -f "$tmp/rootfs.tar"
   # Earlier bases are superseded: drop them from the store.
-  b images --format '{{.Name}}:{{.Tag}}' | grep -F "$image_name-base:" | grep -vxF "$base_image" |
-    xargs -r buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs rmi >/dev/null || true
+  for old in $(b images --format '{{.Name}}:{{.Tag}}' | grep -F "$image_name-base:"); do
+    [[ $old == "$base_image" ]] || b rmi "$old" >/dev/null || true
+  done
   log "built the base in $((SECONDS - t0))s"
 fi
 
@@ -137,7 +148,7 @@ volumes=()
 # a RUN volume is not committed, so none of it enters the image.
 [[ -r /etc/ssl/certs/ca-certificates.crt ]] &&
   volumes=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
-nice -n 10 buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs bud \
+nice -n 10 buildah "${store_flags[@]}" bud \
   --quiet --layers=false --identity-label=false "${volumes[@]}" \
   --build-arg PYTHON_IMAGE="$base_image" --build-arg VERSION="$version" \
   --build-arg REVISION="$revision" --tag "$image_name:$tag" --file "$repo/Dockerfile" "$repo" >&2

@@ -32,7 +32,7 @@ def _blob_name(descriptor: dict[str, Any]) -> str:
 def _read_json(tar: tarfile.TarFile, name: str) -> dict[str, Any]:
     member = tar.extractfile(name)
     if member is None:
-        raise ProductImageError(f"{tar.name}: {name} is not a file")
+        raise ProductImageError(f"{name} in the archive is not a file")
     loaded: dict[str, Any] = json.load(member)
     return loaded
 

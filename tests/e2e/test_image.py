@@ -157,13 +157,15 @@ def test_runs_the_cli_as_uid_10001_by_default(bundle: Bundle) -> None:
 
 
 def test_installs_exactly_what_the_recipe_asks_for(bundle: Bundle) -> None:
-    freeze = {}
+    freeze: dict[str, str] = {}
     for line in bundle.run(["pip", "freeze"]).splitlines():
         name, sep, version = line.partition("==")
         assert sep, f"pip freeze: {line!r} is not a pinned distribution"
         freeze[canonicalize_name(name)] = version
     inspect = json.loads(bundle.run(["pip", "inspect"]))
-    installed = {canonicalize_name(d["metadata"]["name"]): d["metadata"] for d in inspect["installed"]}
+    installed: dict[str, dict[str, Any]] = {
+        canonicalize_name(d["metadata"]["name"]): d["metadata"] for d in inspect["installed"]
+    }
     wanted = installed_requirement(dockerfile())
     assert wanted.extras == {"nvml", "remote"}
     needed = required_closure(wanted, installed, inspect["environment"])
