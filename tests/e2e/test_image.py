@@ -133,7 +133,7 @@ def bundle(image: ProductImage, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def test_config_is_what_the_dockerfile_declares(image: ProductImage) -> None:
     config = image.config()["config"]
-    labels = config["Labels"]
+    labels = config.get("Labels") or {}
     revision = labels.get("org.opencontainers.image.revision", "")
     assert re.fullmatch(r"[0-9a-f]{40}", revision), f"revision label {revision!r}"
     declared = dockerfile(VERSION=pyproject_version(), REVISION=revision)
