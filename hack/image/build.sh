@@ -46,21 +46,6 @@ base_config=(
   --env LANG=C.UTF-8 --cmd python3
 )
 
-ensure_tools() {
-  local tools=(buildah mmdebstrap umoci runc) need=() t
-  for t in "${tools[@]}"; do command -v "$t" >/dev/null 2>&1 || need+=("$t"); done
-  ((${#need[@]} == 0)) && return 0
-  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    log "ERROR: missing ${need[*]}; install them (Debian/Ubuntu: apt-get install ${need[*]}) and retry."
-    exit 1
-  fi
-  log "installing ${need[*]} with apt-get ..."
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2; then
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2
-  fi
-}
-
 # suite_epochs: each suite's InRelease Date (seconds since the epoch), which changes
 # whenever one of its packages does.
 suite_epochs() {
@@ -76,14 +61,16 @@ suite_epochs() {
 # Dockerfile), of the Dockerfile and .dockerignore, and of this script.
 copied_digest() {
   local sources
-  sources=$(awk '$1 == "COPY" { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }' "$repo/Dockerfile")
+  # (COPY --from=STAGE copies from a stage, not from the context.)
+  sources=$(awk '$1 == "COPY" && !/--from=/ { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }' \
+    "$repo/Dockerfile")
   # shellcheck disable=SC2086  # word splitting: one path per COPY source
   (cd "$repo" && find $sources Dockerfile .dockerignore -type f \
     ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
     sha256sum "$here/build.sh" | cut -d' ' -f1) | sha256sum | cut -c1-12
 }
 
-ensure_tools
+apt_install_missing buildah mmdebstrap umoci runc
 version=$(awk -F'"' '/^version *=/ { print $2; exit }' "$repo/pyproject.toml")
 [[ -n $version ]] || { log "cannot read the version from $repo/pyproject.toml"; exit 1; }
 out_dir="$cache_root/image"
