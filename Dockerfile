@@ -1,6 +1,8 @@
 # One image for every component: the `composable-dra` CLI (see composable_dra/cli.py).
 #   docker build -t composable-dra:0.1.0 .
 #   docker run --rm composable-dra:0.1.0 --help
+# Without a Docker engine, hack/image/build.sh builds this same file with buildah on a
+# Debian bookworm python3 base that it makes itself (README: "The image").
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
@@ -19,6 +21,16 @@ COPY remote_gpu/ remote_gpu/
 RUN pip wheel --wheel-dir /wheels ".[nvml,remote]"
 
 FROM ${PYTHON_IMAGE}
+# VERSION follows pyproject.toml; hack/image/build.sh passes both (tests/e2e/test_image.py
+# checks that the image carries these labels).
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="composable-dra" \
+      org.opencontainers.image.description="Kubernetes DRA driver suite that attaches GPUs from a disaggregated pool" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="https://github.com/composable-dra/composable-dra" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels "composable-dra[nvml,remote]" \

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit e2e bench control-plane node vendor-plugin install protos fmt clean
+.PHONY: demo test lint unit e2e bench control-plane node vendor-plugin image install protos fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ node:
 ## vendor-driver mode's end-to-end test runs; prints its directory last
 vendor-plugin:
 	@bash hack/vendor-plugin/build.sh
+
+## image: build or reuse the product's OCI image from the Dockerfile with buildah, no Docker
+## engine (and install buildah, mmdebstrap, umoci and runc where missing); prints the
+## path of its oci-archive last
+image:
+	@bash hack/image/build.sh
 
 ## demo: the local demo on a real control plane (see README)
 demo: install

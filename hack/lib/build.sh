@@ -12,6 +12,23 @@ module_version() { grep -oE "^\s*(require )?$2 v[^ ]+" "$1" | awk '{print $NF}';
 
 cache_root=${COMPOSABLE_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/composable-dra}
 
+# apt_install_missing COMMAND...: install with apt-get (as root) the Debian packages of the
+# same names as the COMMANDs not on PATH; without root or apt-get, say what to install.
+apt_install_missing() {
+  local need=() c
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || need+=("$c"); done
+  ((${#need[@]} == 0)) && return 0
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "ERROR: ${need[*]} missing; install (Debian/Ubuntu: apt-get install ${need[*]}) and retry."
+    exit 1
+  fi
+  log "installing ${need[*]} with apt-get ..."
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2; then
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2
+  fi
+}
+
 # start_build OUT CACHED WHAT HOLDS BINARY...: sets `missing` to the binaries OUT lacks.
 # With none missing it prints OUT and exits ("reusing cached CACHED"). Otherwise it needs
 # Go (to build WHAT; HOLDS names where a prebuilt OUT would be), makes the scratch

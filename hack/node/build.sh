@@ -21,17 +21,7 @@ binaries=(kubelet containerd containerd-shim-runc-v2 ctr loopback)
 
 # runc is a C/Go program with its own release cycle; Debian's package is the simplest
 # source, and containerd finds it on PATH.
-if ! command -v runc >/dev/null 2>&1; then
-  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    log "ERROR: runc is not installed; install it (Debian/Ubuntu: apt-get install runc) and retry."
-    exit 1
-  fi
-  log "installing runc with apt-get ..."
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc >&2; then
-    apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc >&2
-  fi
-fi
+apt_install_missing runc
 
 start_build "$out" "binaries (kubelet $k8s_version, containerd $containerd_version, cni $cni_version)" \
   "the node binaries" "whose node/ subdirectory already holds: ${binaries[*]}" "${binaries[@]}"
