@@ -138,9 +138,7 @@ def lending_monitor(
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from prometheus_client import start_http_server
-
-    from composable_dra import logs
+    from composable_dra import logs, metrics
     from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
     from remote_gpu.donor import Donor, DonorConfig
@@ -177,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections_per_peer=args.max_connections_per_peer,
         monitor=monitor,
     )
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    metrics.serve(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
     leases = _lease_api(args, config, monitor) if args.lease_api_listen else None
 
@@ -187,12 +184,21 @@ def run(args: argparse.Namespace) -> int:
         await donor.start(host.strip("[]"), int(port))
         runner = None
         if leases is not None:
+            from composable_dra.remote_leases import MAX_BODY
+            from composable_dra.serving.limits import ServerLimits
             from remote_gpu.lease_api import serve
 
             api, tls = leases
             api.set_on_close(donor.revoke)
             api_host, _, api_port = args.lease_api_listen.rpartition(":")
-            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls)
+            # The data plane's bounds (per peer, the time to a complete request) hold
+            # for the lease API too; the process's connection budget is shared.
+            limits = ServerLimits(
+                per_peer=config.max_connections_per_peer,
+                header_timeout=config.handshake_timeout,
+                max_body=MAX_BODY,
+            )
+            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls, limits)
         listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen
