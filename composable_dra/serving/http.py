@@ -138,13 +138,15 @@ class _Server:
 
 
 class HttpServer:
-    """A started server: its bound port; ``cleanup()`` stops it."""
+    """A started server: its bound address and its loop; ``cleanup()`` (on that loop)
+    stops it."""
 
     def __init__(
         self, runner: web.AppRunner, listener: socket.socket, task: asyncio.Task[None]
     ) -> None:
         self.runner, self._listener, self._task = runner, listener, task
         self.host, self.port = listener.getsockname()[:2]
+        self.loop = task.get_loop()
 
     async def cleanup(self) -> None:
         self._task.cancel()

@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, settings
 
 from fabric_emulator.testing import EmulatorProcess
 
+from .servers import Loop
+
 # Every fuzz test here runs bounded and reproducible: the same examples on each run, no
 # example database on disk, no per-example deadline on a loaded machine. Tests set only
 # max_examples.
@@ -27,3 +29,11 @@ def emu() -> Iterator[EmulatorProcess]:
     """One fabric emulator per test module; its changes run as tasks done after one poll."""
     with EmulatorProcess(async_polls=1) as e:
         yield e
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    """An event loop on a thread of its own, for servers under test."""
+    running = Loop()
+    yield running
+    running.close()
