@@ -24,6 +24,8 @@ from hack.localcluster.pki import CertificateAuthority
 from hack.localcluster.wait import wait_for
 from remote_gpu.protocol import HEADER_SIZE, HELLO_KEY, MAX_META, Op, unpack
 
+from .rogue import recv_exact
+
 DESCRIPTORS = 128  # the probe's limit
 FLOOD = 120  # half-sent TLS requests from one peer, as the probe sent
 HEADER_TIMEOUT = 1.0  # --handshake-timeout: the lease API's header deadline too
@@ -132,13 +134,7 @@ def _api_answers(donor: DonorProcess) -> int:
 def _data_plane_answers(donor: DonorProcess) -> bool:
     """Whether the data plane greets a new connection with its CHALLENGE."""
     with socket.create_connection(donor.data, timeout=10) as sock:
-        raw = b""
-        while len(raw) < HEADER_SIZE:
-            chunk = sock.recv(HEADER_SIZE - len(raw))
-            if not chunk:
-                return False
-            raw += chunk
-        return unpack(raw, HELLO_KEY, MAX_META).op == Op.CHALLENGE
+        return unpack(recv_exact(sock, HEADER_SIZE), HELLO_KEY, MAX_META).op == Op.CHALLENGE
 
 
 def test_a_half_sent_request_is_dropped_after_the_header_deadline(
