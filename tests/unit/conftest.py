@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from composable_dra.serving import limits as serving_limits
 from fabric_emulator.testing import EmulatorProcess
 
 from .servers import Loop
@@ -37,3 +38,13 @@ def loop() -> Iterator[Loop]:
     running = Loop()
     yield running
     running.close()
+
+
+@pytest.fixture
+def fresh_budget(monkeypatch: pytest.MonkeyPatch) -> serving_limits.Budget:
+    """A connection budget of this test's own for the servers it starts: the process's
+    keeps the places of connections whose loops other tests stopped without closing
+    them."""
+    budget = serving_limits.Budget()
+    monkeypatch.setattr(serving_limits, "_process", budget)
+    return budget

@@ -26,6 +26,7 @@ from hack.localcluster.wait import wait_for
 
 from .servers import Loop, cut_off
 
+pytestmark = pytest.mark.usefixtures("fresh_budget")
 SMALL = ServerLimits(per_peer=2, header_timeout=0.5, body_timeout=0.5, max_body=1024)
 OTHER_PEER = "127.0.0.2"
 

@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from prometheus_client import REGISTRY
@@ -27,6 +28,7 @@ from composable_dra.serving.throttle import HttpErrorFilter, Throttle
 
 from .servers import Loop, cut_off
 
+pytestmark = pytest.mark.usefixtures("fresh_budget")
 SMALL = ServerLimits(per_peer=2, header_timeout=0.5, body_timeout=0.5, max_body=1024)
 
 
