@@ -367,6 +367,8 @@ class LeaseAPI:
         except web.HTTPException as exc:  # no such route or method
             code = next((c for c, s in STATUS.items() if s == exc.status), Code.NOT_FOUND)
             return _error(code, exc.reason)
+        except ConnectionError:
+            raise  # the peer is gone, or its body was late (serving's limits): no answer
         except Exception:
             log.exception("lease API request failed", path=request.path)
             return _error(Code.INTERNAL, "internal error")

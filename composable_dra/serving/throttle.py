@@ -45,8 +45,8 @@ def summary(exc: BaseException) -> str:
 
 
 class HttpErrorFilter(logging.Filter):
-    """For aiohttp's server logger: a refused request's line without the parser's text or
-    traceback, and at most ``RATE`` lines a second."""
+    """For aiohttp's server logger: a refused or broken-off request's line without the
+    parser's text or a traceback, and at most ``RATE`` lines a second."""
 
     def __init__(self, throttle: Throttle | None = None) -> None:
         super().__init__()
@@ -58,18 +58,22 @@ class HttpErrorFilter(logging.Filter):
             return False
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
-            record.msg = "refused a malformed request from %s: %s"
-            record.args = (_peer(record), summary(exc))
-            record.exc_info, record.exc_text = None, None
+            _peer_said(record, "refused a malformed request from %s: %s", summary(exc))
+        elif isinstance(exc, ConnectionError):  # gone, or cut off by a deadline
+            _peer_said(record, "connection from %s ended mid-request: %s", type(exc).__name__)
         if dropped:
             record.msg = f"{record.msg} (%d similar lines dropped)"
             record.args = (*(record.args if isinstance(record.args, tuple) else ()), dropped)
         return True
 
 
-def _peer(record: logging.LogRecord) -> object:
+def _peer_said(record: logging.LogRecord, msg: str, what: str) -> None:
+    """``record`` as a line about what its peer did: no traceback, a warning (the peer's
+    doing, not the server's error)."""
     args = record.args if isinstance(record.args, tuple) else ()
-    return args[0] if args else "?"
+    record.msg, record.args = msg, (args[0] if args else "?", what)
+    record.exc_info, record.exc_text = None, None
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
 
 
 def http_logger(server: str) -> logging.Logger:

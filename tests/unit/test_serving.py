@@ -80,6 +80,21 @@ def test_a_parser_refusal_is_logged_without_its_text() -> None:
     )
 
 
+def test_a_broken_off_request_is_a_warning_without_a_traceback() -> None:
+    """A body cut off at its deadline ends the handler with ConnectionResetError, which
+    aiohttp logged as an error with its traceback, one per slow peer."""
+    exc = ConnectionResetError("Connection lost")
+    record = logging.LogRecord(
+        "x", logging.ERROR, __file__, 1, "Error handling request from %s", ("1.2.3.4",), None
+    )
+    record.exc_info = (type(exc), exc, None)
+    assert HttpErrorFilter().filter(record)
+    assert record.exc_info is None and record.levelname == "WARNING"
+    assert record.getMessage() == (
+        "connection from 1.2.3.4 ended mid-request: ConnectionResetError"
+    )
+
+
 def _echo_server(loop: Loop) -> HttpServer:
     """An application that answers a POST with its body, behind ``SMALL``."""
 
