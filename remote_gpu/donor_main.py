@@ -45,13 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--handshake-timeout",
         type=float,
         default=10.0,
-        help="seconds a new connection has to authenticate (HELLO) before it is dropped",
+        help="seconds a new connection has to authenticate (HELLO) before it is dropped; on "
+        "the lease API, to complete its TLS handshake and a request's headers",
     )
     parser.add_argument(
         "--max-connections-per-peer",
         type=int,
         default=64,
-        help="connections (handshaking or serving a lease) one peer address may hold",
+        help="connections one peer address may hold to the data plane, and to the lease API "
+        "(and never more than half the process's connection budget in all)",
     )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
     parser.add_argument(
@@ -137,6 +139,7 @@ def lending_monitor(
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
 
     from composable_dra import logs, metrics
     from remote_gpu import backends
@@ -184,19 +187,17 @@ def run(args: argparse.Namespace) -> int:
         await donor.start(host.strip("[]"), int(port))
         runner = None
         if leases is not None:
-            from composable_dra.remote_leases import MAX_BODY
-            from composable_dra.serving.limits import ServerLimits
-            from remote_gpu.lease_api import serve
+            from remote_gpu.lease_api import LIMITS, serve
 
             api, tls = leases
             api.set_on_close(donor.revoke)
             api_host, _, api_port = args.lease_api_listen.rpartition(":")
             # The data plane's bounds (per peer, the time to a complete request) hold
             # for the lease API too; the process's connection budget is shared.
-            limits = ServerLimits(
+            limits = dataclasses.replace(
+                LIMITS,
                 per_peer=config.max_connections_per_peer,
                 header_timeout=config.handshake_timeout,
-                max_body=MAX_BODY,
             )
             runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls, limits)
         listener = None

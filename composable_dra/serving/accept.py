@@ -106,7 +106,7 @@ class Acceptor:
             self._admit(conn, str(addr[0]) if isinstance(addr, tuple) else "local")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
-        why = self.budget.take(peer, self.limits.per_peer)
+        why = self.budget.take(self.name, peer, self.limits.per_peer)
         if why is not None:
             LIMITED.labels(self.name, why).inc()
             with contextlib.suppress(Exception):
@@ -115,7 +115,7 @@ class Acceptor:
             if self._throttle.allow() is not None:
                 log.debug("connection refused", server=self.name, peer=peer, reason=why)
             return
-        release = once(lambda: self.budget.give(peer))
+        release = once(lambda: self.budget.give(self.name, peer))
         try:
             self._serve(conn, peer, release)
         except Exception:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import resource
 import threading
+from collections import Counter
 from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K")
 
 # Why a connection was refused or ended (the ``reason`` label of the counter).
 PER_PEER = "per_peer"
@@ -33,48 +37,67 @@ def descriptor_share(soft_limit: int) -> int:
     return max(8, soft_limit // 2)
 
 
-def refusal(peer_held: int, total_held: int, per_peer: int, total: int) -> str | None:
-    """Why one more connection may not be held (None: it may). One peer never holds more
-    than half the total, so a single flooding address leaves room for the others."""
-    if total_held >= total:
+def refusal(held: Held, per_peer: int, total: int) -> str | None:
+    """Why one more connection may not be held (None: it may): the process's budget is
+    spent, or the peer holds its server's ``per_peer`` share, or half the budget across
+    the process's servers (so that one address flooding them all leaves room for others)."""
+    if held.total >= total:
         return TOTAL
-    if peer_held >= min(per_peer, max(1, total // 2)):
+    if held.peer_here >= per_peer or held.peer >= max(1, total // 2):
         return PER_PEER
     return None
 
 
+@dataclass(frozen=True)
+class Held:
+    """Connections held: by one peer at one server, by that peer in all, by everyone."""
+
+    peer_here: int
+    peer: int
+    total: int
+
+
 class Budget:
-    """Connections held, per peer address and in total; shared by a process's servers
-    (thread-safe: the metrics endpoint serves from its own thread)."""
+    """Connections held, per peer address (at each server and in all) and in total;
+    shared by a process's servers (thread-safe: the metrics endpoint serves from its own
+    thread)."""
 
     def __init__(self, total: int | None = None) -> None:
         if total is None:
             total = descriptor_share(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.total = total
         self._lock = threading.Lock()
-        self._peers: dict[str, int] = {}
-        self._held = 0
+        self._here: Counter[tuple[str, str]] = Counter()
+        self._peers: Counter[str] = Counter()
 
-    def take(self, peer: str, per_peer: int) -> str | None:
-        """Hold one connection of ``peer``, or say why not."""
+    def take(self, server: str, peer: str, per_peer: int) -> str | None:
+        """Hold one connection of ``peer`` at ``server``, or say why not."""
         with self._lock:
-            why = refusal(self._peers.get(peer, 0), self._held, per_peer, self.total)
+            held = Held(self._here[server, peer], self._peers[peer], self._peers.total())
+            why = refusal(held, per_peer, self.total)
             if why is None:
-                self._peers[peer] = self._peers.get(peer, 0) + 1
-                self._held += 1
+                self._here[server, peer] += 1
+                self._peers[peer] += 1
             return why
 
-    def give(self, peer: str) -> None:
+    def give(self, server: str, peer: str) -> None:
         with self._lock:
-            left = self._peers.pop(peer, 0) - 1
-            if left > 0:
-                self._peers[peer] = left
-            self._held = max(0, self._held - 1)
+            _less(self._here, (server, peer))
+            _less(self._peers, peer)
 
     @property
     def held(self) -> int:
         with self._lock:
-            return self._held
+            return self._peers.total()
+
+
+def _less(counts: Counter[K], key: K) -> None:
+    """One less of ``key``, which is gone at 0: no key is kept for every address that
+    ever connected."""
+    if counts[key] > 1:
+        counts[key] -= 1
+    else:
+        counts.pop(key, None)
 
 
 _process: Budget | None = None

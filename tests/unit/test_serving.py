@@ -20,6 +20,7 @@ from composable_dra.serving.limits import (
     PER_PEER,
     TOTAL,
     Budget,
+    Held,
     ServerLimits,
     descriptor_share,
     refusal,
@@ -35,29 +36,31 @@ SMALL = ServerLimits(per_peer=2, header_timeout=0.5, body_timeout=0.5, max_body=
 # ---- pure parts
 
 
-def test_refusal_bounds_the_total_and_half_of_it_per_peer() -> None:
-    assert refusal(0, 0, per_peer=64, total=10) is None
-    assert refusal(4, 9, per_peer=64, total=10) is None
-    assert refusal(0, 10, per_peer=64, total=10) == TOTAL
-    assert refusal(5, 5, per_peer=64, total=10) == PER_PEER  # half the total
-    assert refusal(2, 2, per_peer=2, total=10) == PER_PEER
-    assert refusal(0, 0, per_peer=1, total=1) is None  # a tiny budget still serves one
+def test_refusal_bounds_the_total_a_peer_at_a_server_and_a_peer_in_all() -> None:
+    assert refusal(Held(0, 0, 0), per_peer=64, total=10) is None
+    assert refusal(Held(4, 4, 9), per_peer=64, total=10) is None
+    assert refusal(Held(0, 0, 10), per_peer=64, total=10) == TOTAL
+    assert refusal(Held(2, 2, 2), per_peer=2, total=10) == PER_PEER  # its server's share
+    assert refusal(Held(1, 5, 5), per_peer=64, total=10) == PER_PEER  # half the budget
+    assert refusal(Held(0, 0, 0), per_peer=1, total=1) is None  # a tiny budget serves one
 
 
 def test_descriptor_share_leaves_half_the_descriptors() -> None:
     assert descriptor_share(128) == 64 and descriptor_share(1) == 8
 
 
-def test_budget_takes_and_gives_per_peer() -> None:
-    budget = Budget(total=4)
-    assert [budget.take("a", 8) for _ in range(3)] == [None, None, PER_PEER]
-    assert budget.take("b", 8) is None and budget.take("c", 8) is None
-    assert budget.take("d", 8) == TOTAL and budget.held == 4
-    budget.give("a")
-    assert budget.take("d", 8) is None
-    for peer in ("a", "b", "c", "d", "nobody"):
-        budget.give(peer)
-    assert budget.held == 0
+def test_budget_takes_and_gives_per_server_and_peer() -> None:
+    budget = Budget(total=6)
+    assert [budget.take("api", "a", 2) for _ in range(3)] == [None, None, PER_PEER]
+    assert budget.take("data", "a", 2) is None  # another server's share
+    assert budget.take("data", "a", 2) == PER_PEER  # half the budget: 3 of 6
+    assert [budget.take("api", p, 8) for p in "bcd"] == [None, None, None]
+    assert budget.take("api", "e", 8) == TOTAL and budget.held == 6
+    budget.give("api", "a")
+    assert budget.take("api", "e", 8) is None
+    for server, peer in [("api", "a"), ("data", "a"), ("api", "b"), ("x", "nobody")]:
+        budget.give(server, peer)
+    assert budget.held == 3 and budget.take("api", "a", 2) is None
 
 
 def test_throttle_lets_a_burst_through_then_counts_what_it_drops() -> None:
