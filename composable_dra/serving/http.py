@@ -106,8 +106,8 @@ class _Guard(asyncio.Protocol):
 
     def _expire(self, reason: str) -> None:
         LIMITED.labels(self._server.name, reason).inc()
-        if self._transport is not None:
-            self._transport.abort()  # type: ignore[attr-defined]
+        if isinstance(self._transport, asyncio.Transport):
+            self._transport.abort()  # no flushing to a peer this slow
 
 
 class _Server:
@@ -116,6 +116,7 @@ class _Server:
     def __init__(self, name: str, limits: ServerLimits) -> None:
         self.name, self.limits = name, limits
         self.guards: dict[object, _Guard] = {}
+        self.handshakes: set[asyncio.Task[Any]] = set()  # accepted, not yet connected
 
     @web.middleware
     async def outermost(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -142,9 +143,13 @@ class HttpServer:
     stops it."""
 
     def __init__(
-        self, runner: web.AppRunner, listener: socket.socket, task: asyncio.Task[None]
+        self,
+        runner: web.AppRunner,
+        listener: socket.socket,
+        task: asyncio.Task[None],
+        server: _Server,
     ) -> None:
-        self.runner, self._listener, self._task = runner, listener, task
+        self.runner, self._listener, self._task, self._server = runner, listener, task, server
         self.host, self.port = listener.getsockname()[:2]
         self.loop = task.get_loop()
 
@@ -153,6 +158,8 @@ class HttpServer:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._listener.close()
+        for handshake in list(self._server.handshakes):
+            handshake.cancel()
         await self.runner.cleanup()
 
 
@@ -196,12 +203,14 @@ async def serve_app(
                 ssl_handshake_timeout=limits.header_timeout if ssl_context else None,
             )
         )
+        server.handshakes.add(task)
+        task.add_done_callback(server.handshakes.discard)
         task.add_done_callback(lambda t: _handshake_done(t, conn, release, name))
 
     listener = listen(host, port)
     acceptor = Acceptor(name, limits, budget or process_budget(), serve)
     task = loop.create_task(acceptor.run(listener))
-    return HttpServer(runner, listener, task)
+    return HttpServer(runner, listener, task, server)
 
 
 def _handshake_done(
