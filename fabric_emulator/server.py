@@ -19,6 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from composable_dra import logs
+from composable_dra.serving.http import HttpServer, serve_app
+from composable_dra.serving.limits import ServerLimits
 from fabric_emulator import faults as faults_mod
 from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
@@ -647,14 +649,14 @@ class Emulator:
         return web.json_response({"ok": True})
 
 
-async def start(emulator: Emulator, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start serving; return the runner (``await runner.cleanup()`` to stop) and base URL."""
-    runner = web.AppRunner(emulator.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0]
-    bound_host, bound_port = bound[0], bound[1]
-    if ":" in bound_host:
-        bound_host = f"[{bound_host}]"
-    return runner, f"http://{bound_host}:{bound_port}"
+# Every client of a test run shares the loopback address: the process's connection
+# budget bounds the emulator, rather than a small per-peer share.
+LIMITS = ServerLimits(per_peer=4096, max_body=limits.MAX_BODY)
+
+
+async def start(emulator: Emulator, host: str, port: int) -> tuple[HttpServer, str]:
+    """Start serving behind ``LIMITS`` (composable_dra.serving); return the server
+    (``await server.cleanup()`` to stop) and base URL."""
+    server = await serve_app(emulator.app(), host, port, name="fabric_emulator", limits=LIMITS)
+    bound_host = f"[{server.host}]" if ":" in server.host else server.host
+    return server, f"http://{bound_host}:{server.port}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import heapq
 import multiprocessing
 import os
@@ -33,6 +32,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from composable_dra import logs
+from composable_dra.serving.accept import Acceptor, listen
+from composable_dra.serving.limits import PER_PEER, Budget, ServerLimits, process_budget
+from composable_dra.token_bucket import TokenBucket
 from remote_gpu import handshake, metrics
 from remote_gpu.admission import AdmissionController
 from remote_gpu.arena import Arena, align
@@ -58,7 +60,6 @@ from remote_gpu.protocol import (
     session_key,
     unpack,
 )
-from remote_gpu.quotas import TokenBucket
 from remote_gpu.ring import ctl_size, supported
 from remote_gpu.tokens import check_claims, mac_for
 from remote_gpu.transports import Frame, ServerTransport, choose, host_id
@@ -96,6 +97,9 @@ class DonorConfig:
     # connections (handshaking or serving a lease) one peer address may hold.
     handshake_timeout: float = 10.0
     max_connections_per_peer: int = 64
+    # The connections this process may hold, shared with its other servers (None: the
+    # process's, sized from its descriptor limit).
+    budget: Budget | None = None
     # With a lease API (``lease_api``): only the leases it opened may connect.
     lease_gate: Callable[[int], bool] | None = None
     # What the lending policy reads (link load, per-function latency); None: one with
@@ -103,14 +107,14 @@ class DonorConfig:
     monitor: LendingMonitor | None = None
 
 
-# ``accept`` failures (out of descriptors or memory): first pause, and the longest.
-ACCEPT_BACKOFF = (0.01, 1.0)
-
-
-def accept_backoff(previous: float) -> float:
-    """The pause after an ``accept`` failure that followed a pause of ``previous``."""
-    first, longest = ACCEPT_BACKOFF
-    return min(longest, max(first, previous * 2))
+def _refuse(conn: socket.socket, reason: str) -> None:
+    """The data plane's answer to a connection over its peer's or the process's bound:
+    an ERROR frame, if the socket takes it at once."""
+    metrics.ERRORS.labels("donor", "too_many_connections").inc()
+    why = "too many connections" + (" from this address" if reason == PER_PEER else "")
+    body = handshake.error_body(Code.RATE_LIMITED.value, why)
+    frame = Header(Op.ERROR, 0, 0, length=len(body)).pack(HELLO_KEY) + body
+    conn.send(frame, socket.MSG_DONTWAIT)
 
 
 class Lease:
@@ -153,7 +157,6 @@ class Donor:
         self._listeners: list[socket.socket] = []
         self._accept_tasks: list[asyncio.Task[None]] = []
         self._host = host_id()
-        self._peers: dict[str, int] = {}  # connections held per peer address
         # Closed leases until their tokens expire: the ids, and (expiry, id) in a heap.
         self._closed: dict[int, float] = {}
         self._expiries: list[tuple[float, int]] = []
@@ -162,66 +165,26 @@ class Donor:
     # ---- listening
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.setblocking(False)
+        sock = listen(host, port)
         self._listeners.append(sock)
-        self._accept_tasks.append(asyncio.create_task(self._accept(sock)))
+        config = self.config
+        acceptor = Acceptor(
+            "donor",
+            ServerLimits(config.max_connections_per_peer, config.handshake_timeout),
+            config.budget or process_budget(),
+            self._admit,
+            _refuse,
+            lambda _exc: metrics.ERRORS.labels("donor", "accept_failed").inc(),
+        )
+        self._accept_tasks.append(asyncio.create_task(acceptor.run(sock)))
         bound = sock.getsockname()
         log.info("donor listening", donor=self.config.name, address=f"{bound[0]}:{bound[1]}")
         return bound[0], bound[1]
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        pause = 0.0
-        while True:
-            try:
-                conn, addr = await loop.sock_accept(listener)
-            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED...
-                pause = accept_backoff(pause)
-                metrics.ERRORS.labels("donor", "accept_failed").inc()
-                log.warning(
-                    "accept failed; backing off",
-                    error=errno.errorcode.get(exc.errno or 0, str(exc)),
-                    retry_in_s=pause,
-                )
-                await asyncio.sleep(pause)
-                continue
-            pause = 0.0
-            try:
-                self._admit(conn, str(addr[0]))
-            except Exception:
-                conn.close()
-                log.exception("cannot serve an accepted connection")
-
-    def _admit(self, conn: socket.socket, peer: str) -> None:
-        """Serve ``conn`` unless its peer address holds too many connections already."""
-        held = self._peers.get(peer, 0)
-        if held >= self.config.max_connections_per_peer:
-            metrics.ERRORS.labels("donor", "too_many_connections").inc()
-            log.debug("too many connections from one address", peer=peer, held=held)
-            body = handshake.error_body(
-                Code.RATE_LIMITED.value, "too many connections from this address"
-            )
-            with contextlib.suppress(OSError):  # best effort, never waits
-                frame = Header(Op.ERROR, 0, 0, length=len(body)).pack(HELLO_KEY) + body
-                conn.send(frame, socket.MSG_DONTWAIT)
-            conn.close()
-            return
-        self._peers[peer] = held + 1
-        try:
-            task = self.serve(TcpServerTransport(conn))
-        except BaseException:
-            self._release_peer(peer)
-            raise
-        task.add_done_callback(lambda _: self._release_peer(peer))
-
-    def _release_peer(self, peer: str) -> None:
-        held = self._peers.pop(peer, 0) - 1
-        if held > 0:
-            self._peers[peer] = held
+    def _admit(self, conn: socket.socket, _peer: str, release: Callable[[], None]) -> None:
+        """Serve ``conn`` (the acceptor holds its place in the budget until ``release``)."""
+        task = self.serve(TcpServerTransport(conn))
+        task.add_done_callback(lambda _: release())
 
     def serve(self, transport: ServerTransport) -> asyncio.Task[None]:
         """Serve one connection (from any transport's listener) in its own task."""

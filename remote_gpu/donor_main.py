@@ -45,13 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--handshake-timeout",
         type=float,
         default=10.0,
-        help="seconds a new connection has to authenticate (HELLO) before it is dropped",
+        help="seconds a new connection has to authenticate (HELLO) before it is dropped; on "
+        "the lease API, to complete its TLS handshake and a request's headers",
     )
     parser.add_argument(
         "--max-connections-per-peer",
         type=int,
         default=64,
-        help="connections (handshaking or serving a lease) one peer address may hold",
+        help="connections one peer address may hold to the data plane, and to the lease API "
+        "(and never more than half the process's connection budget in all)",
     )
     parser.add_argument("--ucx-port", type=int, help="also listen for UCX on this port")
     parser.add_argument(
@@ -138,10 +140,9 @@ def lending_monitor(
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
 
-    from prometheus_client import start_http_server
-
-    from composable_dra import logs
+    from composable_dra import logs, metrics
     from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
     from remote_gpu.donor import Donor, DonorConfig
@@ -178,8 +179,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections_per_peer=args.max_connections_per_peer,
         monitor=monitor,
     )
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    metrics.serve(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
     leases = _lease_api(args, config, monitor) if args.lease_api_listen else None
 
@@ -188,12 +188,19 @@ def run(args: argparse.Namespace) -> int:
         await donor.start(host.strip("[]"), int(port))
         runner = None
         if leases is not None:
-            from remote_gpu.lease_api import serve
+            from remote_gpu.lease_api import LIMITS, serve
 
             api, tls = leases
             api.set_on_close(donor.revoke)
             api_host, _, api_port = args.lease_api_listen.rpartition(":")
-            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls)
+            # The data plane's bounds (per peer, the time to a complete request) hold
+            # for the lease API too; the process's connection budget is shared.
+            limits = dataclasses.replace(
+                LIMITS,
+                per_peer=config.max_connections_per_peer,
+                header_timeout=config.handshake_timeout,
+            )
+            runner, _ = await serve(api, api_host.strip("[]"), int(api_port), tls, limits)
         listener = None
         if args.ucx_port:
             from remote_gpu.transports.ucx import listen

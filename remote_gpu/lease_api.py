@@ -68,6 +68,8 @@ from composable_dra.remote_leases import (
     allocation_node,
     audience,
 )
+from composable_dra.serving.http import HttpServer, serve_app
+from composable_dra.serving.limits import Budget, ServerLimits
 from remote_gpu.identity import Identity, identity_of, is_plugin_on
 from remote_gpu.lending import LendingMonitor
 from remote_gpu.token_reviews import REVIEW_SECONDS, Reviewer, Reviews
@@ -299,6 +301,8 @@ def bearer(header: str | None) -> str:
 
 # -- the server -----------------------------------------------------------------------
 
+LIMITS = ServerLimits(max_body=MAX_BODY)  # the default bounds (composable_dra.serving)
+
 
 @dataclass(frozen=True)
 class LeaseAPIConfig:
@@ -355,6 +359,8 @@ class LeaseAPI:
         except web.HTTPException as exc:  # no such route or method
             code = next((c for c, s in STATUS.items() if s == exc.status), Code.NOT_FOUND)
             return _error(code, exc.reason)
+        except ConnectionError:
+            raise  # the peer is gone, or its body was late (serving's limits): no answer
         except Exception:
             log.exception("lease API request failed", path=request.path)
             return _error(Code.INTERNAL, "internal error")
@@ -477,13 +483,24 @@ def server_context(cert: str, key: str) -> ssl.SSLContext:
 
 
 async def serve(
-    api: LeaseAPI, host: str, port: int, ssl_context: ssl.SSLContext | None
-) -> tuple[web.AppRunner, int]:
-    """Start serving; the runner (``cleanup()`` stops it) and the bound port."""
-    runner = web.AppRunner(api.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
-    bound = runner.addresses[0][1]  # the port bound when asked for 0
-    log.info("lease API listening", address=f"{host}:{bound}", tls=ssl_context is not None)
-    return runner, int(bound)
+    api: LeaseAPI,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    limits: ServerLimits = LIMITS,
+    budget: Budget | None = None,
+) -> tuple[HttpServer, int]:
+    """Start serving behind ``limits`` (composable_dra.serving: connections per peer and
+    per process, header and body deadlines); the server (``cleanup()`` stops it) and the
+    bound port."""
+    server = await serve_app(
+        api.app(),
+        host,
+        port,
+        name="lease_api",
+        limits=limits,
+        ssl_context=ssl_context,
+        budget=budget,
+    )
+    log.info("lease API listening", address=f"{host}:{server.port}", tls=ssl_context is not None)
+    return server, int(server.port)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from composable_dra.token_bucket import TokenBucket
 from remote_gpu import backends
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError
@@ -65,7 +66,6 @@ from remote_gpu.protocol import (
     unpack,
     unpack_arrays,
 )
-from remote_gpu.quotas import TokenBucket
 from remote_gpu.ring import Ring
 from remote_gpu.transports import Frame, pieces
 from remote_gpu.transports.tcp import Reader, send_all

@@ -7,7 +7,10 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from composable_dra.serving import limits as serving_limits
 from fabric_emulator.testing import EmulatorProcess
+
+from .servers import Loop
 
 # Every fuzz test here runs bounded and reproducible: the same examples on each run, no
 # example database on disk, no per-example deadline on a loaded machine. Tests set only
@@ -27,3 +30,21 @@ def emu() -> Iterator[EmulatorProcess]:
     """One fabric emulator per test module; its changes run as tasks done after one poll."""
     with EmulatorProcess(async_polls=1) as e:
         yield e
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    """An event loop on a thread of its own, for servers under test."""
+    running = Loop()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def fresh_budget(monkeypatch: pytest.MonkeyPatch) -> serving_limits.Budget:
+    """A connection budget of this test's own for the servers it starts: the process's
+    keeps the places of connections whose loops other tests stopped without closing
+    them."""
+    budget = serving_limits.Budget()
+    monkeypatch.setattr(serving_limits, "_process", budget)
+    return budget

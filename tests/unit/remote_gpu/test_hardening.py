@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from composable_dra.serving.accept import accept_backoff
 from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.arena import SEAL_SIZE, SHM_DIR
 from remote_gpu.client import RemoteGPU
-from remote_gpu.donor import DonorConfig, accept_backoff
+from remote_gpu.donor import DonorConfig
 from remote_gpu.errors import (
     AuthError,
     DeadlineExceeded,

@@ -1,4 +1,4 @@
-"""Per-lease rate quota: a token bucket of invocations."""
+"""A token bucket: a rate with a burst (per-lease invocation quotas, log throttles)."""
 
 from __future__ import annotations
 
