@@ -49,7 +49,7 @@ def _lease_api(loop: Loop, tmp: Path) -> tuple[Server, Callable[[], None]]:
     from remote_gpu.lease_api import LeaseAPI, LeaseAPIConfig, LeaseBook, serve
 
     class Nobody:
-        def review(self, token: str, aud: str) -> Any:
+        def review(self, token: str, audiences: tuple[str, ...]) -> Any:
             raise AssertionError("no request here reaches a review")
 
         def claim(self, namespace: str, name: str) -> None:
