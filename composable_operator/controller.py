@@ -102,7 +102,7 @@ def _status_of(obj: Any) -> Mapping[str, Any]:
 
 
 @dataclass
-class Settings:
+class ControllerSettings:
     driver: str = names.DRIVER
     online_poll: float = 10.0
     backoff_max: float = 30.0
@@ -135,7 +135,7 @@ class AttachCall:
 class Controller:
     kube: Kube
     fabrics: Fabrics
-    settings: Settings = field(default_factory=Settings)
+    settings: ControllerSettings = field(default_factory=ControllerSettings)
     # Attach requests of this process, by resource uid.
     attaches: dict[str, AttachCall] = field(default_factory=dict)
     # What this operator owns of each resource's status, as last written or seen, and

@@ -1,6 +1,6 @@
 """What the Fabric daemon's inventory pass leaves for the rest of the operator.
 
-- Each fabric's latest inventory (``Snapshot``): an Online resource checks its device
+- Each fabric's latest inventory (``InventorySnapshot``): an Online resource checks its device
   there instead of reading the fabric itself, so 1,000 Online resources cost one
   inventory read per poll interval, not 1,000 device reads (attach_daemon.py).
 - Each fabric's hosts with their UUID index: an attach step maps its node to a host
@@ -21,7 +21,7 @@ from composable_dra.names import normalize_uuid
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class InventorySnapshot:
     inventory: Inventory
     read_at: float  # time.monotonic() when the read began
     interval: float  # the Fabric's pollIntervalSeconds at that read
@@ -40,16 +40,16 @@ class Inventories:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._latest: dict[str, Snapshot] = {}
+        self._latest: dict[str, InventorySnapshot] = {}
         self._hosts: dict[str, KnownHosts] = {}
 
     def publish(self, fabric: str, inv: Inventory, read_at: float, interval: float) -> None:
         known = KnownHosts(inv.hosts, uuid_index(inv.hosts))
         with self._lock:
-            self._latest[fabric] = Snapshot(inv, read_at, interval)
+            self._latest[fabric] = InventorySnapshot(inv, read_at, interval)
             self._hosts[fabric] = known
 
-    def latest(self, fabric: str) -> Snapshot | None:
+    def latest(self, fabric: str) -> InventorySnapshot | None:
         with self._lock:
             return self._latest.get(fabric)
 
@@ -92,7 +92,7 @@ def still_online(
 
 
 def online_look(
-    snap: Snapshot | None,
+    snap: InventorySnapshot | None,
     device_id: str,
     status: Mapping[str, object],
     visible: bool,

@@ -65,11 +65,11 @@ def _namespace(value: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_scaler.decide import Settings
+    from device_scaler.decide import ScalerSettings
     from device_scaler.leases import Together
     from device_scaler.scaler import Scaler, ScalerConfig
 
-    settings = Settings(
+    settings = ScalerSettings(
         driver=args.driver_name,
         attach_timeout=args.attach_timeout,
         no_removal=args.no_removal_duration,

@@ -40,9 +40,9 @@ from device_scaler.decide import (
     DeleteResource,
     PatchResource,
     Quarantine,
+    ScalerSettings,
+    ScalerSnapshot,
     SetDeviceStatus,
-    Settings,
-    Snapshot,
     Unquarantine,
     decide,
     managed,
@@ -102,7 +102,7 @@ _CONCURRENT = (CreateResource, SetDeviceStatus)
 
 @dataclass
 class ScalerConfig:
-    settings: Settings
+    settings: ScalerSettings
     resync: float = 1.0  # seconds between passes without events (timeouts, idle windows)
     debounce: float = 0.02
     # The only namespace whose pods vendor-driver mode may delete (None: any).
@@ -255,7 +255,7 @@ class Scaler(InformerDriven):
 
     # -- one pass ---------------------------------------------------------------------
 
-    def snapshot(self, slices: list[JSON] | None = None) -> Snapshot:
+    def snapshot(self, slices: list[JSON] | None = None) -> ScalerSnapshot:
         pool_devices: dict[tuple[str, str], JSON] = {}
         local: dict[tuple[str, str], str] = {}
         for sl in self.slices.items() if slices is None else slices:
@@ -277,7 +277,7 @@ class Scaler(InformerDriven):
                         local[(node, normalize_uuid(uuid_attr))] = dev["name"]
                 else:
                     pool_devices[(pool, dev["name"])] = dev
-        return Snapshot(
+        return ScalerSnapshot(
             now=time.time(),
             claims=self.claims.items(),
             resources=self.resources.items(),
@@ -355,7 +355,7 @@ class Scaler(InformerDriven):
         self._standby_metrics(own)
         return len(actions)
 
-    def _standby_inputs(self, snap: Snapshot) -> sb.StandbyInputs:
+    def _standby_inputs(self, snap: ScalerSnapshot) -> sb.StandbyInputs:
         """The zones with a standby policy, and the claim arrivals of the longest window."""
         by_fabric = sb.policies(self.fabrics.items())
         if not by_fabric:
@@ -376,7 +376,7 @@ class Scaler(InformerDriven):
         self._arrivals = {u: a for u, a in self._arrivals.items() if snap.now - a.at <= horizon}
         return sb.StandbyInputs(zones, tuple(self._arrivals.values()))
 
-    def _standby_metrics(self, snap: Snapshot) -> None:
+    def _standby_metrics(self, snap: ScalerSnapshot) -> None:
         STANDBY_IDLE.clear()
         STANDBY_TARGET.clear()
         held = standby_held(snap.resources)
@@ -421,7 +421,7 @@ class Scaler(InformerDriven):
         return informer.items() if informer.synced.is_set() else None
 
     def _confirm_releases(
-        self, actions: list[Any], snap: Snapshot, driver: str | None = None
+        self, actions: list[Any], snap: ScalerSnapshot, driver: str | None = None
     ) -> list[Any]:
         """Drop the releases whose device a consistent read still finds in a pool.
 

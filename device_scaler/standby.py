@@ -17,7 +17,7 @@ here are pure:
 Every idle GPU of the zone counts towards K, whether the standby attached it or a claim
 released it, so the standby never holds more idle GPUs than K needs. The scaler reads the
 inputs (``zones_of``, ``claim_arrivals``) and turns the plan into ComposableResources
-(device_scaler.decide: the standby phase); docs/operations.md, Warm standby.
+(device_scaler/decide/warm.py: the standby phase); docs/operations.md, Warm standby.
 """
 
 from __future__ import annotations

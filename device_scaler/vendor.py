@@ -35,8 +35,8 @@ from device_scaler.decide import (
     Action,
     DeleteResource,
     PatchResource,
+    ScalerSnapshot,
     SetDeviceStatus,
-    Snapshot,
     Unquarantine,
     allocation_node,
     managed,
@@ -139,7 +139,7 @@ def _key(entry: JSON | None) -> object:
     return (conds, entry.get("data") or {})
 
 
-def rescheduled_resources(s: Snapshot, driver: str) -> set[str]:
+def rescheduled_resources(s: ScalerSnapshot, driver: str) -> set[str]:
     """Resources whose claim this mode sent back to the scheduler: kept, not deleted."""
     out = set()
     for claim in s.claims:
@@ -158,7 +158,7 @@ def rescheduled_resources(s: Snapshot, driver: str) -> set[str]:
 
 
 def _reschedule_status(
-    a: SetDeviceStatus, claim: JSON | None, s: Snapshot, driver: str
+    a: SetDeviceStatus, claim: JSON | None, s: ScalerSnapshot, driver: str
 ) -> tuple[SetDeviceStatus | None, list[Rescheduled]]:
     """``a`` with each FabricDeviceReady replaced by FabricDeviceReschedule once the vendor
     lists the GPU on the claim's node, or by what the claim has now until it does."""
@@ -199,7 +199,7 @@ def _reschedule_status(
     return SetDeviceStatus(a.claim, entries, [], a.failed), done
 
 
-def restarts(s: Snapshot, mode: VendorMode) -> list[VendorAction]:
+def restarts(s: ScalerSnapshot, mode: VendorMode) -> list[VendorAction]:
     """Restart the vendor plugin on nodes where an Online GPU of a claim is still not in
     the vendor's slice, at most once per retry interval per resource."""
     if not (mode.restart_namespace and mode.restart_selector):
@@ -233,7 +233,9 @@ def restarts(s: Snapshot, mode: VendorMode) -> list[VendorAction]:
     return out
 
 
-def complete_vendor(actions: Sequence[Action], s: Snapshot, mode: VendorMode) -> list[VendorAction]:
+def complete_vendor(
+    actions: Sequence[Action], s: ScalerSnapshot, mode: VendorMode
+) -> list[VendorAction]:
     """``decide``'s actions for ``mode.driver`` turned into the reschedule path."""
     claims = {str((c.get("metadata") or {}).get("uid", "")): c for c in s.claims}
     keep = rescheduled_resources(s, mode.driver)

@@ -99,7 +99,7 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
-class View:
+class ReadView:
     """What a GET sees: fixed topology, current composition, sessions and tasks."""
 
     topology: Topology
@@ -124,7 +124,7 @@ class View:
 # ---- service root and protocol documents -------------------------------------------------
 
 
-def service_root(v: View) -> dict[str, Any]:
+def service_root(v: ReadView) -> dict[str, Any]:
     return _resource(
         "ServiceRoot",
         f"{ROOT}/",
@@ -221,7 +221,7 @@ def metadata_xml() -> str:
 # ---- systems -----------------------------------------------------------------------------
 
 
-def _system(v: View, host_id: str) -> dict[str, Any]:
+def _system(v: ReadView, host_id: str) -> dict[str, Any]:
     host = v.topology.hosts[host_id]
     uri = f"{ROOT}/Systems/{host_id}"
     blocks = [system_block_id(host_id), *v.blocks_of(host_id)]
@@ -328,7 +328,7 @@ def _composition_status(state: str, compositions: int) -> dict[str, Any]:
     }
 
 
-def _gpu_block(v: View, block_id: str) -> dict[str, Any]:
+def _gpu_block(v: ReadView, block_id: str) -> dict[str, Any]:
     block = v.topology.blocks[block_id]
     state = v.comp.state_of(block_id)
     host = v.comp.attached.get(block_id)
@@ -351,7 +351,7 @@ def _gpu_block(v: View, block_id: str) -> dict[str, Any]:
     )
 
 
-def _system_block(v: View, host_id: str) -> dict[str, Any]:
+def _system_block(v: ReadView, host_id: str) -> dict[str, Any]:
     bid = system_block_id(host_id)
     return _resource(
         "ResourceBlock",
@@ -371,11 +371,11 @@ def _system_block(v: View, host_id: str) -> dict[str, Any]:
     )
 
 
-def _all_block_ids(v: View) -> list[str]:
+def _all_block_ids(v: ReadView) -> list[str]:
     return [*v.topology.blocks, *(system_block_id(h) for h in v.topology.hosts)]
 
 
-def _zone(v: View, zone_id: str) -> dict[str, Any]:
+def _zone(v: ReadView, zone_id: str) -> dict[str, Any]:
     zone = v.topology.zones[zone_id]
     members = [*zone.blocks, *(system_block_id(h) for h in zone.hosts)]
     return _resource(
@@ -427,7 +427,7 @@ def _host_chassis(host_id: str) -> dict[str, Any]:
     )
 
 
-def _enclosure(v: View, zone_id: str) -> dict[str, Any]:
+def _enclosure(v: ReadView, zone_id: str) -> dict[str, Any]:
     cid = enclosure_id(zone_id)
     return _resource(
         "Chassis",
@@ -443,11 +443,11 @@ def _enclosure(v: View, zone_id: str) -> dict[str, Any]:
     )
 
 
-def _chassis_ids(v: View) -> list[str]:
+def _chassis_ids(v: ReadView) -> list[str]:
     return [*v.topology.hosts, *(enclosure_id(z) for z in v.topology.zones)]
 
 
-def _manager(v: View) -> dict[str, Any]:
+def _manager(v: ReadView) -> dict[str, Any]:
     return _resource(
         "Manager",
         f"{ROOT}/Managers/{MANAGER_ID}",
@@ -493,7 +493,7 @@ def _account_service() -> dict[str, Any]:
     )
 
 
-def _account(v: View) -> dict[str, Any]:
+def _account(v: ReadView) -> dict[str, Any]:
     return _resource(
         "ManagerAccount",
         f"{ROOT}/AccountService/Accounts/1",
@@ -540,8 +540,8 @@ def _task_service() -> dict[str, Any]:
 # ---- routing -----------------------------------------------------------------------------
 
 T = TypeVar("T")
-Renderer = Callable[[View, re.Match[str]], dict[str, Any] | None]
-Members = Callable[[View, re.Match[str]], list[str] | None]
+Renderer = Callable[[ReadView, re.Match[str]], dict[str, Any] | None]
+Members = Callable[[ReadView, re.Match[str]], list[str] | None]
 
 
 @dataclass(frozen=True)
@@ -553,7 +553,7 @@ class Collection:
     name: str
     members: Members
 
-    def __call__(self, v: View, m: re.Match[str]) -> dict[str, Any] | None:
+    def __call__(self, v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
         uris = self.members(v, m)
         return None if uris is None else collection(self.kind, m[0], self.name, uris)
 
@@ -562,15 +562,15 @@ def _under(base: str, ids: Iterable[str]) -> list[str]:
     return [f"{base}/{i}" for i in ids]
 
 
-def _if_host(v: View, host: str, fn: Callable[[], T]) -> T | None:
+def _if_host(v: ReadView, host: str, fn: Callable[[], T]) -> T | None:
     return fn() if host in v.topology.hosts else None
 
 
-def _processor_ids(v: View, m: re.Match[str]) -> list[str] | None:
+def _processor_ids(v: ReadView, m: re.Match[str]) -> list[str] | None:
     return _if_host(v, m[1], lambda: _under(m[0], ["CPU0", *v.blocks_of(m[1])]))
 
 
-def _processor(v: View, m: re.Match[str]) -> dict[str, Any] | None:
+def _processor(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     host, pid = m[1], m[2]
     if host not in v.topology.hosts:
         return None
@@ -581,7 +581,7 @@ def _processor(v: View, m: re.Match[str]) -> dict[str, Any] | None:
     return None
 
 
-def _pool(v: View, m: re.Match[str]) -> list[str]:
+def _pool(v: ReadView, m: re.Match[str]) -> list[str]:
     free = [b for b in v.topology.blocks if v.comp.state_of(b) == "Unused"]
     if m[1] == "FreePool":
         return _under(BLOCKS, free)
@@ -589,7 +589,7 @@ def _pool(v: View, m: re.Match[str]) -> list[str]:
     return _under(BLOCKS, (b for b in _all_block_ids(v) if b not in unused))
 
 
-def _block(v: View, m: re.Match[str]) -> dict[str, Any] | None:
+def _block(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     if m[1] in v.topology.blocks:
         return _gpu_block(v, m[1])
     host = m[1].removeprefix(SYSTEM_BLOCK_PREFIX)
@@ -598,19 +598,19 @@ def _block(v: View, m: re.Match[str]) -> dict[str, Any] | None:
     return None
 
 
-def _block_gpu(v: View, m: re.Match[str]) -> dict[str, Any] | None:
+def _block_gpu(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     block = v.topology.blocks.get(m[1])
     return None if block is None else _gpu(block, m[0], "GPU0")
 
 
-def _chassis(v: View, m: re.Match[str]) -> dict[str, Any] | None:
+def _chassis(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     if m[1] in v.topology.hosts:
         return _host_chassis(m[1])
     zone = m[1].removeprefix(enclosure_id(""))
     return _enclosure(v, zone) if m[1] != zone and zone in v.topology.zones else None
 
 
-def _session(v: View, m: re.Match[str]) -> dict[str, Any] | None:
+def _session(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     s = v.sessions.get(m[1])
     return session(s) if s else None
 
@@ -714,7 +714,7 @@ _TABLE: tuple[tuple[str, Renderer], ...] = (
 _ROUTES = [(re.compile(f"^{ROOT}{pattern}$"), fn) for pattern, fn in _TABLE]
 
 
-def render(v: View, path: str) -> dict[str, Any] | None:
+def render(v: ReadView, path: str) -> dict[str, Any] | None:
     """The resource at ``path`` (no query string), or None."""
     if path != f"{ROOT}/":
         path = path.rstrip("/")

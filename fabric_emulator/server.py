@@ -24,7 +24,7 @@ from composable_dra.serving.limits import ServerLimits
 from fabric_emulator import faults as faults_mod
 from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
-from fabric_emulator.resources import ROOT, View
+from fabric_emulator.resources import ROOT, ReadView
 from fabric_emulator.state import Composition, RedfishError
 from fabric_emulator.topology import Topology
 
@@ -160,8 +160,8 @@ class Emulator:
 
     # ---- state ---------------------------------------------------------------------------
 
-    def view(self) -> View:
-        return View(
+    def view(self) -> ReadView:
+        return ReadView(
             topology=self.topology,
             comp=self.comp,
             sessions=dict(self.auth.sessions),

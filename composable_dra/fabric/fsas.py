@@ -93,7 +93,7 @@ def segment(value: str, what: str) -> str:
 
 
 @dataclass(frozen=True)
-class Credentials:
+class FsasCredentials:
     """The Fabric's credentials Secret: the ID manager's client and its user."""
 
     client_id: str
@@ -102,7 +102,7 @@ class Credentials:
     password: str = ""
 
     def __repr__(self) -> str:  # never print a secret, even in a traceback's locals
-        return f"Credentials(client_id={self.client_id!r}, ...)"
+        return f"FsasCredentials(client_id={self.client_id!r}, ...)"
 
     def form(self) -> dict[str, str]:
         """The token request: the password grant when a user is given (as the FM's
@@ -124,7 +124,7 @@ class FsasFabricManagerBackend:
     def __init__(
         self,
         endpoint: str,
-        credentials: Credentials,
+        credentials: FsasCredentials,
         *,
         tenant_uuid: str,
         realm: str,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
-from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.redfish import DEFAULT_CONNECTIONS, RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.kube import JSON, Kube, NotFound, path
@@ -168,7 +168,7 @@ def _fsas(
         raise FabricConfigError("fsas attachBy model needs spec.fsas.models (what to count)")
     return FsasFabricManagerBackend(
         spec.endpoint,
-        Credentials(
+        FsasCredentials(
             creds["client_id"], creds["client_secret"], creds.get("username"), creds.get("password")
         ),
         tenant_uuid=spec.fsas.tenant_uuid,

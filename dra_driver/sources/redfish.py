@@ -27,24 +27,24 @@ class RedfishError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Credentials:
+class RedfishCredentials:
     username: str
     password: str
 
     def __repr__(self) -> str:  # never print the password by accident
-        return f"Credentials(username={self.username!r}, password='[redacted]')"
+        return f"RedfishCredentials(username={self.username!r}, password='[redacted]')"
 
 
-def load_credentials(path: Path | None) -> Credentials | None:
+def load_credentials(path: Path | None) -> RedfishCredentials | None:
     """From a YAML/JSON file with ``username`` and ``password``, else REDFISH_USERNAME/PASSWORD."""
     if path is not None:
         raw: Any = yaml.safe_load(path.read_text()) or {}
         if not isinstance(raw, dict) or "username" not in raw or "password" not in raw:
             raise RedfishError(f"credentials file {path} needs 'username' and 'password'")
-        return Credentials(str(raw["username"]), str(raw["password"]))
+        return RedfishCredentials(str(raw["username"]), str(raw["password"]))
     user, password = os.environ.get("REDFISH_USERNAME"), os.environ.get("REDFISH_PASSWORD")
     if user and password is not None:
-        return Credentials(user, password)
+        return RedfishCredentials(user, password)
     return None
 
 
@@ -94,7 +94,7 @@ class RedfishSource:
         self,
         endpoint: str,
         system_uuid: str,
-        credentials: Credentials | None = None,
+        credentials: RedfishCredentials | None = None,
         ca_file: Path | None = None,
         poll_interval: float = 2.0,
         timeout: float = 5.0,

@@ -29,7 +29,7 @@ from composable_operator.controller import (
     OWNED_CONDITIONS,
     OWNED_FIELDS,
     Controller,
-    Settings,
+    ControllerSettings,
 )
 from composable_operator.reconcile import DeviceHolder, next_delay
 from composable_operator.resource_events import FALLBACK_LOOK_SECONDS
@@ -153,7 +153,7 @@ class Fabric:
 def daemon(
     body: Body, fabric: Fabric, stopped: Stopped, holders: list[DeviceHolder] | None = None
 ) -> tuple[AttachDaemon, list[tuple[EventType, str, str]]]:
-    ctl = Controller(Kube(body), fabrics=fabric, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    ctl = Controller(Kube(body), fabrics=fabric, settings=ControllerSettings(online_poll=10))  # type: ignore[arg-type]
     events: list[tuple[EventType, str, str]] = []
     d = AttachDaemon(
         ctl,

@@ -12,7 +12,7 @@ import pytest
 from composable_dra.fabric import backend as b
 from composable_dra.fabric import members
 from composable_dra.fabric.redfish import RedfishCompositionBackend
-from dra_driver.sources.redfish import Credentials, RedfishSource
+from dra_driver.sources.redfish import RedfishCredentials, RedfishSource
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 
@@ -260,7 +260,7 @@ def test_the_plugin_source_reads_its_gpus_in_a_fixed_number_of_requests(
             assert backend.attach(block, "node-0") is None  # synchronous: done
     finally:
         backend.close()
-    src = RedfishSource(emu.url, host_uuid("node-0"), Credentials("admin", "admin"))
+    src = RedfishSource(emu.url, host_uuid("node-0"), RedfishCredentials("admin", "admin"))
     read: list[str] = []
     real = src._get
 

@@ -16,7 +16,7 @@ from composable_dra.kube import JSON
 from composable_operator.cluster_cache import Nodes, slim_node
 from composable_operator.controller import Controller, owned_status, with_changes
 from composable_operator.fabric_status import FabricWatch
-from composable_operator.inventories import Snapshot, online_look, still_online
+from composable_operator.inventories import InventorySnapshot, online_look, still_online
 
 SPEC = FabricSpec.model_validate(
     {
@@ -121,9 +121,9 @@ DEV = Device("gpu-1", "H100", "z1", "GPU-1", "attached", host="h1")
 ONLINE = {"phase": "Online", "fabricHost": "h1", "deviceUUID": "gpu-1"}
 
 
-def snap(device: Device | None, read_at: float) -> Snapshot:
+def snap(device: Device | None, read_at: float) -> InventorySnapshot:
     devices = {device.id: device} if device else {}
-    return Snapshot(Inventory({}, devices, {}), read_at, 30)
+    return InventorySnapshot(Inventory({}, devices, {}), read_at, 30)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_still_online(device: Device | None, status: dict[str, str], ok: bool) -
 
 
 def test_online_look_trusts_newer_inventories_and_reads_when_none_comes() -> None:
-    def look(s: Snapshot | None, now: float, visible: bool = True) -> float | None:
+    def look(s: InventorySnapshot | None, now: float, visible: bool = True) -> float | None:
         return online_look(s, "gpu-1", ONLINE, visible, 100, 70, now)
 
     # A pass newer than the last confirmation that shows it in place: confirmed then.

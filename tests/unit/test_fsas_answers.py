@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from composable_dra.fabric import backend as b
 from composable_dra.fabric import fsas_answers as answers
-from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import parse_json
 
 FUZZ = settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -259,7 +259,7 @@ def test_every_backend_call_ends_in_a_result_or_a_typed_error(
 ) -> None:
     backend = FsasFabricManagerBackend(
         "https://fm.example",
-        Credentials("c", "s", "u", "p"),
+        FsasCredentials("c", "s", "u", "p"),
         tenant_uuid="t",
         realm="r",
         session=DrawnFM([(200, TOKEN, ""), *drawn]),  # type: ignore[arg-type]

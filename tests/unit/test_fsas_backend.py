@@ -15,7 +15,7 @@ import requests
 
 from api.v1alpha1 import FabricSpec
 from composable_dra.fabric import backend as b
-from composable_dra.fabric.fsas import TOKEN_LEEWAY_S, Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas import TOKEN_LEEWAY_S, FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.fsas_answers import token_expiry
 from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
 from fabric_emulator.fsas.config import FsasConfig, process_args
@@ -23,7 +23,7 @@ from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import gpu_uuid, host_uuid
 
 CONFIG = FsasConfig(tenant="tenant-7", realm="lab", client_id="cdra", client_secret="s3cr3t-x")
-CREDS = Credentials("cdra", "s3cr3t-x", "admin", "admin")
+CREDS = FsasCredentials("cdra", "s3cr3t-x", "admin", "admin")
 N1, N2, N3 = (host_uuid(f"node-{i}") for i in (1, 2, 3))
 
 
@@ -151,7 +151,7 @@ def test_refused_token_is_renewed_once(
 
 
 def test_bad_client_secret_is_an_auth_error_without_the_secret(emu: EmulatorProcess) -> None:
-    wrong = Credentials("cdra", "not-the-secret-42", "admin", "admin")
+    wrong = FsasCredentials("cdra", "not-the-secret-42", "admin", "admin")
     backend = FsasFabricManagerBackend(emu.url, wrong, tenant_uuid=CONFIG.tenant, realm="lab")
     with pytest.raises(b.AuthError) as refused:
         backend.hosts()

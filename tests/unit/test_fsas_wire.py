@@ -17,11 +17,11 @@ import certifi
 import pytest
 
 from composable_dra.fabric import backend as b
-from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
+from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import MAX_ANSWER
 from hack.localcluster.pki import CertificateAuthority
 
-CREDS = Credentials("cdra", "s3cr3t-client", "admin", "pa55word-x")
+CREDS = FsasCredentials("cdra", "s3cr3t-client", "admin", "pa55word-x")
 TOKEN_PATH = "/id_manager/realms/lab/protocol/openid-connect/token"
 MACHINES_PATH = "/fabric_manager/api/v1/machines"
 TOKEN = json.dumps({"access_token": "tok-1", "expires_in": 300}).encode()

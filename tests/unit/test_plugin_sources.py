@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from dra_driver.device_source import DeviceInfo, SourceWatcher, device_name_for, is_dns_label
 from dra_driver.sources.nvml import NvmlSource
 from dra_driver.sources.redfish import (
-    Credentials,
+    RedfishCredentials,
     RedfishError,
     RedfishSource,
     gpu_from_processor,
@@ -269,7 +269,7 @@ def test_redfish_source_lists_gpus_of_this_host(fabric: FakeRedfish) -> None:
     src = RedfishSource(
         f"http://127.0.0.1:{fabric.port}",
         SYSTEM_UUID,  # upper case: matched case-insensitively
-        credentials=Credentials("admin", "s3cret"),
+        credentials=RedfishCredentials("admin", "s3cret"),
     )
     devices = src.list_devices()
     assert [(d.uuid, d.memory_bytes, d.attachment) for d in devices] == [
@@ -304,11 +304,11 @@ def test_credentials_from_file_or_env(tmp_path: Path, monkeypatch: pytest.Monkey
     path = tmp_path / "creds.yaml"
     path.write_text("username: admin\npassword: hunter2\n")
     creds = load_credentials(path)
-    assert creds == Credentials("admin", "hunter2")
+    assert creds == RedfishCredentials("admin", "hunter2")
     assert "hunter2" not in repr(creds)
     monkeypatch.setenv("REDFISH_USERNAME", "u")
     monkeypatch.setenv("REDFISH_PASSWORD", "p")
-    assert load_credentials(None) == Credentials("u", "p")
+    assert load_credentials(None) == RedfishCredentials("u", "p")
     path.write_text("username: only\n")
     with pytest.raises(RedfishError):
         load_credentials(path)

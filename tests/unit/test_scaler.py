@@ -14,9 +14,9 @@ from device_scaler.decide import (
     DeleteResource,
     PatchResource,
     Quarantine,
+    ScalerSettings,
+    ScalerSnapshot,
     SetDeviceStatus,
-    Settings,
-    Snapshot,
     Unquarantine,
     allocation_node,
     decide,
@@ -27,7 +27,7 @@ from device_scaler.decide import (
 DRIVER = names.DRIVER
 NOW = 1_800_000_000.0
 POOL = "fab/zone-1"
-CFG = Settings(attach_timeout=60, no_removal=100, quarantine=30)
+CFG = ScalerSettings(attach_timeout=60, no_removal=100, quarantine=30)
 JSON = dict[str, Any]
 
 
@@ -111,8 +111,8 @@ def snap(
     requests: list[JSON] | None = None,
     quarantines: list[JSON] | None = None,
     now: float = NOW,
-) -> Snapshot:
-    return Snapshot(
+) -> ScalerSnapshot:
+    return ScalerSnapshot(
         now=now,
         claims=list(claims),
         resources=list(resources),
@@ -123,7 +123,7 @@ def snap(
     )
 
 
-def run(s: Snapshot, cfg: Settings = CFG) -> list[Any]:
+def run(s: ScalerSnapshot, cfg: ScalerSettings = CFG) -> list[Any]:
     return list(decide(s, cfg))
 
 
@@ -220,7 +220,7 @@ def test_failure_sets_failed_quarantines_and_deletes():
 
 
 def test_fabric_error_waits_when_fail_fast_is_off():
-    cfg = Settings(attach_timeout=60, fail_on_fabric_error=False)
+    cfg = ScalerSettings(attach_timeout=60, fail_on_fabric_error=False)
     cr = failed_cases()[1][0]
     assert run(snap([claim()], [cr]), cfg) == []
 

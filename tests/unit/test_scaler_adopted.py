@@ -12,14 +12,14 @@ from composable_operator.fabric_status import ADOPTED, FabricWatch, Orphan
 from device_scaler.decide import (
     DeleteResource,
     PatchResource,
-    Settings,
-    Snapshot,
+    ScalerSettings,
+    ScalerSnapshot,
     decide,
     managed,
 )
 
 NOW = 1_800_000_000.0
-CFG = Settings(attach_timeout=60, no_removal=100, quarantine=30)
+CFG = ScalerSettings(attach_timeout=60, no_removal=100, quarantine=30)
 
 
 class RecordingKube:
@@ -50,8 +50,8 @@ def adopted(detach: bool = False, attached_at: float = NOW - 500) -> JSON:
     return body
 
 
-def snap(resources: list[JSON], claims: list[JSON] | None = None, **kw: Any) -> Snapshot:
-    return Snapshot(
+def snap(resources: list[JSON], claims: list[JSON] | None = None, **kw: Any) -> ScalerSnapshot:
+    return ScalerSnapshot(
         now=NOW,
         claims=claims or [],
         resources=resources,

@@ -17,29 +17,22 @@ from composable_dra.sizing import (
     spec_of,
 )
 from composable_dra.timestamps import format_time
-from device_scaler.decide import (
-    Counts,
+from device_scaler.decide.actions import DeleteResource, PatchResource, Unquarantine
+from device_scaler.decide.attach import (
     Create,
-    DeleteResource,
     Failed,
-    IdleGPU,
-    PatchResource,
     Ready,
     Settled,
-    Unquarantine,
-    allocation_ended,
     attach_progress,
-    block_holders,
-    expired_quarantines,
-    idle_bookkeeping,
-    index,
-    live_counts,
-    local_users,
     new_resource,
     pending_claim,
-    scale_down,
     settled,
 )
+from device_scaler.decide.idle import IdleGPU, idle_bookkeeping, local_users
+from device_scaler.decide.quarantines import expired_quarantines
+from device_scaler.decide.release import allocation_ended
+from device_scaler.decide.scale_down import scale_down
+from device_scaler.decide.view import Counts, block_holders, index, live_counts
 from tests.unit.test_scaler import CFG, NOW, POOL, claim, resource, snap
 
 JSON = dict[str, Any]

@@ -3,16 +3,20 @@ results are read a bounded number of times, however many resources are released.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 import pytest
 
-from device_scaler import decide as decide_module
-from device_scaler.decide import PatchResource, Snapshot, decide, ended_allocations, index
+from device_scaler import decide as decide_package
+from device_scaler.decide import PatchResource, ScalerSnapshot, decide, reading
+from device_scaler.decide.release import ended_allocations
+from device_scaler.decide.view import index
 from tests.unit.test_scaler import CFG, claim, resource, snap
 
 
-def cluster(n: int) -> tuple[Snapshot, int, int]:
+def cluster(n: int) -> tuple[ScalerSnapshot, int, int]:
     """n nodes' worth: 8 allocated local GPUs per node, n pool allocations that last with
     their resources, n resources whose claims are gone, n idle GPUs. Also the number of
     claims and of resources."""
@@ -39,13 +43,17 @@ def cluster(n: int) -> tuple[Snapshot, int, int]:
 
 def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
-    real = decide_module.our_results
+    real = reading.our_results
 
     def spy(c: Any, driver: str) -> Any:
         calls[0] += 1
         return real(c, driver)
 
-    monkeypatch.setattr(decide_module, "our_results", spy)
+    # Every phase module that reads allocation results, each through its own import.
+    for info in pkgutil.iter_modules(decide_package.__path__):
+        module = importlib.import_module(f"{decide_package.__name__}.{info.name}")
+        if getattr(module, "our_results", None) is real:
+            monkeypatch.setattr(module, "our_results", spy)
     return calls
 
 
@@ -72,4 +80,5 @@ def test_a_whole_pass_grows_linearly_with_the_cluster(monkeypatch: pytest.Monkey
         calls[0] = 0
         decide(s, CFG)
         reads.append(calls[0])
+    assert reads[0] > 0  # the spy sees the phases' reads
     assert reads[1] == 4 * reads[0]

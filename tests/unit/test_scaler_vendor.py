@@ -17,8 +17,8 @@ from device_scaler.decide import (
     DeleteResource,
     PatchResource,
     Quarantine,
+    ScalerSnapshot,
     SetDeviceStatus,
-    Snapshot,
     Unquarantine,
     decide,
     resource_name,
@@ -49,7 +49,7 @@ def vclaim(**kw: Any) -> JSON:
     return c
 
 
-def run(s: Snapshot, mode: VendorMode = MODE) -> list[Any]:
+def run(s: ScalerSnapshot, mode: VendorMode = MODE) -> list[Any]:
     return complete_vendor(decide(s, replace(CFG, driver=VENDOR)), s, mode)
 
 
@@ -135,7 +135,7 @@ def test_expired_quarantines_are_ended_once_by_the_pass_for_our_driver():
 
 def test_after_the_reschedule_the_gpu_is_released_and_its_vendor_allocation_counts_as_use():
     # The scheduler deallocated the claim: the resource is released (the pool dropped it).
-    s = Snapshot(
+    s = ScalerSnapshot(
         now=NOW,
         claims=[],
         resources=[online()],

@@ -19,7 +19,7 @@ from device_scaler.decide import (
     CreateResource,
     DeleteResource,
     Quarantine,
-    Snapshot,
+    ScalerSnapshot,
     decide,
 )
 from device_scaler.scaler import standby_held
@@ -267,8 +267,8 @@ def snap(
     quarantines: list[JSON] | None = None,
     requests: list[JSON] | None = None,
     local: dict[tuple[str, str], str] | None = None,
-) -> Snapshot:
-    return Snapshot(
+) -> ScalerSnapshot:
+    return ScalerSnapshot(
         now=NOW,
         claims=claims,
         resources=resources,
@@ -280,7 +280,7 @@ def snap(
     )
 
 
-def run(s: Snapshot) -> list[Any]:
+def run(s: ScalerSnapshot) -> list[Any]:
     return list(decide(s, CFG))
 
 

@@ -1,0 +1,65 @@
+"""Phase 3: idle bookkeeping. Is a released GPU allocated again, as a local device?"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from api.v1alpha1 import ComposableResourceSpec
+from composable_dra.kube import JSON
+from composable_dra.names import ANN_IN_USE_BY, normalize_uuid
+from composable_dra.sizing import ANN_LAST_USED, last_used
+from composable_dra.timestamps import format_time
+from device_scaler.decide.actions import Action, PatchResource
+from device_scaler.decide.reading import meta_of, our_results
+from device_scaler.decide.view import DecisionView
+
+
+@dataclass(frozen=True)
+class IdleGPU:
+    last_used: float
+    cr: JSON
+    spec: ComposableResourceSpec
+
+
+def local_users(claims: Iterable[JSON], driver: str) -> dict[tuple[str, str], str]:
+    """(pool, device) -> the uid of the first claim whose allocation names it."""
+    users: dict[tuple[str, str], str] = {}
+    for claim in claims:
+        for r in our_results(claim, driver):
+            users.setdefault(
+                (str(r.get("pool")), str(r.get("device"))), str(meta_of(claim).get("uid") or "")
+            )
+    return users
+
+
+def idle_bookkeeping(
+    view: DecisionView,
+    cr: JSON,
+    spec: ComposableResourceSpec,
+    users: Mapping[tuple[str, str], str],
+) -> Action | IdleGPU | None:
+    """A released, Online GPU: mark it in use or idle again, or count it idle."""
+    meta, status = meta_of(cr), cr.get("status") or {}
+    ann = meta.get("annotations") or {}
+    node = spec.target_node
+    local = view.s.local_devices.get((node, normalize_uuid(str(status.get("deviceUUID") or ""))))
+    user = users.get((node, local)) if local is not None else None
+    if user:
+        if ann.get(ANN_IN_USE_BY) == user:
+            return None
+        return PatchResource(
+            meta["name"],
+            {"metadata": {"annotations": {ANN_IN_USE_BY: user}}},
+            "InUse",
+            f"allocated as local device {local}",
+        )
+    if ann.get(ANN_IN_USE_BY):
+        stamp = {ANN_IN_USE_BY: None, ANN_LAST_USED: format_time(view.s.now)}
+        return PatchResource(
+            meta["name"],
+            {"metadata": {"annotations": stamp}},
+            "Idle",
+            "no allocation uses the GPU any more",
+        )
+    return IdleGPU(last_used(cr, view.s.now), cr, spec)
