@@ -79,7 +79,8 @@ class UnpublishWaits:
         return first
 
     def waited(self, uid: str) -> float:
-        return time.monotonic() - self._since.get(uid, time.monotonic())
+        since = self._since.get(uid)
+        return 0.0 if since is None else time.monotonic() - since
 
     def release(self, uid: str) -> None:
         self._since.pop(uid, None)
