@@ -19,16 +19,7 @@ from composable_dra.kube import JSON
 from composable_operator.actions import EventType
 from composable_operator.controller import Controller, Settings
 from composable_operator.detach import RetryLater, UnpublishWaits
-
-FABRIC = FabricSpec.model_validate(
-    {
-        "backend": "redfish-composition",
-        "endpoint": "https://fabric.example",
-        "credentialsSecret": {"name": "s", "namespace": "ns"},
-        "operationTimeoutSeconds": 60,
-    }
-)
-NODE = {"metadata": {"name": "n1"}, "status": {"nodeInfo": {"systemUUID": "uuid-h1"}}}
+from tests.unit.test_attach_daemon import FABRIC, NODE
 
 
 @dataclass
