@@ -39,7 +39,7 @@ from composable_operator.taints import Taints
 
 
 @dataclass
-class Settings:
+class ControllerSettings:
     driver: str = names.DRIVER
     online_poll: float = 10.0
     backoff_max: float = 30.0
@@ -50,7 +50,7 @@ class Settings:
 class Controller:
     kube: Kube
     fabrics: Fabrics
-    settings: Settings = field(default_factory=Settings)
+    settings: ControllerSettings = field(default_factory=ControllerSettings)
     # ResourceClaims, our ResourceSlices and Nodes kept by watches (started by the
     # operator), for ClusterReads; None: every read lists.
     cache: InitVar[ClusterCache | None] = None

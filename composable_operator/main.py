@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     )
     # One connection per I/O thread: each makes at most one fabric call at a time.
     fabrics = Fabrics(kube, connections=args.io_threads)
-    settings = controller.Settings(
+    settings = controller.ControllerSettings(
         driver=args.driver_name,
         online_poll=args.online_poll_seconds,
         unpublish_limit=args.unpublish_timeout,

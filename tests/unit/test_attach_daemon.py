@@ -25,7 +25,7 @@ from composable_dra.kube import JSON
 from composable_operator.actions import EventType
 from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
-from composable_operator.controller import Controller, Settings
+from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.reconcile import DeviceHolder, next_delay
 from composable_operator.resource_events import FALLBACK_LOOK_SECONDS
 from composable_operator.status_writes import OWNED_CONDITIONS, OWNED_FIELDS
@@ -149,7 +149,7 @@ class Fabric:
 def daemon(
     body: Body, fabric: Fabric, stopped: Stopped, holders: list[DeviceHolder] | None = None
 ) -> tuple[AttachDaemon, list[tuple[EventType, str, str]]]:
-    ctl = Controller(Kube(body), fabrics=fabric, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    ctl = Controller(Kube(body), fabrics=fabric, settings=ControllerSettings(online_poll=10))  # type: ignore[arg-type]
     events: list[tuple[EventType, str, str]] = []
     d = AttachDaemon(
         ctl,

@@ -15,7 +15,7 @@ from composable_dra.fabric.backend import Device, Host, TransientError, picker
 from composable_dra.fabric.slots import slot_name
 from composable_dra.kube import JSON
 from composable_operator.attach_daemon import AttachDaemon
-from composable_operator.controller import Controller, Settings
+from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.reconcile import REQUEST_SETTLE_SECONDS, AttachRecord
 from tests.unit.test_attach_daemon import Body, Kube, Stopped
 
@@ -82,7 +82,7 @@ class PickingFM:
 
 
 def run(body: Body, fm: PickingFM, kube: Cluster, limit: int = 6) -> Controller:
-    ctl = Controller(kube, fabrics=fm, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    ctl = Controller(kube, fabrics=fm, settings=ControllerSettings(online_poll=10))  # type: ignore[arg-type]
     d = AttachDaemon(ctl, body, Stopped(limit), lambda _k: [], lambda *_: None, "r1")
     asyncio.run(d.run())
     return ctl
@@ -160,7 +160,7 @@ def test_a_record_of_a_resource_gone_or_going_does_not_hide_our_gpu() -> None:
         "status": {"fabricDeviceID": "gpu-7"},
     }
     kube = Cluster(body, [going])
-    ctl = Controller(kube, fabrics=fm, settings=Settings(online_poll=10))  # type: ignore[arg-type]
+    ctl = Controller(kube, fabrics=fm, settings=ControllerSettings(online_poll=10))  # type: ignore[arg-type]
     ctl.picks.remember("u-gone", "gpu-7")  # a resource since deleted, in this process
     d = AttachDaemon(ctl, body, Stopped(6), lambda _k: [], lambda *_: None, "r1")
     asyncio.run(d.run())

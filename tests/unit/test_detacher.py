@@ -17,7 +17,7 @@ from composable_dra.fabric.backend import BusyError, Device, Host, Operation
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError
 from composable_dra.kube import JSON
 from composable_operator.actions import EventType
-from composable_operator.controller import Controller, Settings
+from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.detach import RetryLater, UnpublishWaits
 from tests.unit.test_attach_daemon import FABRIC, NODE
 
@@ -101,7 +101,7 @@ def detach(ctl: Controller, body: Body, retry: int = 0) -> list[tuple[EventType,
 
 
 def controller(kube: Kube, fabric: Fabric) -> Controller:
-    return Controller(kube, fabrics=fabric, settings=Settings())  # type: ignore[arg-type]
+    return Controller(kube, fabrics=fabric, settings=ControllerSettings())  # type: ignore[arg-type]
 
 
 def test_a_detach_taints_detaches_and_lets_go_forgetting_the_resource() -> None:
