@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import composable_operator
+
 PACKAGE = "composable_operator"
-ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+ROOT = Path(composable_operator.__file__).parent
 
 
 def imported(tree: ast.AST, package: str) -> set[str]:
