@@ -56,7 +56,7 @@ EventSink = Callable[[EventType, str, str], None]  # type, reason, message
 
 
 class StatusWriter(Protocol):
-    async def write_status(
+    async def write(
         self, name: str, fields: JSON, conditions: list[JSON] | None = None
     ) -> None: ...
 
@@ -82,7 +82,7 @@ class Recorder:
     created: str | None = None  # the resource's creationTimestamp
 
     async def status(self, fields: JSON, conds: Iterable[tuple[str, bool, str, str]] = ()) -> None:
-        await self.writer.write_status(self.name, fields, [condition(*c) for c in conds])
+        await self.writer.write(self.name, fields, [condition(*c) for c in conds])
 
     # -- attach ---------------------------------------------------------------------------
 
@@ -105,16 +105,16 @@ class Recorder:
             case ActionKind.WAIT:
                 await self.status({}, [(names.ATTACHED, False, action.reason, action.message)])
             case ActionKind.FOLLOW:
-                pass  # the record of the task is the attach call's (Controller.end_attach)
+                pass  # the record of the task is the attach call's (AttachCalls.end)
 
     def attaching_conditions(self, action: Action) -> list[JSON]:
         """The condition that goes out with the record of the request, in its one write
-        (Controller.start_attach)."""
+        (AttachCalls.start)."""
         return [condition(names.ATTACHED, False, "Attaching", action.message)]
 
     async def _attaching(self, action: Action, seen: Seen) -> None:
         # Nothing to write: the phase, the record of the request and the condition went
-        # out with the request (Controller.start_attach).
+        # out with the request (AttachCalls.start).
         if seen.phase != "Attaching":
             self.event(
                 EventType.NORMAL,

@@ -1,7 +1,7 @@
 """The attach daemon of one ComposableResource: attach it, then keep it Online.
 
 Each pass re-reads the fabric, asks reconcile.decide_attach what to do, does it (the
-fabric call through the Controller) and records it (actions.Recorder). kopf runs one per
+fabric call through the Controller's parts) and records it (actions.Recorder). kopf runs one per
 resource (handlers.py) and hands it the live object and its stop flag; nothing here
 imports kopf, so a test drives it with a fake object, flag and backend.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
 from composable_dra import logs, names
@@ -21,9 +21,10 @@ from composable_dra.fabric.registry import FabricConfigError, condition_status
 from composable_dra.kube import NotFound
 from composable_dra.names import normalize_uuid
 from composable_operator.actions import EventSink, Recorder, Seen
-from composable_operator.controller import Controller, pending_task, read_fabric
+from composable_operator.controller import Controller
 from composable_operator.inventories import online_look
-from composable_operator.picks import picks_for, read_device, start_pick
+from composable_operator.live import LiveResource, Stopped
+from composable_operator.picks import picks_for
 from composable_operator.reconcile import (
     Action,
     ActionKind,
@@ -36,24 +37,6 @@ from composable_operator.reconcile import (
 )
 
 log = logs.get(__name__)
-
-
-class LiveResource(Protocol):
-    """The resource as its watch keeps it current (kopf's Body)."""
-
-    @property
-    def meta(self) -> Mapping[str, Any]: ...
-    @property
-    def spec(self) -> Mapping[str, Any]: ...
-    @property
-    def status(self) -> Mapping[str, Any]: ...
-
-
-class Stopped(Protocol):
-    """True once the daemon must stop; ``wait`` sleeps until then or the timeout."""
-
-    def __bool__(self) -> bool: ...
-    def wait(self, timeout: float | None = None) -> Awaitable[Any]: ...
 
 
 def visible(status: Mapping[str, Any], uuid: str) -> bool:
@@ -116,7 +99,7 @@ class AttachDaemon:
                 await self.stopped.wait(self.ctl.settings.online_poll)
                 continue
             created = self.body.meta.get("creationTimestamp")
-            rec = Recorder(self.ctl, self.event, self.name, spec, rlog, created)
+            rec = Recorder(self.ctl.statuses, self.event, self.name, spec, rlog, created)
             cap = self.ctl.settings.backoff_max
             try:
                 wait = await self.step(spec, status, rec)
@@ -127,7 +110,7 @@ class AttachDaemon:
                 await rec.config_error(exc)
                 wait = self.backoff(cap)
             except NotFound:
-                self.ctl.forget_status(self.name)
+                self.ctl.statuses.forget(self.name)
                 return  # the resource is gone
             except Exception:
                 rec.unexpected()
@@ -154,12 +137,14 @@ class AttachDaemon:
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
             status = dict(self.body.status)
-            device = await read_device(self.ctl, kept.backend, spec, status, self.uid, self.name)
+            device = await self.ctl.picks.read_device(
+                kept.backend, spec, status, self.uid, self.name
+            )
             self.last = replace(kept, device=device)
             return self.last
         fabric, backend = await asyncio.to_thread(self.ctl.fabrics.get, spec.fabric)
-        device, host, _ = await read_fabric(
-            self.ctl, fabric, backend, spec, dict(self.body.status), self.uid, self.name
+        device, host, _ = await self.ctl.reads.fabric(
+            fabric, backend, spec, dict(self.body.status), self.uid, self.name
         )
         self.last = Reading(fabric, backend, host, device)
         return self.last
@@ -194,7 +179,7 @@ class AttachDaemon:
         self, spec: ComposableResourceSpec, status: dict[str, Any], rec: Recorder
     ) -> float | None:
         """One pass: the seconds to wait before the next, or None to stop."""
-        self.ctl.known_status(self.name, status)
+        self.ctl.statuses.known(self.name, status)
         if self.online_look(spec, status):
             return self.ctl.settings.online_poll
         if not status.get("phase") and not finalized(self.body):
@@ -203,7 +188,7 @@ class AttachDaemon:
             if not finalized(self.body):
                 return 0.0
         r = await self.read(spec)
-        open_task = pending_task(self.ctl.attaches.get(self.uid), parse_attach_record(status))
+        open_task = self.ctl.attaches.pending_task(self.uid, parse_attach_record(status))
         if open_task is not None and open_task.monitor in self.followed:
             open_task = None  # followed to its end already; its record is going
         action = decide_attach(
@@ -252,9 +237,9 @@ class AttachDaemon:
                     return 0.0
                 # No await between the check above and this: a detach finds the call.
                 if (p := picks_for(r.backend, spec)) is not None:
-                    call = start_pick(self.ctl, self.uid, self.name, p, spec, action.host)
+                    call = self.ctl.picks.start(self.uid, self.name, p, spec, action.host)
                 else:
-                    call = self.ctl.start_attach(
+                    call = self.ctl.attaches.start(
                         self.uid,
                         self.name,
                         r.backend,
@@ -264,7 +249,7 @@ class AttachDaemon:
                     )
                 await rec.execute(action, seen)
                 op = await asyncio.shield(call.request)
-                await self.ctl.end_attach(self.uid, self.name, r.backend, op, limit)
+                await self.ctl.attaches.end(self.uid, self.name, r.backend, op, limit)
                 self.failures, self.reuse = 0, r
                 return 0.0  # re-read the device: the fabric decides what happened
             case ActionKind.FOLLOW:
@@ -272,7 +257,7 @@ class AttachDaemon:
                 # fabric to end it on its own.
                 assert open_task is not None
                 self.followed.add(open_task.monitor)
-                await self.ctl.end_attach(self.uid, self.name, r.backend, open_task, limit)
+                await self.ctl.attaches.end(self.uid, self.name, r.backend, open_task, limit)
                 self.reuse = r
                 return 0.0
             case ActionKind.AWAIT_VISIBLE:

@@ -167,8 +167,71 @@ class FabricWatch:
 STATUS_FIELDS = ("reachable", "freeDevices", "lastSyncTime")
 
 
-# Long because it holds the Fabric daemon's one loop (read, map, publish, report) as kopf
-# wants it, a closure; what it decides lives in FabricWatch and the pure functions above.
+async def report(watch: FabricWatch, name: str, inv: Inventory) -> None:
+    """A pass's inventory in the Fabric's status (free devices, last sync) and metrics."""
+    free = free_devices(inv)
+    by_model: Counter[str] = Counter()
+    for entry in free:
+        by_model[entry["model"]] += entry["count"]
+    for model, count in by_model.items():
+        metrics.POOL_FREE.labels(name, model).set(count)
+    await asyncio.to_thread(
+        watch.write_status,
+        name,
+        {"reachable": True, "freeDevices": free, "lastSyncTime": now_rfc3339()},
+        True,
+        "Synced",
+        f"{len(inv.devices)} devices, {sum(by_model.values())} free",
+    )
+
+
+async def handle_orphans(
+    watch: FabricWatch,
+    name: str,
+    spec: FabricSpec,
+    inv: Inventory,
+    body: kopf.Body,
+    by_device: Any,
+    first_seen: dict[str, float],
+) -> dict[str, float]:
+    """Adopt or detach the orphans past their grace period (find_orphans); the first-seen
+    times to keep for the next pass. ``by_device``: kopf's index, None in a test."""
+    host_nodes = await asyncio.to_thread(watch.host_nodes, spec, inv)
+    if by_device is not None:
+        # Read here: kopf changes its index on this loop.
+        claimed = watch.claimed(name, list(by_device.keys()))
+    else:
+        claimed = await asyncio.to_thread(watch.claimed, name)
+    due, first_seen = find_orphans(
+        inv,
+        host_nodes,
+        claimed,
+        first_seen,
+        time.monotonic(),
+        float(spec.orphan_grace_period_seconds),
+    )
+    for orphan in due:
+        detach = spec.orphan_policy == "Detach"
+        await asyncio.to_thread(watch.adopt, name, orphan, detach)
+        verb = "detaching" if detach else "adopted"
+        kopf.warn(
+            body,
+            reason="OrphanDevice",
+            message=f"{orphan.device} on {orphan.node} had no ComposableResource; {verb} it",
+        )
+        log.warning(
+            "orphan device",
+            fabric=name,
+            device=orphan.device,
+            node=orphan.node,
+            policy=spec.orphan_policy,
+        )
+        first_seen.pop(orphan.device, None)
+    return first_seen
+
+
+# The Fabric daemon's one loop (read, publish, report, orphans) as kopf wants it, a
+# closure; what it decides lives in FabricWatch and the functions above.
 def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
     @kopf.daemon(GROUP, VERSION, "fabrics", registry=registry, cancellation_timeout=10)
     async def poll(name: str, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any) -> None:
@@ -189,52 +252,11 @@ def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
                 inv = await asyncio.to_thread(backend.inventory)
                 if watch.inventories is not None:
                     watch.inventories.publish(name, inv, read_at, interval)
-                free = free_devices(inv)
-                by_model: Counter[str] = Counter()
-                for entry in free:
-                    by_model[entry["model"]] += entry["count"]
-                for model, count in by_model.items():
-                    metrics.POOL_FREE.labels(name, model).set(count)
-                await asyncio.to_thread(
-                    watch.write_status,
-                    name,
-                    {"reachable": True, "freeDevices": free, "lastSyncTime": now_rfc3339()},
-                    True,
-                    "Synced",
-                    f"{len(inv.devices)} devices, {sum(by_model.values())} free",
-                )
+                await report(watch, name, inv)
                 if spec.orphan_policy != "Ignore":
-                    host_nodes = await asyncio.to_thread(watch.host_nodes, spec, inv)
-                    if by_device is not None:
-                        # Read here: kopf changes its index on this loop.
-                        claimed = watch.claimed(name, list(by_device.keys()))
-                    else:
-                        claimed = await asyncio.to_thread(watch.claimed, name)
-                    due, first_seen = find_orphans(
-                        inv,
-                        host_nodes,
-                        claimed,
-                        first_seen,
-                        time.monotonic(),
-                        float(spec.orphan_grace_period_seconds),
+                    first_seen = await handle_orphans(
+                        watch, name, spec, inv, body, by_device, first_seen
                     )
-                    for orphan in due:
-                        detach = spec.orphan_policy == "Detach"
-                        await asyncio.to_thread(watch.adopt, name, orphan, detach)
-                        verb = "detaching" if detach else "adopted"
-                        kopf.warn(
-                            body,
-                            reason="OrphanDevice",
-                            message=f"{orphan.device} on {orphan.node} had no "
-                            f"ComposableResource; {verb} it",
-                        )
-                        flog.warning(
-                            "orphan device",
-                            device=orphan.device,
-                            node=orphan.node,
-                            policy=spec.orphan_policy,
-                        )
-                        first_seen.pop(orphan.device, None)
             except (FabricError, FabricConfigError) as exc:
                 if isinstance(exc, FabricError):
                     metrics.FABRIC_ERRORS.labels(name, exc.kind).inc()

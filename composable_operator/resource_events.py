@@ -13,20 +13,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
+
+from composable_operator.live import Stopped
 
 T = TypeVar("T")
 
 # The longest a wait goes without a look, should an event not come (a watch that
 # reconnects and relists brings none for an unchanged object).
 FALLBACK_LOOK_SECONDS = 0.5
-
-
-class Stopped(Protocol):
-    """True once the daemon must stop; ``wait`` sleeps until then or the timeout."""
-
-    def __bool__(self) -> bool: ...
-    def wait(self, timeout: float | None = None) -> Awaitable[Any]: ...
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The operator's bookkeeping of its own attach requests (controller.AttachCall): recorded
+"""The operator's bookkeeping of its own attach requests (attach_calls.AttachCalls): recorded
 in status as they go out, their task recorded once answered, forgotten once ended; the
 request outlives the daemon that sent it. Kube and the fabric are fakes."""
 
@@ -19,8 +19,9 @@ from composable_dra.fabric.backend import (
     OperationStatus,
 )
 from composable_dra.kube import JSON
-from composable_operator import controller as controller_module
-from composable_operator.controller import AttachCall, Controller
+from composable_operator import attach_calls
+from composable_operator.attach_calls import AttachCall
+from composable_operator.controller import Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record
 
 MONITOR = "/redfish/v1/TaskService/TaskMonitors/3"
@@ -71,7 +72,7 @@ def held_attach() -> tuple[FakeKube, Controller, FakeBackend, AttachCall]:
     ctl = controller(kube)
     backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
     backend.release.clear()
-    call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+    call = ctl.attaches.start("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
     return kube, ctl, backend, call
 
 
@@ -81,24 +82,24 @@ def test_the_request_and_its_task_are_recorded_then_forgotten_once_ended() -> No
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
         attaching = [{"type": "Attached", "status": "False", "reason": "Attaching"}]
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1", attaching)  # type: ignore[arg-type]
-        assert ctl.attaches["uid"] is call and call.state() == "running"
+        call = ctl.attaches.start("uid", "r1", backend, "gpu-1", "h1", attaching)  # type: ignore[arg-type]
+        assert ctl.attaches.get("uid") is call and call.state() == "running"
         op = await call.request
-        await ctl.records_written("r1")
+        await ctl.statuses.written("r1")
         assert kube.status["phase"] == "Attaching"
         record = parse_attach_record(kube.status)
         assert record is not None and (record.monitor, record.task) == (MONITOR, "/t/3")
         assert call.state() == "task" and call.operation() == op
         backend.states = [OperationStatus("running", retry_after=0), OperationStatus("done")]
-        await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("r1")
+        await ctl.attaches.end("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.statuses.written("r1")
         assert call.state() == "ended"
         # The request and its task in one write (the fabric answered at once); forgotten
         # with the step's next write, which goes out anyway: none of its own.
         assert [e for e in kube.log if e.startswith("status")] == [
             "status ['conditions', 'pendingAttach', 'phase']"
         ]
-        await ctl.write_status("r1", {"deviceUUID": "GPU-1"})
+        await ctl.statuses.write("r1", {"deviceUUID": "GPU-1"})
         assert "pendingAttach" not in kube.status and kube.status["phase"] == "Attaching"
 
     asyncio.run(main())
@@ -109,7 +110,7 @@ def test_a_slow_answer_gets_the_request_recorded_before_it(
 ) -> None:
     # A restart while the request is on its way finds it recorded (its detach waits for it
     # to land); the answer's task is recorded once it comes.
-    monkeypatch.setattr(controller_module, "RECORD_AFTER", 0.01)
+    monkeypatch.setattr(attach_calls, "RECORD_AFTER", 0.01)
 
     async def main() -> None:
         kube, ctl, backend, call = held_attach()
@@ -118,7 +119,7 @@ def test_a_slow_answer_gets_the_request_recorded_before_it(
         assert record is not None and record.monitor is None and call.state() == "running"
         backend.release.set()
         await call.request
-        await ctl.records_written("r1")
+        await ctl.statuses.written("r1")
         record = parse_attach_record(kube.status)
         assert record is not None and record.monitor == MONITOR
         written = "status ['pendingAttach', 'phase']"
@@ -132,13 +133,14 @@ def test_a_failed_task_is_forgotten_and_reported() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, Operation(MONITOR, "/t/3", retry_after=0))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        call = ctl.attaches.start("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         op = await call.request
         backend.states = [OperationStatus("failed", "no")]
         with pytest.raises(OperationFailedError):
-            await ctl.end_attach("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
-        await ctl.records_written("r1")
-        assert call.state() == "ended" and "pendingAttach" not in ctl.owned["r1"]
+            await ctl.attaches.end("uid", "r1", backend, op, 10)  # type: ignore[arg-type]
+        await ctl.statuses.written("r1")
+        owned = ctl.statuses.owned("r1")
+        assert call.state() == "ended" and owned is not None and "pendingAttach" not in owned
 
     asyncio.run(main())
 
@@ -149,8 +151,8 @@ def test_a_task_whose_monitor_and_task_are_gone_has_ended() -> None:
         ctl = controller(kube)
         backend = FakeBackend(kube, None)
         backend.states = [NotFoundError("gone")]
-        await ctl.end_attach("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
-        await ctl.records_written("r1")
+        await ctl.attaches.end("uid", "r1", backend, Operation(MONITOR, retry_after=0), 10)  # type: ignore[arg-type]
+        await ctl.statuses.written("r1")
         assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -161,12 +163,12 @@ def test_a_refused_request_leaves_nothing_in_flight() -> None:
         kube = FakeKube()
         ctl = controller(kube)
         backend = FakeBackend(kube, InUseError("taken"))
-        call = ctl.start_attach("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
+        call = ctl.attaches.start("uid", "r1", backend, "gpu-1", "h1")  # type: ignore[arg-type]
         with pytest.raises(InUseError):
             await call.request
-        await ctl.records_written("r1")
-        assert call.state() == "ended" and "pendingAttach" not in ctl.owned.get("r1", {})
-        await ctl.write_status("r1", {"error": "taken"})  # what the daemon writes next
+        await ctl.statuses.written("r1")
+        assert call.state() == "ended" and "pendingAttach" not in (ctl.statuses.owned("r1") or {})
+        await ctl.statuses.write("r1", {"error": "taken"})  # what the daemon writes next
         assert "pendingAttach" not in kube.status
 
     asyncio.run(main())
@@ -210,9 +212,9 @@ def test_record_writes_land_in_the_order_they_were_made() -> None:
     async def main() -> None:
         kube = SlowFirstKube()
         ctl = controller(kube)
-        ctl._record("r1", AttachRecord("h1", 1.0, MONITOR), {}, [])
-        ctl._record("r1", None, {}, [])
-        await ctl.records_written("r1")
+        ctl.attaches.record("r1", AttachRecord("h1", 1.0, MONITOR), {}, [])
+        ctl.attaches.record("r1", None, {}, [])
+        await ctl.statuses.written("r1")
         assert "pendingAttach" not in kube.status
         assert len(kube.log) == 2
 

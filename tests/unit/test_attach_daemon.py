@@ -25,14 +25,10 @@ from composable_dra.kube import JSON
 from composable_operator.actions import EventType
 from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
-from composable_operator.controller import (
-    OWNED_CONDITIONS,
-    OWNED_FIELDS,
-    Controller,
-    ControllerSettings,
-)
+from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.reconcile import DeviceHolder, next_delay
 from composable_operator.resource_events import FALLBACK_LOOK_SECONDS
+from composable_operator.status_writes import OWNED_CONDITIONS, OWNED_FIELDS
 
 FABRIC = FabricSpec.model_validate(
     {
@@ -336,7 +332,7 @@ def test_steps_read_the_device_not_every_host_nor_the_node() -> None:
     d, _ = daemon(body, fabric, Stopped(limit=6))
     cache = ClusterCache(d.ctl.kube, names.DRIVER)
     cache.nodes.informer.replace([NODE])  # as its list finds it
-    d.ctl.cache = cache
+    d.ctl.reads.cache = cache
     asyncio.run(d.run())
     assert fabric.attaches == [("gpu-1", "h1")] and body.status["phase"] == "Online"
     assert fabric.host_reads == 1

@@ -161,7 +161,7 @@ def test_a_record_of_a_resource_gone_or_going_does_not_hide_our_gpu() -> None:
     }
     kube = Cluster(body, [going])
     ctl = Controller(kube, fabrics=fm, settings=ControllerSettings(online_poll=10))  # type: ignore[arg-type]
-    ctl.picks.picked["u-gone"] = "gpu-7"  # a resource since deleted, in this process
+    ctl.picks.remember("u-gone", "gpu-7")  # a resource since deleted, in this process
     d = AttachDaemon(ctl, body, Stopped(6), lambda _k: [], lambda *_: None, "r1")
     asyncio.run(d.run())
     assert fm.calls == [("H100", "h1")]

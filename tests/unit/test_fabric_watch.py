@@ -14,9 +14,9 @@ from composable_dra.fabric.backend import Device, Host, Inventory
 from composable_dra.fabric.registry import host_nodes
 from composable_dra.kube import JSON
 from composable_operator.cluster_cache import Nodes, slim_node
-from composable_operator.controller import Controller, owned_status, with_changes
 from composable_operator.fabric_status import FabricWatch
 from composable_operator.inventories import InventorySnapshot, online_look, still_online
+from composable_operator.status_writes import StatusWrites, owned_status, with_changes
 
 SPEC = FabricSpec.model_validate(
     {
@@ -191,8 +191,8 @@ def test_a_field_an_older_operators_merge_patch_still_holds_is_dropped_after_the
             return {"status": {**body["status"], "pendingAttach": {"host": "h1"}}}
 
     kube = SharedKube()
-    Controller(kube, fabrics=None).set_status("r1", {"phase": "Online"})  # type: ignore[arg-type]
+    StatusWrites(kube).apply("r1", {"phase": "Online"})  # type: ignore[arg-type]
     assert len(kube.applies) == 1 and kube.patches == [{"status": {"pendingAttach": None}}]
     plain = CountingKube()
-    Controller(plain, fabrics=None).set_status("r1", {"phase": "Online"})  # type: ignore[arg-type]
+    StatusWrites(plain).apply("r1", {"phase": "Online"})  # type: ignore[arg-type]
     assert plain.patches == []
