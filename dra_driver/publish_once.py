@@ -214,6 +214,8 @@ class LocalSliceGate:
                 if (fresh is None or listed is None) and self._last is None:
                     return  # not known yet: publish nothing rather than an empty slice
                 if fresh is None or listed is None:  # unknown: the slice may shrink, not grow
+                    waiting = [d.name for d in out if normalize_uuid(d.uuid) not in published]
+                    self._log.warning("devices not added", why="no fresh read", devices=waiting)
                     out = [d for d in out if normalize_uuid(d.uuid) in published]
                 else:
                     source = fresh
