@@ -16,29 +16,17 @@ from hypothesis import strategies as st
 from dra_driver.device_source import DeviceInfo
 from dra_driver.publish_once import LocalSliceGate, held_back, node_resources, publishable
 from dra_driver.publish_once import reservations as reserve
+from tests.unit.test_plugin_visibility import FreshKube, gpu, uuids
+from tests.unit.test_plugin_visibility import resource as plugin_resource
 
 
 def resource(
     uuid: str | None, phase: str = "Online", claim: bool = True, deleting: bool = False
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": f"r-{uuid}"}
+    r = plugin_resource(f"r-{uuid}", uuid, phase, claim=claim)
     if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    spec: dict[str, Any] = {"targetNode": "n1"}
-    if claim:
-        spec["claimRef"] = {"namespace": "a", "name": "c", "uid": "u"}
-    status: dict[str, Any] = {"phase": phase}
-    if uuid:
-        status["deviceUUID"] = uuid
-    return {"metadata": meta, "spec": spec, "status": status}
-
-
-def gpu(uuid: str) -> DeviceInfo:
-    return DeviceInfo(name=f"gpu-{uuid}", uuid=uuid)
-
-
-def uuids(devices: list[DeviceInfo] | None) -> list[str]:
-    return [d.uuid for d in devices or []]
+        r["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return r
 
 
 def test_a_gpu_whose_resource_is_being_deleted_or_detached_never_joins() -> None:
@@ -112,21 +100,11 @@ def test_no_leaving_or_held_gpu_ever_joins(
     assert not out & res.serving
 
 
-class Kube:
-    """The consistent list of the node's resources, as the API server answers it."""
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def get(self, url: str, **_: Any) -> dict[str, Any]:
-        return {"items": self.items}
-
-
 def test_a_cancelled_attach_gpu_is_not_published_from_a_list_read_before_its_detach() -> None:
     # The issue's race, step by step. The source's last list shows the cancelled attach's
     # GPU (never named: its resource was deleted before the operator wrote a UUID); the
     # resource goes after the detach; a fresh read of the fabric no longer shows the GPU.
-    kube = Kube()
+    kube = FreshKube([])
     cached = [gpu("local")]
     fabric: list[DeviceInfo] | None = [gpu("local")]
     published: list[list[DeviceInfo]] = []
