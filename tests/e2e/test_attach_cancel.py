@@ -381,7 +381,7 @@ def test_a_cancelled_attach_gpu_is_never_allocated_as_a_local_device(
         {"kind": "latency", "method": "POST", "path": ATTACH_POST, "latency": 1.5, "count": 1}
     )
     slow_detach = suite.emulator.add_fault(
-        {"kind": "latency", "method": "POST", "path": DETACH_POST, "latency": 3, "count": 1}
+        {"kind": "latency", "method": "POST", "path": DETACH_POST, "latency": 5, "count": 1}
     )
     suite.create_pod(namespace, "c0", node=node, local_first=False)
     wait_for(
