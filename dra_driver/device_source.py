@@ -117,17 +117,34 @@ class SourceWatcher:
 
     def poll_once(self) -> bool:
         """Read the source; True when the list changed (and on_change was called)."""
+        devices = self._read()
+        if devices is None or not self._store(devices):
+            return False
+        self._on_change(devices)
+        return True
+
+    def read_now(self) -> list[DeviceInfo] | None:
+        """Read the source and keep its list, without calling on_change (its caller acts on
+        the list itself); None when the source cannot be read."""
+        devices = self._read()
+        if devices is not None:
+            self._store(devices)
+        return devices
+
+    def _read(self) -> list[DeviceInfo] | None:
         try:
-            devices = check_unique(self._source.list_devices())
+            return check_unique(self._source.list_devices())
         except Exception as exc:
             self._log.warning("device source failed", error=str(exc))
-            return False
+            return None
+
+    def _store(self, devices: list[DeviceInfo]) -> bool:
+        """Keep ``devices`` as the list; True when it changed."""
         with self._lock:
             if devices == self._devices:
                 return False
             self._devices = devices
         self._log.info("devices changed", devices=[d.name for d in devices])
-        self._on_change(devices)
         return True
 
     def start(self) -> None:

@@ -295,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         publish=lambda out: publisher.set_devices(
             out, keep=gate.fabric_uuids if gate is not None else frozenset()
         ),
+        read_devices=watcher.read_now,
     )
     visibility = VisibilityReporter(
         kube,

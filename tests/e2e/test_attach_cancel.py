@@ -16,10 +16,10 @@ import time
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
+from dra_driver.device_source import device_name_for
 from hack.localcluster import objects
 from hack.localcluster.harness import Suite
 from hack.localcluster.wait import wait_for
@@ -30,24 +30,8 @@ from tests.e2e.wake import touches
 pytestmark = pytest.mark.e2e
 RESOURCES = path(API_VERSION, "composableresources")
 ATTACH_POST = r"/Actions/ComputerSystem\.AddResourceBlock$"
+DETACH_POST = r"/Actions/ComputerSystem\.RemoveResourceBlock$"
 REAL = ("node-1",)  # the host these tests attach to
-# A claim for one GPU of a fabric pool (its devices have a blockID).
-POOL_CEL = f'"blockID" in device.attributes["{names.DRIVER}"]'
-POOL_ONLY: JSON = {
-    "spec": {
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": names.DEVICE_CLASS,
-                        "selectors": [{"cel": {"expression": POOL_CEL}}],
-                    },
-                }
-            ]
-        }
-    }
-}
 
 
 def block_for(suite: Suite, host: str) -> str:
@@ -342,10 +326,10 @@ def test_pods_waiting_for_a_gpu_run_once_cancelled_attaches_free_theirs(
         suite.kube.delete(path("resource.k8s.io/v1", "resourceclaims", p, namespace=namespace))
     later = [f"q{i}" for i in range(4)]
     for q in later:
-        # Any GPU, not local first: a prefer-local pod may be given a cancelled GPU that
-        # the node's plugin still lists for a moment after its detach, and never run (a
-        # separate defect, not this test's; docs/attach-flow.md, Waking the pods...).
-        suite_pod(suite, namespace, q, claim=POOL_ONLY)
+        # Local first, then the pool, as the issue's pods: a cancelled GPU is never a local
+        # device, even while a plugin's list still shows it (the test above holds that
+        # race open).
+        suite_pod(suite, namespace, q)
     wait_pooled(suite, blocks)
     freed = time.monotonic()
     pods = [*later, *kept]
@@ -361,3 +345,95 @@ def test_pods_waiting_for_a_gpu_run_once_cancelled_attaches_free_theirs(
     made = touches(suite.publisher)
     print(f"wake-up touches: {len(made)}")
     assert len(made) <= len({suite.emulator.state()["blocks"][b]["zone"] for b in blocks})
+
+
+def listed(suite: Suite, host: str, device: str) -> bool:
+    """Whether the device source of ``host``'s plugin last listed ``device``."""
+    lists = [
+        e.get("devices") or []
+        for e in suite.nodes[host].plugin.process.log_events(current_only=True)
+        if e.get("event") == "devices changed"
+    ]
+    return bool(lists) and device in lists[-1]  # type: ignore[operator]
+
+
+def held_back(suite: Suite, host: str, device: str) -> bool:
+    """Whether ``host``'s plugin kept ``device`` out of its slice for want of a fresh read."""
+    return any(
+        e.get("event") == "devices not added" and device in (e.get("devices") or [])  # type: ignore[operator]
+        for e in suite.nodes[host].plugin.process.log_events(current_only=True)
+    )
+
+
+def test_a_cancelled_attach_gpu_is_never_allocated_as_a_local_device(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The race behind issue 25 item 0's stuck prefer-local pods, held open. A pool attach
+    # is cancelled as its request reaches the fabric; its GPU lands on node-2, whose plugin
+    # lists it while the detach request is held (latency); then that plugin's reads of its
+    # GPUs fail, so its list stays the one read before the detach (as when its next poll
+    # has not come round yet) while the resource goes and prefer-local pods arrive. The
+    # GPU must never be one of node-2's local devices: a pod allocated it would fail
+    # prepare ('not present on node') for ever.
+    suite = make_suite(attach_latency=0)
+    host, node = "node-2", suite.node_of("node-2")
+    slow_attach = suite.emulator.add_fault(
+        {"kind": "latency", "method": "POST", "path": ATTACH_POST, "latency": 1.5, "count": 1}
+    )
+    slow_detach = suite.emulator.add_fault(
+        {"kind": "latency", "method": "POST", "path": DETACH_POST, "latency": 5, "count": 1}
+    )
+    suite.create_pod(namespace, "c0", node=node, local_first=False)
+    wait_for(
+        lambda: fired(suite, slow_attach["id"]) >= 1, 60, "the attach request to reach the fabric"
+    )
+    [cancelled] = suite.resources()
+    block = cancelled["spec"]["deviceID"]
+    gpu = device_name_for(suite.emulator.state()["blocks"][block]["uuid"])
+    suite.kube.delete(path("v1", "pods", "c0", namespace=namespace), gracePeriodSeconds=0)
+    suite.kube.delete(path("resource.k8s.io/v1", "resourceclaims", "c0", namespace=namespace))
+    wait_for(
+        lambda: fired(suite, slow_detach["id"]) >= 1, 60, "the detach request to reach the fabric"
+    )
+    wait_for(lambda: listed(suite, host, gpu), 10, f"{host}'s plugin to list {gpu}")
+    suite.emulator.add_fault(
+        {"kind": "status500", "method": "GET", "path": f"/Systems/{host}/Processors"}
+    )
+    assert suite.composed().get(block) == host, "the detach landed before the list was held"
+    wait_for(lambda: not suite.resources(), 60, "the cancelled attach's resource to go")
+    assert block not in suite.composed()
+
+    def local() -> set[str]:
+        return {d["name"] for d in suite.local_devices(host)}
+
+    wait_for(
+        lambda: gpu in local() or held_back(suite, host, gpu),
+        30,
+        f"{host}'s plugin to decide on {gpu} once its resource is gone",
+        describe=suite.describe,
+    )
+    assert gpu not in local(), f"the detached {gpu} is a local device of {host}"
+    later = [f"q{i}" for i in range(2)]
+    for q in later:
+        suite.create_pod(namespace, q, node=node)  # local first, then the pool
+    wait_for(
+        lambda: all(suite.claim(namespace, q).get("status", {}).get("allocation") for q in later),
+        60,
+        "the prefer-local claims to be allocated",
+        describe=suite.describe,
+    )
+    allocated = [
+        r["device"]
+        for q in later
+        for r in suite.claim(namespace, q)["status"]["allocation"]["devices"]["results"]
+    ]
+    assert gpu not in allocated, f"the detached {gpu} was allocated as a local device"
+    suite.emulator.set_faults([])  # the plugin reads its GPUs again
+    wait_for(
+        lambda: all(suite.running(namespace, q) for q in later),
+        60,
+        "every prefer-local pod to run",
+        describe=suite.describe,
+    )
+    log = suite.nodes[host].plugin.log_path.read_text(errors="replace")
+    assert "is not present on node" not in log

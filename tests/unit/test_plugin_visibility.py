@@ -41,15 +41,16 @@ def test_devices_serving_a_claim_are_not_published_locally() -> None:
     resources = [
         resource("a", "GPU-AAA", "Online", claim=True),
         resource("b", "bbb", "Online"),  # idle: published as local
-        resource("c", "ccc", "Detached", claim=True),
+        resource("c", "ccc", "Detached", claim=True),  # leaving the node: never joins
         resource("d", "ddd", "Failed", claim=True),  # may be attached all the same
     ]
     res = reservations(resources)
     assert res.serving == {"aaa", "ddd"}
     assert res.released == {"bbb"}
+    assert res.leaving == {"ccc"}
     assert not res.pending
     kept = publishable([gpu("aaa"), gpu("bbb"), gpu("ccc"), gpu("ddd")], res, ())
-    assert uuids(kept) == ["bbb", "ccc"]
+    assert uuids(kept) == ["bbb"]
 
 
 def test_a_gpu_attached_for_a_claim_before_its_uuid_is_known_is_not_published() -> None:
@@ -166,8 +167,12 @@ def test_a_new_device_is_published_only_when_a_consistent_read_agrees() -> None:
     kube.items = [resource("x", "aaa", "Attaching", claim=True)]
     watcher.gate.republish()
     assert [uuids(p) for p in published] == [[]]
-    # Released: now a local device.
+    # Released: now a local device, once the watch shows the release too (a GPU kept
+    # out as the pool allocation's stays out while no resource the gate knows names it).
     kube.items = [resource("x", "aaa", "Online")]
+    watcher.gate.republish()
+    assert [uuids(p) for p in published] == [[]]
+    watcher.seen(*kube.items)
     watcher.gate.republish()
     assert [uuids(p) for p in published] == [[], ["aaa"]]
     reads = kube.reads
