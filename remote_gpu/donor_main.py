@@ -259,7 +259,7 @@ def _lease_api(args: argparse.Namespace, config: Any, monitor: Any) -> Any:
         plugin = service_account_user(*parse_service_account(args.lease_plugin_sa))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    kube = Kube.from_config(args.kubeconfig)
+    kube = Kube.from_config(args.kubeconfig, user_agent="composable-dra/remote-gpu-donor")
     reviewer = KubeReviewer(kube)
     book = LeaseBook(config.name, endpoint, config.secret, args.lease_ttl)
     config.lease_gate = book.is_open
