@@ -194,14 +194,26 @@ def _names_itself(value: ast.expr) -> bool:
     )
 
 
+def _sets_api_instance(tree: ast.Module) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and n.attr == "api_instance" and isinstance(n.ctx, ast.Store)
+        for n in ast.walk(tree)
+    )
+
+
 def anonymous_clients(tree: ast.Module, _source: str) -> list[str]:
-    """``Kube.from_config`` without ``user_agent="composable-dra/<component>"``, and
-    ApiClients made directly (their agent is the generator's)."""
+    """``Kube.from_config`` without ``user_agent="composable-dra/<component>"``; ApiClients
+    made directly, and API classes (``CoordinationV1Api()``) or a LeaseLock whose
+    ``api_instance`` is not replaced, on the default client (the generator's agent)."""
     found = []
     for call in _calls(tree):
         name = _called_name(call)
         if name == "ApiClient":
             found.append(f"{call.lineno}: an ApiClient of its own")
+        if name[:1].isupper() and name.endswith("Api") and not call.args and not call.keywords:
+            found.append(f"{call.lineno}: {name} on the default client")
+        if name == "LeaseLock" and not _sets_api_instance(tree):
+            found.append(f"{call.lineno}: a LeaseLock on the default client")
         if name == "from_config" and "Kube" in ast.unparse(call.func):
             agent = next((k.value for k in call.keywords if k.arg == "user_agent"), None)
             if agent is None or not _names_itself(agent):
@@ -220,6 +232,8 @@ def test_each_component_names_itself_in_its_user_agent() -> None:
         "kube = Kube.from_config(args.kubeconfig)\n",
         'kube = Kube.from_config(args.kubeconfig, user_agent="python")\n',
         "api = client.ApiClient(cfg)\n",
+        "leases = client.CoordinationV1Api()\n",
+        "lock = LeaseLock(lease, namespace, me)\n",
     ],
 )
 def test_a_client_that_does_not_name_itself_is_found(call: str) -> None:
@@ -230,6 +244,8 @@ def test_a_client_that_names_itself_passes() -> None:
     calls = (
         'a = Kube.from_config(path, user_agent="composable-dra/plugin")\n'
         'b = Kube.from_config(path, user_agent=f"composable-dra/{component}")\n'
+        "lock = LeaseLock(lease, namespace, me)\n"
+        "lock.api_instance = client.CoordinationV1Api(kube.api)\n"
     )
     assert _snippet(anonymous_clients, calls) == []
 
