@@ -89,6 +89,7 @@ def run_controller(
             lease_duration=args.leader_elect_lease_duration,
             renew_deadline=args.leader_elect_renew_deadline,
             retry_period=args.leader_elect_retry_period,
+            api=kube.api,
         )
         if stop.is_set():
             return 0

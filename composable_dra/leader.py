@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 
+from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
@@ -22,6 +23,18 @@ def default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
+def lease_lock(
+    lease: str, namespace: str, identity: str, api: client.ApiClient | None
+) -> LeaseLock:
+    """The elector's lock, reading and renewing through ``api`` (whose user agent names
+    the component); LeaseLock alone uses the default client, whose agent is the
+    generator's."""
+    lock = LeaseLock(lease, namespace, identity)
+    if api is not None:
+        lock.api_instance = client.CoordinationV1Api(api)
+    return lock
+
+
 def acquire(
     lease: str,
     namespace: str,
@@ -30,10 +43,12 @@ def acquire(
     lease_duration: int = 15,
     renew_deadline: int = 10,
     retry_period: int = 2,
+    api: client.ApiClient | None = None,
 ) -> None:
     """Block until this process leads; set ``lost`` if it stops leading later.
 
-    The kubernetes client must be configured globally (config.load_*) before calling.
+    The kubernetes client must be configured globally (config.load_*) before calling;
+    ``api``: the component's client (``Kube.api``), so that its renewals name it.
     A process that lost its lease must stop its work: the caller watches ``lost``.
     """
     leading = threading.Event()
@@ -49,7 +64,7 @@ def acquire(
         lost.set()
 
     config = electionconfig.Config(
-        LeaseLock(lease, namespace, me),
+        lease_lock(lease, namespace, me, api),
         lease_duration=lease_duration,
         renew_deadline=renew_deadline,
         retry_period=retry_period,

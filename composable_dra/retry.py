@@ -188,3 +188,44 @@ async def forever_async(
         return await retrying(attempt)
     except (_Stopped, tenacity.RetryError):
         return None
+
+
+def bounded(
+    fn: Callable[[], T],
+    stop: threading.Event,
+    *,
+    attempts: int,
+    retryable: Callable[[BaseException], bool],
+    cap: float,
+    first: float = 0.2,
+) -> T:
+    """``fn()``, tried at most ``attempts`` times while its error is ``retryable``, for a
+    call whose caller must hear of a lasting failure (a lease opened at a donor).
+
+    Raises the last error itself: one not ``retryable``, the ``attempts``-th, or the one
+    before ``stop`` was set (no attempt starts after it).
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts counts from 1, got {attempts}")
+    failed: list[BaseException] = []
+
+    def attempt() -> T:
+        if failed and stop.is_set():
+            raise failed[-1]
+        try:
+            return fn()
+        except Exception as exc:
+            failed.append(exc)
+            raise
+
+    def sleep(seconds: float) -> None:
+        stop.wait(seconds)
+
+    retrying = tenacity.Retrying(
+        wait=policy(cap=cap, first=first),
+        retry=tenacity.retry_if_exception(lambda exc: _retryable(exc) and retryable(exc)),
+        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_when_event_set(stop),
+        sleep=sleep,
+        reraise=True,
+    )
+    return retrying(attempt)

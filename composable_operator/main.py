@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
         config.load_incluster_config()
     metrics.serve(args.metrics_port)
     lost = threading.Event()
-    if args.leader_elect:
-        leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost)
     kube = Kube.from_config(
         args.kubeconfig, pool_size=args.io_threads, user_agent="composable-dra/operator"
     )
+    if args.leader_elect:
+        leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=kube.api)
     # One connection per I/O thread: each makes at most one fabric call at a time.
     fabrics = Fabrics(kube, connections=args.io_threads)
     settings = controller.ControllerSettings(

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from composable_dra import logs
+from composable_dra import logs, retry
 from composable_dra.component import Controller
 from composable_dra.events import event_body
 from composable_dra.informer import Informer, InformerDriven
@@ -228,19 +228,21 @@ def condition_entry(
 
 
 _T = TypeVar("_T")
+# The longest wait between tries of one open or close: the controller's pass waits on it.
+OPEN_RETRY_CAP = 2.0
 
 
 def with_retries(call: Callable[[], _T], attempts: int, pause: float, stop: threading.Event) -> _T:
     """``call`` until it succeeds or fails for good: retryable errors (the donor not
-    reached, or failing inside) are tried ``attempts`` times, ``pause`` doubling."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except LeaseAPIError as exc:
-            if not exc.retryable or attempt == attempts or stop.wait(pause):
-                raise
-            pause *= 2
-    raise AssertionError("unreachable")
+    reached, or failing inside) are tried ``attempts`` times after the retry policy's
+    waits from ``pause`` (composable_dra/retry.py)."""
+    return retry.bounded(
+        call, stop, attempts=attempts, retryable=_retryable, cap=OPEN_RETRY_CAP, first=pause
+    )
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, LeaseAPIError) and exc.retryable
 
 
 # -- the adapter -----------------------------------------------------------------------

@@ -250,11 +250,8 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
     from dra_driver.claim_reader import ClaimReader
-    from dra_driver.device_source import DeviceInfo, SourceWatcher
-    from dra_driver.device_visibility import VisibilityReporter
     from dra_driver.grpc_server import InvalidUID, PluginServer, check_uid
     from dra_driver.prepare import Preparer
-    from dra_driver.publish_once import LocalSliceGate, node_resources
     from dra_driver.slices import SlicePublisher
 
     log = logs.get(__name__, node=args.node_name)
@@ -275,9 +272,70 @@ def run(args: argparse.Namespace) -> int:
     )
     client = _lease_client(args)
     source = _make_source(args, node)
-    # Devices serving a pool allocation keep their pool identity: the gate decides what the
-    # node's slices publish (nothing until it knows the node's resources). One watch on the
-    # node's ComposableResources feeds it and the DeviceVisible reporter.
+    watcher, visibility = _device_side(args, kube, publisher, source)
+    preparer = Preparer(
+        args.driver_name,
+        args.node_name,
+        ClaimReader(kube),
+        lambda: watcher.devices,
+        checkpoint,
+        CdiWriter(args.cdi_dir, durable=durable),
+        remote=_remote_leases(args, client, durable),
+    )
+    poller = (
+        _donor_status(args, client, publisher, lend, source, preparer.held)
+        if lend is not None
+        else None
+    )
+    server = PluginServer(
+        preparer,
+        args.driver_name,
+        args.plugins_registry_dir,
+        args.plugins_dir,
+        health_port=args.health_port,
+        rolling_update_uid=rolling_update_uid,
+    )
+
+    stop = _stop_on_signal(log)
+    metrics.serve(args.metrics_port)
+    watcher.start()
+    visibility.start()
+    publisher.start()
+    if poller is not None:
+        poller.start()
+    server.start()
+    log.info(
+        "plugin started",
+        driver=args.driver_name,
+        source=args.device_source,
+        lending=lend is not None,
+        prepared_claims=len(checkpoint.claims),
+    )
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        watcher.stop()
+        visibility.stop()
+        if poller is not None:
+            poller.stop()
+        publisher.stop()
+    return 0
+
+
+def _device_side(
+    args: argparse.Namespace, kube: Any, publisher: Any, source: Any
+) -> tuple[Any, Any]:
+    """The watcher of the node's devices and the DeviceVisible reporter.
+
+    Devices serving a pool allocation keep their pool identity: the gate decides what the
+    node's slices publish (nothing until it knows the node's resources). One watch on the
+    node's ComposableResources feeds it and the DeviceVisible reporter.
+    """
+    from dra_driver.device_source import DeviceInfo, SourceWatcher
+    from dra_driver.device_visibility import VisibilityReporter
+    from dra_driver.publish_once import LocalSliceGate, node_resources
+
     wake = threading.Event()
     resources = node_resources(kube, args.node_name, wake.set)
     gate: LocalSliceGate | None = None
@@ -307,29 +365,11 @@ def run(args: argparse.Namespace) -> int:
         republish=gate.republish,
         host_step=args.host_rescan_command,
     )
-    preparer = Preparer(
-        args.driver_name,
-        args.node_name,
-        ClaimReader(kube),
-        lambda: watcher.devices,
-        checkpoint,
-        CdiWriter(args.cdi_dir, durable=durable),
-        remote=_remote_leases(args, client, durable),
-    )
-    poller = (
-        _donor_status(args, client, publisher, lend, source, preparer.held)
-        if lend is not None
-        else None
-    )
-    server = PluginServer(
-        preparer,
-        args.driver_name,
-        args.plugins_registry_dir,
-        args.plugins_dir,
-        health_port=args.health_port,
-        rolling_update_uid=rolling_update_uid,
-    )
+    return watcher, visibility
 
+
+def _stop_on_signal(log: Any) -> threading.Event:
+    """An event that SIGTERM and SIGINT set."""
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
@@ -338,31 +378,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-
-    metrics.serve(args.metrics_port)
-    watcher.start()
-    visibility.start()
-    publisher.start()
-    if poller is not None:
-        poller.start()
-    server.start()
-    log.info(
-        "plugin started",
-        driver=args.driver_name,
-        source=args.device_source,
-        lending=lend is not None,
-        prepared_claims=len(checkpoint.claims),
-    )
-    try:
-        stop.wait()
-    finally:
-        server.stop()
-        watcher.stop()
-        visibility.stop()
-        if poller is not None:
-            poller.stop()
-        publisher.stop()
-    return 0
+    return stop
 
 
 def _lease_client(args: argparse.Namespace) -> Any:

@@ -138,6 +138,31 @@ def lending_monitor(
         raise SystemExit(f"remote-gpu-donor: {exc}") from None
 
 
+def donor_config(
+    args: argparse.Namespace, bandwidth: float, allow: dict[str, str], monitor: Any
+) -> Any:
+    """The data plane's settings from the flags (the link's bandwidth as measured)."""
+    from remote_gpu.donor import DonorConfig
+    from remote_gpu.tokens import read_secret
+
+    return DonorConfig(
+        name=args.name,
+        secret=read_secret(args.secret_file),
+        allow=allow,
+        memory_quota=args.memory_quota,
+        max_credits=args.credits,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        link_bandwidth=bandwidth,
+        headroom=args.headroom,
+        transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
+        ring_spin=args.ring_spin_us * 1e-6,
+        handshake_timeout=args.handshake_timeout,
+        max_connections_per_peer=args.max_connections_per_peer,
+        monitor=monitor,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
@@ -145,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra import logs, metrics
     from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
-    from remote_gpu.donor import Donor, DonorConfig
-    from remote_gpu.tokens import read_secret
+    from remote_gpu.donor import Donor
 
     log = logs.get(__name__)
     if args.backend:
@@ -163,22 +187,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("measured link", bandwidth_bps=round(bandwidth))
     allow = parse_allow(args.allow)
     monitor = lending_monitor(args, bandwidth, allow)
-    config = DonorConfig(
-        name=args.name,
-        secret=read_secret(args.secret_file),
-        allow=allow,
-        memory_quota=args.memory_quota,
-        max_credits=args.credits,
-        rate_limit=args.rate_limit,
-        rate_burst=args.rate_burst,
-        link_bandwidth=bandwidth,
-        headroom=args.headroom,
-        transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
-        ring_spin=args.ring_spin_us * 1e-6,
-        handshake_timeout=args.handshake_timeout,
-        max_connections_per_peer=args.max_connections_per_peer,
-        monitor=monitor,
-    )
+    config = donor_config(args, bandwidth, allow, monitor)
     metrics.serve(args.metrics_port)
     host, _, port = args.listen.rpartition(":")
     leases = _lease_api(args, config, monitor) if args.lease_api_listen else None
@@ -259,7 +268,7 @@ def _lease_api(args: argparse.Namespace, config: Any, monitor: Any) -> Any:
         plugin = service_account_user(*parse_service_account(args.lease_plugin_sa))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    kube = Kube.from_config(args.kubeconfig)
+    kube = Kube.from_config(args.kubeconfig, user_agent="composable-dra/remote-gpu-donor")
     reviewer = KubeReviewer(kube)
     book = LeaseBook(config.name, endpoint, config.secret, args.lease_ttl)
     config.lease_gate = book.is_open

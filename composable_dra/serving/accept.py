@@ -10,7 +10,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from composable_dra import logs
+from composable_dra import logs, retry
 from composable_dra.serving.counters import LIMITED
 from composable_dra.serving.limits import ACCEPT_FAILED, Budget, ServerLimits
 from composable_dra.serving.throttle import Throttle
@@ -27,10 +27,11 @@ Serve = Callable[[socket.socket, str, Callable[[], None]], None]
 Refuse = Callable[[socket.socket, str], None]
 
 
-def accept_backoff(previous: float) -> float:
-    """The pause after an ``accept`` failure that followed a pause of ``previous``."""
+def accept_backoff(failures: int) -> float:
+    """The pause after the ``failures``-th ``accept`` failure in a row: the retry policy's
+    (composable_dra/retry.py), from the first pause up to the longest."""
     first, longest = ACCEPT_BACKOFF
-    return min(longest, max(first, previous * 2))
+    return retry.delay(failures, cap=longest, first=first)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -84,12 +85,13 @@ class Acceptor:
 
     async def run(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        pause = 0.0
+        failures = 0  # accept failures in a row
         while True:
             try:
                 conn, addr = await loop.sock_accept(listener)
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM, ECONNABORTED...
-                pause = accept_backoff(pause)
+                failures += 1
+                pause = accept_backoff(failures)
                 LIMITED.labels(self.name, ACCEPT_FAILED).inc()
                 self._on_accept_error(exc)
                 if (dropped := self._throttle.allow()) is not None:
@@ -102,7 +104,7 @@ class Acceptor:
                     )
                 await asyncio.sleep(pause)
                 continue
-            pause = 0.0
+            failures = 0
             self._admit(conn, str(addr[0]) if isinstance(addr, tuple) else "local")
 
     def _admit(self, conn: socket.socket, peer: str) -> None:

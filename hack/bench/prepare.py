@@ -32,6 +32,7 @@ from api.dra.v1 import api_pb2_grpc as v1_grpc  # noqa: E402
 from composable_dra import names  # noqa: E402
 from composable_dra.kube import Conflict, Kube, path  # noqa: E402
 from dra_driver.grpc_server import service_socket  # noqa: E402
+from hack.bench.stats import percentile  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
 from hack.localcluster.controlplane import find_binaries  # noqa: E402
 from hack.localcluster.nodes import create_node  # noqa: E402
@@ -41,11 +42,6 @@ from hack.localcluster.wait import wait_for  # noqa: E402
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = names.DRIVER
 NAMESPACE = "bench"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def make_claims(kube: Kube, node: str, count: int, devices: int) -> list[v1.Claim]:

@@ -41,7 +41,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,11 +48,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from composable_dra.informer import Informer  # noqa: E402
 from composable_dra.kube import JSON, Kube, path  # noqa: E402
 from composable_dra.remote_leases import (  # noqa: E402
     REMOTE_READY,
 )
 from hack.bench.goals import finish, goal  # noqa: E402
+from hack.bench.stats import percentile_or_none  # noqa: E402
 from hack.localcluster import ControlPlane  # noqa: E402
 from hack.localcluster.controlplane import find_binaries  # noqa: E402
 from hack.localcluster.lending import Consumer, Lab  # noqa: E402
@@ -65,42 +66,23 @@ NAMESPACE = "bench"
 DOMAIN = "bench-domain"
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))]
-
-
 class ClaimWatch:
     """When each claim was allocated and got RemoteGPUReady; per donor, the claims
-    allocated its remote devices at once (the most ever)."""
+    allocated its remote devices at once (the most ever). Fed by an Informer's events."""
 
     def __init__(self, kube: Kube) -> None:
-        self.kube = kube
-        self.url = path(RESOURCE, "resourceclaims", namespace=NAMESPACE)
-        self.rv = kube.get(self.url)["metadata"]["resourceVersion"]
         self.allocated_at: dict[str, float] = {}
         self.ready_at: dict[str, float] = {}
         self.holding: dict[str, set[str]] = {}  # donor -> claims allocated its devices now
         self.most: dict[str, int] = {}
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for event in self.kube.watch(self.url, self.rv, 30):
-                    obj = event["object"]
-                    self.rv = obj["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        self.seen(obj, deleted=event["type"] == "DELETED", at=time.monotonic())
-                    if self._stop.is_set():
-                        return
-            except Exception:
-                if self._stop.wait(0.5):
-                    return
+        self.informer = Informer(
+            kube,
+            path(RESOURCE, "resourceclaims", namespace=NAMESPACE),
+            on_event=lambda kind, obj: self.seen(obj, kind == "DELETED", time.monotonic()),
+            name="bench-claims",
+        ).start()
+        if not self.informer.synced.wait(30):
+            raise TimeoutError("the claims were not listed within 30 s")
 
     def seen(self, claim: JSON, deleted: bool, at: float) -> None:
         name = claim["metadata"]["name"]
@@ -125,7 +107,7 @@ class ClaimWatch:
                 self.ready_at.setdefault(name, at)
 
     def stop(self) -> None:
-        self._stop.set()
+        self.informer.stop()
 
 
 def phase(kube: Kube, name: str) -> str:
@@ -192,8 +174,8 @@ def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -
             for n in names
             if n in watch.ready_at and n in watch.allocated_at
         ]
-        out["lease_ready_p50_s"] = percentile(waits, 0.5)
-        out["lease_ready_p99_s"] = percentile(waits, 0.99)
+        out["lease_ready_p50_s"] = percentile_or_none(waits, 0.5)
+        out["lease_ready_p99_s"] = percentile_or_none(waits, 0.99)
         rates = [ln["bytes"] / ln["seconds"] / 1e9 for ln in lines if ln.get("seconds")]
         out["goodput_GBps_per_pod"] = round(statistics.median(rates), 4) if rates else None
         out["calls_per_pod_p50"] = statistics.median([ln["calls"] for ln in lines]) if lines else 0

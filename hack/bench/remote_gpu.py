@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hack.bench.goals import finish, goal  # noqa: E402
+from hack.bench.stats import percentile  # noqa: E402
 from hack.localcluster.process import donor_argv  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
@@ -270,8 +271,10 @@ def round_trips(donor: DonorProcess, transport: str, n: int = 2000) -> dict[str,
             t0 = time.perf_counter()
             gpu.invoke("echo", a)
             samples.append(time.perf_counter() - t0)
-    q = np.percentile(samples, [50, 99])
-    return {"p50_us": round(float(q[0]) * 1e6, 1), "p99_us": round(float(q[1]) * 1e6, 1)}
+    return {
+        "p50_us": round(percentile(samples, 0.5) * 1e6, 1),
+        "p99_us": round(percentile(samples, 0.99) * 1e6, 1),
+    }
 
 
 def fps(donor: DonorProcess, workers: int, seconds: float = 1.5) -> float:

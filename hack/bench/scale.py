@@ -41,7 +41,6 @@ import os
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 import uuid
@@ -54,7 +53,8 @@ from typing import Any
 
 from api.v1alpha1 import API_VERSION
 from composable_dra import names
-from composable_dra.kube import JSON, Gone, Kube, KubeError, path
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
 from composable_dra.timestamps import parse_time
 from composable_dra.wake import TOUCH_EVENT
@@ -64,12 +64,12 @@ from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
 from dra_driver.slices import desired_slices
 from fabric_emulator.topology import H100, host_uuid
 from hack.bench.goals import finish, goal
+from hack.bench.stats import percentile
 from hack.bench.time_to_gpu import (
     PREBIND_POLL_S,
     Recorder,
     breakdown,
     claim_times,
-    percentile,
 )
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
@@ -295,37 +295,21 @@ class StandInPlugins:
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="stand-in")
         self._done: set[str] = set()
+        self._resources = Informer(
+            kube,
+            path(API_VERSION, "composableresources"),
+            on_event=lambda kind, obj: self._see(obj) if kind != "DELETED" else None,
+            name="stand-in-resources",
+        )
 
     def start(self) -> None:
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._resources.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._resources.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _watch(self) -> None:
-        url = path(API_VERSION, "composableresources")
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:  # a list only at the start and after 410 Gone
-                    listed = self.kube.get(url)
-                    for obj in listed["items"]:
-                        self._see(obj)
-                    rv = listed["metadata"]["resourceVersion"]
-                for ev in self.kube.watch(url, rv, 60):
-                    if self._stop.is_set():
-                        return
-                    rv = ev["object"]["metadata"]["resourceVersion"]
-                    if ev["type"] in ("ADDED", "MODIFIED"):
-                        self._see(ev["object"])
-            except Gone:
-                rv = ""
-            except Exception:
-                self._stop.wait(0.2)
 
     def _see(self, obj: JSON) -> None:
         uid = str((obj.get("status") or {}).get("deviceUUID") or "")

@@ -51,7 +51,7 @@ from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, path
 from fabric_emulator.topology import host_uuid
 from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, parallel, populate
-from hack.bench.time_to_gpu import percentile
+from hack.bench.stats import percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import PAUSE_IMAGE, claim_body

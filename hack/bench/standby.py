@@ -40,7 +40,7 @@ from composable_dra.names import normalize_uuid
 from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.goals import finish, goal
-from hack.bench.time_to_gpu import percentile
+from hack.bench.stats import percentile
 from hack.localcluster.harness import Suite, SuiteOptions
 from hack.localcluster.wait import wait_for
 

@@ -58,6 +58,7 @@ from composable_dra.informer import Informer
 from composable_dra.kube import Kube, path
 from dra_driver.device_source import device_name_for
 from hack.bench.goals import finish, goal
+from hack.bench.stats import percentile
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import Suite, SuiteOptions
@@ -77,14 +78,6 @@ def topology(hosts: int, blocks: int) -> dict[str, Any]:
             }
         ],
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 class Recorder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 
@@ -174,3 +175,69 @@ def test_forever_async_retries_and_stops() -> None:
         return first, second
 
     assert asyncio.run(scenario()) == ("ok", None)
+
+
+class _Flaky(Exception):
+    def __init__(self, lasting: bool = False) -> None:
+        super().__init__("lasting" if lasting else "passing")
+        self.lasting = lasting
+
+
+def _not_lasting(exc: BaseException) -> bool:
+    return isinstance(exc, _Flaky) and not exc.lasting
+
+
+def test_bounded_retries_a_retryable_error_until_success() -> None:
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _Flaky
+        return 7
+
+    got = retry.bounded(
+        flaky, threading.Event(), attempts=3, retryable=_not_lasting, cap=0.01, first=0.001
+    )
+    assert got == 7 and len(calls) == 3
+
+
+def test_bounded_raises_the_last_error_itself() -> None:
+    calls: list[_Flaky] = []
+
+    def failing(lasting: bool) -> int:
+        calls.append(_Flaky(lasting))
+        raise calls[-1]
+
+    for lasting, tries in ((True, 1), (False, 3)):
+        calls.clear()
+        with pytest.raises(_Flaky) as caught:
+            retry.bounded(
+                functools.partial(failing, lasting),
+                threading.Event(),
+                attempts=3,
+                retryable=_not_lasting,
+                cap=0.01,
+                first=0.001,
+            )
+        assert caught.value is calls[-1] and len(calls) == tries
+
+
+def test_bounded_starts_no_attempt_once_stopped() -> None:
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def failing() -> int:
+        calls.append(1)
+        stop.set()  # set while this attempt runs: the wait after it ends at once
+        raise _Flaky
+
+    started = time.monotonic()
+    with pytest.raises(_Flaky):
+        retry.bounded(failing, stop, attempts=5, retryable=_not_lasting, cap=60.0, first=30.0)
+    assert len(calls) == 1 and time.monotonic() - started < 5
+
+
+def test_bounded_needs_an_attempt() -> None:
+    with pytest.raises(ValueError):
+        retry.bounded(lambda: 1, threading.Event(), attempts=0, retryable=_not_lasting, cap=1.0)

@@ -102,8 +102,9 @@ def _echo(running: Running, **kwargs: Any) -> list[int]:
 
 
 def test_accept_backoff_grows_to_a_bound() -> None:
-    pauses = list(itertools.accumulate(range(12), lambda p, _: accept_backoff(p), initial=0.0))
-    assert pauses[1] > 0 and pauses == sorted(pauses) and pauses[-1] == 1.0
+    pauses = [accept_backoff(n) for n in range(1, 13)]
+    assert 0 < pauses[0] <= 0.01 <= pauses[1]
+    assert all(0.5 <= p <= 1.0 for p in pauses[8:])  # jittered, within half the bound
 
 
 def test_accept_errors_are_survived(own_donor: Running) -> None:
