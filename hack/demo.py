@@ -4,12 +4,12 @@ Run with `make demo` (or `python -m hack.demo --help`). It starts etcd and the
 Kubernetes control plane, the Redfish fabric emulator (3 hosts, 2 zones, 8 GPUs), three
 nodes with a plugin each, and the operator, the pool publisher and the scaler, each as its
 own process, as the product runs them. The nodes are real (the upstream kubelet with
-containerd and runc, hack/localcluster/realnode.py) where the machine allows it (root,
+containerd and runc, testbed/realnode.py) where the machine allows it (root,
 the node binaries built or cached by hack/node/build.sh), otherwise kubelet emulators; the
 demo says which, and why. It then applies the
 examples of deploy/examples, shows the attach flow as it happens, releases one GPU and
 waits until it goes back to the pool. Last, the software fallback: a node that no fabric
-reaches borrows a donor node's GPU (hack/localcluster/lending.py: both nodes kubelet
+reaches borrows a donor node's GPU (testbed/lending.py: both nodes kubelet
 emulators, the donor's lease API, the scaler's lease controller), and the pod's own
 process runs matmul on the donor and checks the products. It prints a JSON summary as
 its last line, with ``remote``: the donor, the lease, the transport and whether the
@@ -40,15 +40,15 @@ from composable_dra import logs
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.remote_leases import REMOTE_READY
 from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.lending import Lab
-from hack.localcluster.realnode import RealNodeError, find_node_binaries
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.remote_pods import matmul_claim_and_pod
-from hack.localcluster.testimage import IMAGE
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.lending import Lab
+from testbed.realnode import RealNodeError, find_node_binaries
+from testbed.realnode_pods import for_real_node
+from testbed.remote_pods import matmul_claim_and_pod
+from testbed.testimage import IMAGE
+from testbed.wait import wait_for
 
 EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim")
 NAMESPACE = "demo"

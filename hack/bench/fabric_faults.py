@@ -51,13 +51,13 @@ from composable_dra.kube import JSON, Kube, path  # noqa: E402
 from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402
-from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries  # noqa: E402
-from hack.localcluster.crds import install_crds  # noqa: E402
-from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
-from hack.localcluster.process import ComponentProcess  # noqa: E402
-from hack.localcluster.wait import wait_for  # noqa: E402
+from testbed import ControlPlane  # noqa: E402
+from testbed.controlplane import find_binaries  # noqa: E402
+from testbed.crds import install_crds  # noqa: E402
+from testbed.nodes import create_node  # noqa: E402
+from testbed.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
+from testbed.process import ComponentProcess  # noqa: E402
+from testbed.wait import wait_for  # noqa: E402
 
 RESOURCES = path(API_VERSION, "composableresources")
 FABRIC = "bench"

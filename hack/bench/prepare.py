@@ -32,11 +32,11 @@ from api.dra.v1 import api_pb2_grpc as v1_grpc  # noqa: E402
 from composable_dra import names  # noqa: E402
 from composable_dra.kube import Conflict, Kube, path  # noqa: E402
 from dra_driver.grpc_server import service_socket  # noqa: E402
-from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries  # noqa: E402
-from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices  # noqa: E402
-from hack.localcluster.wait import wait_for  # noqa: E402
+from testbed import ControlPlane  # noqa: E402
+from testbed.controlplane import find_binaries  # noqa: E402
+from testbed.nodes import create_node  # noqa: E402
+from testbed.plugin_process import PluginProcess, write_static_devices  # noqa: E402
+from testbed.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = names.DRIVER

@@ -54,11 +54,11 @@ from composable_dra.remote_leases import (  # noqa: E402
     REMOTE_READY,
 )
 from hack.bench.goals import finish, goal  # noqa: E402
-from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries  # noqa: E402
-from hack.localcluster.lending import Consumer, Lab  # noqa: E402
-from hack.localcluster.remote_pods import matmul_claim_and_pod  # noqa: E402
-from hack.localcluster.wait import wait_for  # noqa: E402
+from testbed import ControlPlane  # noqa: E402
+from testbed.controlplane import find_binaries  # noqa: E402
+from testbed.lending import Consumer, Lab  # noqa: E402
+from testbed.remote_pods import matmul_claim_and_pod  # noqa: E402
+from testbed.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
 NAMESPACE = "bench"

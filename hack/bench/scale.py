@@ -6,7 +6,7 @@ ResourceSlices that the bench writes as each node's plugin would (``dra_driver/s
 every local GPU allocated to a placeholder claim (the bench writes ``status.allocation`` as
 the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
 the emulator. The operator, pool publisher and scaler run as processes
-(hack/localcluster/harness.py); the bench stands in for the plugins' one write of the
+(testbed/harness.py); the bench stands in for the plugins' one write of the
 attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID).
 Then ``--first`` pods with pool claims are created at once, and when every claim is
 ready, ``--claims`` more. As docs/operations.md recommends for large clusters,
@@ -69,11 +69,11 @@ from hack.bench.time_to_gpu import (
     claim_times,
     percentile,
 )
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.nodes import create_node
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.nodes import create_node
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 PLACEHOLDERS = "placeholders"

@@ -41,8 +41,8 @@ from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.goals import finish, goal
 from hack.bench.time_to_gpu import percentile
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite, SuiteOptions
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 BOUND_P50_CEILING_S = 1.0

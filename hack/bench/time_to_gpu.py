@@ -1,6 +1,6 @@
 """Time to GPU: N claims arriving together, each needing a pool GPU attached with latency L.
 
-Starts a local control plane and the whole suite (hack/localcluster/harness.py: emulator,
+Starts a local control plane and the whole suite (testbed/harness.py: emulator,
 operator, pool publisher, scaler, a plugin and kubelet emulator per node), then creates N
 pods with their claims at once. Informers record, per pod, when it was bound (spec.nodeName
 set) and when its claim got FabricDeviceReady; the emulator runs every attach as an
@@ -58,9 +58,9 @@ from composable_dra.informer import Informer
 from composable_dra.kube import Kube, path
 from dra_driver.device_source import device_name_for
 from hack.bench.goals import finish, goal
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
 
 
 def topology(hosts: int, blocks: int) -> dict[str, Any]:

@@ -14,12 +14,12 @@ import pytest
 from kubernetes import client, config
 
 from composable_dra.kube import Kube
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.objects import ensure_device_class
-from hack.localcluster.realnode import RealNode
-from tests.e2e.realnodes import node_binaries
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.objects import ensure_device_class
+from testbed.realnode import RealNode
+from testbed.realnodes import node_binaries
 
 pytestmark = pytest.mark.e2e
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()
@@ -122,7 +122,7 @@ def leaves_no_node(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def node_bin_dir() -> Path:
-    """The real-node binaries (tests/e2e/realnodes.py: built if missing; never skipped
+    """The real-node binaries (testbed/realnodes.py: built if missing; never skipped
     under CI=true)."""
     return node_binaries()
 

@@ -17,9 +17,9 @@ from kubernetes import config
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
 from hack import chart
-from hack.localcluster import ControlPlane
-from hack.localcluster.crds import install_crds
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.crds import install_crds
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.wait import wait_for
 from tests.e2e.test_plugin import RESOURCE, gpu
 
 pytestmark = pytest.mark.e2e

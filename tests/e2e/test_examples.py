@@ -15,12 +15,12 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON
 from hack import examples
-from hack.localcluster.harness import Suite
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed.claims_seen import ClaimsSeen
+from testbed.harness import Suite
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import describe_nodes, printed_gpus
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, printed_gpus
 
 pytestmark = pytest.mark.e2e
 

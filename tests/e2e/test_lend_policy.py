@@ -1,6 +1,6 @@
 """Issue 18 on the real control plane: the link-busy taint and SLO-aware lease counters.
 
-The Lab (``hack/localcluster/lending.py``): a donor node whose plugin lends 3 GPUs and
+The Lab (``testbed/lending.py``): a donor node whose plugin lends 3 GPUs and
 reads its donor's status (``GET /v1/leases/status``), the ``remote-gpu-donor`` process
 with its lease API, the scaler's lease controller and a consumer node, each its own
 process, with real DRA gRPC and the real kube-scheduler. The load is real: a pod's
@@ -23,11 +23,11 @@ from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, LendingStatus, TokenSource
 from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.lending import CONTROLLER_SA, Lab
-from hack.localcluster.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed import ControlPlane
+from testbed.claims_seen import ClaimsSeen
+from testbed.lending import CONTROLLER_SA, Lab
+from testbed.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
+from testbed.wait import wait_for
 from tests.e2e.test_lend import wait_unschedulable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]

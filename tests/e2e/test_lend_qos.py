@@ -19,11 +19,11 @@ import pytest
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware, qos
 from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.lending import Lab
-from hack.localcluster.remote_pods import DRIVER, REMOTE
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed import ControlPlane
+from testbed.claims_seen import ClaimsSeen
+from testbed.lending import Lab
+from testbed.remote_pods import DRIVER, REMOTE
+from testbed.wait import wait_for
 from tests.e2e.test_lend_policy import (
     RESOURCE,
     apply_example,

@@ -18,9 +18,9 @@ import yaml
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from dra_driver.cdi import spec_file_name
 from hack import examples
-from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.wait import wait_for
+from testbed.plugin_process import write_static_devices
+from testbed.realnode import RealNode
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ import json
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
-from hack.localcluster.remote_pods import matmul_claim_and_pod
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed.claims_seen import ClaimsSeen
+from testbed.remote_pods import matmul_claim_and_pod
+from testbed.wait import wait_for
 from tests.e2e.test_lend import CLASS
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 

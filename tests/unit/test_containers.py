@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hack.localcluster.containers import (
+from testbed.containers import (
     ContainerError,
     Containers,
     apply_cdi,
@@ -19,7 +19,7 @@ from hack.localcluster.containers import (
     pod_phase,
     under_root,
 )
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 ROOT = Path("/run/pods/u/main/rootfs")
 

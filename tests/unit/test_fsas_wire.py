@@ -19,7 +19,7 @@ import pytest
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.fsas import Credentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import MAX_ANSWER
-from hack.localcluster.pki import CertificateAuthority
+from testbed.pki import CertificateAuthority
 
 CREDS = Credentials("cdra", "s3cr3t-client", "admin", "pa55word-x")
 TOKEN_PATH = "/id_manager/realms/lab/protocol/openid-connect/token"

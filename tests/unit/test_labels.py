@@ -14,7 +14,7 @@ from api.labels import (
     parse_selector,
     value_problem,
 )
-from hack.localcluster import vendor_plugin
+from testbed import vendor_plugin
 
 
 def test_nvidias_kubelet_plugin_selector_names_it() -> None:

@@ -10,7 +10,7 @@ from composable_dra import cli, names
 from composable_dra.gpu_config import parse_parameters
 from composable_dra.lending import netaware, qos
 from hack import examples
-from hack.localcluster.remote_pods import REMOTE
+from testbed.remote_pods import REMOTE
 
 
 def test_it_prints_the_selector_of_the_profile(capsys: pytest.CaptureFixture[str]) -> None:

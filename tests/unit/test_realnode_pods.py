@@ -1,9 +1,9 @@
-"""hack.localcluster.realnode_pods: an example's pod made to run on a real test node."""
+"""testbed.realnode_pods: an example's pod made to run on a real test node."""
 
 from __future__ import annotations
 
 from hack import examples
-from hack.localcluster.realnode_pods import for_real_node
+from testbed.realnode_pods import for_real_node
 
 
 def test_example_pod_keeps_its_claims_and_command() -> None:

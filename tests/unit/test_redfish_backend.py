@@ -11,7 +11,7 @@ import pytest
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from fabric_emulator.testing import EmulatorProcess
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 
 @pytest.fixture

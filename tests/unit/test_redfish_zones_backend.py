@@ -11,7 +11,7 @@ from composable_dra.fabric import backend as b
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend, new_block_list
 from fabric_emulator.testing import EmulatorProcess
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 BLOCK = "/redfish/v1/CompositionService/ResourceBlocks"
 

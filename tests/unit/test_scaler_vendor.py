@@ -32,7 +32,7 @@ from device_scaler.vendor import (
     complete_vendor,
     vendor_modes,
 )
-from hack.localcluster import vendor_plugin
+from testbed import vendor_plugin
 from tests.unit.test_scaler import CFG, NOW, POOL, SlicesKube, claim, only, resource, snap
 
 VENDOR = "gpu.vendor.example"

@@ -11,7 +11,7 @@ import threading
 import time
 
 from composable_dra.kube import JSON, Gone, Kube, path
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 

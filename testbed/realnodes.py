@@ -17,13 +17,13 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, NotFound, path
 from dra_driver.cdi import resolve
-from hack.localcluster.harness import Suite
-from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION
-from hack.localcluster.objects import create_claim, pod_body
-from hack.localcluster.plugin_process import PluginProcess
-from hack.localcluster.realnode import RealNode, find_node_binaries
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite
+from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION
+from testbed.objects import create_claim, pod_body
+from testbed.plugin_process import PluginProcess
+from testbed.realnode import RealNode, find_node_binaries
+from testbed.realnode_pods import for_real_node
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 # A real container's command: print the environment (the CDI edits), then wait.

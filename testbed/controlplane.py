@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from hack.localcluster.pki import CertificateAuthority, KeyPair, write_service_account_key
-from hack.localcluster.wait import WaitTimeout, wait_for
+from testbed.pki import CertificateAuthority, KeyPair, write_service_account_key
+from testbed.wait import WaitTimeout, wait_for
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 

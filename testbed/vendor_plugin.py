@@ -1,5 +1,5 @@
 """The vendor-like kubelet plugin (hack/vendor-plugin, Go) beside a real node's kubelet
-(hack.localcluster.realnode), and a stand-in for its DaemonSet, for the vendor-driver
+(testbed.realnode), and a stand-in for its DaemonSet, for the vendor-driver
 mode's end-to-end test.
 
 ``VendorPluginSet`` keeps, per node, the plugin process and a Pod that stands for it
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Conflict, Kube, path
-from hack.localcluster.controlplane import cached_build
-from hack.localcluster.process import ComponentProcess
-from hack.localcluster.realnode_pods import for_real_node
+from testbed.controlplane import cached_build
+from testbed.process import ComponentProcess
+from testbed.realnode_pods import for_real_node
 
 # NVIDIA's driver, DeviceClass, namespace and kubelet plugin pod labels, as its chart
 # (kubernetes-sigs/dra-driver-nvidia-gpu, v0.4.0 on) and upgrade guide set them: the

@@ -1,4 +1,4 @@
-"""Pods made to run on a real node of this test machine (hack.localcluster.realnode).
+"""Pods made to run on a real node of this test machine (testbed.realnode).
 
 A real node here has only the loopback CNI plugin and no registry: a pod runs in the
 host network, from the local test image, pinned to its node. Everything else (claims,

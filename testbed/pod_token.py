@@ -21,9 +21,9 @@ from composable_dra import retry
 from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.remote_leases import DONORS_AUDIENCE
 from dra_driver.fsutil import atomic_write
-from hack.localcluster.controlplane import ControlPlane
-from hack.localcluster.realnode import node_kubeconfig
-from hack.localcluster.wait import wait_for
+from testbed.controlplane import ControlPlane
+from testbed.realnode import node_kubeconfig
+from testbed.wait import wait_for
 
 TOKEN_SECONDS = 600  # what the chart's projected volume asks for, the least allowed
 

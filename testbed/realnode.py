@@ -27,8 +27,8 @@ import yaml
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack.localcluster import testimage
-from hack.localcluster.controlplane import (
+from testbed import testimage
+from testbed.controlplane import (
     BinaryProcess,
     ControlPlane,
     cached_build,
@@ -37,8 +37,8 @@ from hack.localcluster.controlplane import (
     log_tails,
     start_or_report,
 )
-from hack.localcluster.plugin_process import PluginProcess
-from hack.localcluster.wait import WaitTimeout, wait_for
+from testbed.plugin_process import PluginProcess
+from testbed.wait import WaitTimeout, wait_for
 
 NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "loopback")
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for CRI (kubelet) containers

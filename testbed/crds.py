@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from composable_dra.kube import Conflict, Kube, path
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
 _CRDS = "apiextensions.k8s.io/v1"

@@ -42,7 +42,7 @@ from composable_dra import logs, retry
 from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.timestamps import now_rfc3339
-from hack.localcluster.containers import (
+from testbed.containers import (
     ContainerError,
     Containers,
     cdi_devices,
@@ -629,7 +629,7 @@ def _key(pod: JSON) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one emulator as a process: python -m hack.localcluster.kubelet_emulator."""
+    """Run one emulator as a process: python -m testbed.kubelet_emulator."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node-name", required=True)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import yaml
 
 from dra_driver.plugin_main import DRIVER
-from hack.localcluster.process import ComponentProcess
+from testbed.process import ComponentProcess
 
 
 def write_static_devices(path: Path, devices: list[dict[str, Any]]) -> None:

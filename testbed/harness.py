@@ -10,11 +10,11 @@ time-to-GPU benchmark::
     ...
     suite.stop()
 
-Nodes are fake (hack.localcluster.nodes) with the systemUUID of a fabric host, so the
+Nodes are fake (testbed.nodes) with the systemUUID of a fabric host, so the
 operator and the pool publisher map them to the emulator's hosts; each node's plugin
 reads the GPUs attached to its host from the emulator (the redfish device source).
 The hosts named in ``SuiteOptions.real_hosts`` run as real nodes instead
-(hack.localcluster.realnode: the upstream kubelet, containerd, runc), whose kubelet
+(testbed.realnode: the upstream kubelet, containerd, runc), whose kubelet
 reports the host's systemUUID; their pods run real containers.
 """
 
@@ -38,16 +38,16 @@ from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from hack import examples
-from hack.localcluster.controlplane import ControlPlane
-from hack.localcluster.crds import install_crds
-from hack.localcluster.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import HOSTNAME, RESOURCE, pod_body
-from hack.localcluster.plugin_process import PluginProcess
-from hack.localcluster.process import ComponentProcess
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
+from testbed.controlplane import ControlPlane
+from testbed.crds import install_crds
+from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.objects import HOSTNAME, RESOURCE, pod_body
+from testbed.plugin_process import PluginProcess
+from testbed.process import ComponentProcess
+from testbed.realnode import RealNode
+from testbed.realnode_pods import for_real_node
+from testbed.wait import wait_for
 
 CR_API = API_VERSION
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
@@ -104,7 +104,7 @@ class SuiteOptions:
     scaler_args: list[str] = field(default_factory=list)
     publisher_args: list[str] = field(default_factory=list)
     # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
-    # and the node binaries (hack.localcluster.realnode.find_node_binaries).
+    # and the node binaries (testbed.realnode.find_node_binaries).
     real_hosts: tuple[str, ...] = ()
     node_bin_dir: Path | None = None
     # Seconds to wait for the first pools, the scaler's lease and the Fabric's first sync

@@ -4,7 +4,7 @@ Each donor is a node (kubelet emulator) whose plugin lends its static GPUs (``--
 and a ``remote-gpu-donor`` process with its lease API over HTTPS (a local CA); each
 consumer is a node with no GPU and no fabric reach whose plugin fetches lease
 credentials at prepare, proving its node with the token a pod of its own would hold
-(``hack/localcluster/pod_token.py``: the harness plays the kubelet); the scaler runs the
+(``testbed/pod_token.py``: the harness plays the kubelet); the scaler runs the
 lease controller. Every component is its own process. Used by
 ``hack/bench/remote_claims.py`` and the demo (``hack/demo.py``).
 """
@@ -20,18 +20,18 @@ from pathlib import Path
 from composable_dra.kube import Conflict, Kube, path
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, TokenSource
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import free_port
-from hack.localcluster.crds import install_crds
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.pki import CertificateAuthority, KeyPair
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.pod_token import PodToken
-from hack.localcluster.process import ComponentProcess
-from hack.localcluster.remote_pods import DEVICE_CLASS as CLASS
-from hack.localcluster.remote_pods import DRIVER
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.controlplane import free_port
+from testbed.crds import install_crds
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.pki import CertificateAuthority, KeyPair
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.pod_token import PodToken
+from testbed.process import ComponentProcess
+from testbed.remote_pods import DEVICE_CLASS as CLASS
+from testbed.remote_pods import DRIVER
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 CONTROLLER_SA, PLUGIN_SA = "lease-controller", "lend-plugin"
