@@ -39,8 +39,7 @@ from typing import Any
 from composable_dra import logs
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.remote_leases import REMOTE_READY
-from hack import examples
-from testbed import ControlPlane
+from testbed import ControlPlane, examples
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
 from testbed.lending import Lab

@@ -54,7 +54,7 @@ def cached_build(
     if bin_dir is None:
         bin_dir = os.environ.get(env_var)
     if bin_dir is None:
-        path = Path(__file__).resolve().parents[1] / script
+        path = Path(__file__).resolve().parents[1] / "hack" / script
         out = subprocess.run(["bash", str(path)], stdout=subprocess.PIPE, text=True, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"{path} failed (exit {out.returncode}); see its output")

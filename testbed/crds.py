@@ -9,7 +9,7 @@ import yaml
 from composable_dra.kube import Conflict, Kube, path
 from testbed.wait import wait_for
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "crds"
 _CRDS = "apiextensions.k8s.io/v1"
 
 

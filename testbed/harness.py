@@ -37,7 +37,7 @@ from fabric_emulator import topology as emulator_topology
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
-from hack import examples
+from testbed import examples
 from testbed.controlplane import ControlPlane
 from testbed.crds import install_crds
 from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION, KubeletEmulator

@@ -16,8 +16,7 @@ from kubernetes import config
 
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
-from hack import chart
-from testbed import ControlPlane
+from testbed import ControlPlane, chart
 from testbed.crds import install_crds
 from testbed.wait import wait_for
 

@@ -16,8 +16,7 @@ import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
-from hack import examples
-from testbed import ControlPlane
+from testbed import ControlPlane, examples
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.nodes import create_node, delete_node
 from testbed.plugin_process import PluginProcess, write_static_devices

@@ -14,7 +14,7 @@ import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON
-from hack import examples
+from testbed import examples
 from testbed.claims_seen import ClaimsSeen
 from testbed.harness import Suite
 from testbed.realnode_pods import for_real_node

@@ -22,8 +22,7 @@ import pytest
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, LendingStatus, TokenSource
-from hack import examples
-from testbed import ControlPlane
+from testbed import ControlPlane, examples
 from testbed.claims_seen import ClaimsSeen
 from testbed.lending import CONTROLLER_SA, Lab
 from testbed.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod

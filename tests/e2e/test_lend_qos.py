@@ -18,8 +18,7 @@ import pytest
 
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware, qos
-from hack import examples
-from testbed import ControlPlane
+from testbed import ControlPlane, examples
 from testbed.claims_seen import ClaimsSeen
 from testbed.lending import Lab
 from testbed.remote_pods import DRIVER, REMOTE

@@ -17,7 +17,7 @@ import yaml
 
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from dra_driver.cdi import spec_file_name
-from hack import examples
+from testbed import examples
 from testbed.plugin_process import write_static_devices
 from testbed.realnode import RealNode
 from testbed.wait import wait_for

@@ -15,7 +15,7 @@ import pytest
 
 from composable_dra.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import spec_file_name
-from hack import examples
+from testbed import examples
 from testbed.objects import ensure_device_class
 from testbed.plugin_process import write_static_devices
 from testbed.realnode import RealNode

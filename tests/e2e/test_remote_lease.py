@@ -38,10 +38,9 @@ from composable_dra.remote_leases import (
     audience,
 )
 from dra_driver import cdi
-from hack import chart
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import RemoteGPUError
-from testbed import ControlPlane
+from testbed import ControlPlane, chart
 from testbed.controlplane import free_port
 from testbed.crds import install_crds
 from testbed.kubelet_emulator import KubeletEmulator

@@ -23,8 +23,8 @@ from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
 from device_scaler.standby import STANDBY_LABEL
-from hack import examples
 from hack.bench.standby import Held
+from testbed import examples
 from testbed.crds import install_crds
 from testbed.realnode_pods import for_real_node
 from testbed.realnodes import describe_nodes, printed_gpus, suite_pod

@@ -13,7 +13,7 @@ import pytest
 
 from composable_dra import names
 from composable_dra.remote_leases import DONORS_AUDIENCE
-from hack import chart
+from testbed import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
 KIND_VALUES = chart.ROOT / "hack" / "kind" / "values.yaml"

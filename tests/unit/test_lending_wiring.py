@@ -24,7 +24,7 @@ from dra_driver.slices import (
     link_leases,
     plan_slices,
 )
-from hack import examples
+from testbed import examples
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
 
 FUZZ = settings(max_examples=150)

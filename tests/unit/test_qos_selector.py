@@ -9,7 +9,7 @@ import pytest
 from composable_dra import cli, names
 from composable_dra.gpu_config import parse_parameters
 from composable_dra.lending import netaware, qos
-from hack import examples
+from testbed import examples
 from testbed.remote_pods import REMOTE
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hack import examples
+from testbed import examples
 from testbed.realnode_pods import for_real_node
 
 
