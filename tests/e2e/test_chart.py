@@ -104,7 +104,9 @@ def install_service_monitor_crd(kube: Kube) -> None:
 
 @pytest.fixture(scope="module")
 def chart_crds(kube_json: Kube) -> list[str]:
-    """The chart's CRDs, installed for real (they equal deploy/crds: tests/unit/test_chart.py)."""
+    """The chart's CRDs, installed for real.
+
+    They equal deploy/crds: tests/unit/deploy/test_chart.py."""
     return install_crds(kube_json, chart.CHART / "crds")
 
 

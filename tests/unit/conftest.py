@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 
 # Every fuzz test here runs bounded and reproducible: the same examples on each run, no
@@ -26,4 +27,20 @@ settings.load_profile("bounded")
 def emu() -> Iterator[EmulatorProcess]:
     """One fabric emulator per test module; its changes run as tasks done after one poll."""
     with EmulatorProcess(async_polls=1) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def fsas_config() -> FsasConfig:
+    """The Fsas FM that ``fsas_emu`` serves; a module overrides it to serve another."""
+    return FsasConfig()
+
+
+@pytest.fixture(scope="module")
+def fsas_emu(
+    tmp_path_factory: pytest.TempPathFactory, fsas_config: FsasConfig
+) -> Iterator[EmulatorProcess]:
+    """One fabric emulator per test module that also serves the Fsas FM API."""
+    work = tmp_path_factory.mktemp("fsas-emu")
+    with EmulatorProcess(extra_args=process_args(work, fsas_config), workdir=work) as e:
         yield e
