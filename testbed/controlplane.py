@@ -144,6 +144,14 @@ def log_tails(procs: Sequence[BinaryProcess], lines: int, prefix: str = "") -> l
     return parts
 
 
+@dataclass(frozen=True)
+class _Certificates:
+    pki: Path
+    serving: KeyPair
+    admin: KeyPair
+    proxy: KeyPair
+
+
 @dataclass
 class ControlPlane:
     """A local control plane. Use as a context manager, or call start() and stop()."""
@@ -187,8 +195,19 @@ class ControlPlane:
         start_or_report(self._start, self.stop, self.logs_tail)
 
     def _start(self) -> None:
+        """In order: certificates, etcd, the apiserver, the controller manager and the
+        scheduler; each waited for until healthy."""
         assert self.workdir is not None
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        certs = self._certificates()
+        etcd = self._start_etcd()
+        self._start_apiserver(etcd, certs)
+        self._start_controllers()
+
+    def _certificates(self) -> _Certificates:
+        """The CA, the apiserver's serving certificate, the admin's client certificate (and
+        kubeconfig), the front-proxy client and the service-account key."""
+        assert self.workdir is not None
         pki = self.workdir / "pki"
         ca = self.ca = CertificateAuthority(pki)
         serving = ca.issue(
@@ -211,42 +230,50 @@ class ControlPlane:
         write_service_account_key(pki / "sa.key")
         self.api_port = free_port()
         self._write_kubeconfig(admin)
+        return _Certificates(pki, serving, admin, proxy)
 
-        etcd_client, etcd_peer = free_port(), free_port()
+    def _start_etcd(self) -> str:
+        """etcd, healthy; its client URL."""
+        assert self.workdir is not None
+        client, peer = free_port(), free_port()
         self._spawn(
             "etcd",
             [
                 "--name=local",
                 f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
+                f"--listen-client-urls=http://127.0.0.1:{client}",
+                f"--advertise-client-urls=http://127.0.0.1:{client}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=local=http://127.0.0.1:{peer}",
                 "--unsafe-no-fsync=true",  # throwaway data: durability buys nothing here
                 "--log-level=warn",
             ],
         )
-        self._wait_http("etcd", f"http://127.0.0.1:{etcd_client}/health", None)
+        url = f"http://127.0.0.1:{client}"
+        self._wait_http("etcd", f"{url}/health", None)
+        return url
 
-        gates = self._gates_flag()
+    def _start_apiserver(self, etcd: str, certs: _Certificates) -> None:
+        assert self.ca is not None
+        pki, ca_cert = certs.pki, self.ca.cert_path
         self._spawn(
             "kube-apiserver",
             [
-                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                f"--etcd-servers={etcd}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={self.api_port}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={ca.cert_path}",
-                f"--requestheader-client-ca-file={ca.cert_path}",
+                f"--tls-cert-file={certs.serving.cert}",
+                f"--tls-private-key-file={certs.serving.key}",
+                f"--client-ca-file={ca_cert}",
+                f"--requestheader-client-ca-file={ca_cert}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={proxy.cert}",
-                f"--proxy-client-key-file={proxy.key}",
+                f"--proxy-client-cert-file={certs.proxy.cert}",
+                f"--proxy-client-key-file={certs.proxy.key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -258,12 +285,16 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={pki}",
-                *gates,
+                *self._gates_flag(),
                 *self.extra_apiserver_args,
             ],
         )
-        self._wait_http("kube-apiserver", f"{self.server}/readyz", admin)
+        self._wait_http("kube-apiserver", f"{self.server}/readyz", certs.admin)
 
+    def _start_controllers(self) -> None:
+        """The controller manager and the scheduler, both healthy."""
+        assert self.workdir is not None and self.ca is not None
+        pki = self.workdir / "pki"
         kcm_port, sched_port = free_port(), free_port()
         self.scheduler_port = sched_port
         common = [
@@ -272,7 +303,7 @@ class ControlPlane:
             f"--authorization-kubeconfig={self.kubeconfig}",
             "--bind-address=127.0.0.1",
             "--leader-elect=false",
-            *gates,
+            *self._gates_flag(),
         ]
         self._spawn(
             "kube-controller-manager",
@@ -281,12 +312,26 @@ class ControlPlane:
                 f"--secure-port={kcm_port}",
                 "--controllers=*,-node-lifecycle-controller",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
-                f"--root-ca-file={ca.cert_path}",
+                f"--root-ca-file={self.ca.cert_path}",
                 f"--cert-dir={pki / 'kcm'}",
             ],
         )
-        sched_config = self.workdir / "scheduler.yaml"
-        sched_config.write_text(
+        self._spawn(
+            "kube-scheduler",
+            [
+                *[a for a in common if not a.startswith(("--kubeconfig", "--leader-elect"))],
+                f"--config={self._scheduler_config()}",
+                f"--secure-port={sched_port}",
+                f"--cert-dir={pki / 'scheduler'}",
+            ],
+        )
+        self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", None)
+        self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", None)
+
+    def _scheduler_config(self) -> Path:
+        assert self.workdir is not None
+        config = self.workdir / "scheduler.yaml"
+        config.write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -300,17 +345,7 @@ class ControlPlane:
                 }
             )
         )
-        self._spawn(
-            "kube-scheduler",
-            [
-                *[a for a in common if not a.startswith(("--kubeconfig", "--leader-elect"))],
-                f"--config={sched_config}",
-                f"--secure-port={sched_port}",
-                f"--cert-dir={pki / 'scheduler'}",
-            ],
-        )
-        self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", None)
-        self._wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", None)
+        return config
 
     def stop(self) -> None:
         """Stop every process this control plane started, newest first.
