@@ -74,6 +74,30 @@ def make_claims(kube: Kube, node: str, count: int, devices: int) -> list[v1.Clai
     return claims
 
 
+def prepare_each(plugins_dir: Path, claims: list[v1.Claim]) -> tuple[list[float], int]:
+    """Prepare and unprepare each claim in turn over the plugin's DRA socket: the
+    latency of each prepare in ms, and how many calls failed."""
+    channel = grpc.insecure_channel(f"unix://{service_socket(plugins_dir, DRIVER)}")
+    stub = v1_grpc.DRAPluginStub(channel)
+    # One warm-up call: connection set-up is not prepare latency.
+    stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=10)
+    latencies: list[float] = []
+    errors = 0
+    for c in claims:
+        start = time.perf_counter()
+        resp = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[c]), timeout=10)
+        latencies.append((time.perf_counter() - start) * 1000)
+        entry = resp.claims[c.uid]
+        if entry.error or not entry.devices:
+            errors += 1
+            print(f"error for {c.name}: {entry.error}", file=sys.stderr)
+        un = stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[c]), timeout=10)
+        if un.claims[c.uid].error:
+            errors += 1
+    channel.close()
+    return latencies, errors
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=500)
@@ -124,28 +148,7 @@ def main() -> int:
             )
             claims = make_claims(kube, node, args.claims, args.devices)
 
-            channel = grpc.insecure_channel(f"unix://{service_socket(work / 'plugins', DRIVER)}")
-            stub = v1_grpc.DRAPluginStub(channel)
-            # One warm-up call: connection set-up is not prepare latency.
-            stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=10)
-            latencies: list[float] = []
-            errors = 0
-            for c in claims:
-                start = time.perf_counter()
-                resp = stub.NodePrepareResources(
-                    v1.NodePrepareResourcesRequest(claims=[c]), timeout=10
-                )
-                latencies.append((time.perf_counter() - start) * 1000)
-                entry = resp.claims[c.uid]
-                if entry.error or not entry.devices:
-                    errors += 1
-                    print(f"error for {c.name}: {entry.error}", file=sys.stderr)
-                un = stub.NodeUnprepareResources(
-                    v1.NodeUnprepareResourcesRequest(claims=[c]), timeout=10
-                )
-                if un.claims[c.uid].error:
-                    errors += 1
-            channel.close()
+            latencies, errors = prepare_each(work / "plugins", claims)
             code = plugin.stop()
             if code != 0:
                 print(plugin.log_tail(), file=sys.stderr)

@@ -555,7 +555,7 @@ def report(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--claims", type=int, default=1000, help="the second, measured burst")
@@ -582,7 +582,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.first + args.claims > args.pool_gpus:
         p.error("the pool has fewer GPUs than the bursts' claims")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     policy, audit_log = workdir / "audit-policy.json", workdir / "audit.log"
