@@ -3,56 +3,50 @@
 A claim's allocation and device conditions last only while a pod uses it: a templated
 claim is deleted, a named one deallocated, once its pod has finished. A test that waits
 for the end reads what the claim said on the way here.
+
+The watch is the suite's one way to watch, composable_dra.informer.Informer: it resumes a
+broken watch from the last version it saw (so no version in between is missed) and
+relists on 410 Gone; each version it hears of is recorded here (read-only objects).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
-from composable_dra.kube import JSON, Gone, Kube, path
+from composable_dra.informer import Informer
+from composable_dra.kube import JSON, Kube, path
 from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 
 
 class ClaimsSeen:
+    """Records from construction (once its first list is in) until ``timeout`` seconds
+    later or ``stop()``."""
+
     def __init__(self, kube: Kube, namespace: str, timeout: int = 300) -> None:
         self.url = path(RESOURCE, "resourceclaims", namespace=namespace)
         self.kube = kube
-        self._rv = kube.get(self.url)["metadata"]["resourceVersion"]
         self._lock = threading.Lock()
         self._versions: dict[str, list[JSON]] = {}
-        self._timeout = timeout
-        self._retry = threading.Event()  # never set: its wait is the back-off
-        self.errors: list[str] = []
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._informer = Informer(kube, self.url, on_event=self._on_event, name="claims-seen")
+        self._informer.start()
+        # Its end, as before the Informer: a test that forgets it leaves no watch behind.
+        self._timer = threading.Timer(timeout, self._informer.stop)
+        self._timer.daemon = True
+        self._timer.start()
+        if not self._informer.synced.wait(30):
+            self.stop()
+            raise TimeoutError(f"the claims of {namespace} were not listed within 30s")
 
-    def _watch(self) -> None:
-        # Until its timeout: a watch that breaks (a loaded machine, a dropped connection)
-        # resumes from the last version it saw, so no version in between is missed; the
-        # errors are kept for the test's failure message. Ends with the control plane.
-        deadline = time.monotonic() + self._timeout
-        rv = self._rv
-        while (left := int(deadline - time.monotonic())) > 0:
-            try:
-                for event in self.kube.watch(self.url, rv, left):
-                    obj = event["object"]
-                    rv = obj["metadata"].get("resourceVersion", rv)
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._record(obj)
-            except Gone:  # too old to resume: what is there now is the best left
-                listed = self.kube.get(self.url)
-                rv = listed["metadata"]["resourceVersion"]
-                for obj in listed.get("items") or []:
-                    self._record(obj)
-            except Exception as exc:
-                self.errors.append(repr(exc))
-                self._retry.wait(0.5)  # a back-off between attempts, not a synchronisation
+    def stop(self) -> None:
+        self._timer.cancel()
+        self._informer.stop()
 
-    def _record(self, obj: JSON) -> None:
-        with self._lock:
-            self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
+    def _on_event(self, kind: str, obj: JSON) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            with self._lock:
+                self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
 
     def versions(self, name: str) -> list[JSON]:
         with self._lock:
@@ -64,11 +58,10 @@ class ClaimsSeen:
         return found[-1] if found else None
 
     def describe(self, name: str) -> str:
-        """For a failure message: the versions of ``name`` seen, and the watch's errors."""
+        """For a failure message: the versions of ``name`` seen (the watch's failures are
+        in the informer's log)."""
         phases = [bool((c.get("status") or {}).get("allocation")) for c in self.versions(name)]
-        return (
-            f"claim {name}: versions seen, allocated or not: {phases}; watch errors: {self.errors}"
-        )
+        return f"claim {name}: versions seen, allocated or not: {phases}"
 
     def wait_allocated(self, name: str, what: str, timeout: float = 30) -> JSON:
         """The last version of ``name`` with an allocation, once the watch has seen one."""

@@ -91,6 +91,7 @@ def bed(
     )
 
 
+# Over 80 lines: the bed's parts in the order they start, each needing the one before.
 def start_bed(
     kube_json: Kube,
     control_plane: ControlPlane,
