@@ -111,7 +111,7 @@ class SuiteNodes:
     def wait_registered(self) -> None:
         """Until every emulated node's plugin has registered with its kubelet."""
         for n in self.emulated.values():
-            _wait_registered(n)
+            wait_plugin_registered(n.kubelet, n.plugin, n.name)
 
     def stop(self) -> None:
         for n in self.emulated.values():
@@ -140,12 +140,15 @@ class SuiteNodes:
         return next((r for r in self.real.values() if r.name == node), None)
 
 
-def _wait_registered(n: SuiteNode) -> None:
+def wait_plugin_registered(
+    kubelet: KubeletEmulator, plugin: PluginProcess, node: str, timeout: float = 60
+) -> None:
+    """Until ``plugin`` has registered our driver with the kubelet emulator of ``node``."""
     wait_for(
-        lambda: n.kubelet.registered_drivers().get(names.DRIVER) == "v1",
-        60,
-        f"the plugin of {n.name} to register",
-        describe=n.plugin.log_tail,
+        lambda: kubelet.registered_drivers().get(names.DRIVER) == "v1",
+        timeout,
+        f"the plugin of {node} to register",
+        describe=plugin.log_tail,
     )
 
 
