@@ -120,15 +120,21 @@ def test_a_valid_attach_body_parses() -> None:
     assert other.value.status == 403
 
 
+@pytest.fixture(scope="module")
+def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
+    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
+    return fsas_emu
+
+
 @settings(max_examples=60)
 @given(body=st.binary(max_size=200) | json_values.map(lambda v: repr(v).encode()))
-def test_hostile_bodies_over_http_get_4xx(fsas_emu: EmulatorProcess, body: bytes) -> None:
+def test_hostile_bodies_over_http_get_4xx(emu: EmulatorProcess, body: bytes) -> None:
     cfg = FsasConfig()
-    token = _token(fsas_emu)
+    token = _token(emu)
     for method in ("PATCH", "DELETE"):
         resp = requests.request(
             method,
-            f"{fsas_emu.url}/fabric_manager/api/v1/machines/{host_uuid('node-1')}/update",
+            f"{emu.url}/fabric_manager/api/v1/machines/{host_uuid('node-1')}/update",
             params={"tenant_uuid": cfg.tenant},
             data=body,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
@@ -137,7 +143,7 @@ def test_hostile_bodies_over_http_get_4xx(fsas_emu: EmulatorProcess, body: bytes
         assert 400 <= resp.status_code < 500, resp.text
         assert resp.json()["detail"]["code"]
     forged = requests.post(
-        f"{fsas_emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
+        f"{emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
         data=body,
         headers={"Content-Type": "application/x-www-form-urlencoded"},
         timeout=10,
@@ -153,10 +159,10 @@ def test_a_deeply_nested_condition_query_is_refused() -> None:
         assert err.value.status == 400
 
 
-def _token(fsas_emu: EmulatorProcess) -> str:
+def _token(emu: EmulatorProcess) -> str:
     cfg = FsasConfig()
     answer = requests.post(
-        f"{fsas_emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
+        f"{emu.url}/id_manager/realms/{cfg.realm}/protocol/openid-connect/token",
         data={"client_id": cfg.client_id, "client_secret": cfg.client_secret,
               "grant_type": "client_credentials"},
         timeout=10,
@@ -165,13 +171,13 @@ def _token(fsas_emu: EmulatorProcess) -> str:
     return token
 
 
-def test_a_deeply_nested_condition_query_over_http_gets_400(fsas_emu: EmulatorProcess) -> None:
+def test_a_deeply_nested_condition_query_over_http_gets_400(emu: EmulatorProcess) -> None:
     # Percent-encoded, within the request line's limit (8190 bytes), past json's recursion.
     deep = "[" * 1300 + "]" * 1300
     resp = requests.get(
-        f"{fsas_emu.url}/fabric_manager/api/v1/machines/{host_uuid('node-1')}"
+        f"{emu.url}/fabric_manager/api/v1/machines/{host_uuid('node-1')}"
         f"/available-reserved-resources?tenant_uuid={FsasConfig().tenant}&condition={deep}",
-        headers={"Authorization": f"Bearer {_token(fsas_emu)}"},
+        headers={"Authorization": f"Bearer {_token(emu)}"},
         timeout=10,
     )
     assert resp.status_code == 400, resp.text
@@ -196,8 +202,8 @@ def _split_exchange(url: str, head: str, body: bytes) -> tuple[int, bytes]:
         return resp.status, resp.read()
 
 
-def test_an_attach_body_split_over_two_segments_is_read_whole(fsas_emu: EmulatorProcess) -> None:
-    fsas_emu.reset()
+def test_an_attach_body_split_over_two_segments_is_read_whole(emu: EmulatorProcess) -> None:
+    emu.reset()
     cfg, machine = FsasConfig(), host_uuid("node-1")
     spec = {
         "res_type": "gpu",
@@ -209,24 +215,24 @@ def test_an_attach_body_split_over_two_segments_is_read_whole(fsas_emu: Emulator
     body = {"tenants": {"tenant_uuid": cfg.tenant, "machines": [
         {"mach_uuid": machine, "resources": [{"res_specs": [spec]}]}]}}  # fmt: skip
     status, answer = _split_exchange(
-        fsas_emu.url,
+        emu.url,
         f"PATCH /fabric_manager/api/v1/machines/{machine}/update?tenant_uuid={cfg.tenant}"
-        f" HTTP/1.1\r\nAuthorization: Bearer {_token(fsas_emu)}\r\nContent-Type: application/json",
+        f" HTTP/1.1\r\nAuthorization: Bearer {_token(emu)}\r\nContent-Type: application/json",
         json.dumps(body).encode(),
     )
     assert status == 200, answer
     assert len(json.loads(answer)["data"]["machines"][0]["resources"]) == 1
-    fsas_emu.reset()
+    emu.reset()
 
 
-def test_a_token_form_split_over_two_segments_is_read_whole(fsas_emu: EmulatorProcess) -> None:
+def test_a_token_form_split_over_two_segments_is_read_whole(emu: EmulatorProcess) -> None:
     cfg = FsasConfig()
     form = urllib.parse.urlencode(
         {"client_id": cfg.client_id, "client_secret": cfg.client_secret,
          "grant_type": "client_credentials"}
     ).encode()  # fmt: skip
     status, answer = _split_exchange(
-        fsas_emu.url,
+        emu.url,
         f"POST /id_manager/realms/{cfg.realm}/protocol/openid-connect/token HTTP/1.1\r\n"
         "Content-Type: application/x-www-form-urlencoded",
         form,

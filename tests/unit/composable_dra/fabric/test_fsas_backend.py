@@ -32,6 +32,12 @@ def fsas_config() -> FsasConfig:
     return CONFIG
 
 
+@pytest.fixture(scope="module")
+def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
+    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
+    return fsas_emu
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -46,18 +52,16 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def fabric(fsas_emu: EmulatorProcess, clock: Clock) -> Iterator[FsasFabricManagerBackend]:
-    fsas_emu.reset()
+def fabric(emu: EmulatorProcess, clock: Clock) -> Iterator[FsasFabricManagerBackend]:
+    emu.reset()
     backend = FsasFabricManagerBackend(
-        fsas_emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm, clock=clock
+        emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm, clock=clock
     )
     yield backend
     backend.close()
 
 
-def test_inventory_attach_detach(
-    fabric: FsasFabricManagerBackend, fsas_emu: EmulatorProcess
-) -> None:
+def test_inventory_attach_detach(fabric: FsasFabricManagerBackend, emu: EmulatorProcess) -> None:
     inv = fabric.inventory()
     assert set(inv.hosts) == {N1, N2, N3}
     assert inv.hosts[N1].name == "node-1"
@@ -71,17 +75,17 @@ def test_inventory_attach_detach(
     after = fabric.device("gpu-1")
     assert after is not None and (after.state, after.host) == ("attached", N1)
     # The same composition as the Redfish view (what the node's plugin reads).
-    assert fsas_emu.state()["blocks"]["gpu-1"] == {
-        **fsas_emu.state()["blocks"]["gpu-1"],
+    assert emu.state()["blocks"]["gpu-1"] == {
+        **emu.state()["blocks"]["gpu-1"],
         "state": "Composed",
     }
-    assert fsas_emu.state()["blocks"]["gpu-1"]["system"] == "node-1"
+    assert emu.state()["blocks"]["gpu-1"]["system"] == "node-1"
     with pytest.raises(b.InUseError):
         fabric.attach("gpu-1", N2)
     assert fabric.detach("gpu-1", N1) is None
     gone = fabric.device("gpu-1")
     assert gone is not None and gone.state == "free" and gone.host is None
-    assert fsas_emu.state()["blocks"]["gpu-1"]["state"] == "Unused"
+    assert emu.state()["blocks"]["gpu-1"]["state"] == "Unused"
 
 
 def test_unknown_and_bad_ids(fabric: FsasFabricManagerBackend) -> None:
@@ -115,12 +119,12 @@ def test_unreachable_and_not_attached(fabric: FsasFabricManagerBackend) -> None:
 )
 def test_faults_on_attach(
     fabric: FsasFabricManagerBackend,
-    fsas_emu: EmulatorProcess,
+    emu: EmulatorProcess,
     kind: str,
     error: type[b.FabricError],
     applied: bool,
 ) -> None:
-    fsas_emu.add_fault({"kind": kind, "path": "/update$", "method": "PATCH", "count": 1})
+    emu.add_fault({"kind": kind, "path": "/update$", "method": "PATCH", "count": 1})
     with pytest.raises(error) as caught:
         fabric.attach("gpu-2", N1)
     if kind == "status503":
@@ -143,19 +147,19 @@ def test_token_cached_until_it_nears_expiry(fabric: FsasFabricManagerBackend, cl
 
 
 def test_refused_token_is_renewed_once(
-    fabric: FsasFabricManagerBackend, fsas_emu: EmulatorProcess
+    fabric: FsasFabricManagerBackend, emu: EmulatorProcess
 ) -> None:
     fabric.hosts()
-    fsas_emu.admin("DELETE", "fsas/tokens")  # the FM forgets every token (restart, revocation)
+    emu.admin("DELETE", "fsas/tokens")  # the FM forgets every token (restart, revocation)
     assert fabric.attach("gpu-3", N1) is None
     assert fabric.token_fetches == 2
     device = fabric.device("gpu-3")
     assert device is not None and device.state == "attached"
 
 
-def test_bad_client_secret_is_an_auth_error_without_the_secret(fsas_emu: EmulatorProcess) -> None:
+def test_bad_client_secret_is_an_auth_error_without_the_secret(emu: EmulatorProcess) -> None:
     wrong = Credentials("cdra", "not-the-secret-42", "admin", "admin")
-    backend = FsasFabricManagerBackend(fsas_emu.url, wrong, tenant_uuid=CONFIG.tenant, realm="lab")
+    backend = FsasFabricManagerBackend(emu.url, wrong, tenant_uuid=CONFIG.tenant, realm="lab")
     with pytest.raises(b.AuthError) as refused:
         backend.hosts()
     assert "not-the-secret-42" not in str(refused.value)
@@ -163,8 +167,8 @@ def test_bad_client_secret_is_an_auth_error_without_the_secret(fsas_emu: Emulato
     assert not refused.value.retryable
 
 
-def test_other_tenant_is_refused(fsas_emu: EmulatorProcess) -> None:
-    backend = FsasFabricManagerBackend(fsas_emu.url, CREDS, tenant_uuid="someone-else", realm="lab")
+def test_other_tenant_is_refused(emu: EmulatorProcess) -> None:
+    backend = FsasFabricManagerBackend(emu.url, CREDS, tenant_uuid="someone-else", realm="lab")
     with pytest.raises(b.AuthError):
         backend.hosts()
 
@@ -178,9 +182,9 @@ def test_token_expiry_from_expires_in_or_the_jwt() -> None:
         token_expiry({"access_token": "opaque"}, 0.0)
 
 
-def _raw(fsas_emu: EmulatorProcess, method: str, path: str, **kw: Any) -> requests.Response:
+def _raw(emu: EmulatorProcess, method: str, path: str, **kw: Any) -> requests.Response:
     token = requests.post(
-        f"{fsas_emu.url}/id_manager/realms/lab/protocol/openid-connect/token",
+        f"{emu.url}/id_manager/realms/lab/protocol/openid-connect/token",
         data={
             "client_id": "cdra",
             "client_secret": "s3cr3t-x",
@@ -193,21 +197,21 @@ def _raw(fsas_emu: EmulatorProcess, method: str, path: str, **kw: Any) -> reques
     ).json()["access_token"]
     return requests.request(
         method,
-        f"{fsas_emu.url}/fabric_manager/api/v1/{path}",
+        f"{emu.url}/fabric_manager/api/v1/{path}",
         headers={"Authorization": f"Bearer {token}"},
         timeout=10,
         **kw,
     )
 
 
-def test_cohdi_shaped_requests(fsas_emu: EmulatorProcess, tmp_path: Path) -> None:
+def test_cohdi_shaped_requests(emu: EmulatorProcess, tmp_path: Path) -> None:
     """What CoHDI's clients send (model-only scale-up, counts) works as they expect."""
-    fsas_emu.reset()
+    emu.reset()
     cond = json.dumps({"column": "model", "operator": "eq", "value": "NVIDIA L40S"})
     query = urllib.parse.urlencode(
         {"tenant_uuid": "tenant-7", "res_type": "gpu", "condition": cond}
     )
-    avail = _raw(fsas_emu, "GET", f"machines/{N3}/available-reserved-resources?{query}").json()
+    avail = _raw(emu, "GET", f"machines/{N3}/available-reserved-resources?{query}").json()
     assert avail["reserved_res_num_per_fabric"] == 2  # gpu-7, gpu-8 in node-3's fabric
     body = {
         "tenants": {
@@ -238,15 +242,15 @@ def test_cohdi_shaped_requests(fsas_emu: EmulatorProcess, tmp_path: Path) -> Non
             ],
         }
     }
-    up = _raw(fsas_emu, "PATCH", f"machines/{N3}/update?tenant_uuid=tenant-7", json=body)
+    up = _raw(emu, "PATCH", f"machines/{N3}/update?tenant_uuid=tenant-7", json=body)
     assert up.status_code == 200
     added = up.json()["data"]["machines"][0]["resources"]
     assert len(added) == 1 and added[0]["res_op_status"] == "0"
-    machine = _raw(fsas_emu, "GET", f"machines/{N3}?tenant_uuid=tenant-7").json()
+    machine = _raw(emu, "GET", f"machines/{N3}?tenant_uuid=tenant-7").json()
     assert [r["res_uuid"] for r in machine["data"]["machines"][0]["resources"]] == [
         added[0]["res_uuid"]
     ]
-    bad = _raw(fsas_emu, "PATCH", f"machines/{N3}/update?tenant_uuid=tenant-7", json={"tenants": 1})
+    bad = _raw(emu, "PATCH", f"machines/{N3}/update?tenant_uuid=tenant-7", json={"tenants": 1})
     assert bad.status_code == 400
     assert bad.json()["detail"]["code"] == "E_INVALID_PARAMETER"
 
@@ -316,15 +320,15 @@ def test_an_fm_that_picks_by_model_as_cohdis_mock_does_attaches_only_its_own_pic
     """CoHDI's CI mock of the FM (cohdi-ci-mock app.py) reads only the model condition and
     attaches the first free GPU of that model: the emulator does the same when told. An
     attach of another GPU fails, naming the one the FM chose, and leaves nothing attached."""
-    with _like_cohdi_mock(tmp_path, attach_by_model=True) as fsas_emu:
+    with _like_cohdi_mock(tmp_path, attach_by_model=True) as emu:
         backend = FsasFabricManagerBackend(
-            fsas_emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
+            emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
         )
         try:
             # node-1's free H100s are gpu-1..gpu-4; the FM picks gpu-1.
             with pytest.raises(b.OperationFailedError, match="gpu-1"):
                 backend.attach("gpu-2", N1)
-            blocks = fsas_emu.state()["blocks"]
+            blocks = emu.state()["blocks"]
             assert not [bid for bid, blk in blocks.items() if blk.get("system")]
             picked, named = backend.device("gpu-1"), backend.device("gpu-2")
             assert picked is not None and picked.state == "free"
@@ -332,9 +336,7 @@ def test_an_fm_that_picks_by_model_as_cohdis_mock_does_attaches_only_its_own_pic
             # The FM's own pick attaches; then gpu-2 is the first free one, and attaches.
             assert backend.attach("gpu-1", N1) is None
             assert backend.attach("gpu-2", N1) is None
-            assert {
-                bid for bid, blk in fsas_emu.state()["blocks"].items() if blk.get("system")
-            } == {
+            assert {bid for bid, blk in emu.state()["blocks"].items() if blk.get("system")} == {
                 "gpu-1",
                 "gpu-2",
             }
@@ -343,9 +345,9 @@ def test_an_fm_that_picks_by_model_as_cohdis_mock_does_attaches_only_its_own_pic
 
 
 def test_an_fm_without_a_resource_list_fails_the_inventory_saying_so(tmp_path: Path) -> None:
-    with _like_cohdi_mock(tmp_path, list_resources=False) as fsas_emu:
+    with _like_cohdi_mock(tmp_path, list_resources=False) as emu:
         backend = FsasFabricManagerBackend(
-            fsas_emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
+            emu.url, CREDS, tenant_uuid=CONFIG.tenant, realm=CONFIG.realm
         )
         try:
             assert set(backend.hosts()) == {N1, N2, N3}  # machines are served

@@ -42,11 +42,17 @@ def fsas_config() -> FsasConfig:
     return CONFIG
 
 
+@pytest.fixture(scope="module")
+def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
+    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
+    return fsas_emu
+
+
 @pytest.fixture
-def fm(fsas_emu: EmulatorProcess) -> Iterator[FsasFabricManagerBackend]:
-    fsas_emu.reset()
+def fm(emu: EmulatorProcess) -> Iterator[FsasFabricManagerBackend]:
+    emu.reset()
     backend = FsasFabricManagerBackend(
-        fsas_emu.url,
+        emu.url,
         CREDS,
         tenant_uuid=CONFIG.tenant,
         realm=CONFIG.realm,
@@ -58,7 +64,7 @@ def fm(fsas_emu: EmulatorProcess) -> Iterator[FsasFabricManagerBackend]:
 
 
 def test_picking_fm_inventory_is_counts_and_attached_gpus(
-    fm: FsasFabricManagerBackend, fsas_emu: EmulatorProcess
+    fm: FsasFabricManagerBackend, emu: EmulatorProcess
 ) -> None:
     assert b.picker(fm) is fm
     inv = fm.inventory()
@@ -76,7 +82,7 @@ def test_picking_fm_inventory_is_counts_and_attached_gpus(
     picked = fm.attach_model(H100, N1)
     assert (picked.state, picked.host, picked.model) == ("attached", N1, H100)
     assert picked.uuid == gpu_uuid(picked.id)
-    assert fsas_emu.state()["blocks"][picked.id]["system"] == "node-1"
+    assert emu.state()["blocks"][picked.id]["system"] == "node-1"
     inv = fm.inventory()
     assert inv.free_counts[("zone-1", H100)] == 3
     assert inv.devices[picked.id].host == N1
