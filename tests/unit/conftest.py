@@ -30,17 +30,11 @@ def emu() -> Iterator[EmulatorProcess]:
         yield e
 
 
-@pytest.fixture(scope="module")
-def fsas_config() -> FsasConfig:
-    """The Fsas FM that ``fsas_emu`` serves; a module overrides it to serve another."""
-    return FsasConfig()
-
-
-@pytest.fixture(scope="module")
-def fsas_emu(
-    tmp_path_factory: pytest.TempPathFactory, fsas_config: FsasConfig
+def fsas_emulator(
+    tmp_path_factory: pytest.TempPathFactory, config: FsasConfig
 ) -> Iterator[EmulatorProcess]:
-    """One fabric emulator per test module that also serves the Fsas FM API."""
+    """For a module's fixture: a fabric emulator that also serves the Fsas FM API with
+    ``config`` (``yield from fsas_emulator(tmp_path_factory, CONFIG)``)."""
     work = tmp_path_factory.mktemp("fsas-emu")
-    with EmulatorProcess(extra_args=process_args(work, fsas_config), workdir=work) as e:
+    with EmulatorProcess(extra_args=process_args(work, config), workdir=work) as e:
         yield e

@@ -7,6 +7,7 @@ import json
 import select
 import socket
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from fabric_emulator.fsas import api
 from fabric_emulator.fsas.config import FsasConfig
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from tests.unit.conftest import fsas_emulator
 
 TENANT, MACHINE = "t-1", "m-1"
 FUZZ = settings(max_examples=200)
@@ -121,9 +123,8 @@ def test_a_valid_attach_body_parses() -> None:
 
 
 @pytest.fixture(scope="module")
-def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
-    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
-    return fsas_emu
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    yield from fsas_emulator(tmp_path_factory, FsasConfig())
 
 
 @settings(max_examples=60)

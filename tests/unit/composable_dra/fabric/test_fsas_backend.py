@@ -21,6 +21,7 @@ from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretK
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import gpu_uuid, host_uuid
+from tests.unit.conftest import fsas_emulator
 
 CONFIG = FsasConfig(tenant="tenant-7", realm="lab", client_id="cdra", client_secret="s3cr3t-x")
 CREDS = Credentials("cdra", "s3cr3t-x", "admin", "admin")
@@ -28,14 +29,8 @@ N1, N2, N3 = (host_uuid(f"node-{i}") for i in (1, 2, 3))
 
 
 @pytest.fixture(scope="module")
-def fsas_config() -> FsasConfig:
-    return CONFIG
-
-
-@pytest.fixture(scope="module")
-def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
-    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
-    return fsas_emu
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    yield from fsas_emulator(tmp_path_factory, CONFIG)
 
 
 class Clock:

@@ -26,11 +26,11 @@ from composable_dra.fabric.slots import (
     with_slots,
 )
 from composable_operator.fabric_status import free_devices
-from fabric_emulator.fsas.config import FsasConfig
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import gpu_uuid
 from tests.unit.composable_dra.fabric.test_fsas_backend import CONFIG as IDENTITY_FM
 from tests.unit.composable_dra.fabric.test_fsas_backend import CREDS, N1, N2, N3
+from tests.unit.conftest import fsas_emulator
 
 H100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
 # As CoHDI's CI mock of the FM: it picks, and lists no resources.
@@ -38,14 +38,8 @@ CONFIG = dataclasses.replace(IDENTITY_FM, attach_by_model=True, list_resources=F
 
 
 @pytest.fixture(scope="module")
-def fsas_config() -> FsasConfig:
-    return CONFIG
-
-
-@pytest.fixture(scope="module")
-def emu(fsas_emu: EmulatorProcess) -> EmulatorProcess:
-    """This module's name for the Fsas FM emulator (tests/unit/conftest.py)."""
-    return fsas_emu
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    yield from fsas_emulator(tmp_path_factory, CONFIG)
 
 
 @pytest.fixture
