@@ -1,1 +1,4 @@
-"""Developer tooling: the local control plane, the kubelet emulator, demos, benchmarks."""
+"""Scripts people run: the demo, the benchmarks, the simulator, build and chart scripts.
+
+The local test cluster they start is the ``testbed`` package.
+"""

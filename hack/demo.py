@@ -4,12 +4,12 @@ Run with `make demo` (or `python -m hack.demo --help`). It starts etcd and the
 Kubernetes control plane, the Redfish fabric emulator (3 hosts, 2 zones, 8 GPUs), three
 nodes with a plugin each, and the operator, the pool publisher and the scaler, each as its
 own process, as the product runs them. The nodes are real (the upstream kubelet with
-containerd and runc, hack/localcluster/realnode.py) where the machine allows it (root,
+containerd and runc, testbed/realnode.py) where the machine allows it (root,
 the node binaries built or cached by hack/node/build.sh), otherwise kubelet emulators; the
 demo says which, and why. It then applies the
 examples of deploy/examples, shows the attach flow as it happens, releases one GPU and
 waits until it goes back to the pool. Last, the software fallback: a node that no fabric
-reaches borrows a donor node's GPU (hack/localcluster/lending.py: both nodes kubelet
+reaches borrows a donor node's GPU (testbed/lending.py: both nodes kubelet
 emulators, the donor's lease API, the scaler's lease controller), and the pod's own
 process runs matmul on the donor and checks the products. It prints a JSON summary as
 its last line, with ``remote``: the donor, the lease, the transport and whether the
@@ -39,16 +39,15 @@ from typing import Any
 from composable_dra import logs
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.remote_leases import REMOTE_READY
-from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.lending import Lab
-from hack.localcluster.realnode import RealNodeError, find_node_binaries
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.remote_pods import matmul_claim_and_pod
-from hack.localcluster.testimage import IMAGE
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane, examples
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.lending import Lab
+from testbed.realnode import RealNodeError, find_node_binaries
+from testbed.realnode_pods import for_real_node
+from testbed.remote_pods import matmul_claim_and_pod
+from testbed.testimage import IMAGE
+from testbed.wait import wait_for
 
 EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim")
 NAMESPACE = "demo"
@@ -269,7 +268,7 @@ def remote_lease(suite: Suite, lab: Lab, out: Progress) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
     parser.add_argument("--teardown", action="store_true", help="stop everything after the summary")
     parser.add_argument("--workdir", type=Path, help="keep logs and state here (default: temp)")
@@ -286,20 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         help="real kubelets with containerd and runc, kubelet emulators, or real where the "
         "machine allows it (default)",
     )
-    args = parser.parse_args(argv)
-    logs.configure("demo", "warning")
-    out = Progress()
-    node_bin_dir, why = real_node_binaries(args.nodes)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {
-        "pods_running": 0,
-        "time_to_gpu_s": None,
-        "attaches": 0,
-        "detaches": 0,
-        "kubelet": "v1.37.1" if node_bin_dir else "emulator",
-        "containers_ran": 0,
-    }
+    return parser.parse_args(argv)
+
+
+def start_control_plane(out: Progress, workdir: Path) -> tuple[ControlPlane, Kube]:
     with out.stage(
         "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.37"
     ):
@@ -307,79 +296,135 @@ def main(argv: list[str] | None = None) -> int:
         cp.start()
         kube = Kube.from_config(str(cp.kubeconfig))
         out.line(f"kubeconfig {cp.kubeconfig}")
+    return cp, kube
+
+
+def start_suite(out: Progress, suite: Suite, nodes: str, real: bool, why: str) -> None:
+    kind = "real kubelets v1.37.1 + containerd + runc" if real else "kubelet emulators"
+    with out.stage(
+        f"the suite: fabric emulator, 3 nodes ({kind}) with a plugin each, operator, "
+        "pool publisher, scaler"
+    ):
+        if real or nodes == "emulator":
+            out.line(f"nodes: {kind} ({why})")
+        else:
+            out.line(f"nodes: falling back to kubelet emulators, no real node here: {why}")
+        suite.start()
+        out.line(f"fabric emulator at {suite.emulator.url}; Fabric {suite.fabric}")
+        for line in pool_summary(suite):
+            out.line(line)
+        out.line("no node has a GPU of its own: every GPU below is attached from the pool")
+
+
+def apply_examples(out: Progress, suite: Suite, watcher: Watcher, real: bool) -> list[str]:
+    """The examples applied, and their pods running; the pods' names."""
+    with out.stage(f"applying deploy/examples: {', '.join(EXAMPLES)}"):
+        pods = []
+        for name in EXAMPLES:
+            # On real nodes the pods run the local test image in the host network
+            # (no registry, only the loopback CNI plugin); the scheduler still picks.
+            adapt = (lambda pod: for_real_node(pod, None, IMAGE)) if real else None
+            examples.apply(suite.kube, name, NAMESPACE, pod=adapt)
+            pods += examples.pods(name)
+            out.line(f"applied {name}.yaml ({', '.join(examples.pods(name))})")
+        wait_for(
+            lambda: all(suite.running(NAMESPACE, p) for p in pods),
+            180,
+            "every example pod to run",
+            describe=suite.describe,
+        )
+        watcher.poll()
+    watcher.poll()
+    return pods
+
+
+def examples_summary(suite: Suite, watcher: Watcher, pods: list[str]) -> dict[str, Any]:
+    times = [
+        watcher.running_at[p] - watcher.created_at[p]
+        for p in pods
+        if p in watcher.running_at and p in watcher.created_at
+    ]
+    return {
+        "pods_running": sum(suite.running(NAMESPACE, p) for p in pods),
+        "time_to_gpu_s": round(statistics.median(times), 2) if times else None,
+        "containers_ran": containers_ran(suite, pods),
+    }
+
+
+def release_idle(out: Progress, suite: Suite, idle_seconds: float) -> None:
+    with out.stage(
+        f"releasing gpu-from-pool: its GPU stays on the node as an idle local "
+        f"GPU, then goes back to the pool after {idle_seconds:.0f}s idle"
+    ):
+        before = {r["metadata"]["name"] for r in suite.resources()}
+        suite.kube.delete(path("v1", "pods", "gpu-from-pool", namespace=NAMESPACE))
+        wait_for(
+            lambda: not before <= {r["metadata"]["name"] for r in suite.resources()},
+            idle_seconds + 120,
+            "an idle GPU to be detached",
+            describe=suite.describe,
+        )
+
+
+def say_it_stays_up(cp: ControlPlane, workdir: Path) -> None:
+    """Until Ctrl-C (or SIGTERM): the cluster stays up for a person to look at."""
+    print(
+        f"\nThe cluster stays up: kubectl --kubeconfig {cp.kubeconfig} get pods,"
+        f"resourceclaims -n {NAMESPACE}; kubectl get composableresources,fabrics\n"
+        f"Logs: {workdir}/suite/logs and {workdir}/cp/logs. Ctrl-C stops it.",
+        flush=True,
+    )
+
+
+def wait_for_signal() -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.configure("demo", "warning")
+    out = Progress()
+    node_bin_dir, why = real_node_binaries(args.nodes)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    real = node_bin_dir is not None
+    summary: dict[str, Any] = {
+        "pods_running": 0,
+        "time_to_gpu_s": None,
+        "attaches": 0,
+        "detaches": 0,
+        "kubelet": "v1.37.1" if real else "emulator",
+        "containers_ran": 0,
+    }
+    cp, kube = start_control_plane(out, workdir)
     suite = Suite(
         kube,
         cp.kubeconfig,
         workdir / "suite",
         SuiteOptions(
             no_removal=args.idle_seconds,
-            real_hosts=SuiteOptions().hosts if node_bin_dir else (),
+            real_hosts=SuiteOptions().hosts if real else (),
             node_bin_dir=node_bin_dir,
         ),
         suffix="demo",
         control_plane=cp,
     )
-    real = node_bin_dir is not None
     watcher = Watcher(suite, out)
     lab: Lab | None = None
     try:
-        kind = "real kubelets v1.37.1 + containerd + runc" if real else "kubelet emulators"
-        with out.stage(
-            f"the suite: fabric emulator, 3 nodes ({kind}) with a plugin each, operator, "
-            "pool publisher, scaler"
-        ):
-            if real or args.nodes == "emulator":
-                out.line(f"nodes: {kind} ({why})")
-            else:
-                out.line(f"nodes: falling back to kubelet emulators, no real node here: {why}")
-            suite.start()
-            out.line(f"fabric emulator at {suite.emulator.url}; Fabric {suite.fabric}")
-            for line in pool_summary(suite):
-                out.line(line)
-            out.line("no node has a GPU of its own: every GPU below is attached from the pool")
+        start_suite(out, suite, args.nodes, real, why)
         kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
         watcher.start()
-        with out.stage(f"applying deploy/examples: {', '.join(EXAMPLES)}"):
-            pods = []
-            for name in EXAMPLES:
-                # On real nodes the pods run the local test image in the host network
-                # (no registry, only the loopback CNI plugin); the scheduler still picks.
-                adapt = (lambda pod: for_real_node(pod, None, IMAGE)) if real else None
-                examples.apply(kube, name, NAMESPACE, pod=adapt)
-                pods += examples.pods(name)
-                out.line(f"applied {name}.yaml ({', '.join(examples.pods(name))})")
-            wait_for(
-                lambda: all(suite.running(NAMESPACE, p) for p in pods),
-                180,
-                "every example pod to run",
-                describe=suite.describe,
-            )
-            watcher.poll()
-        watcher.poll()
-        summary["pods_running"] = sum(suite.running(NAMESPACE, p) for p in pods)
-        times = [
-            watcher.running_at[p] - watcher.created_at[p]
-            for p in pods
-            if p in watcher.running_at and p in watcher.created_at
-        ]
-        summary["time_to_gpu_s"] = round(statistics.median(times), 2) if times else None
-        summary["containers_ran"] = containers_ran(suite, pods)
+        pods = apply_examples(out, suite, watcher, real)
+        summary |= examples_summary(suite, watcher, pods)
         if real:
             with out.stage("what the containers printed (the GPUs their CDI spec injected)"):
                 for p in pods:
                     out.line(f"{p}: {container_output(suite, p)}")
-        with out.stage(
-            f"releasing gpu-from-pool: its GPU stays on the node as an idle local "
-            f"GPU, then goes back to the pool after {args.idle_seconds:.0f}s idle"
-        ):
-            before = {r["metadata"]["name"] for r in suite.resources()}
-            kube.delete(path("v1", "pods", "gpu-from-pool", namespace=NAMESPACE))
-            wait_for(
-                lambda: not before <= {r["metadata"]["name"] for r in suite.resources()},
-                args.idle_seconds + 120,
-                "an idle GPU to be detached",
-                describe=suite.describe,
-            )
+        release_idle(out, suite, args.idle_seconds)
         watcher.poll()
         summary["attaches"] = len(watcher.attached)
         summary["detaches"] = len(watcher.detached)
@@ -392,18 +437,10 @@ def main(argv: list[str] | None = None) -> int:
             lab = Lab(kube, cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-")
             summary["remote"] = remote_lease(suite, lab, out)
         if not args.teardown:
-            print(
-                f"\nThe cluster stays up: kubectl --kubeconfig {cp.kubeconfig} get pods,"
-                f"resourceclaims -n {NAMESPACE}; kubectl get composableresources,fabrics\n"
-                f"Logs: {workdir}/suite/logs and {workdir}/cp/logs. Ctrl-C stops it.",
-                flush=True,
-            )
+            say_it_stays_up(cp, workdir)
         print(json.dumps(summary), flush=True)
         if not args.teardown:
-            stop = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            stop.wait()
+            wait_for_signal()
         remote_ok = bool((summary.get("remote") or {}).get("ok"))
         return 0 if summary["pods_running"] == len(pods) and remote_ok else 1
     finally:

@@ -3,7 +3,7 @@
 They face the network: whatever JSON value an answer holds, each returns what it means
 or raises a typed FabricError (AuthError for a token answer that gives no usable token,
 BadAnswerError for another shape than the API's), never another exception.
-tests/unit/test_fsas_answers.py fuzzes them.
+tests/unit/composable_dra/fabric/test_fsas_answers.py fuzzes them.
 """
 
 from __future__ import annotations

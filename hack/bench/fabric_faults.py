@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,13 @@ from composable_dra.kube import JSON, Kube, path  # noqa: E402
 from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402
-from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries  # noqa: E402
-from hack.localcluster.crds import install_crds  # noqa: E402
-from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
-from hack.localcluster.process import ComponentProcess  # noqa: E402
-from hack.localcluster.wait import wait_for  # noqa: E402
+from testbed import ControlPlane  # noqa: E402
+from testbed.controlplane import find_binaries  # noqa: E402
+from testbed.crds import install_crds  # noqa: E402
+from testbed.nodes import create_node  # noqa: E402
+from testbed.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
+from testbed.process import ComponentProcess  # noqa: E402
+from testbed.wait import wait_for  # noqa: E402
 
 RESOURCES = path(API_VERSION, "composableresources")
 FABRIC = "bench"
@@ -137,7 +138,7 @@ def phase(r: JSON) -> str:
     return str((r.get("status") or {}).get("phase") or "")
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--operations", type=int, default=200)
     parser.add_argument("--kills", type=int, default=5)
@@ -155,7 +156,248 @@ def main() -> int:
         action="store_true",
         help="fsas-fm: the FM picks the GPU and lists free ones as counts (CoHDI's CI mock)",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def fault_rules(args: argparse.Namespace, paths: dict[str, str]) -> list[dict[str, Any]]:
+    """The faults, and the latency of every attach request: a cancelled attach is then
+    still on its way when its resource is deleted."""
+    rules = faults(args.seed, paths)
+    if args.attach_latency <= 0:
+        return rules
+    latency = {
+        "kind": "latency",
+        "method": paths["attach_method"],
+        "path": paths["attach"],
+        "latency": args.attach_latency,
+    }
+    return [*rules, latency]
+
+
+def create_fabric(kube: Kube, emulator: EmulatorProcess, backend: str, pick: bool) -> None:
+    """The Fabric on the emulator, with its credentials Secret (Redfish and Fsas FM)."""
+    kube.create(path("v1", "namespaces"), {"metadata": {"name": "composable-dra"}})
+    creds = {
+        "username": "admin",
+        "password": "admin",
+        "client_id": FSAS.client_id,
+        "client_secret": FSAS.client_secret,
+    }
+    kube.create(
+        path("v1", "secrets", namespace="composable-dra"),
+        {
+            "metadata": {"name": FABRIC},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
+        },
+    )
+    fsas = backend == "fsas-fm"
+    settings = {"fsas": fsas_settings(emulator.state()["blocks"], pick)} if fsas else {}
+    kube.create(
+        path(API_VERSION, "fabrics"),
+        {
+            "apiVersion": API_VERSION,
+            "kind": "Fabric",
+            "metadata": {"name": FABRIC},
+            "spec": {
+                "backend": backend,
+                **settings,
+                "endpoint": emulator.url,
+                "credentialsSecret": {"name": FABRIC, "namespace": "composable-dra"},
+                "operationTimeoutSeconds": 120,
+                "orphanPolicy": "Ignore",
+            },
+        },
+    )
+
+
+def start_plugins(
+    kube: Kube, kubeconfig: Path, work: Path, emulator: EmulatorProcess
+) -> list[PluginProcess]:
+    """Three fake nodes on the emulator's hosts, each with the plugin (redfish source)."""
+    creds = work / "redfish.yaml"
+    creds.write_text("username: admin\npassword: admin\n")
+    plugins = []
+    for host in ("node-1", "node-2", "node-3"):
+        create_node(kube.api, host, system_uuid=host_uuid(host))
+        plugin = PluginProcess(
+            node=host,
+            kubeconfig=kubeconfig,
+            plugins_registry_dir=work / host / "registry",
+            plugins_dir=work / host / "p",
+            cdi_dir=work / host / "cdi",
+            workdir=work / host / "plugin",
+            extra_args=redfish_source_args(emulator.url, creds, 1),
+        )
+        plugin.start()
+        plugins.append(plugin)
+    return plugins
+
+
+def start_operator(kubeconfig: Path, work: Path) -> ComponentProcess:
+    args = [
+        f"--kubeconfig={kubeconfig}",
+        "--leader-elect-namespace=kube-system",
+        "--metrics-port=0",
+        "--online-poll-seconds=3",
+    ]
+    return ComponentProcess("operator", args, work / "operator").start()
+
+
+@dataclass
+class Operations:
+    """The random operations on one fabric, and what they did."""
+
+    args: argparse.Namespace
+    kube: Kube
+    emulator: EmulatorProcess
+    operator: ComponentProcess
+    rng: random.Random
+    pick: bool
+    created: int = 0
+    cancelled: int = 0
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.blocks0 = self.emulator.state()["blocks"]
+        self.zones = {b: s["zone"] for b, s in self.blocks0.items()}
+        self.reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
+
+    def resources(self) -> list[JSON]:
+        items: list[JSON] = self.kube.get(RESOURCES)["items"]
+        return items
+
+    def settled_enough(self) -> bool:
+        busy = [
+            r
+            for r in self.resources()
+            if r["metadata"].get("deletionTimestamp") or phase(r) not in ("Online", "Failed")
+        ]
+        return len(busy) < int(self.args.in_flight)
+
+    def run(self) -> None:
+        """Every operation, with the operator killed and restarted at random ones."""
+        kills = set(self.rng.sample(range(10, self.args.operations), self.args.kills))
+        for i in range(self.args.operations):
+            wait_for(self.settled_enough, 300, "room for another change", interval=0.2)
+            live = self.one()
+            if i in kills:
+                self.operator.kill()
+                self.operator.start()
+                self.restarts += 1
+            print(f"op {i + 1}/{self.args.operations}: {live} resources", file=sys.stderr)
+
+    def one(self) -> int:
+        """One operation: create (and perhaps cancel) a resource, or delete one; returns
+        how many resources were live before it."""
+        everything = self.resources()
+        live = [r for r in everything if not r["metadata"].get("deletionTimestamp")]
+        named = {r["spec"]["deviceID"] for r in live}
+        if self.pick:
+            free = room(self.emulator.state()["blocks"], everything, self.reach)
+        else:
+            free = [
+                (b, self.rng.choice(self.reach[self.zones[b]]))
+                for b in self.zones
+                if b not in named
+            ]
+        deletable = [r for r in live if phase(r) in ("Online", "Failed")]
+        if free and (self.rng.random() < 0.55 or not deletable):
+            block, node = self.rng.choice(free)
+            name, block = self.create(block, node)
+            if self.rng.random() < self.args.cancel:
+                self.cancel(name, block)
+        elif deletable:
+            victim = self.rng.choice(deletable)
+            self.kube.delete(path(API_VERSION, "composableresources", victim["metadata"]["name"]))
+        return len(live)
+
+    def create(self, block: str, node: str) -> tuple[str, str]:
+        """A resource for ``block`` (or, when the FM picks, a slot of its model) on ``node``;
+        its name and the device it names."""
+        self.created += 1
+        spec = {"fabric": FABRIC, "deviceID": block, "targetNode": node}
+        if self.pick:  # a slot of the model: the FM picks the GPU
+            model = self.blocks0[block]["model"]
+            block = slot_name(self.zones[block], model, self.created)
+            spec = {**spec, "deviceID": block, "model": model}
+        name = f"r{self.created}-{block}"
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "ComposableResource",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        self.kube.create(RESOURCES, body)
+        return name, block
+
+    def cancel(self, name: str, block: str) -> None:
+        """Delete the resource ``name`` as soon as its attach is under way."""
+        r_path = path(API_VERSION, "composableresources", name)
+
+        def under_way() -> bool:
+            r = self.kube.get_or_none(r_path) or {}
+            if self.pick or phase(r) not in ("", "Online"):
+                return phase(r) not in ("", "Online")
+            return bool(self.emulator.state()["blocks"][block]["state"] != "Unused")
+
+        # An operator killed meanwhile may take a while to come back.
+        wait_for(under_way, 120, f"the attach of {name} to start", interval=0.05)
+        self.kube.delete(r_path)
+        self.cancelled += 1
+
+    def settle(self) -> None:
+        """Until every fabric task has ended and every resource is Online; a resource that
+        failed (under faults, or on a block someone else holds) is deleted as a user would."""
+
+        def settled() -> bool:
+            items = self.resources()
+            for r in items:
+                if phase(r) == "Failed" and not r["metadata"].get("deletionTimestamp"):
+                    self.kube.delete(
+                        path(API_VERSION, "composableresources", r["metadata"]["name"])
+                    )
+            tasks = self.emulator.state()["tasks"].values()
+            return all(t != "Running" for t in tasks) and all(
+                phase(r) == "Online" and not r["metadata"].get("deletionTimestamp") for r in items
+            )
+
+        wait_for(
+            settled,
+            600,
+            "every resource to settle",
+            interval=0.5,
+            describe=lambda: str(
+                [
+                    (r["metadata"]["name"], phase(r))
+                    for r in self.resources()
+                    if phase(r) != "Online"
+                ]
+            ),
+        )
+
+
+def check(blocks: dict[str, Any], final: list[JSON]) -> dict[str, list[str]]:
+    """The emulator's composition against the resources: blocks attached with no resource
+    or resources Online without their attachment (leaked), blocks left mid-change (stuck),
+    blocks named twice or attached where their resource does not say (double)."""
+    attached = {b: s["system"] for b, s in blocks.items() if s["state"] == "Composed"}
+    stuck = [b for b, s in blocks.items() if s["state"] not in ("Composed", "Unused")]
+    by_device: dict[str, list[JSON]] = {}
+    for r in final:
+        by_device.setdefault(device_of(r), []).append(r)
+    leaked = [b for b in attached if b not in by_device]
+    leaked += [r["metadata"]["name"] for r in final if device_of(r) not in attached]
+    double = [b for b, rs in by_device.items() if len(rs) > 1]
+    double += [
+        b
+        for b, host in attached.items()
+        if b in by_device and by_device[b][0]["spec"]["targetNode"] != host
+    ]
+    return {"leaked": leaked, "stuck": stuck, "double": double, "attached": list(attached)}
+
+
+def bench(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, Any]:
+    """Start the control plane and the suite, run the operations, settle, check."""
     paths = PATHS[args.backend]
     fsas = args.backend == "fsas-fm"
     pick = fsas and args.fsas_pick
@@ -163,245 +405,73 @@ def main() -> int:
     if pick:  # no resource reads on such an FM: the machine reads take their faults
         paths = {**paths, "device": "/machines/[^/]+$"}
     rng = random.Random(args.seed)
+    with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
+        kube = Kube.from_config(str(cp.kubeconfig))
+        install_crds(kube)
+        emu_dir = work / "emulator"
+        emulator = EmulatorProcess(
+            async_polls=1,
+            task_seconds=5,
+            workdir=emu_dir,
+            extra_args=process_args(emu_dir, fsas_config) if fsas else (),
+        )
+        emulator.start()
+        procs.append(emulator)
+        create_fabric(kube, emulator, args.backend, pick)
+        procs.extend(start_plugins(kube, cp.kubeconfig, work, emulator))
+        operator = start_operator(cp.kubeconfig, work)
+        procs.append(operator)
+
+        ops = Operations(args, kube, emulator, operator, rng, pick)
+        emulator.set_faults(fault_rules(args, paths))
+        started = time.monotonic()
+        ops.run()
+        ops_s = time.monotonic() - started
+
+        fault_state = emulator.faults()
+        emulator.clear_faults()
+        t0 = time.monotonic()
+        ops.settle()
+        settle_s = time.monotonic() - t0
+
+        final = ops.resources()
+        found = check(emulator.state()["blocks"], final)
+        for p in reversed(procs):
+            p.stop()
+        procs.clear()
+    leaked, stuck, double = found["leaked"], found["stuck"], found["double"]
+    return {
+        "backend": args.backend,
+        "operations": args.operations,
+        "cancelled": ops.cancelled,
+        "restarts": ops.restarts,
+        "leaked": len(leaked) + len(stuck),
+        "double_attached": len(double),
+        "leaked_items": sorted(leaked + stuck),
+        "double_items": sorted(double),
+        "resources_online": len(final),
+        "blocks_attached": len(found["attached"]),
+        "operations_s": round(ops_s, 1),
+        "settle_s": round(settle_s, 1),
+        "faults_fired": {
+            f"{r['kind']}:{r.get('method') or '*'}": r.get("fired", 0) for r in fault_state
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cdra-faults-", dir="/tmp"))
     keep = False  # the logs stay when the result is not clean
     procs: list[Any] = []
     try:
-        with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
-            kube = Kube.from_config(str(cp.kubeconfig))
-            install_crds(kube)
-            emu_dir = work / "emulator"
-            emulator = EmulatorProcess(
-                async_polls=1,
-                task_seconds=5,
-                workdir=emu_dir,
-                extra_args=process_args(emu_dir, fsas_config) if fsas else (),
-            )
-            emulator.start()
-            procs.append(emulator)
-            kube.create(path("v1", "namespaces"), {"metadata": {"name": "composable-dra"}})
-            kube.create(
-                path("v1", "secrets", namespace="composable-dra"),
-                {
-                    "metadata": {"name": FABRIC},
-                    "data": {
-                        k: base64.b64encode(v.encode()).decode()
-                        for k, v in {
-                            "username": "admin",
-                            "password": "admin",
-                            "client_id": FSAS.client_id,
-                            "client_secret": FSAS.client_secret,
-                        }.items()
-                    },
-                },
-            )
-            kube.create(
-                path(API_VERSION, "fabrics"),
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": "Fabric",
-                    "metadata": {"name": FABRIC},
-                    "spec": {
-                        "backend": args.backend,
-                        **(
-                            {"fsas": fsas_settings(emulator.state()["blocks"], pick)}
-                            if fsas
-                            else {}
-                        ),
-                        "endpoint": emulator.url,
-                        "credentialsSecret": {"name": FABRIC, "namespace": "composable-dra"},
-                        "operationTimeoutSeconds": 120,
-                        "orphanPolicy": "Ignore",
-                    },
-                },
-            )
-            creds = work / "redfish.yaml"
-            creds.write_text("username: admin\npassword: admin\n")
-            hosts = ["node-1", "node-2", "node-3"]
-            for host in hosts:
-                create_node(kube.api, host, system_uuid=host_uuid(host))
-                plugin = PluginProcess(
-                    node=host,
-                    kubeconfig=cp.kubeconfig,
-                    plugins_registry_dir=work / host / "registry",
-                    plugins_dir=work / host / "p",
-                    cdi_dir=work / host / "cdi",
-                    workdir=work / host / "plugin",
-                    extra_args=redfish_source_args(emulator.url, creds, 1),
-                )
-                plugin.start()
-                procs.append(plugin)
-            operator = ComponentProcess(
-                "operator",
-                [
-                    f"--kubeconfig={cp.kubeconfig}",
-                    "--leader-elect-namespace=kube-system",
-                    "--metrics-port=0",
-                    "--online-poll-seconds=3",
-                ],
-                work / "operator",
-            ).start()
-            procs.append(operator)
-
-            blocks0 = emulator.state()["blocks"]
-            zones = {b: s["zone"] for b, s in blocks0.items()}
-            reach = {"zone-1": ["node-1", "node-2"], "zone-2": ["node-2", "node-3"]}
-            # Every attach request takes a while to reach the fabric: a
-            # cancelled one is then still on its way when its resource is deleted.
-            emulator.set_faults(
-                [
-                    *faults(args.seed, paths),
-                    {
-                        "kind": "latency",
-                        "method": paths["attach_method"],
-                        "path": paths["attach"],
-                        "latency": args.attach_latency,
-                    },
-                ]
-                if args.attach_latency > 0
-                else faults(args.seed, paths)
-            )
-            kills = set(rng.sample(range(10, args.operations), args.kills))
-            restarts = 0
-            created = 0
-            cancelled = 0
-
-            def resources() -> list[JSON]:
-                items: list[JSON] = kube.get(RESOURCES)["items"]
-                return items
-
-            def settled_enough() -> bool:
-                busy = [
-                    r
-                    for r in resources()
-                    if r["metadata"].get("deletionTimestamp")
-                    or phase(r) not in ("Online", "Failed")
-                ]
-                return len(busy) < int(args.in_flight)
-
-            started = time.monotonic()
-            for i in range(args.operations):
-                wait_for(settled_enough, 300, "room for another change", interval=0.2)
-                everything = resources()
-                live = [r for r in everything if not r["metadata"].get("deletionTimestamp")]
-                named = {r["spec"]["deviceID"] for r in live}
-                if pick:
-                    free = room(emulator.state()["blocks"], everything, reach)
-                else:
-                    free = [(b, rng.choice(reach[zones[b]])) for b in zones if b not in named]
-                deletable = [r for r in live if phase(r) in ("Online", "Failed")]
-                if free and (rng.random() < 0.55 or not deletable):
-                    block, node = rng.choice(free)
-                    created += 1
-                    spec = {"fabric": FABRIC, "deviceID": block, "targetNode": node}
-                    if pick:  # a slot of the model: the FM picks the GPU
-                        model = blocks0[block]["model"]
-                        block = slot_name(zones[block], model, created)
-                        spec = {**spec, "deviceID": block, "model": model}
-                    name = f"r{created}-{block}"
-                    kube.create(
-                        RESOURCES,
-                        {
-                            "apiVersion": API_VERSION,
-                            "kind": "ComposableResource",
-                            "metadata": {"name": name},
-                            "spec": spec,
-                        },
-                    )
-                    if rng.random() < args.cancel:
-                        r_path = path(API_VERSION, "composableresources", name)
-
-                        def under_way(r_path: str = r_path, block: str = block) -> bool:
-                            r = kube.get_or_none(r_path) or {}
-                            if pick or phase(r) not in ("", "Online"):
-                                return phase(r) not in ("", "Online")
-                            return bool(emulator.state()["blocks"][block]["state"] != "Unused")
-
-                        # An operator killed meanwhile may take a while to come back.
-                        wait_for(under_way, 120, f"the attach of {name} to start", interval=0.05)
-                        kube.delete(r_path)
-                        cancelled += 1
-                elif deletable:
-                    victim = rng.choice(deletable)
-                    kube.delete(
-                        path(API_VERSION, "composableresources", victim["metadata"]["name"])
-                    )
-                if i in kills:
-                    operator.kill()
-                    operator.start()
-                    restarts += 1
-                print(f"op {i + 1}/{args.operations}: {len(live)} resources", file=sys.stderr)
-            ops_s = time.monotonic() - started
-
-            fault_state = emulator.faults()
-            emulator.clear_faults()
-            t0 = time.monotonic()
-
-            def settled() -> bool:
-                items = resources()
-                for r in items:
-                    # Given up (under faults, or on a block someone else holds): clean up
-                    # as a user would.
-                    if phase(r) == "Failed" and not r["metadata"].get("deletionTimestamp"):
-                        kube.delete(path(API_VERSION, "composableresources", r["metadata"]["name"]))
-                tasks = emulator.state()["tasks"].values()
-                return all(t != "Running" for t in tasks) and all(
-                    phase(r) == "Online" and not r["metadata"].get("deletionTimestamp")
-                    for r in items
-                )
-
-            wait_for(
-                settled,
-                600,
-                "every resource to settle",
-                interval=0.5,
-                describe=lambda: str(
-                    [(r["metadata"]["name"], phase(r)) for r in resources() if phase(r) != "Online"]
-                ),
-            )
-            settle_s = time.monotonic() - t0
-
-            blocks = emulator.state()["blocks"]
-            attached = {b: s["system"] for b, s in blocks.items() if s["state"] == "Composed"}
-            stuck = [b for b, s in blocks.items() if s["state"] not in ("Composed", "Unused")]
-            final = resources()
-            by_device: dict[str, list[JSON]] = {}
-            for r in final:
-                by_device.setdefault(device_of(r), []).append(r)
-            leaked = [b for b in attached if b not in by_device]
-            leaked += [r["metadata"]["name"] for r in final if device_of(r) not in attached]
-            double = [b for b, rs in by_device.items() if len(rs) > 1]
-            double += [
-                b
-                for b, host in attached.items()
-                if b in by_device and by_device[b][0]["spec"]["targetNode"] != host
-            ]
-            result = {
-                "backend": args.backend,
-                "operations": args.operations,
-                "cancelled": cancelled,
-                "restarts": restarts,
-                "leaked": len(leaked) + len(stuck),
-                "double_attached": len(double),
-                "leaked_items": sorted(leaked + stuck),
-                "double_items": sorted(double),
-                "resources_online": len(final),
-                "blocks_attached": len(attached),
-                "operations_s": round(ops_s, 1),
-                "settle_s": round(settle_s, 1),
-                "faults_fired": {
-                    f"{r['kind']}:{r.get('method') or '*'}": r.get("fired", 0) for r in fault_state
-                },
-            }
-            for p in reversed(procs):
-                p.stop()
-            procs.clear()
-            clean = not leaked and not stuck and not double
-            if not clean:
-                keep = True
-                print(f"logs kept in {work}", file=sys.stderr)
-            print(json.dumps(result), flush=True)
-            return 0 if clean else 1
+        result = bench(args, work, procs)
+        clean = not result["leaked"] and not result["double_attached"]
+        if not clean:
+            keep = True
+            print(f"logs kept in {work}", file=sys.stderr)
+        print(json.dumps(result), flush=True)
+        return 0 if clean else 1
     finally:
         for p in reversed(procs):
             p.stop()

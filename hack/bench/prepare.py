@@ -33,11 +33,11 @@ from composable_dra import names  # noqa: E402
 from composable_dra.kube import Conflict, Kube, path  # noqa: E402
 from dra_driver.grpc_server import service_socket  # noqa: E402
 from hack.bench.stats import percentile  # noqa: E402
-from hack.localcluster import ControlPlane  # noqa: E402
-from hack.localcluster.controlplane import find_binaries  # noqa: E402
-from hack.localcluster.nodes import create_node  # noqa: E402
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices  # noqa: E402
-from hack.localcluster.wait import wait_for  # noqa: E402
+from testbed import ControlPlane  # noqa: E402
+from testbed.controlplane import find_binaries  # noqa: E402
+from testbed.nodes import create_node  # noqa: E402
+from testbed.plugin_process import PluginProcess, write_static_devices  # noqa: E402
+from testbed.wait import wait_for  # noqa: E402
 
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = names.DRIVER
@@ -68,6 +68,30 @@ def make_claims(kube: Kube, node: str, count: int, devices: int) -> list[v1.Clai
         )
         claims.append(v1.Claim(namespace=NAMESPACE, name=name, uid=obj["metadata"]["uid"]))
     return claims
+
+
+def prepare_each(plugins_dir: Path, claims: list[v1.Claim]) -> tuple[list[float], int]:
+    """Prepare and unprepare each claim in turn over the plugin's DRA socket: the
+    latency of each prepare in ms, and how many calls failed."""
+    channel = grpc.insecure_channel(f"unix://{service_socket(plugins_dir, DRIVER)}")
+    stub = v1_grpc.DRAPluginStub(channel)
+    # One warm-up call: connection set-up is not prepare latency.
+    stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=10)
+    latencies: list[float] = []
+    errors = 0
+    for c in claims:
+        start = time.perf_counter()
+        resp = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[c]), timeout=10)
+        latencies.append((time.perf_counter() - start) * 1000)
+        entry = resp.claims[c.uid]
+        if entry.error or not entry.devices:
+            errors += 1
+            print(f"error for {c.name}: {entry.error}", file=sys.stderr)
+        un = stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[c]), timeout=10)
+        if un.claims[c.uid].error:
+            errors += 1
+    channel.close()
+    return latencies, errors
 
 
 def main() -> int:
@@ -120,28 +144,7 @@ def main() -> int:
             )
             claims = make_claims(kube, node, args.claims, args.devices)
 
-            channel = grpc.insecure_channel(f"unix://{service_socket(work / 'plugins', DRIVER)}")
-            stub = v1_grpc.DRAPluginStub(channel)
-            # One warm-up call: connection set-up is not prepare latency.
-            stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=10)
-            latencies: list[float] = []
-            errors = 0
-            for c in claims:
-                start = time.perf_counter()
-                resp = stub.NodePrepareResources(
-                    v1.NodePrepareResourcesRequest(claims=[c]), timeout=10
-                )
-                latencies.append((time.perf_counter() - start) * 1000)
-                entry = resp.claims[c.uid]
-                if entry.error or not entry.devices:
-                    errors += 1
-                    print(f"error for {c.name}: {entry.error}", file=sys.stderr)
-                un = stub.NodeUnprepareResources(
-                    v1.NodeUnprepareResourcesRequest(claims=[c]), timeout=10
-                )
-                if un.claims[c.uid].error:
-                    errors += 1
-            channel.close()
+            latencies, errors = prepare_each(work / "plugins", claims)
             code = plugin.stop()
             if code != 0:
                 print(plugin.log_tail(), file=sys.stderr)

@@ -53,12 +53,12 @@ sys.path.insert(0, str(ROOT))
 
 from hack.bench.goals import finish, goal  # noqa: E402
 from hack.bench.stats import percentile  # noqa: E402
-from hack.localcluster.process import donor_argv  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
 from remote_gpu.errors import AdmissionRefused  # noqa: E402
 from remote_gpu.transports.tcp import tune  # noqa: E402
+from testbed.process import donor_argv  # noqa: E402
 
 SECRET = b"benchmark-secret-0123456789abcdef"
 SIZES = {"64kib": 64 << 10, "1mib": 1 << 20, "8mib": 8 << 20}

@@ -6,7 +6,7 @@ ResourceSlices that the bench writes as each node's plugin would (``dra_driver/s
 every local GPU allocated to a placeholder claim (the bench writes ``status.allocation`` as
 the scheduler would), and a fabric of ``--pool-gpus`` GPU blocks in ``--zones`` zones in
 the emulator. The operator, pool publisher and scaler run as processes
-(hack/localcluster/harness.py); the bench stands in for the plugins' one write of the
+(testbed/harness.py); the bench stands in for the plugins' one write of the
 attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID).
 Then ``--first`` pods with pool claims are created at once, and when every claim is
 ready, ``--claims`` more. As docs/operations.md recommends for large clusters,
@@ -71,11 +71,11 @@ from hack.bench.time_to_gpu import (
     breakdown,
     claim_times,
 )
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.nodes import create_node
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.nodes import create_node
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 PLACEHOLDERS = "placeholders"
@@ -560,7 +560,7 @@ def report(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--claims", type=int, default=1000, help="the second, measured burst")
@@ -587,7 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.first + args.claims > args.pool_gpus:
         p.error("the pool has fewer GPUs than the bursts' claims")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     policy, audit_log = workdir / "audit-policy.json", workdir / "audit.log"

@@ -52,11 +52,6 @@ from composable_dra.kube import JSON, Kube, path
 from fabric_emulator.topology import host_uuid
 from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, parallel, populate
 from hack.bench.stats import percentile
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import PAUSE_IMAGE, claim_body
-from hack.localcluster.objects import pod_body
-from hack.localcluster.wait import wait_for
 from pool_publisher.publish import (
     FIELD_MANAGER,
     FabricView,
@@ -65,6 +60,11 @@ from pool_publisher.publish import (
     plan_pools,
     published_devices,
 )
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import PAUSE_IMAGE, claim_body
+from testbed.objects import pod_body
+from testbed.wait import wait_for
 
 FABRIC = "fabric-1"
 BURST_LABEL = "bench.composable.dra.io/burst"

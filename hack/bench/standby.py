@@ -41,8 +41,8 @@ from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.goals import finish, goal
 from hack.bench.stats import percentile
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite, SuiteOptions
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 BOUND_P50_CEILING_S = 1.0
@@ -114,6 +114,42 @@ def free_standby(suite: Suite) -> int:
     return n
 
 
+def burst_result(
+    suite: Suite, ns: str, burst: list[str], created: dict[str, float], bound: Bound, held: Held
+) -> dict[str, Any]:
+    """How fast the burst's pods were bound, and where their GPUs came from."""
+    times = [bound.at[n] - t0 for n, t0 in created.items() if n in bound.at]
+    local = 0
+    for name in burst:
+        results = (
+            ((suite.claim(ns, name).get("status") or {}).get("allocation") or {}).get("devices")
+            or {}
+        ).get("results") or []
+        local += any("/" not in str(r.get("pool")) for r in results)
+    failed = sum(1 for n in burst if not suite.running(ns, n))
+    # Bound at the first scheduling attempt: no FailedScheduling event (a pool claim's
+    # PreBind wait that outlasts the binding timeout, a taken block, a backoff).
+    first_attempt = sum(
+        1
+        for n in burst
+        if n in bound.at
+        and not any(e.get("reason") == "FailedScheduling" for e in suite.pod_events(ns, n))
+    )
+    to_alloc = [bound.allocated[n] - t0 for n, t0 in created.items() if n in bound.allocated]
+    p50 = statistics.median(times) if times else None
+    p99 = percentile(times, 0.99) if times else None
+    return {
+        "bound_p50_s": round(p50, 3) if p50 is not None else None,
+        "bound_p99_s": round(p99, 3) if p99 is not None else None,
+        "bound_max_s": round(max(times), 3) if times else None,
+        "allocated_p50_s": round(statistics.median(to_alloc), 3) if to_alloc else None,
+        "allocated_local": local,
+        "bound_first_attempt": first_attempt,
+        "failed": failed,
+        "standby_idle_max": max(held.most.values(), default=0),
+    }
+
+
 def one_side(
     kube: Kube, kubeconfig: Path, opts: SuiteOptions, args: Any, with_standby: bool
 ) -> dict[str, Any]:
@@ -169,36 +205,7 @@ def one_side(
             )
         except TimeoutError as exc:
             print(f"{side} standby: not all pods ran: {exc}")
-        times = [bound.at[n] - t0 for n, t0 in created.items() if n in bound.at]
-        local = 0
-        for name in burst:
-            results = (
-                ((suite.claim(ns, name).get("status") or {}).get("allocation") or {}).get("devices")
-                or {}
-            ).get("results") or []
-            local += any("/" not in str(r.get("pool")) for r in results)
-        failed = sum(1 for n in burst if not suite.running(ns, n))
-        # Bound at the first scheduling attempt: no FailedScheduling event (a pool claim's
-        # PreBind wait that outlasts the binding timeout, a taken block, a backoff).
-        first_attempt = sum(
-            1
-            for n in burst
-            if n in bound.at
-            and not any(e.get("reason") == "FailedScheduling" for e in suite.pod_events(ns, n))
-        )
-        to_alloc = [bound.allocated[n] - t0 for n, t0 in created.items() if n in bound.allocated]
-        p50 = statistics.median(times) if times else None
-        p99 = percentile(times, 0.99) if times else None
-        out = {
-            "bound_p50_s": round(p50, 3) if p50 is not None else None,
-            "bound_p99_s": round(p99, 3) if p99 is not None else None,
-            "bound_max_s": round(max(times), 3) if times else None,
-            "allocated_p50_s": round(statistics.median(to_alloc), 3) if to_alloc else None,
-            "allocated_local": local,
-            "bound_first_attempt": first_attempt,
-            "failed": failed,
-            "standby_idle_max": max(held.most.values(), default=0),
-        }
+        out = burst_result(suite, ns, burst, created, bound, held)
         print(f"{side} standby: {out}", flush=True)
     finally:
         pods.stop()

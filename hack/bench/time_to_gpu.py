@@ -1,6 +1,6 @@
 """Time to GPU: N claims arriving together, each needing a pool GPU attached with latency L.
 
-Starts a local control plane and the whole suite (hack/localcluster/harness.py: emulator,
+Starts a local control plane and the whole suite (testbed/harness.py: emulator,
 operator, pool publisher, scaler, a plugin and kubelet emulator per node), then creates N
 pods with their claims at once. Informers record, per pod, when it was bound (spec.nodeName
 set) and when its claim got FabricDeviceReady; the emulator runs every attach as an
@@ -59,9 +59,9 @@ from composable_dra.kube import Kube, path
 from dra_driver.device_source import device_name_for
 from hack.bench.goals import finish, goal
 from hack.bench.stats import percentile
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
+from testbed import ControlPlane
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
 
 
 def topology(hosts: int, blocks: int) -> dict[str, Any]:
@@ -310,7 +310,7 @@ def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--claims", type=int, default=20)
     p.add_argument(
@@ -336,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=8, help="--standby: pods in the burst")
     p.add_argument("--warmup", type=int, default=8, help="--standby: steady pods before it")
     p.add_argument("--window", type=int, default=120, help="--standby: the policy's window")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.standby:
         return standby_bench(args)
 
@@ -369,55 +373,63 @@ def main(argv: list[str] | None = None) -> int:
                 rec.pods.wait_for(lambda pods: running(pods) >= set(created), args.timeout)
             except TimeoutError as exc:
                 print(f"not all pods ran: {exc}")
-            latency = args.attach_latency + args.request_latency
-            overhead, ready = [], []
-            rescheduled = failed = first_recheck = 0
-            to_alloc: list[float] = []
-            for name, t0 in created.items():
-                allocated = rec.stages.get(name, {}).get("allocated")
-                if allocated is not None:
-                    to_alloc.append(allocated - t0)
-                    bound = rec.bound.get(name)
-                    if bound is not None and bound - allocated < PREBIND_POLL_S + 1:
-                        first_recheck += 1
-                if name in rec.bound:
-                    overhead.append(rec.bound[name] - t0 - latency)
-                if name in rec.ready:
-                    ready.append(rec.ready[name] - t0 - latency)
-                history = [h for h in rec.allocations.get(name, []) if h]
-                scheduled = [
-                    e for e in suite.pod_events(ns, name) if e.get("reason") == "Scheduled"
-                ]
-                if len(history) > 1 or len(scheduled) > 1:
-                    rescheduled += 1
-                if name in rec.failed or not suite.running(ns, name):
-                    failed += 1
-            op_log = suite.operator.log_path if suite.operator is not None else None
-            times = claim_times(created, rec, operator_steps(op_log))
-            out: dict[str, Any] = {
-                "claims": args.claims,
-                "attach_latency_s": latency,
-                "overhead_p50_s": round(statistics.median(overhead), 3) if overhead else None,
-                "overhead_p99_s": round(percentile(overhead, 0.99), 3) if overhead else None,
-                "ready_overhead_p50_s": round(statistics.median(ready), 3) if ready else None,
-                "ready_overhead_p99_s": round(percentile(ready, 0.99), 3) if ready else None,
-                "scheduler_prebind_poll_s": PREBIND_POLL_S,
-                # The least overhead kube-scheduler allows once an attach takes longer
-                # than its immediate check: allocation, then one 5 s re-check, minus L.
-                "overhead_floor_s": round(statistics.median(to_alloc) + PREBIND_POLL_S - latency, 3)
-                if to_alloc
-                else None,
-                "bound_at_first_recheck": first_recheck,
-                "rescheduled": rescheduled,
-                "failed": failed,
-                "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
-                "stages_p50_s": breakdown(times),
-                "shares_s": shares(times),
-            }
+            out = measure(args, suite, rec, created)
         finally:
             rec.stop()
             suite.stop()
     return finish(out, goals(out))
+
+
+def measure(
+    args: argparse.Namespace, suite: Suite, rec: Recorder, created: dict[str, float]
+) -> dict[str, Any]:
+    """The bench's result: each claim's overheads over the fabric's latency, its stages,
+    and what went wrong (rescheduled, failed, a GPU given to two claims)."""
+    kube, ns = suite.kube, rec.ns
+    latency = args.attach_latency + args.request_latency
+    overhead, ready = [], []
+    rescheduled = failed = first_recheck = 0
+    to_alloc: list[float] = []
+    for name, t0 in created.items():
+        allocated = rec.stages.get(name, {}).get("allocated")
+        if allocated is not None:
+            to_alloc.append(allocated - t0)
+            bound = rec.bound.get(name)
+            if bound is not None and bound - allocated < PREBIND_POLL_S + 1:
+                first_recheck += 1
+        if name in rec.bound:
+            overhead.append(rec.bound[name] - t0 - latency)
+        if name in rec.ready:
+            ready.append(rec.ready[name] - t0 - latency)
+        history = [h for h in rec.allocations.get(name, []) if h]
+        scheduled = [e for e in suite.pod_events(ns, name) if e.get("reason") == "Scheduled"]
+        if len(history) > 1 or len(scheduled) > 1:
+            rescheduled += 1
+        if name in rec.failed or not suite.running(ns, name):
+            failed += 1
+    op_log = suite.operator.log_path if suite.operator is not None else None
+    times = claim_times(created, rec, operator_steps(op_log))
+    out: dict[str, Any] = {
+        "claims": args.claims,
+        "attach_latency_s": latency,
+        "overhead_p50_s": round(statistics.median(overhead), 3) if overhead else None,
+        "overhead_p99_s": round(percentile(overhead, 0.99), 3) if overhead else None,
+        "ready_overhead_p50_s": round(statistics.median(ready), 3) if ready else None,
+        "ready_overhead_p99_s": round(percentile(ready, 0.99), 3) if ready else None,
+        "scheduler_prebind_poll_s": PREBIND_POLL_S,
+        # The least overhead kube-scheduler allows once an attach takes longer
+        # than its immediate check: allocation, then one 5 s re-check, minus L.
+        "overhead_floor_s": round(statistics.median(to_alloc) + PREBIND_POLL_S - latency, 3)
+        if to_alloc
+        else None,
+        "bound_at_first_recheck": first_recheck,
+        "rescheduled": rescheduled,
+        "failed": failed,
+        "shared_gpus": len(shared_gpus(final_allocations(kube, ns), block_uuids(suite))),
+        "stages_p50_s": breakdown(times),
+        "shares_s": shares(times),
+    }
+    return out
 
 
 def standby_bench(args: argparse.Namespace) -> int:

@@ -14,17 +14,20 @@ import pytest
 from kubernetes import client, config
 
 from composable_dra.kube import Kube
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import find_binaries
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.objects import ensure_device_class
-from hack.localcluster.realnode import RealNode
-from tests.e2e.realnodes import node_binaries
+from testbed import ControlPlane
+from testbed.claims_seen import ClaimsSeen
+from testbed.controlplane import find_binaries
+from testbed.harness import Suite, SuiteOptions
+from testbed.objects import ensure_device_class
+from testbed.realnode import RealNode
+from testbed.realnodes import node_binaries
 
 pytestmark = pytest.mark.e2e
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()
 # make_suite(**SuiteOptions fields): a started suite, stopped after the test.
 MakeSuite = Callable[..., Suite]
+# claims_seen(kube, namespace): a ClaimsSeen, stopped after the test.
+SeeClaims = Callable[[Kube, str], ClaimsSeen]
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +125,7 @@ def leaves_no_node(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def node_bin_dir() -> Path:
-    """The real-node binaries (tests/e2e/realnodes.py: built if missing; never skipped
+    """The real-node binaries (testbed/realnodes.py: built if missing; never skipped
     under CI=true)."""
     return node_binaries()
 
@@ -164,3 +167,18 @@ def make_suite(
     yield make
     for s in suites:
         s.stop()
+
+
+@pytest.fixture
+def claims_seen() -> Iterator[SeeClaims]:
+    """Records of a namespace's claims (testbed.claims_seen), each stopped after the test:
+    its watch ends with the test, not with its timeout after the control plane."""
+    made: list[ClaimsSeen] = []
+
+    def make(kube: Kube, namespace: str) -> ClaimsSeen:
+        made.append(ClaimsSeen(kube, namespace))
+        return made[-1]
+
+    yield make
+    for seen in made:
+        seen.stop()

@@ -1,6 +1,6 @@
 """Resources deleted mid-attach, and adopted orphans, end to end: the real
 control plane, the Redfish emulator as the fabric, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/localcluster/harness.py); the node each
+and plugins each a process of their own (testbed/harness.py); the node each
 test attaches to is a real node (the upstream kubelet, containerd, runc), the others
 kubelet emulators.
 
@@ -20,12 +20,12 @@ from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
 from dra_driver.device_source import device_name_for
-from hack.localcluster import objects
-from hack.localcluster.harness import Suite
-from hack.localcluster.wait import wait_for
+from testbed import objects
+from testbed.harness import Suite
+from testbed.realnodes import plugin_of, suite_pod
+from testbed.wait import wait_for
+from testbed.wake import touches
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import plugin_of, suite_pod
-from tests.e2e.wake import touches
 
 pytestmark = pytest.mark.e2e
 RESOURCES = path(API_VERSION, "composableresources")

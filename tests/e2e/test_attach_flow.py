@@ -18,10 +18,10 @@ from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
 from dra_driver.cdi import spec_file_name
-from hack.localcluster.harness import Suite, SuiteOptions
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite, SuiteOptions
+from testbed.realnodes import cdi_dir_of, describe_nodes, gpu_env, plugin_of, suite_pod
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import cdi_dir_of, describe_nodes, gpu_env, plugin_of, suite_pod
 
 pytestmark = pytest.mark.e2e
 HOSTS = SuiteOptions().hosts  # node-1, node-2, node-3

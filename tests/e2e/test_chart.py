@@ -16,10 +16,9 @@ from kubernetes import config
 
 from composable_dra import names
 from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
-from hack import chart
-from hack.localcluster import ControlPlane
-from hack.localcluster.crds import install_crds
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane, chart
+from testbed.crds import install_crds
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +104,9 @@ def install_service_monitor_crd(kube: Kube) -> None:
 
 @pytest.fixture(scope="module")
 def chart_crds(kube_json: Kube) -> list[str]:
-    """The chart's CRDs, installed for real (they equal deploy/crds: tests/unit/test_chart.py)."""
+    """The chart's CRDs, installed for real.
+
+    They equal deploy/crds: tests/unit/deploy/test_chart.py."""
     return install_crds(kube_json, chart.CHART / "crds")
 
 
@@ -481,6 +482,7 @@ def refused(action: Callable[[], object], message: str) -> KubeError:
     return err.value
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_admission_policy_keeps_the_plugin_to_its_own_node(
     control_plane: ControlPlane,
     kube_json: Kube,

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
-from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane, examples
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.suite_nodes import wait_plugin_registered
+from testbed.wait import wait_for
 from tests.e2e.test_plugin import RESOURCE, gpu
 
 pytestmark = pytest.mark.e2e
@@ -62,12 +61,7 @@ def make_node(
 
 
 def wait_registered(n: Node) -> None:
-    wait_for(
-        lambda: n.kubelet.registered_drivers().get(names.DRIVER) == "v1",
-        30,
-        f"the plugin of {n.name} to register",
-        describe=n.plugin.log_tail,
-    )
+    wait_plugin_registered(n.kubelet, n.plugin, n.name, 30)
 
 
 def example(kind: str) -> JSON:

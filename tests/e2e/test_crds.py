@@ -8,8 +8,8 @@ import pytest
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.kube import Kube, KubeError, path
-from hack.localcluster import vendor_plugin
-from hack.localcluster.crds import install_crds
+from testbed import vendor_plugin
+from testbed.crds import install_crds
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
-from hack.localcluster.wait import wait_for
+from testbed.realnodes import gpu_env, suite_pod
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import gpu_env, suite_pod
 from tests.e2e.test_remote_lease import (
     RemoteSetup,
     end_pod_and_claim,

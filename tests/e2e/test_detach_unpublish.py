@@ -1,6 +1,6 @@
 """A detached GPU leaves its node's slice before its block is back in the pool, end to
 end: the real control plane, the Redfish emulator, the operator, pool publisher, scaler
-and plugins each a process of their own (hack/localcluster/harness.py); node-3, the node
+and plugins each a process of their own (testbed/harness.py); node-3, the node
 of the GPU, is a real node (the upstream kubelet, containerd, runc).
 
 The plugins poll the fabric every 6 s here, so a detached GPU stays in its node's slice
@@ -22,11 +22,11 @@ from api.v1alpha1 import API_VERSION
 from composable_dra import names
 from composable_dra.kube import JSON, path
 from composable_dra.names import normalize_uuid
-from hack.localcluster.harness import Suite
-from hack.localcluster.objects import RESOURCE, create_resource
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite
+from testbed.objects import RESOURCE, create_resource
+from testbed.realnodes import describe_nodes, plugin_of, suite_pod
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, plugin_of, suite_pod
 
 pytestmark = pytest.mark.e2e
 PLUGIN_POLL = 6.0
@@ -73,6 +73,7 @@ def resource(suite: Suite, name: str) -> JSON | None:
     return suite.kube.get_or_none(path(API_VERSION, "composableresources", name))
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_pool(
     make_suite: MakeSuite, namespace: str, unique: str
 ) -> None:

@@ -14,13 +14,12 @@ import pytest
 
 from composable_dra import names
 from composable_dra.kube import JSON
-from hack import examples
-from hack.localcluster.harness import Suite
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
-from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, printed_gpus
+from testbed import examples
+from testbed.harness import Suite
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import describe_nodes, printed_gpus
+from testbed.wait import wait_for
+from tests.e2e.conftest import MakeSuite, SeeClaims
 
 pytestmark = pytest.mark.e2e
 
@@ -121,14 +120,16 @@ def finished(suite: Suite, namespace: str, name: str) -> bool:
     return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
-def test_prefer_local_pool_remote(make_suite: MakeSuite, namespace: str) -> None:
+def test_prefer_local_pool_remote(
+    make_suite: MakeSuite, namespace: str, claims_seen: SeeClaims
+) -> None:
     """No node has a GPU and none lends one: the pool subrequest serves it, and the
     pod's own process (the matmul workload) computes on its node and succeeds.
 
     Kubelet emulators: the workload is Python with numpy, which the real nodes' test
     image (a shell and three tools) cannot run."""
     suite = make_suite()
-    seen = ClaimsSeen(suite.kube, namespace)
+    seen = claims_seen(suite.kube, namespace)
     examples.apply(suite.kube, "prefer-local-pool-remote", namespace)
     [name] = examples.pods("prefer-local-pool-remote")
     wait_for(

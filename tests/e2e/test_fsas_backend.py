@@ -21,10 +21,10 @@ from composable_dra.names import ANN_POOL_DEVICE, normalize_uuid
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
-from hack.localcluster import ControlPlane
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.realnodes import gpu_env, suite_pod, wait_succeeded
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import gpu_env, suite_pod, wait_succeeded
 from tests.e2e.test_operator import Bed, composable, start_bed
 
 FSAS = FsasConfig(

@@ -25,7 +25,7 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from hack.localcluster.product_image import ProductImage, find_product_image
+from testbed.product_image import ProductImage, find_product_image
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

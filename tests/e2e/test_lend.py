@@ -24,12 +24,12 @@ import pytest
 
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
-from hack.localcluster import ControlPlane
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import create_claim_pod
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.objects import create_claim_pod
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.wait import wait_for
 from tests.e2e.test_plugin import gpu
 
 RESOURCE = "resource.k8s.io/v1"

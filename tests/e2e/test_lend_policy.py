@@ -1,6 +1,6 @@
 """Issue 18 on the real control plane: the link-busy taint and SLO-aware lease counters.
 
-The Lab (``hack/localcluster/lending.py``): a donor node whose plugin lends 3 GPUs and
+The Lab (``testbed/lending.py``): a donor node whose plugin lends 3 GPUs and
 reads its donor's status (``GET /v1/leases/status``), the ``remote-gpu-donor`` process
 with its lease API, the scaler's lease controller and a consumer node, each its own
 process, with real DRA gRPC and the real kube-scheduler. The load is real: a pod's
@@ -22,12 +22,11 @@ import pytest
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware
 from composable_dra.remote_leases import DonorDirectory, LeaseClient, LendingStatus, TokenSource
-from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.lending import CONTROLLER_SA, Lab
-from hack.localcluster.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed import ControlPlane, examples
+from testbed.lending import CONTROLLER_SA, Lab
+from testbed.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
+from testbed.wait import wait_for
+from tests.e2e.conftest import SeeClaims
 from tests.e2e.test_lend import wait_unschedulable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]
@@ -184,7 +183,9 @@ def end(lab: Lab, name: str) -> None:
     kube.delete(path(RESOURCE, "resourceclaims", name, namespace=ns))
 
 
-def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(lab: Lab) -> None:
+def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(
+    lab: Lab, claims_seen: SeeClaims
+) -> None:
     kube, ns = lab.kube, lab.namespace
     donor = lab.donors[0].node
     wait_for(lambda: tainted(kube, donor) is False, 60, "the donor's remote devices, untainted")
@@ -199,7 +200,7 @@ def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(l
     # Network-sensitive (the default): the scheduler leaves the busy donor's GPUs alone.
     workload(lab, "sensitive", ["--size", "64", "--calls", "2"])
     # Network-insensitive: the example's claim tolerates the taint and is served.
-    seen = ClaimsSeen(kube, ns)
+    seen = claims_seen(kube, ns)
     apply_example(kube, ns, on_node(lab.consumers[0].node))
     [insensitive] = examples.pods(EXAMPLE)
     assert wait_phase(lab, insensitive, ("Succeeded", "Failed")) == "Succeeded"

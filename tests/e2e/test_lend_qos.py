@@ -18,12 +18,11 @@ import pytest
 
 from composable_dra.kube import JSON, Kube, path
 from composable_dra.lending import netaware, qos
-from hack import examples
-from hack.localcluster import ControlPlane
-from hack.localcluster.lending import Lab
-from hack.localcluster.remote_pods import DRIVER, REMOTE
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed import ControlPlane, examples
+from testbed.lending import Lab
+from testbed.remote_pods import DRIVER, REMOTE
+from testbed.wait import wait_for
+from tests.e2e.conftest import SeeClaims
 from tests.e2e.test_lend_policy import (
     RESOURCE,
     apply_example,
@@ -102,7 +101,7 @@ def unschedulable(kube: Kube, ns: str, pod: str) -> str | None:
 
 
 def test_a_network_bound_claim_waits_for_a_busy_donor_while_a_light_one_is_served(
-    lab: Lab,
+    lab: Lab, claims_seen: SeeClaims
 ) -> None:
     kube, ns = lab.kube, lab.namespace
     donor = lab.donors[0].node
@@ -130,7 +129,7 @@ def test_a_network_bound_claim_waits_for_a_busy_donor_while_a_light_one_is_serve
     high = min(d.link_load or 0.0 for n, d in loads(kube, donor).items() if n.endswith("-remote"))
     assert high >= 0.25, loads(kube, donor)
     # Both profiles tolerate the link-busy taint: their selectors decide, not the taint.
-    seen = ClaimsSeen(kube, ns)
+    seen = claims_seen(kube, ns)
     apply_example(kube, ns, on_node(lab.consumers[0].node), EXAMPLE)
     [bound] = examples.pods(EXAMPLE)
     light = remote_claim(

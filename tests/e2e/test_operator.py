@@ -20,14 +20,14 @@ from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
-from hack.localcluster import ControlPlane
-from hack.localcluster.crds import install_crds
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import create_resource
-from hack.localcluster.plugin_process import PluginProcess, redfish_source_args
-from hack.localcluster.process import ComponentProcess
-from hack.localcluster.wait import wait_for
+from testbed import ControlPlane
+from testbed.crds import install_crds
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.nodes import create_node, delete_node
+from testbed.objects import create_resource
+from testbed.plugin_process import PluginProcess, redfish_source_args
+from testbed.process import ComponentProcess
+from testbed.wait import wait_for
 
 RESOURCES = path(API_VERSION, "composableresources")
 OPS_NS = "composable-dra"
@@ -91,6 +91,7 @@ def bed(
     )
 
 
+# Over 80 lines: the bed's parts in the order they start, each needing the one before.
 def start_bed(
     kube_json: Kube,
     control_plane: ControlPlane,

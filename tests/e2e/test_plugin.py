@@ -14,11 +14,11 @@ import pytest
 
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
-from hack.localcluster import ControlPlane
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.wait import wait_for
-from tests.e2e.realnodes import gone, pod_with_claim, wait_output, wait_running
+from testbed import ControlPlane
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.realnode import RealNode
+from testbed.realnodes import gone, pod_with_claim, wait_output, wait_running
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 DRIVER = "gpu.composable.dra.io"

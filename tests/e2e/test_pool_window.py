@@ -14,8 +14,8 @@ import pytest
 
 from composable_dra import names
 from hack.bench.time_to_gpu import topology
-from hack.localcluster.harness import Suite
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e

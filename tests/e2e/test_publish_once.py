@@ -17,10 +17,10 @@ import pytest
 
 from composable_dra.kube import path
 from hack.bench.time_to_gpu import block_uuids, final_allocations, shared_gpus
-from hack.localcluster.harness import Suite
-from hack.localcluster.wait import wait_for
+from testbed.harness import Suite
+from testbed.realnodes import describe_nodes, suite_pod
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, suite_pod
 
 pytestmark = pytest.mark.e2e
 

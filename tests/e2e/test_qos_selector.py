@@ -15,8 +15,8 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import Kube, path
 from composable_dra.lending import qos
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import create_claim_pod
+from testbed.nodes import create_node, delete_node
+from testbed.objects import create_claim_pod
 from tests.e2e.test_lend import (
     RESOURCE,
     allocated,

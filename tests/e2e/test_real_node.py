@@ -17,10 +17,10 @@ import yaml
 
 from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
 from dra_driver.cdi import spec_file_name
-from hack import examples
-from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.wait import wait_for
+from testbed import examples
+from testbed.plugin_process import write_static_devices
+from testbed.realnode import RealNode
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +46,7 @@ def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON
     return kept, devices, pod
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_example_pod_runs_with_cdi_env(
     real_node: RealNode, kube_json: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

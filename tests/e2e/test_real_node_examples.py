@@ -15,18 +15,18 @@ import pytest
 
 from composable_dra.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import spec_file_name
-from hack import examples
-from hack.localcluster.objects import ensure_device_class
-from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
-from tests.e2e.realnodes import (
+from testbed import examples
+from testbed.objects import ensure_device_class
+from testbed.plugin_process import write_static_devices
+from testbed.realnode import RealNode
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import (
     RESOURCE,
     gone,
     printed_gpus,
     wait_running,
 )
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,10 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
-from hack.localcluster.objects import ensure_device_class
-from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.wait import wait_for
-from tests.e2e.realnodes import (
+from testbed.objects import ensure_device_class
+from testbed.plugin_process import write_static_devices
+from testbed.realnode import RealNode
+from testbed.realnodes import (
     RESOURCE,
     node_slices,
     pod_with_claim,
@@ -29,6 +28,7 @@ from tests.e2e.realnodes import (
     wait_output,
     wait_running,
 )
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

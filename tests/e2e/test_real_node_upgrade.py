@@ -18,12 +18,11 @@ from composable_dra.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.grpc_server import registration_socket, service_socket
-from hack.localcluster import ControlPlane
-from hack.localcluster.objects import ensure_device_class
-from hack.localcluster.plugin_process import write_static_devices
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.wait import wait_for
-from tests.e2e.realnodes import (
+from testbed import ControlPlane
+from testbed.objects import ensure_device_class
+from testbed.plugin_process import write_static_devices
+from testbed.realnode import RealNode
+from testbed.realnodes import (
     RESOURCE,
     gone,
     node_binaries,
@@ -31,6 +30,7 @@ from tests.e2e.realnodes import (
     wait_output,
     wait_running,
 )
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -68,6 +68,7 @@ def claim_uid(kube: Kube, namespace: str, name: str) -> str:
     return uid
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_plugin_replaced_while_pods_run_loses_no_call(
     real_node: RealNode, kube_json: Kube, namespace: str
 ) -> None:

@@ -2,7 +2,7 @@
 (half-sent TLS records and half-sent HELLOs, re-opened as they are cut off) while a good
 pod's claim gets its lease from the lease controller, its plugin collects the token, and
 its process runs matmul on the donor. The flood comes from a loopback address of its own,
-bounded in connections and time (tests/e2e/flood.py); every good client shares 127.0.0.1.
+bounded in connections and time (testbed/flood.py); every good client shares 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import json
 import pytest
 
 from composable_dra.kube import path
-from hack.localcluster.controlplane import free_port
-from hack.localcluster.realnode import metric_sample
-from hack.localcluster.wait import wait_for
-from tests.e2e.flood import Flood, Target
+from testbed.controlplane import free_port
+from testbed.flood import Flood, Target
+from testbed.realnode import metric_sample
+from testbed.wait import wait_for
 from tests.e2e.test_remote_lease import RemoteSetup, remote
 from tests.e2e.test_remote_pod import phase, workload_pod
 

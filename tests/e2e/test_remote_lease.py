@@ -39,12 +39,13 @@ from composable_dra.remote_leases import (
     audience,
 )
 from dra_driver import cdi
-from hack import chart
-from hack.localcluster import ControlPlane
-from hack.localcluster.controlplane import free_port
-from hack.localcluster.crds import install_crds
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.lending import (
+from remote_gpu.client import RemoteGPU
+from remote_gpu.errors import RemoteGPUError
+from testbed import ControlPlane, chart
+from testbed.controlplane import free_port
+from testbed.crds import install_crds
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.lending import (
     CONTROLLER_SA,
     PLUGIN_SA,
     donor_flags,
@@ -52,13 +53,12 @@ from hack.localcluster.lending import (
     plugin_token,
     scaler_process,
 )
-from hack.localcluster.pki import CertificateAuthority
-from hack.localcluster.plugin_process import PluginProcess, write_static_devices
-from hack.localcluster.pod_token import PodToken, bearer_kube, request_token
-from hack.localcluster.process import ComponentProcess
-from hack.localcluster.wait import wait_for
-from remote_gpu.client import RemoteGPU
-from remote_gpu.errors import RemoteGPUError
+from testbed.pki import CertificateAuthority
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.pod_token import PodToken, bearer_kube, request_token
+from testbed.process import ComponentProcess
+from testbed.wait import wait_for
+from testbed.wake import touches
 from tests.e2e.test_chart import RBAC_KINDS, Access, Release, Resources, wrong_access
 from tests.e2e.test_lend import (
     DRIVER,
@@ -68,7 +68,6 @@ from tests.e2e.test_lend import (
     get_claim,
     wait_allocated,
 )
-from tests.e2e.wake import touches
 
 pytestmark = pytest.mark.usefixtures("device_class")
 

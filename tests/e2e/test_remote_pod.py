@@ -14,9 +14,9 @@ import json
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
-from hack.localcluster.remote_pods import matmul_claim_and_pod
-from hack.localcluster.wait import wait_for
-from tests.e2e.claims_seen import ClaimsSeen
+from testbed.remote_pods import matmul_claim_and_pod
+from testbed.wait import wait_for
+from tests.e2e.conftest import SeeClaims
 from tests.e2e.test_lend import CLASS
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 
@@ -37,9 +37,11 @@ def phase(kube: Kube, ns: str, name: str) -> str:
     return str((pod.get("status") or {}).get("phase", ""))
 
 
-def test_the_pods_process_runs_matmul_on_the_donor(remote: RemoteSetup) -> None:
+def test_the_pods_process_runs_matmul_on_the_donor(
+    remote: RemoteSetup, claims_seen: SeeClaims
+) -> None:
     kube, ns = remote.kube, remote.ns
-    seen = ClaimsSeen(kube, ns)
+    seen = claims_seen(kube, ns)
     pod = workload_pod(kube, ns, "matmul", remote.consumer, ["--size", "256", "--calls", "4"])
     kubelet = remote.consumer_kubelet
     assert kubelet is not None

@@ -23,13 +23,13 @@ from composable_dra.informer import Informer
 from composable_dra.kube import JSON, Kube, KubeError, path
 from composable_dra.names import normalize_uuid
 from device_scaler.standby import STANDBY_LABEL
-from hack import examples
 from hack.bench.standby import Held
-from hack.localcluster.crds import install_crds
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.wait import wait_for
+from testbed import examples
+from testbed.crds import install_crds
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import describe_nodes, printed_gpus, suite_pod
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, printed_gpus, suite_pod
 
 pytestmark = pytest.mark.e2e
 RESOURCE = "resource.k8s.io/v1"
@@ -90,6 +90,7 @@ def free_standby(suite: Any, namespace: str) -> set[str]:
     }
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     make_suite: MakeSuite, namespace: str
 ) -> None:

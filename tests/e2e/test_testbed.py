@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from composable_dra.kube import JSON, Kube, path
-from hack.localcluster.kubelet_emulator import KubeletEmulator
-from hack.localcluster.minimal_plugin import MinimalPlugin
-from hack.localcluster.nodes import create_node, delete_node
-from hack.localcluster.objects import pod_body
-from hack.localcluster.wait import wait_for
+from testbed.kubelet_emulator import KubeletEmulator
+from testbed.minimal_plugin import MinimalPlugin
+from testbed.nodes import create_node, delete_node
+from testbed.objects import pod_body
+from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
 

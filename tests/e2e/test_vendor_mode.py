@@ -27,15 +27,15 @@ import pytest
 from composable_dra import names
 from composable_dra.kube import Conflict, path
 from composable_dra.names import normalize_uuid
-from hack.localcluster import vendor_plugin
-from hack.localcluster.harness import CR_API, Suite
-from hack.localcluster.objects import RESOURCE
-from hack.localcluster.realnode import RealNode
-from hack.localcluster.realnode_pods import for_real_node
-from hack.localcluster.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
-from hack.localcluster.wait import wait_for
+from testbed import vendor_plugin
+from testbed.harness import CR_API, Suite
+from testbed.objects import RESOURCE
+from testbed.realnode import RealNode
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import describe_nodes, gpu_env, wait_output
+from testbed.vendor_plugin import VendorPlugin, VendorPluginSet, find_vendor_plugin
+from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
-from tests.e2e.realnodes import describe_nodes, gpu_env, wait_output
 
 pytestmark = pytest.mark.e2e
 HOSTS = ("node-1", "node-2")
@@ -145,6 +145,7 @@ def binary() -> Path:
     return find_vendor_plugin()
 
 
+# Over 80 lines: one scenario read top to bottom; its steps share what it built.
 def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     make_suite: MakeSuite, namespace: str, short_tmp: Path, binary: Path
 ) -> None:

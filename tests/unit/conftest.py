@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from composable_dra.serving import limits as serving_limits
+from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 
 from .servers import Loop
@@ -48,3 +49,13 @@ def fresh_budget(monkeypatch: pytest.MonkeyPatch) -> serving_limits.Budget:
     budget = serving_limits.Budget()
     monkeypatch.setattr(serving_limits, "_process", budget)
     return budget
+
+
+def fsas_emulator(
+    tmp_path_factory: pytest.TempPathFactory, config: FsasConfig
+) -> Iterator[EmulatorProcess]:
+    """For a module's fixture: a fabric emulator that also serves the Fsas FM API with
+    ``config`` (``yield from fsas_emulator(tmp_path_factory, CONFIG)``)."""
+    work = tmp_path_factory.mktemp("fsas-emu")
+    with EmulatorProcess(extra_args=process_args(work, config), workdir=work) as e:
+        yield e

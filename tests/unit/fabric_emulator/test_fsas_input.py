@@ -8,7 +8,6 @@ import select
 import socket
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric_emulator.fsas import api
-from fabric_emulator.fsas.config import FsasConfig, process_args
+from fabric_emulator.fsas.config import FsasConfig
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from tests.unit.conftest import fsas_emulator
 
 TENANT, MACHINE = "t-1", "m-1"
 FUZZ = settings(max_examples=200)
@@ -124,9 +124,7 @@ def test_a_valid_attach_body_parses() -> None:
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
-    work: Path = tmp_path_factory.mktemp("fsas-fuzz")
-    with EmulatorProcess(extra_args=process_args(work, FsasConfig()), workdir=work) as e:
-        yield e
+    yield from fsas_emulator(tmp_path_factory, FsasConfig())
 
 
 @settings(max_examples=60)

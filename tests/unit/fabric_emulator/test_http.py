@@ -9,7 +9,7 @@ from typing import Any
 import requests
 
 from fabric_emulator.testing import EmulatorProcess
-from hack.localcluster.wait import wait_for
+from testbed.wait import wait_for
 
 from .conftest import BLOCKS, ROOT, Client, message_ids
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hack.localcluster.pki import CertificateAuthority
-from hack.localcluster.wait import wait_for
 from remote_gpu.protocol import HEADER_SIZE, HELLO_KEY, MAX_META, Op, unpack
+from testbed.pki import CertificateAuthority
+from testbed.wait import wait_for
 
 from .rogue import recv_exact
 

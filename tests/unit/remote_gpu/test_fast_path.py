@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.errors import (
@@ -21,6 +20,7 @@ from remote_gpu.errors import (
     RemoteGPUError,
 )
 from remote_gpu.protocol import DType, Flags, Header, Op
+from testbed.wait import wait_for
 
 from .conftest import ALLOW, SECRET, Running, start_donor, stop_donor
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
+from testbed.wait import wait_for
 
 from .conftest import SECRET
 

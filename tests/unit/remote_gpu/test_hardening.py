@@ -22,7 +22,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from composable_dra.serving.accept import accept_backoff
-from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.arena import SEAL_SIZE, SHM_DIR
 from remote_gpu.client import RemoteGPU
@@ -35,6 +34,7 @@ from remote_gpu.errors import (
     SequenceError,
 )
 from remote_gpu.protocol import HEADER_SIZE, HELLO_KEY, MAX_META, Header, Op, unpack
+from testbed.wait import wait_for
 
 from .conftest import ALLOW, SECRET, Running, start_donor, stop_donor
 from .rogue import Rogue, accept_frame, recv_exact

@@ -29,7 +29,6 @@ from composable_dra.remote_leases import (
     OpenLease,
     audience,
 )
-from hack.localcluster.pki import CertificateAuthority
 from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
@@ -46,6 +45,7 @@ from remote_gpu.lease_api import (
     serve,
     server_context,
 )
+from testbed.pki import CertificateAuthority
 
 from .conftest import ALLOW, SECRET, start_donor, stop_donor
 

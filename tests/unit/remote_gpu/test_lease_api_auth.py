@@ -20,10 +20,10 @@ from kubernetes import client as k8s
 
 from composable_dra.kube import Kube
 from composable_dra.remote_leases import Code, LeaseAPIError, retry_after
-from hack.localcluster.controlplane import free_port
-from hack.localcluster.wait import wait_for
 from remote_gpu.lease_api import KubeReviewer, bearer
 from remote_gpu.token_reviews import UNKNOWN_LANE
+from testbed.controlplane import free_port
+from testbed.wait import wait_for
 
 from .test_lease_api import DONOR, FUZZ, Served, allocated_claim, request
 

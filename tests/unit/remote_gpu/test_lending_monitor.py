@@ -13,12 +13,12 @@ import pytest
 
 from composable_dra.lending import qos, slo
 from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus
-from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.donor_main import add_arguments, lending_monitor
 from remote_gpu.identity import Identity
 from remote_gpu.lending import LendingMonitor
+from testbed.wait import wait_for
 
 from .conftest import ALLOW, SECRET, start_donor, stop_donor
 from .test_lease_api import (

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from hack.localcluster.wait import wait_for
 from remote_gpu import ring as ring_module
 from remote_gpu.arena import Arena
 from remote_gpu.ring import Ring, ctl_size
+from testbed.wait import wait_for
 
 ENTRIES = 4
 

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
@@ -29,6 +28,7 @@ from remote_gpu.errors import (
     VersionError,
 )
 from remote_gpu.protocol import HEADER_SIZE, HELLO_KEY, Header, Op, unpack
+from testbed.wait import wait_for
 
 from .conftest import ALLOW, SECRET, Running, start_donor, stop_donor
 

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hack.localcluster.process import donor_argv
-from hack.localcluster.wait import wait_for
 from remote_gpu import tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import NotAllowed
+from testbed.process import donor_argv
+from testbed.wait import wait_for
 
 from .conftest import SECRET
 

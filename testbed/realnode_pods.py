@@ -1,0 +1,30 @@
+"""Pods made to run on a real node of this test machine (testbed.realnode).
+
+A real node here has only the loopback CNI plugin and no registry: a pod runs in the
+host network, from the local test image, pinned to its node. Everything else (claims,
+commands, environment) stays as written.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from composable_dra.kube import JSON
+
+
+def for_real_node(pod: JSON, node: str | None, image: str) -> JSON:
+    """A copy of ``pod`` that runs on the real node ``node`` (on whichever node the scheduler
+    picks when None: every node is a real one) with ``image``."""
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    spec["hostNetwork"] = True
+    if node is not None:
+        spec["nodeSelector"] = {
+            **(spec.get("nodeSelector") or {}),
+            "kubernetes.io/hostname": node,
+        }
+    # The test image's shell does not exit on SIGTERM while it waits on a child.
+    spec["terminationGracePeriodSeconds"] = 1
+    for container in spec.get("containers", []):
+        container["image"] = image
+    return out

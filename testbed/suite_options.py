@@ -1,0 +1,39 @@
+"""What a suite runs: its hosts, the fabric's behaviour, the components' flags and timeouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fabric_emulator.fsas.config import FsasConfig
+
+
+@dataclass
+class SuiteOptions:
+    hosts: tuple[str, ...] = ("node-1", "node-2", "node-3")
+    topology: dict[str, Any] | None = None  # None: the emulator's default
+    async_polls: int = 1
+    retry_after: int = 0
+    attach_latency: float = 0.3  # seconds added to each composition request
+    no_removal: float = 600.0
+    attach_timeout: float = 60.0
+    quarantine: float = 60.0
+    poll_interval_seconds: int = 5
+    plugin_poll: float = 0.5
+    lease_duration: int = 4
+    leader_elect_operator: bool = False
+    run_operator: bool = True
+    operator_args: list[str] = field(default_factory=list)
+    scaler_args: list[str] = field(default_factory=list)
+    publisher_args: list[str] = field(default_factory=list)
+    # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
+    # and the node binaries (testbed.realnode.find_node_binaries).
+    real_hosts: tuple[str, ...] = ()
+    node_bin_dir: Path | None = None
+    # Seconds to wait for the first pools, the scaler's lease and the Fabric's first sync
+    # (a large fabric's first inventory read takes longer).
+    start_timeout: float = 60.0
+    # The Fabric speaks the emulator's Fsas FM API (backend fsas-fm) with this config;
+    # with attach_by_model the FM picks the GPU and the Fabric says attachBy model.
+    fsas: FsasConfig | None = None

@@ -1,0 +1,164 @@
+"""Prepare and unprepare of a remote GPU on the consumer node (no gRPC, no donor)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from api.v1alpha1 import ClaimRef
+from composable_dra.remote_leases import Code, LeaseAPIError, LeaseClient
+from dra_driver.cdi import CdiWriter, resolve
+from dra_driver.checkpoint import Checkpoint
+from dra_driver.claimref import InvalidClaimRef
+from dra_driver.prepare import Preparer
+from dra_driver.remote_prepare import RemoteLeases, plan_remote
+from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, claim, gpu
+
+DONOR = "node-d"
+
+
+class FakeDonors:
+    def __init__(self) -> None:
+        self.closed: list[tuple[str, int]] = []
+        self.fetched: list[tuple[str, int]] = []
+        self.down = False
+
+    def credentials(self, donor: str, lease: int) -> dict[str, Any]:
+        if self.down:
+            raise LeaseAPIError(Code.UNAVAILABLE, "donor down")
+        self.fetched.append((donor, lease))
+        return {"lease": lease, "donor": "donor-d", "expiry": 1e12, "mac": "ab" * 32}
+
+    def close(self, donor: str, lease: int) -> None:
+        if self.down:
+            raise LeaseAPIError(Code.UNAVAILABLE, "donor down")
+        self.closed.append((donor, lease))
+
+
+def remote_claim(uid: str, lease: int | None = 17, node: str = NODE) -> dict[str, Any]:
+    obj = claim(
+        uid=uid,
+        results=[{"request": "gpu", "driver": DRIVER, "pool": DONOR, "device": "gpu-0-remote"}],
+    )
+    obj["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+    if lease is not None:
+        obj["status"]["devices"] = [
+            {
+                "driver": DRIVER,
+                "pool": DONOR,
+                "device": "gpu-0-remote",
+                "conditions": [{"type": "RemoteGPUReady", "status": "True"}],
+                "data": {"donor": DONOR, "endpoint": "10.0.0.4:7470", "lease": lease},
+            }
+        ]
+    return obj
+
+
+class Env:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.donors = FakeDonors()
+        self.remote = RemoteLeases(cast(LeaseClient, self.donors), tmp / "state" / "remote-gpu")
+        self.cdi_dir = tmp / "cdi"
+        self.preparer = self.start()
+
+    def start(self) -> Preparer:
+        return Preparer(
+            DRIVER,
+            NODE,
+            lambda ns, name: self.claims[(ns, name)],
+            lambda: [gpu(0)],
+            Checkpoint(self.tmp / "state" / "checkpoint.json", "boot-1"),
+            CdiWriter(self.cdi_dir),
+            remote=self.remote,
+        )
+
+    def add(self, obj: dict[str, Any]) -> ClaimRef:
+        m = obj["metadata"]
+        self.claims[(m["namespace"], m["name"])] = obj
+        return ClaimRef(m["namespace"], m["name"], m["uid"])
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def test_prepare_writes_the_token_file_and_the_env_from_env_reads(env: Env) -> None:
+    ref = env.add(remote_claim("u-1"))
+    out = env.preparer.prepare([ref])[ref.uid]
+    assert not out.error, out.error
+    (device,) = out.devices
+    assert device.remote is not None and device.remote.lease == 17
+    edits = (resolve(env.cdi_dir, device.cdi_device_ids[0]) or {})["containerEdits"]
+    env_vars = dict(e.split("=", 1) for e in edits["env"])
+    assert env_vars["REMOTE_GPU_ENDPOINT"] == "10.0.0.4:7470"
+    assert env_vars["REMOTE_GPU_LEASE"] == "17"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_vars  # no local GPU
+    (mount,) = edits["mounts"]
+    assert mount["containerPath"] == env_vars["REMOTE_GPU_TOKEN_FILE"]
+    host = Path(mount["hostPath"])
+    assert host.parent == env.tmp / "state" / "remote-gpu"
+    assert stat.S_IMODE(host.stat().st_mode) == 0o400
+    assert json.loads(host.read_text())["lease"] == 17
+    # Idempotent, also after a restart: the same answer, no second fetch.
+    assert env.start().prepare([ref])[ref.uid].devices == out.devices
+    assert env.donors.fetched == [(DONOR, 17)]
+
+    assert env.preparer.unprepare([ref]) == {ref.uid: ""}
+    assert not host.exists()
+    assert resolve(env.cdi_dir, device.cdi_device_ids[0]) is None
+    assert env.donors.closed == [(DONOR, 17)]
+
+
+def test_no_ready_lease_or_another_node_is_a_claim_error(env: Env) -> None:
+    ref = env.add(remote_claim("u-2", lease=None))
+    assert "no ready lease" in env.preparer.prepare([ref])[ref.uid].error
+    ref = env.add(remote_claim("u-3", node="node-x"))
+    assert "another node" in env.preparer.prepare([ref])[ref.uid].error
+
+
+def test_a_donor_refusing_credentials_fails_the_claim_and_unprepare_still_cleans(
+    env: Env,
+) -> None:
+    env.donors.down = True
+    ref = env.add(remote_claim("u-4"))
+    assert "refused" in env.preparer.prepare([ref])[ref.uid].error
+    assert not list(env.cdi_dir.glob("*.json"))
+    # The donor stays down: unprepare succeeds; the controller closes the lease later.
+    assert env.preparer.unprepare([ref]) == {ref.uid: ""}
+
+
+def test_a_plugin_without_lease_settings_refuses_remote_devices(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    env.remote = None  # type: ignore[assignment]
+    preparer = env.start()
+    ref = env.add(remote_claim("u-5"))
+    assert "--lease-token-file" in preparer.prepare([ref])[ref.uid].error
+
+
+def test_token_paths_come_from_checked_names(tmp_path: Path) -> None:
+    remote = RemoteLeases(cast(LeaseClient, FakeDonors()), tmp_path)
+    assert remote.token_path("u-1", "gpu-0-remote") == tmp_path / "u-1-gpu-0-remote.token"
+    for uid, device in (("../x", "gpu-0-remote"), ("u", "../../etc"), ("u", "A/B"), ("u", "")):
+        with pytest.raises(InvalidClaimRef):
+            remote.token_path(uid, device)
+
+
+def test_plan_remote_skips_local_and_fabric_devices() -> None:
+    obj = remote_claim("u-6")
+    obj["status"]["allocation"]["devices"]["results"] += [
+        {"request": "l", "driver": DRIVER, "pool": NODE, "device": "gpu-0"},
+        {"request": "f", "driver": DRIVER, "pool": "fab/zone", "device": "gpu-9-remote"},
+    ]
+    (planned,) = plan_remote(obj, DRIVER, NODE)
+    assert (planned.donor, planned.device, planned.lease) == (DONOR, "gpu-0-remote", 17)
