@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, ComposableResourceSpec, FabricSpec
-from composable_dra import logs, names
 from composable_dra.fabric.backend import (
     Device,
     FabricBackend,
@@ -33,7 +32,9 @@ from composable_dra.fabric.backend import (
 )
 from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
 from composable_dra.fabric.registry import Fabrics, host_for_node
-from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, NotFound, path
+from composable_dra.model import names
+from composable_dra.process import logs
 from composable_operator.cluster_cache import ClusterCache
 from composable_operator.inventories import Inventories
 from composable_operator.picks import PickState, read_device

@@ -19,9 +19,9 @@ from typing import Any
 import kopf
 
 from api.v1alpha1 import GROUP, VERSION, ComposableResourceSpec
-from composable_dra import logs
 from composable_dra.fabric.backend import FabricError, OperationFailedError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError
+from composable_dra.process import logs
 from composable_operator.actions import EventSink, EventType, Recorder
 from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.controller import PLURAL, Controller, follow, pending_task

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from api.v1alpha1 import API_VERSION, ComposableResourceSpec
-from composable_dra import logs
 from composable_dra.fabric.backend import (
     Device,
     DevicePicker,
@@ -35,7 +34,8 @@ from composable_dra.fabric.backend import (
     picker,
 )
 from composable_dra.fabric.slots import is_slot, recover_pick
-from composable_dra.kube import path
+from composable_dra.k8s.kube import path
+from composable_dra.process import logs
 from composable_operator.reconcile import REQUEST_SETTLE_SECONDS, AttachRecord, parse_attach_record
 
 if TYPE_CHECKING:

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
-from composable_dra import names
-from composable_dra.conditions import condition
-from composable_dra.kube import JSON
-from composable_dra.names import (
+from composable_dra.k8s.conditions import condition
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time, parse_time
+from composable_dra.model import names
+from composable_dra.model.names import (
     ANN_ADOPTED,
     ANN_EXPIRES,
     ANN_IN_USE_BY,
@@ -39,16 +40,15 @@ from composable_dra.names import (
     QUARANTINE_LABEL,
     normalize_uuid,
 )
-from composable_dra.sizing import (
+from composable_dra.model.sizing import (
     ANN_LAST_USED as ANN_LAST_USED,
 )
-from composable_dra.sizing import (
+from composable_dra.model.sizing import (
     last_used,
     least_recently_used,
     limits,
     spec_of,
 )
-from composable_dra.timestamps import format_time, parse_time
 from device_scaler import standby as sb
 
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"

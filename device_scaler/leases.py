@@ -23,12 +23,9 @@ from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from composable_dra import logs
-from composable_dra.component import Controller
-from composable_dra.events import event_body
-from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
-from composable_dra.remote_leases import (
+from composable_dra.k8s.informer import Informer, InformerDriven
+from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.lending.remote_leases import (
     REMOTE_FAILED,
     REMOTE_READY,
     REMOTE_SUFFIX,
@@ -39,6 +36,9 @@ from composable_dra.remote_leases import (
     allocation_node,
     is_node_name,
 )
+from composable_dra.process import logs
+from composable_dra.process.component import Controller
+from device_scaler.events import event_body
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"

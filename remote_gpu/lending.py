@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from composable_dra.lending import netaware, slo
-from composable_dra.lending.measure import LatencySamples, RateWindow
-from composable_dra.remote_leases import FunctionModel, LendingStatus
+from composable_dra.lending.remote_leases import FunctionModel, LendingStatus
+from remote_gpu.measure import LatencySamples, RateWindow
 
 # The most leases a donor's SLO capacity counts up to; the plugin caps it with the link's
 # knee (--max-leases), which is far below.

@@ -10,7 +10,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from composable_dra import logs
+from composable_dra.process import logs
 from composable_dra.serving.counters import LIMITED
 from composable_dra.serving.limits import ACCEPT_FAILED, Budget, ServerLimits
 from composable_dra.serving.throttle import Throttle

@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
+from composable_dra.model import names
 from fabric_emulator import topology as emulator_topology
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess

@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from composable_dra.lending import hostaware, netaware, slo
+from composable_dra.lending import netaware, slo
 from hack.bench.goals import finish, goal
+from hack.sim import hostaware
 from hack.sim.cluster import COLO, Cluster, Machine, Policy
 from hack.sim.workload import RODINIA, TOLERANCE, JobType, arrivals, scaled, warmup
 from remote_gpu.admission import AdmissionController

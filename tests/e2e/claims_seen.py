@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from composable_dra.kube import JSON, Gone, Kube, path
+from composable_dra.k8s.kube import JSON, Gone, Kube, path
 from hack.localcluster.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from composable_dra.kube import Kube
+from composable_dra.k8s.kube import Kube
 from hack.localcluster import ControlPlane
 from hack.localcluster.controlplane import find_binaries
 from hack.localcluster.harness import Suite, SuiteOptions

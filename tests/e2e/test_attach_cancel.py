@@ -16,9 +16,9 @@ import time
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
 from composable_dra.fabric.redfish import RedfishCompositionBackend
-from composable_dra.kube import JSON, path
+from composable_dra.k8s.kube import JSON, path
+from composable_dra.model import names
 from composable_operator.fabric_status import ADOPTED
 from hack.localcluster import objects
 from hack.localcluster.harness import Suite

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kubernetes import config
 
-from composable_dra import names
-from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, path
+from composable_dra.model import names
 from hack import chart
 from hack.localcluster import ControlPlane
 from hack.localcluster.crds import install_crds

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.kubelet_emulator import KubeletEmulator

@@ -19,9 +19,14 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending import netaware
-from composable_dra.remote_leases import DonorDirectory, LeaseClient, LendingStatus, TokenSource
+from composable_dra.lending.remote_leases import (
+    DonorDirectory,
+    LeaseClient,
+    LendingStatus,
+    TokenSource,
+)
 from hack import examples
 from hack.localcluster import ControlPlane
 from hack.localcluster.lending import CONTROLLER_SA, Lab

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from composable_dra.kube import path
+from composable_dra.k8s.kube import path
 from hack.localcluster.controlplane import free_port
 from hack.localcluster.realnode import metric_sample
 from hack.localcluster.wait import wait_for

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from hack.localcluster.remote_pods import matmul_claim_and_pod
 from hack.localcluster.wait import wait_for
 from tests.e2e.claims_seen import ClaimsSeen

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from hack.localcluster.kubelet_emulator import KubeletEmulator
 from hack.localcluster.minimal_plugin import MinimalPlugin
 from hack.localcluster.nodes import create_node, delete_node

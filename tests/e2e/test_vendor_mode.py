@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import Conflict, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import Conflict, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from hack.localcluster import vendor_plugin
 from hack.localcluster.harness import CR_API, Suite
 from hack.localcluster.objects import RESOURCE

@@ -18,7 +18,7 @@ from composable_dra.fabric.backend import (
     OperationFailedError,
     OperationStatus,
 )
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 from composable_operator import controller as controller_module
 from composable_operator.controller import AttachCall, Controller
 from composable_operator.reconcile import AttachRecord, parse_attach_record

@@ -11,11 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.gpu_config import ConfigError, parse_parameters
 from composable_dra.lending import netaware, slo
-from composable_dra.lending.claim_config import lease_of_claim
-from composable_dra.lending.measure import LatencySamples, RateWindow, parse_model
-from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
+from composable_dra.model.gpu_config import ConfigError, parse_parameters
 from dra_driver.lend_status import DonorStatusPoller, next_state
 from dra_driver.slices import (
     LendPolicy,
@@ -25,6 +23,8 @@ from dra_driver.slices import (
     plan_slices,
 )
 from hack import examples
+from remote_gpu.claim_config import lease_of_claim
+from remote_gpu.measure import LatencySamples, RateWindow, parse_model
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu
 
 FUZZ = settings(max_examples=150)

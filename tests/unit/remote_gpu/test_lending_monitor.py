@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from composable_dra.lending import qos, slo
-from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LendingStatus
 from hack.localcluster.wait import wait_for
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig

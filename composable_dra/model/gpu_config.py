@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra import kube_json
+from composable_dra.k8s import kube_json
 from composable_dra.lending import qos
-from composable_dra.validation import problems
+from composable_dra.model.validation import problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"
