@@ -4,9 +4,9 @@ It sits above the components, apart from the shared library ``composable_dra``, 
 its subcommand table imports every one of them (the import contracts in pyproject.toml).
 Each component module exposes ``add_arguments(parser)`` and ``run(args) -> int``. The
 modules are imported to declare their flags, so they keep heavy imports inside ``run``:
-one component's dependencies never slow another's start. Each is imported inside its own
-loader, when the parser is built, so that a component whose optional extra is not
-installed keeps its subcommand, which then says which extra it needs.
+one component's dependencies never slow another's start. The donor's module, which needs
+an optional extra, is imported only when the parser is built: without the extra its
+subcommand stays and says which extra it needs.
 """
 
 from __future__ import annotations
@@ -17,83 +17,49 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from composable_dra import __version__
+from composable_dra.commands import migrate_cohdi, qos_selector
 from composable_dra.process import arenas, logs
-
-
-def _operator() -> ModuleType:
-    from composable_operator import main
-
-    return main
-
-
-def _plugin() -> ModuleType:
-    from dra_driver import plugin_main
-
-    return plugin_main
+from composable_operator import main as operator_main
+from device_scaler import main as scaler_main
+from dra_driver import plugin_main
+from fabric_emulator import main as emulator_main
+from pool_publisher import main as pool_publisher_main
 
 
 def _donor() -> ModuleType:
+    """The donor needs the optional 'remote' extra (numpy): imported when the parser is
+    built, so that without it the subcommand stays and says what to install."""
     from remote_gpu import donor_main
 
     return donor_main
 
 
-def _emulator() -> ModuleType:
-    from fabric_emulator import main
-
-    return main
-
-
-def _pool_publisher() -> ModuleType:
-    from pool_publisher import main
-
-    return main
-
-
-def _scaler() -> ModuleType:
-    from device_scaler import main
-
-    return main
-
-
-def _qos_selector() -> ModuleType:
-    from composable_dra.commands import qos_selector
-
-    return qos_selector
-
-
-def _migrate_cohdi() -> ModuleType:
-    from composable_dra.commands import migrate_cohdi
-
-    return migrate_cohdi
-
-
 # subcommand -> (its module's loader, one-line help).
 COMPONENTS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "operator": (
-        _operator,
+        lambda: operator_main,
         "attach and detach fabric devices for ComposableResources (Deployment)",
     ),
-    "plugin": (_plugin, "the DRA kubelet plugin of one node (DaemonSet)"),
+    "plugin": (lambda: plugin_main, "the DRA kubelet plugin of one node (DaemonSet)"),
     "remote-gpu-donor": (_donor, "Lend this node's GPU over the network"),
     "fabric-emulator": (
-        _emulator,
+        lambda: emulator_main,
         "Run the mocked fabric: a stateful Redfish composition service.",
     ),
     "pool-publisher": (
-        _pool_publisher,
+        lambda: pool_publisher_main,
         "Publish each Fabric's free GPUs as ResourceSlice pools (leader-elected)",
     ),
     "scaler": (
-        _scaler,
+        lambda: scaler_main,
         "The Dynamic Device Scaler: attach for claims, release, idle scale-down",
     ),
     "qos-selector": (
-        _qos_selector,
+        lambda: qos_selector,
         "Print the CEL device selector for a claim's QoS profile (network-aware lending)",
     ),
     "migrate-cohdi": (
-        _migrate_cohdi,
+        lambda: migrate_cohdi,
         "Convert CoHDI ComposabilityRequests (YAML) into this suite's",
     ),
 }
