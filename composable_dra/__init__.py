@@ -6,8 +6,8 @@
 - ``lending``: the remote-GPU lending rules and lease API client the plugin, the scaler
   and the donor share;
 - ``model``: the suite's own names and objects (GpuConfig, the sizing rule);
-- ``process``: what every component process has: logging, metrics, flags, malloc arenas,
-  the leader-elected run loop;
+- ``process``: what every component process has: logging, the metrics endpoint, the
+  leader-elected controllers' run loop;
 - ``serving``: the limits every network server holds to;
 - ``commands``: the library's own subcommands (``qos-selector``, ``migrate-cohdi``).
 

@@ -18,7 +18,8 @@ from types import ModuleType
 
 from composable_dra import __version__
 from composable_dra.commands import migrate_cohdi, qos_selector
-from composable_dra.process import arenas, logs
+from composable_dra.process import logs
+from composable_dra_cli import arenas
 from composable_operator import main as operator_main
 from device_scaler import main as scaler_main
 from dra_driver import plugin_main

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 from composable_dra.lending.remote_leases import add_client_arguments
 from composable_dra.model import names
-from composable_dra.process.flags import Flags, env_flag
+from dra_driver.flags import Flags, env_flag
 
 DRIVER = names.DRIVER
 
 
 # Long because it declares every flag of the plugin, grouped; it decides nothing. A flag
-# named --x-y defaults to the environment variable X_Y (composable_dra.process.flags.env_flag).
+# named --x-y defaults to the environment variable X_Y (dra_driver.flags.env_flag).
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-name",

@@ -47,7 +47,6 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
-from composable_dra.lending import slo
 from composable_dra.lending.remote_leases import (
     API_PREFIX,
     DONORS_AUDIENCE,
@@ -69,6 +68,7 @@ from composable_dra.model.gpu_config import ConfigError, QosConfig
 from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import Budget, ServerLimits
+from remote_gpu import slo
 from remote_gpu.claim_config import lease_of_claim, qos_of_claim
 from remote_gpu.identity import Identity, identity_of, is_plugin_on
 from remote_gpu.lending import LendingMonitor

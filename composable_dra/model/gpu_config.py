@@ -1,7 +1,7 @@
 """Opaque device configuration addressed to our driver (``opaque.parameters``), and how a
 claim's configs for one request merge: the one reading of them, by the plugin at prepare
 (``dra_driver/prepare.py``) and by the donor when it opens a lease
-(``lending/claim_config.py``), so both see the same SLO and QoS profile.
+(``remote_gpu/claim_config.py``), so both see the same SLO and QoS profile.
 
 Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``::
 

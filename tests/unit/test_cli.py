@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import composable_dra_cli as cli
-from composable_dra.process.flags import env_flag
+from dra_driver.flags import env_flag
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.lending import netaware, slo
+from composable_dra.lending import netaware
 from composable_dra.lending.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
 from composable_dra.model.gpu_config import ConfigError, parse_parameters
 from dra_driver.lend_status import DonorStatusPoller, next_state
@@ -23,6 +23,7 @@ from dra_driver.slices import (
     plan_slices,
 )
 from hack import examples
+from remote_gpu import slo
 from remote_gpu.claim_config import lease_of_claim
 from remote_gpu.measure import LatencySamples, RateWindow, parse_model
 from tests.unit.plugin_fixtures import DRIVER, NODE, gpu

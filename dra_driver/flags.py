@@ -1,4 +1,4 @@
-"""Command-line flags whose defaults come from the environment (a DaemonSet's env)."""
+"""The plugin's flags whose defaults come from the environment (its DaemonSet's env)."""
 
 from __future__ import annotations
 
