@@ -1,4 +1,4 @@
-# One image for every component: the `composable-dra` CLI (see composable_dra/cli.py).
+# One image for every component: the `composable-dra` CLI (see composable_dra_cli/__init__.py).
 #   docker build -t composable-dra:0.1.0 .
 #   docker run --rm composable-dra:0.1.0 --help
 # Without a Docker engine, hack/image/build.sh builds this same file with buildah on a
@@ -11,6 +11,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY composable_dra/ composable_dra/
+COPY composable_dra_cli/ composable_dra_cli/
 COPY composable_operator/ composable_operator/
 COPY device_scaler/ device_scaler/
 COPY dra_driver/ dra_driver/

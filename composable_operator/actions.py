@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api.v1alpha1 import ComposableResourceSpec
-from composable_dra import names
 from composable_dra.fabric.backend import FabricError
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_operator import metrics
 from composable_operator.reconcile import Action, ActionKind, DetachAction, DetachKind
 

@@ -15,7 +15,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_dra import logs
 from composable_dra.fabric.backend import (
     FabricBackend,
     FabricError,
@@ -24,7 +23,8 @@ from composable_dra.fabric.backend import (
     TransientError,
 )
 from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
-from composable_dra.kube import JSON, NotFound
+from composable_dra.k8s.kube import JSON, NotFound
+from composable_dra.process import logs
 from composable_operator.reconcile import AttachRecord, CallState
 from composable_operator.status_writes import StatusWrites
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricBackend, FabricError, Operation
 from composable_dra.fabric.registry import FabricConfigError, condition_status
-from composable_dra.kube import NotFound
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import NotFound
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
+from composable_dra.process import logs
 from composable_operator.actions import EventSink, Recorder, Seen
 from composable_operator.controller import Controller
 from composable_operator.inventories import online_look

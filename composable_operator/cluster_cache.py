@@ -1,5 +1,5 @@
 """What the operator reads of the cluster besides its own resources: ResourceClaims, our
-driver's ResourceSlices and Nodes, in caches kept by watches (composable_dra.informer),
+driver's ResourceSlices and Nodes, in caches kept by watches (composable_dra.k8s.informer),
 started once.
 
 A detach pass reads these caches; only the step that ends something (the fabric call, or
@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from api.v1alpha1 import FabricSpec
 from composable_dra.fabric.backend import Host
 from composable_dra.fabric.registry import host_nodes
-from composable_dra.informer import Informer
-from composable_dra.kept import claim_fields, slice_uuid_fields
-from composable_dra.kube import JSON, Kube, list_pages, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kept import claim_fields, slice_uuid_fields
+from composable_dra.k8s.kube import JSON, Kube, list_pages, path
+from composable_dra.model.names import normalize_uuid
 from composable_operator.reconcile import ClaimResult
 
 RESOURCE = "resource.k8s.io/v1"

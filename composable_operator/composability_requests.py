@@ -3,7 +3,7 @@
 plan_request decides, from the request and what the fabric and the cluster show, which
 ComposableResources to create and which to delete; the kopf daemon applies the plan on
 every change and every few seconds. Shrinking removes the least recently used devices
-first (composable_dra.sizing: the scaler's idle rule uses the same order) and never one
+first (composable_dra.model.sizing: the scaler's idle rule uses the same order) and never one
 that serves a claim.
 """
 
@@ -23,11 +23,12 @@ from api.v1alpha1 import (
     ComposabilityRequestSpec,
     ComposableResourceSpec,
 )
-from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics
-from composable_dra.kube import JSON, Conflict, Kube, path
-from composable_dra.sizing import desired_size, least_recently_used, spec_of
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
+from composable_dra.model import names
+from composable_dra.model.sizing import desired_size, least_recently_used, spec_of
+from composable_dra.process import logs
 from composable_operator.cluster_cache import Nodes, node_per_host
 
 log = logs.get(__name__)

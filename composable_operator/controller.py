@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
 
-from composable_dra import names
 from composable_dra.fabric.registry import Fabrics
-from composable_dra.kube import Kube
+from composable_dra.k8s.kube import Kube
+from composable_dra.model import names
 from composable_operator.attach_calls import AttachCalls
 from composable_operator.cluster_cache import ClusterCache
 from composable_operator.detach import Detacher

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra import logs
 from composable_dra.fabric.backend import FabricBackend, FabricError, OperationFailedError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError, Fabrics
+from composable_dra.process import logs
 from composable_operator.actions import EventSink, EventType, Recorder
 from composable_operator.attach_calls import AttachCall, AttachCalls, follow, pending_task
 from composable_operator.live import LiveResource

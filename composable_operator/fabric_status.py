@@ -28,11 +28,12 @@ from typing import Any
 import kopf
 
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, FabricSpec
-from composable_dra import logs, names
 from composable_dra.fabric.backend import FabricError, Inventory
 from composable_dra.fabric.registry import FabricConfigError, Fabrics
-from composable_dra.kube import JSON, Conflict, Kube, path
-from composable_dra.timestamps import now_rfc3339
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
+from composable_dra.k8s.timestamps import now_rfc3339
+from composable_dra.model import names
+from composable_dra.process import logs
 from composable_operator import metrics
 from composable_operator.cluster_cache import Nodes, node_per_host
 from composable_operator.inventories import Inventories

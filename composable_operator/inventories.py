@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from composable_dra.fabric.backend import Device, Host, Inventory
 from composable_dra.fabric.registry import uuid_index
-from composable_dra.names import normalize_uuid
+from composable_dra.model.names import normalize_uuid
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from kubernetes import config
 
-    from composable_dra import leader, logs, metrics
     from composable_dra.fabric.registry import Fabrics
-    from composable_dra.kube import Kube
+    from composable_dra.k8s import leader
+    from composable_dra.k8s.kube import Kube
+    from composable_dra.process import logs, metrics
     from composable_operator import (
         composability_requests,
         controller,

@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from composable_dra import names
+from composable_dra.model import names
 
 
 class NoDiffBase(kopf.DiffBaseStorage):

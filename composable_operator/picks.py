@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, ComposableResourceSpec
-from composable_dra import logs
 from composable_dra.fabric.backend import (
     Device,
     DevicePicker,
@@ -36,7 +35,8 @@ from composable_dra.fabric.backend import (
     picker,
 )
 from composable_dra.fabric.slots import is_slot, recover_pick
-from composable_dra.kube import Kube, path
+from composable_dra.k8s.kube import Kube, path
+from composable_dra.process import logs
 from composable_operator.attach_calls import AttachCall, AttachCalls
 from composable_operator.reconcile import REQUEST_SETTLE_SECONDS, AttachRecord, parse_attach_record
 

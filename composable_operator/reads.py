@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra import names
 from composable_dra.fabric.backend import Device, FabricBackend
 from composable_dra.fabric.registry import host_for_node
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from composable_operator.cluster_cache import ClusterCache
 from composable_operator.inventories import Inventories
 from composable_operator.picks import Picks

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from composable_dra import retry
 from composable_dra.fabric.backend import Device, Operation
+from composable_dra.k8s import retry
 
 # How long an attach request whose answer nobody saw (the operator died while it was in
 # flight) may still land: longer than the fabric client's request timeout (15 s).
@@ -387,5 +387,5 @@ FIRST_DELAY = 1.0
 def next_delay(failures: int, cap: float, retry_after: float | None = None) -> float:
     """How long to wait after the ``failures``-th failure in a row (the attach daemon, the
     detach handler): what the fabric asked for (Retry-After), else the suite's one backoff
-    (composable_dra/retry.py) from FIRST_DELAY up to ``cap``."""
+    (composable_dra/k8s/retry.py) from FIRST_DELAY up to ``cap``."""
     return retry.delay(failures, cap=cap, first=FIRST_DELAY, retry_after=retry_after)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 
 PLURAL = "composableresources"
 MANAGER = "composable-operator"

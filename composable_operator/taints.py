@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from composable_dra import names
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
+from composable_dra.model import names
 
 RESOURCE = "resource.k8s.io/v1"
 

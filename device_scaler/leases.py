@@ -23,12 +23,10 @@ from typing import TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from composable_dra import logs, retry
-from composable_dra.component import Controller
-from composable_dra.events import event_body
-from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
-from composable_dra.remote_leases import (
+from composable_dra.k8s import retry
+from composable_dra.k8s.informer import Informer, InformerDriven
+from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.lending.remote_leases import (
     REMOTE_FAILED,
     REMOTE_READY,
     REMOTE_SUFFIX,
@@ -39,6 +37,9 @@ from composable_dra.remote_leases import (
     allocation_node,
     is_node_name,
 )
+from composable_dra.process import logs
+from composable_dra.process.component import Controller
+from device_scaler.events import event_body
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"
@@ -235,7 +236,7 @@ OPEN_RETRY_CAP = 2.0
 def with_retries(call: Callable[[], _T], attempts: int, pause: float, stop: threading.Event) -> _T:
     """``call`` until it succeeds or fails for good: retryable errors (the donor not
     reached, or failing inside) are tried ``attempts`` times after the retry policy's
-    waits from ``pause`` (composable_dra/retry.py)."""
+    waits from ``pause`` (composable_dra/k8s/retry.py)."""
     return retry.bounded(
         call, stop, attempts=attempts, retryable=_retryable, cap=OPEN_RETRY_CAP, first=pause
     )

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from api.v1alpha1 import DNS_LABEL
-from composable_dra.component import add_common_arguments, run_controller
-from composable_dra.remote_leases import add_client_arguments
+from composable_dra.lending.remote_leases import add_client_arguments
+from composable_dra.process.component import add_common_arguments, run_controller
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _lease_controller(args: argparse.Namespace, kube: Any) -> Any:
     """The lease controller (remote GPUs), under the scaler's leader election."""
-    from composable_dra.remote_leases import client_from_args
+    from composable_dra.lending.remote_leases import client_from_args
     from device_scaler.leases import LeaseController, LeaseSettings
 
     client = client_from_args(args, kube)

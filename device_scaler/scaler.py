@@ -22,18 +22,19 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
-from composable_dra import kube_json, logs, names
-from composable_dra.events import event_body
-from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kept import own_slice_fields
-from composable_dra.kube import JSON, Conflict, Kube, KubeError, NotFound, path
-from composable_dra.names import (
+from composable_dra.k8s import kube_json
+from composable_dra.k8s.informer import Informer, InformerDriven
+from composable_dra.k8s.kept import own_slice_fields
+from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, NotFound, path
+from composable_dra.model import names
+from composable_dra.model.names import (
     ANN_IN_USE_BY,
     ANN_POOL,
     ANN_POOL_DEVICE,
     QUARANTINE_LABEL,
     normalize_uuid,
 )
+from composable_dra.process import logs
 from device_scaler import standby as sb
 from device_scaler.decide import (
     CreateResource,
@@ -49,6 +50,7 @@ from device_scaler.decide import (
     quarantine_body,
     quarantine_rule_name,
 )
+from device_scaler.events import event_body
 from device_scaler.unseen import Unseen, hold_back
 from device_scaler.vendor import (
     Rescheduled,
@@ -624,7 +626,7 @@ class Scaler(InformerDriven):
     # -- events -------------------------------------------------------------------------
 
     def _claim_seen(self, kind: str, claim: JSON) -> None:
-        """A Warning Event, once, on a claim that arrived cut (composable_dra/kube_json.py):
+        """A Warning Event, once, on a claim that arrived cut (composable_dra/k8s/kube_json.py):
         the suite serves it without the cut parts, and refuses our driver's config there."""
         if kind == "DELETED":
             return

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from api.v1alpha1 import StandbyPolicy
-from composable_dra import names
-from composable_dra.kube import JSON
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.model import names
 
 # On the ComposableResources the standby creates: told apart in metrics and status.
 STANDBY_LABEL = f"{names.PREFIX}/standby"

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from api.v1alpha1 import ClaimRef, FabricSpec
-from composable_dra import names
-from composable_dra.kube import JSON
-from composable_dra.names import normalize_uuid
-from composable_dra.timestamps import format_time, parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time, parse_time
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from device_scaler.decide import (
     Action,
     DeleteResource,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composable_dra import names
+from composable_dra.model import names
 from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 

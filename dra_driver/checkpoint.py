@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from composable_dra import logs
-from composable_dra.gpu_config import QosConfig
+from composable_dra.model.gpu_config import QosConfig
+from composable_dra.process import logs
 from dra_driver.fsutil import atomic_write
 
 VERSION = 1

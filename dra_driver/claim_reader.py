@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from composable_dra.kube import Kube, NotFound, path
+from composable_dra.k8s.kube import Kube, NotFound, path
 from dra_driver.prepare import ClaimNotFound
 
 

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from composable_dra import logs
+from composable_dra.process import logs
 
 Attachment = Literal["local", "fabric", "remote"]
 

@@ -19,11 +19,12 @@ import threading
 from collections.abc import Callable, Iterable
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import logs, names
-from composable_dra.conditions import condition, find
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.conditions import condition, find
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
+from composable_dra.process import logs
 from dra_driver.device_source import DeviceInfo
 from dra_driver.publish_once import PLURAL
 

@@ -30,7 +30,7 @@ from api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from api.v1alpha1 import ClaimRef
-from composable_dra import logs
+from composable_dra.process import logs
 from dra_driver import claimref
 from dra_driver.prepare import Preparer, PrepareResult
 

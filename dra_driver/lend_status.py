@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from composable_dra import logs
 from composable_dra.lending import netaware, qos
-from composable_dra.remote_leases import LeaseAPIError, LeaseClient, LendingStatus
+from composable_dra.lending.remote_leases import LeaseAPIError, LeaseClient, LendingStatus
+from composable_dra.process import logs
 from dra_driver.slices import Attrs, LendState, QosAttributes
 
 # This node's devices held by a claim, with the profile it declared (None: none).

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.slices import LendPolicy
 
-from composable_dra import names
-from composable_dra.cli import Flags, env_flag
-from composable_dra.remote_leases import add_client_arguments
+from composable_dra.lending.remote_leases import add_client_arguments
+from composable_dra.model import names
+from dra_driver.flags import Flags, env_flag
 
 DRIVER = names.DRIVER
 
 
 # Long because it declares every flag of the plugin, grouped; it decides nothing. A flag
-# named --x-y defaults to the environment variable X_Y (composable_dra.cli.env_flag).
+# named --x-y defaults to the environment variable X_Y (dra_driver.flags.env_flag).
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-name",
@@ -245,8 +245,8 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
 # The plugin's composition root: it builds each part and wires them together; what they
 # decide lives in the parts, so splitting this would only scatter the wiring.
 def run(args: argparse.Namespace) -> int:
-    from composable_dra import logs, metrics
-    from composable_dra.kube import Kube, path
+    from composable_dra.k8s.kube import Kube, path
+    from composable_dra.process import logs, metrics
     from dra_driver.cdi import CdiWriter
     from dra_driver.checkpoint import Checkpoint, read_boot_id
     from dra_driver.claim_reader import ClaimReader
@@ -386,7 +386,7 @@ def _lease_client(args: argparse.Namespace) -> Any:
     this node); None without ``--lease-token-file``."""
     if not args.lease_token_file:
         return None
-    from composable_dra.remote_leases import client_from_args
+    from composable_dra.lending.remote_leases import client_from_args
 
     return client_from_args(args)
 

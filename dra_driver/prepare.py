@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import ClaimRef
-from composable_dra import logs
-from composable_dra.gpu_config import ConfigError, GpuConfig, claim_configs
 from composable_dra.lending.qos import QosProfile
-from composable_dra.names import normalize_uuid
+from composable_dra.model.gpu_config import ConfigError, GpuConfig, claim_configs
+from composable_dra.model.names import normalize_uuid
+from composable_dra.process import logs
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
 from dra_driver.device_source import DeviceInfo

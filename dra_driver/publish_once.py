@@ -33,10 +33,10 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import logs
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, NotFound, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, NotFound, path
+from composable_dra.model.names import normalize_uuid
+from composable_dra.process import logs
 from dra_driver.device_source import DeviceInfo
 
 PLURAL = "composableresources"

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from composable_dra import logs
-from composable_dra.remote_leases import (
+from composable_dra.lending.remote_leases import (
     REMOTE_READY,
     REMOTE_SUFFIX,
     LeaseAPIError,
@@ -28,6 +27,7 @@ from composable_dra.remote_leases import (
     allocation_node,
     is_node_name,
 )
+from composable_dra.process import logs
 from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 

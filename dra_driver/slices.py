@@ -22,15 +22,16 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_dra import logs, retry
-from composable_dra.informer import Informer
-from composable_dra.kept import claim_binding_fields
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s import retry
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kept import claim_binding_fields
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.k8s.quantity import format_bytes, parse_bytes
+from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
+from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.lending import netaware
-from composable_dra.names import normalize_uuid
-from composable_dra.quantity import format_bytes, parse_bytes
-from composable_dra.resource_slices import common_fields, touch_slice, write_slices
-from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
+from composable_dra.model.names import normalize_uuid
+from composable_dra.process import logs
 from dra_driver import metrics
 from dra_driver.device_source import DeviceInfo
 
@@ -552,7 +553,7 @@ class SlicePublisher:
         )
         # A lent GPU's remote device has a binding condition: when the scheduler lets go
         # of an allocation of it that it held in flight, pods that wait for a GPU are woken
-        # by one touch of this pool (composable_dra/wake.py). Only a lending node watches
+        # by one touch of this pool (composable_dra/k8s/wake.py). Only a lending node watches
         # claims for that; its own local devices have no binding conditions.
         self._waker = Waker(lambda drv, pool: drv == driver and pool == node_name)
         self._claims = (

@@ -8,7 +8,7 @@ import hmac
 import secrets
 from collections.abc import Mapping
 
-from composable_dra.timestamps import now_rfc3339
+from composable_dra.k8s.timestamps import now_rfc3339
 from fabric_emulator.resources import ROOT, SessionInfo
 
 SESSIONS = f"{ROOT}/SessionService/Sessions"

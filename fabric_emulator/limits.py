@@ -2,14 +2,14 @@
 without surprises) and its runtime settings.
 
 Whatever the bytes, :func:`parse_json` returns a value or raises ValueError
-(composable_dra/bounded_json.py, which the fabric backends read answers with too).
+(composable_dra/fabric/bounded_json.py, which the fabric backends read answers with too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from composable_dra import bounded_json
+from composable_dra.fabric import bounded_json
 
 MAX_BODY = 1024 * 1024  # bytes; Redfish requests here are a few hundred
 MAX_DEPTH = 32  # the deepest request this service reads is 4 levels

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from composable_dra import logs
+    from composable_dra.process import logs
     from fabric_emulator import faults, persistence, server, topology
 
     log = logs.get(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from composable_dra import logs
+from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import ServerLimits
 from fabric_emulator import faults as faults_mod

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_dra.timestamps import now_rfc3339
+from composable_dra.k8s.timestamps import now_rfc3339
 from fabric_emulator import messages
 from fabric_emulator.resources import ROOT, odata_type
 from fabric_emulator.state import RedfishError

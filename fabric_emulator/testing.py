@@ -102,7 +102,7 @@ class EmulatorProcess:
         cmd = [
             sys.executable,
             "-m",
-            "composable_dra.cli",
+            "composable_dra_cli",
             "--log-format",
             "json",
             "fabric-emulator",

@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from composable_dra import logs
-from composable_dra.kube import JSON, Kube, path
-from composable_dra.remote_leases import REMOTE_READY
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.lending.remote_leases import REMOTE_READY
+from composable_dra.process import logs
 from testbed import ControlPlane, examples
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions

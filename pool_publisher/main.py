@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from composable_dra.component import add_common_arguments, run_controller
+from composable_dra.process.component import add_common_arguments, run_controller
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
 # Free devices a pool offers at once (0: all): the scheduler's cost per pod grows with it

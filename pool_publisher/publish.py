@@ -27,7 +27,6 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
-from composable_dra import logs, names
 from composable_dra.fabric.backend import Device, FabricError, Inventory
 from composable_dra.fabric.registry import (
     FabricConfigError,
@@ -37,12 +36,14 @@ from composable_dra.fabric.registry import (
 )
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
-from composable_dra.informer import Informer, InformerDriven
-from composable_dra.kept import claim_binding_fields
-from composable_dra.kube import JSON, Kube, path
-from composable_dra.quantity import format_bytes, parse_bytes
-from composable_dra.resource_slices import common_fields, touch_slice, write_slices
-from composable_dra.wake import SLICE_WAKES, TOUCH_EVENT, Waker
+from composable_dra.k8s.informer import Informer, InformerDriven
+from composable_dra.k8s.kept import claim_binding_fields
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.k8s.quantity import format_bytes, parse_bytes
+from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
+from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
+from composable_dra.model import names
+from composable_dra.process import logs
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -684,7 +685,7 @@ class PoolPublisher(InformerDriven):
         return spec, inv
 
     def _wake_pods(self, plan: PoolPlan) -> None:
-        """Touch each pool due a wake-up that this pass did not write (composable_dra/wake.py):
+        """Touch each pool due a wake-up that this pass did not write (composable_dra/k8s/wake.py):
         a pool rewritten after its time needs nothing more."""
         now = time.monotonic()
         self._waker.written({str(s["spec"]["pool"]["name"]) for s in plan.apply}, now)

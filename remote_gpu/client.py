@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from composable_dra import logs
+from composable_dra.process import logs
 from remote_gpu import handshake, metrics
 from remote_gpu.arena import ALIGN, PAGE, SEAL_SIZE, Arena, align
 from remote_gpu.errors import (

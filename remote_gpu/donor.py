@@ -31,10 +31,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from composable_dra import logs
+from composable_dra.process import logs
 from composable_dra.serving.accept import Acceptor, listen
 from composable_dra.serving.limits import PER_PEER, Budget, ServerLimits, process_budget
-from composable_dra.token_bucket import TokenBucket
+from composable_dra.serving.token_bucket import TokenBucket
 from remote_gpu import handshake, metrics
 from remote_gpu.admission import AdmissionController
 from remote_gpu.arena import Arena, align

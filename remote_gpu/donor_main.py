@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from composable_dra import names
+from composable_dra.model import names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,8 +128,8 @@ def lending_monitor(
     args: argparse.Namespace, bandwidth: float | None, allow: dict[str, str]
 ) -> Any:
     """The donor's measurements for the lending policy; SystemExit on a bad flag."""
-    from composable_dra.lending.measure import parse_model
     from remote_gpu.lending import LendingMonitor
+    from remote_gpu.measure import parse_model
 
     try:
         priors = dict(parse_model(item) for item in args.latency_model)
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
 
-    from composable_dra import logs, metrics
+    from composable_dra.process import logs, metrics
     from remote_gpu import backends
     from remote_gpu.admission import measure_bandwidth
     from remote_gpu.donor import Donor
@@ -236,8 +236,8 @@ def run(args: argparse.Namespace) -> int:
 def _lease_api(args: argparse.Namespace, config: Any, monitor: Any) -> Any:
     """The lease API over a fresh book (a restarted donor has no leases); its data plane
     then admits only the leases the API opened."""
-    from composable_dra.kube import Kube
-    from composable_dra.remote_leases import parse_service_account
+    from composable_dra.k8s.kube import Kube
+    from composable_dra.lending.remote_leases import parse_service_account
     from remote_gpu.identity import service_account_user
     from remote_gpu.lease_api import (
         KubeReviewer,

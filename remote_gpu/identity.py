@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from composable_dra.remote_leases import NODE_NAME_EXTRA, POD_NAME_EXTRA, Code, LeaseAPIError
+from composable_dra.lending.remote_leases import (
+    NODE_NAME_EXTRA,
+    POD_NAME_EXTRA,
+    Code,
+    LeaseAPIError,
+)
 
 
 @dataclass(frozen=True)

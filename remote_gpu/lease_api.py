@@ -25,7 +25,7 @@ or its own.
 
 Leases live in memory: a restarted donor has none, and the data plane admits only the
 leases this API opened (``LeaseBook.is_open``), so a token from before the restart is
-refused. Refusals are typed (``composable_dra.remote_leases.Code``) with their HTTP
+refused. Refusals are typed (``composable_dra.lending.remote_leases.Code``) with their HTTP
 status; bodies are capped at ``MAX_BODY`` bytes; nothing from a request names a file.
 """
 
@@ -46,12 +46,8 @@ from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from composable_dra import logs
-from composable_dra.gpu_config import ConfigError, QosConfig
-from composable_dra.kube import JSON, Kube, KubeError, NotFound, path
-from composable_dra.lending import slo
-from composable_dra.lending.claim_config import lease_of_claim, qos_of_claim
-from composable_dra.remote_leases import (
+from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
+from composable_dra.lending.remote_leases import (
     API_PREFIX,
     DONORS_AUDIENCE,
     MAX_BODY,
@@ -68,8 +64,12 @@ from composable_dra.remote_leases import (
     allocation_node,
     audience,
 )
+from composable_dra.model.gpu_config import ConfigError, QosConfig
+from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import Budget, ServerLimits
+from remote_gpu import slo
+from remote_gpu.claim_config import lease_of_claim, qos_of_claim
 from remote_gpu.identity import Identity, identity_of, is_plugin_on
 from remote_gpu.lending import LendingMonitor
 from remote_gpu.token_reviews import REVIEW_SECONDS, Reviewer, Reviews

@@ -4,7 +4,7 @@ The data plane feeds it: every worker report (bytes both ways, each call's funct
 seconds) with the number of leases being served at that moment. From it the donor
 answers, in its lease API's status (``GET /v1/leases/status``), its link's load over a
 moving window and the lease capacity that keeps every admitted SLO
-(``composable_dra.lending.slo``); the lease API asks ``refusal`` before it opens a lease.
+(``remote_gpu.slo``); the lease API asks ``refusal`` before it opens a lease.
 Thread-safe: the data plane's loop and the lease API's executor both call it.
 """
 
@@ -14,9 +14,10 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from composable_dra.lending import netaware, slo
-from composable_dra.lending.measure import LatencySamples, RateWindow
-from composable_dra.remote_leases import FunctionModel, LendingStatus
+from composable_dra.lending import netaware
+from composable_dra.lending.remote_leases import FunctionModel, LendingStatus
+from remote_gpu import slo
+from remote_gpu.measure import LatencySamples, RateWindow
 
 # The most leases a donor's SLO capacity counts up to; the plugin caps it with the link's
 # knee (--max-leases), which is far below.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from composable_dra.remote_leases import Code, LeaseAPIError
+from composable_dra.lending.remote_leases import Code, LeaseAPIError
 from remote_gpu.identity import Identity
 
 REVIEW_SECONDS = 10.0  # how long a TokenReview's answer is reused

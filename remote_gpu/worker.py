@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from composable_dra.token_bucket import TokenBucket
+from composable_dra.serving.token_bucket import TokenBucket
 from remote_gpu import backends
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError

@@ -4,7 +4,7 @@ A claim's allocation and device conditions last only while a pod uses it: a temp
 claim is deleted, a named one deallocated, once its pod has finished. A test that waits
 for the end reads what the claim said on the way here.
 
-The watch is the suite's one way to watch, composable_dra.informer.Informer: it resumes a
+The watch is the suite's one way to watch, composable_dra.k8s.informer.Informer: it resumes a
 broken watch from the last version it saw (so no version in between is missed) and
 relists on 410 Gone; each version it hears of is recorded here (read-only objects).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, path
 from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"

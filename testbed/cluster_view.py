@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from fabric_emulator.testing import EmulatorProcess
 from testbed.objects import RESOURCE
 from testbed.process import ComponentProcess

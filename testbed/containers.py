@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from composable_dra import logs
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.process import logs
 
 RESTART_BACKOFF_MAX = 5.0
 STOP_GRACE_MAX = 5.0  # seconds a stopped container gets before SIGKILL, at most

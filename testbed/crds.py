@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from composable_dra.kube import Conflict, Kube, path
+from composable_dra.k8s.kube import Conflict, Kube, path
 from testbed.wait import wait_for
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "crds"

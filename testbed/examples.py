@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 _PLURALS = {

@@ -28,7 +28,7 @@ import contextlib
 import uuid
 from pathlib import Path
 
-from composable_dra.kube import Conflict, Kube, path
+from composable_dra.k8s.kube import Conflict, Kube, path
 from fabric_emulator.fsas.config import process_args
 from fabric_emulator.testing import EmulatorProcess
 from testbed import suite_setup

@@ -38,10 +38,11 @@ from api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from composable_dra import logs, retry
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.timestamps import now_rfc3339
+from composable_dra.k8s import retry
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.k8s.timestamps import now_rfc3339
+from composable_dra.process import logs
 from testbed.containers import (
     ContainerError,
     Containers,

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from composable_dra.kube import Conflict, Kube, path
-from composable_dra.remote_leases import DonorDirectory, LeaseClient, TokenSource
+from composable_dra.k8s.kube import Conflict, Kube, path
+from composable_dra.lending.remote_leases import DonorDirectory, LeaseClient, TokenSource
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
 from testbed import ControlPlane
 from testbed.controlplane import free_port

@@ -21,7 +21,7 @@ from api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from composable_dra.kube import Kube, path
+from composable_dra.k8s.kube import Kube, path
 
 
 @dataclass

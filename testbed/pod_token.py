@@ -17,9 +17,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from composable_dra import retry
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.remote_leases import DONORS_AUDIENCE
+from composable_dra.k8s import retry
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.lending.remote_leases import DONORS_AUDIENCE
 from dra_driver.fsutil import atomic_write
 from testbed.controlplane import ControlPlane
 from testbed.realnode import node_kubeconfig

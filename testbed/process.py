@@ -13,7 +13,7 @@ from pathlib import Path
 
 def cli_command() -> list[str]:
     script = Path(sys.executable).parent / "composable-dra"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "composable_dra_cli"]
 
 
 def donor_argv(

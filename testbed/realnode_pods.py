@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 
 
 def for_real_node(pod: JSON, node: str | None, image: str) -> JSON:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, NotFound, path
+from composable_dra.k8s.kube import JSON, Kube, NotFound, path
+from composable_dra.model import names
 from dra_driver.cdi import resolve
 from testbed.harness import Suite
 from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from composable_dra import names
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 
 DRIVER = names.DRIVER
 DEVICE_CLASS = names.DEVICE_CLASS

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube
+from composable_dra.k8s.kube import JSON, Kube
+from composable_dra.model import names
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from testbed.controlplane import ControlPlane

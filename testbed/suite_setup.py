@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from fabric_emulator import topology as emulator_topology
 from fabric_emulator.testing import EmulatorProcess
 from testbed.suite_options import SuiteOptions

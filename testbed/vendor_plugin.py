@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
 from testbed.controlplane import cached_build
 from testbed.process import ComponentProcess
 from testbed.realnode_pods import for_real_node

@@ -1,8 +1,8 @@
-"""What the wake-up tests read of a slice writer (composable_dra/wake.py): its touches."""
+"""What the wake-up tests read of a slice writer (composable_dra/k8s/wake.py): its touches."""
 
 from __future__ import annotations
 
-from composable_dra.wake import TOUCH_EVENT
+from composable_dra.k8s.wake import TOUCH_EVENT
 from testbed.process import ComponentProcess
 
 

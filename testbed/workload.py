@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from composable_dra import names
-from composable_dra.kube import JSON, path
+from composable_dra.k8s.kube import JSON, path
+from composable_dra.model import names
 from testbed import examples
 from testbed.cluster_view import ClusterView
 from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION

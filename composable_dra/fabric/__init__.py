@@ -1,6 +1,12 @@
-"""Fabric access shared by the operator and the pool publisher.
+"""Fabric managers behind one seam, for the operator, the pool publisher, the scaler's
+pool slots and the plugin's Redfish device source.
 
-`backend` is the seam (the `FabricBackend` protocol, typed errors, inventory
-records); `redfish` and `redfish_zones` are its Redfish implementations;
-`registry` turns the cluster's Fabric resources into backends.
+- ``backend``: the seam (the ``FabricBackend`` protocol, typed errors, inventory records);
+  ``registry`` turns the cluster's Fabric resources into backends;
+- ``redfish`` and ``redfish_zones``: the Redfish implementations; ``members`` reads a
+  (paged) Redfish collection;
+- ``fsas`` and ``fsas_answers``: the Fsas fabric manager's backend and its answers;
+  ``slots``: pool slots for a fabric that picks the device at attach;
+- ``http_answer``, ``http_deadline``, ``retry_after`` and ``bounded_json``: a fabric's
+  HTTP answers read within bounds (``bounded_json`` also serves the fabric emulator).
 """

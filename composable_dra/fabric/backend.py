@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 # Re-exported: callers of a backend compare the UUIDs it reports with it.
-from composable_dra.names import normalize_uuid as normalize_uuid
+from composable_dra.model.names import normalize_uuid as normalize_uuid
 
 DeviceState = Literal["free", "attached", "busy"]
 

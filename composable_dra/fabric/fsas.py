@@ -45,7 +45,6 @@ from typing import Any
 import certifi
 import requests
 
-from composable_dra import logs
 from composable_dra.fabric.backend import (
     AuthError,
     BadAnswerError,
@@ -74,6 +73,7 @@ from composable_dra.fabric.fsas_answers import (
 )
 from composable_dra.fabric.http_answer import parse_json, read_body
 from composable_dra.fabric.http_deadline import DeadlineAdapter, deadline
+from composable_dra.process import logs
 
 log = logs.get(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 import urllib3
 
-from composable_dra import bounded_json
+from composable_dra.fabric import bounded_json
 from composable_dra.fabric.backend import BadAnswerError, TransientError
 
 MAX_ANSWER = 16 << 20  # bytes; an FM's machine list of thousands of GPUs is a few MiB

@@ -15,8 +15,8 @@ from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.redfish import DEFAULT_CONNECTIONS, RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
-from composable_dra.kube import JSON, Kube, NotFound, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import JSON, Kube, NotFound, path
+from composable_dra.model.names import normalize_uuid
 
 
 class FabricConfigError(Exception):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from composable_dra.fabric.backend import BadAnswerError
-from composable_dra.retry import MAX_OWN_WAIT
+from composable_dra.k8s.retry import MAX_OWN_WAIT
 
 ABSURD = 86_400.0  # seconds; no fabric manager is busy for longer than a day
 _DIGITS = 9  # more digits than ABSURD has: refused before they become a float

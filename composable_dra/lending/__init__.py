@@ -1,7 +1,9 @@
-"""Lending policy: the pure decisions behind which remote GPUs the scheduler may hand out.
+"""Remote-GPU lending as more than one component sees it.
 
 `netaware` says when a donor's link is too busy for network-sensitive claims (the
-network-aware policy, as a device taint); `slo` fits per-function latency models and
-sizes a donor's lease capacity so that every admitted lease keeps its latency SLO. The
-plugin, the donor and the simulator under ``hack/sim/`` all call these same functions.
+network-aware policy, as a device taint; the plugin and the donor); `qos` turns a claim's
+QoS profile into host headroom and a device selector (the plugin, ``qos-selector`` and
+GpuConfig); `remote_leases` is the donor's lease API as the scaler, the plugin and the
+donor see it. The simulator under ``hack/sim/`` calls these same functions. What only the
+donor decides (``remote_gpu/slo.py``) lives in the donor.
 """

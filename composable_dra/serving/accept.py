@@ -10,7 +10,8 @@ import socket
 import threading
 from collections.abc import Callable
 
-from composable_dra import logs, retry
+from composable_dra.k8s import retry
+from composable_dra.process import logs
 from composable_dra.serving.counters import LIMITED
 from composable_dra.serving.limits import ACCEPT_FAILED, Budget, ServerLimits
 from composable_dra.serving.throttle import Throttle
@@ -29,7 +30,7 @@ Refuse = Callable[[socket.socket, str], None]
 
 def accept_backoff(failures: int) -> float:
     """The pause after the ``failures``-th ``accept`` failure in a row: the retry policy's
-    (composable_dra/retry.py), from the first pause up to the longest."""
+    (composable_dra/k8s/retry.py), from the first pause up to the longest."""
     first, longest = ACCEPT_BACKOFF
     return retry.delay(failures, cap=longest, first=first)
 

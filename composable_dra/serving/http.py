@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from composable_dra import logs
+from composable_dra.process import logs
 from composable_dra.serving.accept import Acceptor, listen
 from composable_dra.serving.counters import LIMITED
 from composable_dra.serving.limits import (

@@ -13,7 +13,7 @@ import threading
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from composable_dra.token_bucket import TokenBucket
+from composable_dra.serving.token_bucket import TokenBucket
 
 RATE = 5.0  # lines a second, after a burst
 BURST = 20.0

@@ -24,7 +24,7 @@ scale_down (4), warm (4b, the warm standby), quarantines (5). They share what th
 
 from __future__ import annotations
 
-from composable_dra.sizing import ANN_LAST_USED
+from composable_dra.model.sizing import ANN_LAST_USED
 from device_scaler.decide.actions import (
     Action,
     CreateResource,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from api.v1alpha1 import ClaimRef
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 
 
 @dataclass(frozen=True)

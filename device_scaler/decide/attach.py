@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.v1alpha1 import ClaimRef
-from composable_dra import names
-from composable_dra.conditions import condition
-from composable_dra.kube import JSON
-from composable_dra.sizing import limits
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.conditions import condition
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.model import names
+from composable_dra.model.sizing import limits
 from device_scaler.decide.actions import (
     Action,
     CreateResource,

@@ -6,10 +6,10 @@ import hashlib
 import re
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
-from composable_dra import names
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_EXPIRES, ANN_POOL, ANN_POOL_DEVICE, QUARANTINE_LABEL
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
+from composable_dra.model.names import ANN_EXPIRES, ANN_POOL, ANN_POOL_DEVICE, QUARANTINE_LABEL
 from device_scaler import standby as sb
 from device_scaler.decide.actions import Quarantine
 

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from api.v1alpha1 import ComposableResourceSpec
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_IN_USE_BY, normalize_uuid
-from composable_dra.sizing import ANN_LAST_USED, last_used
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model.names import ANN_IN_USE_BY, normalize_uuid
+from composable_dra.model.sizing import ANN_LAST_USED, last_used
 from device_scaler.decide.actions import Action, PatchResource
 from device_scaler.decide.reading import meta_of, our_results
 from device_scaler.decide.view import DecisionView

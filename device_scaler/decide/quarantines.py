@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_EXPIRES
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.model.names import ANN_EXPIRES
 from device_scaler.decide.actions import Action, Unquarantine
 from device_scaler.decide.reading import meta_of
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from composable_dra import names
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_ADOPTED
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
+from composable_dra.model.names import ANN_ADOPTED
 from device_scaler.decide.builders import MANAGED_LABEL, MANAGED_VALUE
 
 

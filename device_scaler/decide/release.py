@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from api.v1alpha1 import ClaimRef
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
-from composable_dra.sizing import ANN_LAST_USED
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
+from composable_dra.model.sizing import ANN_LAST_USED
 from device_scaler.decide.actions import Action, DeleteResource, PatchResource
 from device_scaler.decide.idle import IdleGPU, idle_bookkeeping, local_users
 from device_scaler.decide.reading import managed, meta_of, our_results

@@ -6,8 +6,8 @@ minSize for that node and model; above its maxSize idle ones go first, window or
 
 from __future__ import annotations
 
-from composable_dra.sizing import least_recently_used, limits
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model.sizing import least_recently_used, limits
 from device_scaler.decide.actions import Action, DeleteResource
 from device_scaler.decide.idle import IdleGPU
 from device_scaler.decide.reading import meta_of

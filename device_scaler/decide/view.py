@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from api.v1alpha1 import ComposableResourceSpec
-from composable_dra.kube import JSON
-from composable_dra.sizing import spec_of
+from composable_dra.k8s.kube import JSON
+from composable_dra.model.sizing import spec_of
 from device_scaler.decide.inputs import ScalerSettings, ScalerSnapshot
 from device_scaler.decide.reading import is_live, meta_of
 

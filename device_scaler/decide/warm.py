@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from api.v1alpha1 import ComposableResourceSpec
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE, normalize_uuid
-from composable_dra.sizing import limits
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.model.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE, normalize_uuid
+from composable_dra.model.sizing import limits
 from device_scaler import standby as sb
 from device_scaler.decide.actions import (
     Action,

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from composable_dra.quantity import parse_bytes
+from composable_dra.k8s.quantity import parse_bytes
 from dra_driver.device_source import Attachment, DeviceInfo, device_name_for
 
 

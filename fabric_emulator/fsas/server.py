@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from composable_dra import logs
+from composable_dra.process import logs
 from fabric_emulator import faults as faults_mod
 from fabric_emulator import state
 from fabric_emulator.fsas import api

@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 
 from api.v1alpha1 import API_VERSION  # noqa: E402
 from composable_dra.fabric.slots import is_slot, slot_name  # noqa: E402
-from composable_dra.kube import JSON, Kube, path  # noqa: E402
+from composable_dra.k8s.kube import JSON, Kube, path  # noqa: E402
 from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402

@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
 
 from api.dra.v1 import api_pb2 as v1  # noqa: E402
 from api.dra.v1 import api_pb2_grpc as v1_grpc  # noqa: E402
-from composable_dra import names  # noqa: E402
-from composable_dra.kube import Conflict, Kube, path  # noqa: E402
+from composable_dra.k8s.kube import Conflict, Kube, path  # noqa: E402
+from composable_dra.model import names  # noqa: E402
 from dra_driver.grpc_server import service_socket  # noqa: E402
 from hack.bench.stats import percentile  # noqa: E402
 from testbed import ControlPlane  # noqa: E402

@@ -48,9 +48,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from composable_dra.informer import Informer  # noqa: E402
-from composable_dra.kube import JSON, Kube, path  # noqa: E402
-from composable_dra.remote_leases import (  # noqa: E402
+from composable_dra.k8s.informer import Informer  # noqa: E402
+from composable_dra.k8s.kube import JSON, Kube, path  # noqa: E402
+from composable_dra.lending.remote_leases import (  # noqa: E402
     REMOTE_READY,
 )
 from hack.bench.goals import finish, goal  # noqa: E402

@@ -377,7 +377,7 @@ def shaped_part(rate_mbit: int) -> dict[str, object]:
 
 
 def main() -> int:
-    from composable_dra import logs
+    from composable_dra.process import logs
 
     logs.configure("bench", "warning", "json")
     if len(sys.argv) > 2 and sys.argv[1] == "--shaped":

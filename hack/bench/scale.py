@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.names import normalize_uuid
-from composable_dra.timestamps import parse_time
-from composable_dra.wake import TOUCH_EVENT
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.k8s.wake import TOUCH_EVENT
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from dra_driver.device_source import DeviceInfo, device_name_for
 from dra_driver.device_visibility import visibility_updates
 from dra_driver.slices import FIELD_MANAGER as PLUGIN_FIELD_MANAGER
@@ -491,7 +491,7 @@ def goals(out: JSON) -> dict[str, dict[str, Any]]:
 
 
 def wake_touches(events: Iterable[JSON], start: float, end: float) -> int:
-    """The pool publisher's wake-up touches (composable_dra/wake.py) between ``start`` and
+    """The pool publisher's wake-up touches (composable_dra/k8s/wake.py) between ``start`` and
     ``end`` (Unix times), from its log: one slice write each, among its writes."""
     return sum(
         1

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import yaml
 
-from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from fabric_emulator.topology import host_uuid
 from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, parallel, populate
 from hack.bench.stats import percentile

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from api.v1alpha1 import API_VERSION
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model.names import normalize_uuid
 from device_scaler.scaler import standby_held
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.goals import finish, goal

@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.informer import Informer
-from composable_dra.kube import Kube, path
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import Kube, path
+from composable_dra.model import names
 from dra_driver.device_source import device_name_for
 from hack.bench.goals import finish, goal
 from hack.bench.stats import percentile

@@ -17,9 +17,9 @@ the links' load is measured. A job's effective time is its isolated time times
 and is re-evaluated at every step, as DRMaestro's simulator re-evaluates a task's
 completion time whenever a task starts or ends. Decisions that the product makes are
 made here by the product's own code: the link-busy taint (`composable_dra.lending.netaware`),
-the host-busy taint (`composable_dra.lending.hostaware`), the per-claim QoS selector
+the host-busy taint (`hack.sim.hostaware`), the per-claim QoS selector
 (`composable_dra.lending.qos`) and the donor's lease counter
-(`composable_dra.lending.slo.lease_capacity`).
+(`remote_gpu.slo.lease_capacity`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from composable_dra.lending import hostaware, netaware, qos, slo
+from composable_dra.lending import netaware, qos
+from hack.sim import hostaware
 from hack.sim.workload import SATURATED_STRETCH, TOLERANCE, Arrival, JobType
+from remote_gpu import slo
 
 COLO = 0.03
 # 1 / (1 - LOAD_CAP) == SATURATED_STRETCH: a saturated path stretches a transfer as

@@ -16,7 +16,7 @@ second, as DRMaestro re-evaluates a task's completion time when a task starts or
 Part two (SLO-aware sharing, after the edge-cluster paper): applications calling
 allow-listed functions on shared donor GPUs, each with a latency SLO. Packing by memory
 admits while memory fits; SLO-aware admission asks the product's latency model
-(`composable_dra.lending.slo`) and admits only what keeps every SLO.
+(`remote_gpu.slo`) and admits only what keeps every SLO.
 
 Assumptions, and where they differ from the papers: docs/lending-policy.md. Prints JSON
 last; exits non-zero when a goal is missed.
@@ -32,10 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from composable_dra.lending import hostaware, netaware, slo
+from composable_dra.lending import netaware
 from hack.bench.goals import finish, goal
+from hack.sim import hostaware
 from hack.sim.cluster import COLO, Cluster, Machine, Policy
 from hack.sim.workload import RODINIA, TOLERANCE, JobType, arrivals, scaled, warmup
+from remote_gpu import slo
 from remote_gpu.admission import AdmissionController
 
 WARMUP_S = 2000.0

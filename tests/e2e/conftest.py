@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from composable_dra.kube import Kube
+from composable_dra.k8s.kube import Kube
 from testbed import ControlPlane
 from testbed.claims_seen import ClaimsSeen
 from testbed.controlplane import find_binaries

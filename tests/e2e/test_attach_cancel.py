@@ -17,7 +17,7 @@ import pytest
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.fabric.redfish import RedfishCompositionBackend
-from composable_dra.kube import JSON, path
+from composable_dra.k8s.kube import JSON, path
 from composable_operator.fabric_status import ADOPTED
 from dra_driver.device_source import device_name_for
 from testbed import objects

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from composable_dra import names
 from composable_dra.fabric.redfish import RedfishCompositionBackend
-from composable_dra.kube import JSON, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import JSON, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from dra_driver.cdi import spec_file_name
 from testbed.harness import Suite, SuiteOptions
 from testbed.realnodes import cdi_dir_of, describe_nodes, gpu_env, plugin_of, suite_pod

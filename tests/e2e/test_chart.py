@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kubernetes import config
 
-from composable_dra import names
-from composable_dra.kube import JSON, Conflict, Kube, KubeError, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, path
+from composable_dra.model import names
 from testbed import ControlPlane, chart
 from testbed.crds import install_crds
 from testbed.wait import wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from testbed import ControlPlane, examples
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.nodes import create_node, delete_node

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra.kube import Kube, KubeError, path
+from composable_dra.k8s.kube import Kube, KubeError, path
 from testbed import vendor_plugin
 from testbed.crds import install_crds
 

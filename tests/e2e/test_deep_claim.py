@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from testbed.realnodes import gpu_env, suite_pod
 from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite

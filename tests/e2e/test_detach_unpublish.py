@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import JSON, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from testbed.harness import Suite
 from testbed.objects import RESOURCE, create_resource
 from testbed.realnodes import describe_nodes, plugin_of, suite_pod

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from testbed import examples
 from testbed.harness import Suite
 from testbed.realnode_pods import for_real_node

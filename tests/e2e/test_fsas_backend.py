@@ -16,8 +16,8 @@ import pytest
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.fabric.slots import is_slot
-from composable_dra.kube import Kube, path
-from composable_dra.names import ANN_POOL_DEVICE, normalize_uuid
+from composable_dra.k8s.kube import Kube, path
+from composable_dra.model.names import ANN_POOL_DEVICE, normalize_uuid
 from fabric_emulator.fsas.config import FsasConfig, process_args
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
 from testbed import ControlPlane
 from testbed.kubelet_emulator import KubeletEmulator

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
-from composable_dra.lending import netaware
-from composable_dra.remote_leases import DonorDirectory, LeaseClient, LendingStatus, TokenSource
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.lending import netaware, remote_leases
 from testbed import ControlPlane, examples
 from testbed.lending import CONTROLLER_SA, Lab
 from testbed.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
@@ -222,11 +221,11 @@ def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(
     assert wait_phase(lab, "sensitive", ("Succeeded", "Failed")) == "Succeeded"
 
 
-def donor_status(lab: Lab) -> LendingStatus:
+def donor_status(lab: Lab) -> remote_leases.LendingStatus:
     d = lab.donors[0]
-    client = LeaseClient(
-        DonorDirectory({d.node: d.api_url}),
-        TokenSource(lab.kube, lab.namespace, CONTROLLER_SA),
+    client = remote_leases.LeaseClient(
+        remote_leases.DonorDirectory({d.node: d.api_url}),
+        remote_leases.TokenSource(lab.kube, lab.namespace, CONTROLLER_SA),
         str(lab.ca.cert_path),
     )
     return client.status(d.node)
@@ -255,7 +254,7 @@ def test_a_lease_that_would_break_an_admitted_slo_is_not_offered(lab: Lab) -> No
     workload(lab, "first", args, first)
     wait_phase(lab, "first", ("Running",))
 
-    def measured() -> LendingStatus | None:
+    def measured() -> remote_leases.LendingStatus | None:
         s = donor_status(lab)
         paced = s.functions.get("paced")
         return s if paced is not None and paced.samples > 0 else None

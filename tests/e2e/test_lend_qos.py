@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending import netaware, qos
 from testbed import ControlPlane, examples
 from testbed.lending import Lab

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
 from testbed import ControlPlane

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from dra_driver.cdi import spec_file_name
 from testbed import ControlPlane
 from testbed.plugin_process import PluginProcess, write_static_devices

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from composable_dra import names
+from composable_dra.model import names
 from hack.bench.time_to_gpu import topology
 from testbed.harness import Suite
 from testbed.wait import wait_for

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra.kube import path
+from composable_dra.k8s.kube import path
 from hack.bench.time_to_gpu import block_uuids, final_allocations, shared_gpus
 from testbed.harness import Suite
 from testbed.realnodes import describe_nodes, suite_pod

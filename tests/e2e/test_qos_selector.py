@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import Kube, path
+from composable_dra.k8s.kube import Kube, path
 from composable_dra.lending import qos
+from composable_dra.model import names
 from testbed.nodes import create_node, delete_node
 from testbed.objects import create_claim_pod
 from tests.e2e.test_lend import (

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import yaml
 
-from composable_dra.kube import JSON, Conflict, Kube, NotFound, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, NotFound, path
 from dra_driver.cdi import spec_file_name
 from testbed import examples
 from testbed.plugin_process import write_static_devices

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from composable_dra.kube import JSON, Conflict, Kube, path
+from composable_dra.k8s.kube import JSON, Conflict, Kube, path
 from dra_driver.cdi import spec_file_name
 from testbed import examples
 from testbed.objects import ensure_device_class

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from dra_driver.cdi import spec_file_name
 from testbed.objects import ensure_device_class
 from testbed.plugin_process import write_static_devices

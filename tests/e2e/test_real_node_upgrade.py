@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from dra_driver.cdi import spec_file_name
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.grpc_server import registration_socket, service_socket

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from composable_dra.kube import path
+from composable_dra.k8s.kube import path
 from testbed.controlplane import free_port
 from testbed.flood import Flood, Target
 from testbed.realnode import metric_sample

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.remote_leases import (
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.lending.remote_leases import (
     DONORS_AUDIENCE,
     Code,
     DonorDirectory,

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from testbed.remote_pods import matmul_claim_and_pod
 from testbed.wait import wait_for
 from tests.e2e.conftest import SeeClaims

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import API_VERSION
-from composable_dra import names
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Kube, KubeError, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.standby import Held
 from testbed import examples

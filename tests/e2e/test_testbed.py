@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.minimal_plugin import MinimalPlugin
 from testbed.nodes import create_node, delete_node

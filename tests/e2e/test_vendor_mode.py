@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import names
-from composable_dra.kube import Conflict, path
-from composable_dra.names import normalize_uuid
+from composable_dra.k8s.kube import Conflict, path
+from composable_dra.model import names
+from composable_dra.model.names import normalize_uuid
 from testbed import vendor_plugin
 from testbed.harness import CR_API, Suite
 from testbed.objects import RESOURCE

@@ -92,7 +92,7 @@ def _called_name(call: ast.Call) -> str:
 
 # Who may call ``Kube.watch`` (a watch loop of its own skips the Informer's resume, 410
 # and relist rules).
-WATCHERS = {"composable_dra/informer.py": "the Informer itself"}
+WATCHERS = {"composable_dra/k8s/informer.py": "the Informer itself"}
 
 
 def watch_calls(tree: ast.Module, _source: str) -> list[str]:
@@ -108,14 +108,14 @@ def test_only_the_informer_watches() -> None:
     assert _violations(watch_calls, allowed=WATCHERS) == []
 
 
-# -- one retry policy: composable_dra/retry.py -------------------------------------------
+# -- one retry policy: composable_dra/k8s/retry.py -------------------------------------------
 
 # A hand-written backoff: in a loop, a wait (``sleep``, or ``wait`` of an Event or
 # Condition) whose length is a name the same loop grows from its own value, by
 # multiplying it (``d *= 2``, ``d = min(cap, d * 2)``) or through a call (``d =
 # next_pause(d)``). A loop that waits a fixed time, or the retry policy's wait, is
 # not a backoff. Who may (retry.py is the policy; tenacity is not read here):
-BACKOFFS: dict[str, str] = {"composable_dra/retry.py": "the retry policy itself"}
+BACKOFFS: dict[str, str] = {"composable_dra/k8s/retry.py": "the retry policy itself"}
 _GROWING = (ast.Mult, ast.Pow, ast.LShift)
 
 
@@ -157,7 +157,7 @@ def test_no_backoff_outside_the_retry_policy() -> None:
 # -- each component names itself in its user agent ---------------------------------------
 
 # Where an ApiClient may be made: Kube.from_config, which sets the user agent.
-CLIENT_MAKERS = {"composable_dra/kube.py": "Kube.from_config names the caller"}
+CLIENT_MAKERS = {"composable_dra/k8s/kube.py": "Kube.from_config names the caller"}
 AGENT_PREFIX = "composable-dra/"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from composable_dra.kube import Kube
+from composable_dra.k8s.kube import Kube
 
 DRIVER = "gpu.composable.dra.io"
 OPAQUE_MAX = 10 * 1024  # resource.OpaqueParametersMaxLength in v1.37.1

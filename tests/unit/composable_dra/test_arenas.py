@@ -1,4 +1,4 @@
-"""composable_dra.arenas: a process that set the cap keeps its threads' allocations in
+"""composable_dra_cli.arenas: a process that set the cap keeps its threads' allocations in
 that many glibc arenas (glibc's own count, from malloc_stats), where it gave each thread
 one of its own before."""
 
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from composable_dra import arenas
+from composable_dra_cli import arenas
 
 CHILD = """
 import ctypes, sys, threading
-from composable_dra import arenas
+from composable_dra_cli import arenas
 print(arenas.limit() if sys.argv[1] == "cap" else "uncapped", flush=True)
 start = threading.Barrier(8)
 def work():

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from composable_dra import cli
+import composable_dra_cli as cli
+from dra_driver.flags import env_flag
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,9 +48,9 @@ def test_without_the_remote_extra_the_donor_says_what_to_install(
 
 def _env_flag_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    cli.env_flag(p, "--state-dir", "/default", type=Path)
-    cli.env_flag(p, "--link-gbps", type=int)
-    cli.env_flag(p, "--uid", "", env="POD_UID")
+    env_flag(p, "--state-dir", "/default", type=Path)
+    env_flag(p, "--link-gbps", type=int)
+    env_flag(p, "--uid", "", env="POD_UID")
     return p
 
 

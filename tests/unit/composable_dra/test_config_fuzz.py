@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from composable_dra.gpu_config import (
+from composable_dra.model.gpu_config import (
     API_VERSION,
     KIND,
     ConfigError,

@@ -1,4 +1,4 @@
-"""composable_dra.frozen: cached JSON that refuses changes and still reads as JSON."""
+"""composable_dra.k8s.frozen: cached JSON that refuses changes and still reads as JSON."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.frozen import FrozenDict, FrozenList, ReadOnlyError, freeze, thaw
+from composable_dra.k8s.frozen import FrozenDict, FrozenList, ReadOnlyError, freeze, thaw
 
 OBJ = {"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"devices": [{"n": 1}, 2]}}
 

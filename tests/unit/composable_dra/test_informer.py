@@ -1,4 +1,4 @@
-"""composable_dra.informer: list + watch into a cache, events, resume, relist, wait_for."""
+"""composable_dra.k8s.informer: list + watch into a cache, events, resume, relist, wait_for."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from composable_dra.frozen import ReadOnlyError
-from composable_dra.informer import Informer
-from composable_dra.kube import JSON, Gone, NotFound
+from composable_dra.k8s.frozen import ReadOnlyError
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, Gone, NotFound
 
 END = object()  # ends the current watch, as the server's timeout does
 

@@ -1,4 +1,4 @@
-"""composable_dra.informer.InformerDriven: the controllers' loop and thread pools."""
+"""composable_dra.k8s.informer.InformerDriven: the controllers' loop and thread pools."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from composable_dra.informer import InformerDriven
+from composable_dra.k8s.informer import InformerDriven
 
 
 class _Passes(InformerDriven):

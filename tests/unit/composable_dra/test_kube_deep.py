@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from composable_dra.frozen import freeze
-from composable_dra.gpu_config import ConfigError, claim_configs
-from composable_dra.informer import Informer
-from composable_dra.lending.claim_config import lease_of_claim
-from composable_dra.remote_leases import Code, DonorDirectory, LeaseAPIError, LeaseClient
+from composable_dra.k8s.frozen import freeze
+from composable_dra.k8s.informer import Informer
+from composable_dra.lending.remote_leases import Code, DonorDirectory, LeaseAPIError, LeaseClient
+from composable_dra.model.gpu_config import ConfigError, claim_configs
+from remote_gpu.claim_config import lease_of_claim
 from tests.unit.composable_dra.deep_claims import (
     DRIVER,
     GOOD,

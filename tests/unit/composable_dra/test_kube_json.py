@@ -1,4 +1,4 @@
-"""Kubernetes JSON decoded within the API server's own limits (composable_dra/kube_json.py):
+"""Kubernetes JSON decoded within the API server's own limits (composable_dra/k8s/kube_json.py):
 fuzzed over nesting depth up to the server's 10,000 levels and claims with up to 10 KiB of
 opaque parameters."""
 
@@ -13,12 +13,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from composable_dra import kube_json, names
-from composable_dra.frozen import freeze
-from composable_dra.gpu_config import ConfigError, claim_configs, parse_parameters
-from composable_dra.kube import CUT_OBJECTS
-from composable_dra.lending.claim_config import lease_of_claim
+from composable_dra.k8s import kube_json
+from composable_dra.k8s.frozen import freeze
+from composable_dra.k8s.kube import CUT_OBJECTS
+from composable_dra.model import names
+from composable_dra.model.gpu_config import ConfigError, claim_configs, parse_parameters
 from device_scaler.scaler import Scaler, ScalerConfig
+from remote_gpu.claim_config import lease_of_claim
 from tests.unit.composable_dra.deep_claims import (
     BODY_DEPTH_MAX,
     DRIVER,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.kube import path, segment
+from composable_dra.k8s.kube import path, segment
 
 
 def test_ordinary_paths() -> None:

@@ -1,10 +1,10 @@
-"""composable_dra.leader: the elector's requests name the component."""
+"""composable_dra.k8s.leader: the elector's requests name the component."""
 
 from __future__ import annotations
 
 from kubernetes import client
 
-from composable_dra import leader
+from composable_dra.k8s import leader
 
 
 def test_the_lease_lock_renews_through_the_components_client() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from composable_dra import logs
+from composable_dra.process import logs
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import composable_dra_cli as cli
 from api.v1alpha1 import API_VERSION, ComposabilityRequestSpec
-from composable_dra import cli, safe_yaml
-from composable_dra.cohdi import MigrationError, convert, convert_all
+from composable_dra.commands import safe_yaml
+from composable_dra.commands.cohdi import MigrationError, convert, convert_all
 
 
 def cohdi(name: str = "req", **resource: Any) -> dict[str, Any]:

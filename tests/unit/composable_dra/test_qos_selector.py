@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from composable_dra import cli, names
-from composable_dra.gpu_config import parse_parameters
+import composable_dra_cli as cli
 from composable_dra.lending import netaware, qos
+from composable_dra.model import names
+from composable_dra.model.gpu_config import parse_parameters
 from testbed import examples
 from testbed.remote_pods import REMOTE
 

@@ -1,4 +1,4 @@
-"""composable_dra.retry: the one retry policy (bounds, Retry-After, stop)."""
+"""composable_dra.k8s.retry: the one retry policy (bounds, Retry-After, stop)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tenacity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra import retry
+from composable_dra.k8s import retry
 
 
 @settings(max_examples=200)

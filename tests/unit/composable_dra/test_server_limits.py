@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra import metrics
+from composable_dra.process import metrics
 from composable_dra.serving.limits import (
     ServerLimits,
 )

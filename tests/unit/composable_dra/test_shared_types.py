@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api.v1alpha1 import ClaimRef, ComposableResourceSpec
-from composable_dra.conditions import MESSAGE_LIMIT, condition, find
-from composable_dra.timestamps import format_time, now_rfc3339, parse_time
+from composable_dra.k8s.conditions import MESSAGE_LIMIT, condition, find
+from composable_dra.k8s.timestamps import format_time, now_rfc3339, parse_time
 
 
 def test_claim_ref_is_one_hashable_value_built_either_way() -> None:

@@ -1,4 +1,4 @@
-"""composable_dra/wake.py: which ended allocations the scheduler may have held in flight,
+"""composable_dra/k8s/wake.py: which ended allocations the scheduler may have held in flight,
 and when their pool is touched."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.kept import claim_binding_fields
-from composable_dra.kube import JSON
-from composable_dra.timestamps import format_time
-from composable_dra.wake import WAKE_AFTER, Waker, WakeSchedule, holds
+from composable_dra.k8s.kept import claim_binding_fields
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.k8s.wake import WAKE_AFTER, Waker, WakeSchedule, holds
 from tests.unit.fuzz_json import JSON_VALUES
 
 DRIVER = "gpu.composable.dra.io"

@@ -18,7 +18,7 @@ from composable_dra.fabric.backend import (
     OperationFailedError,
     OperationStatus,
 )
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 from composable_operator import attach_calls
 from composable_operator.attach_calls import AttachCall
 from composable_operator.controller import Controller

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import FabricSpec
-from composable_dra import names
 from composable_dra.fabric.backend import (
     BusyError,
     Device,
@@ -21,7 +20,8 @@ from composable_dra.fabric.backend import (
     Operation,
     OperationStatus,
 )
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_operator.actions import EventType
 from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.cluster_cache import Changes, ClusterCache, claim_results, local_refs
@@ -251,7 +251,7 @@ def test_a_deleted_resource_stops_the_daemon_before_any_call() -> None:
 def test_next_delay_doubles_within_the_cap_unless_the_fabric_says(
     failures: int, retry_after: float | None, nominal: float
 ) -> None:
-    # The suite's one policy (composable_dra/retry.py): half of each wait is jitter.
+    # The suite's one policy (composable_dra/k8s/retry.py): half of each wait is jitter.
     waits = {next_delay(failures, 30, retry_after) for _ in range(20)}
     if retry_after is not None:
         assert waits == {retry_after}

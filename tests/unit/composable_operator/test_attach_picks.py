@@ -10,10 +10,10 @@ from dataclasses import replace
 from typing import Any
 
 from api.v1alpha1 import FabricSpec
-from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, TransientError, picker
 from composable_dra.fabric.slots import slot_name
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_operator.attach_daemon import AttachDaemon
 from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.reconcile import REQUEST_SETTLE_SECONDS, AttachRecord

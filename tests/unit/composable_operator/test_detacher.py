@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import FabricSpec
-from composable_dra import names
 from composable_dra.fabric.backend import BusyError, Device, Host, Operation
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_operator.actions import EventType
 from composable_operator.controller import Controller, ControllerSettings
 from composable_operator.detach import RetryLater, UnpublishWaits

@@ -12,7 +12,7 @@ import pytest
 from api.v1alpha1 import FabricSpec, NodeMapping
 from composable_dra.fabric.backend import Device, Host, Inventory
 from composable_dra.fabric.registry import host_nodes
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 from composable_operator.cluster_cache import Nodes, slim_node
 from composable_operator.fabric_status import FabricWatch
 from composable_operator.inventories import InventorySnapshot, online_look, still_online

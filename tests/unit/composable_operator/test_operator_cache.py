@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.v1alpha1 import ComposabilityRequestSpec, FabricSpec
-from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
-from composable_dra.kept import claim_fields, slice_uuid_fields
-from composable_dra.kube import JSON
+from composable_dra.k8s.kept import claim_fields, slice_uuid_fields
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_operator.cluster_cache import ClusterCache, claim_results, local_refs, slim_node
 from composable_operator.composability_requests import RequestReconciler
 

@@ -11,7 +11,7 @@ from api.v1alpha1 import ComposabilityRequestSpec
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.redfish import error_for
 from composable_dra.fabric.retry_after import retry_after_seconds
-from composable_dra.sizing import desired_size
+from composable_dra.model.sizing import desired_size
 from composable_operator.composability_requests import plan_request
 from composable_operator.fabric_status import find_orphans, free_devices
 from composable_operator.reconcile import (

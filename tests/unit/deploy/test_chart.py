@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from composable_dra import names
-from composable_dra.remote_leases import DONORS_AUDIENCE
+from composable_dra.lending.remote_leases import DONORS_AUDIENCE
+from composable_dra.model import names
 from testbed import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"

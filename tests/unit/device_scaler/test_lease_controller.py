@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra.remote_leases import Code, LeaseAPIError, LeaseInfo, LeaseList
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LeaseInfo, LeaseList
 from device_scaler.leases import (
     Close,
     Fail,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from api.v1alpha1 import ClaimRef
-from composable_dra import names
-from composable_dra.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
+from composable_dra.model.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
 from device_scaler.decide import (
     ANN_LAST_USED,
     CreateResource,
@@ -347,7 +347,7 @@ class SlicesKube:
         self.devices, self.queries = devices, []  # type: ignore[var-annotated]
 
     def get(self, url: str, **query: Any) -> JSON:
-        from composable_dra.kube import KubeError
+        from composable_dra.k8s.kube import KubeError
 
         self.queries.append(query)
         if self.devices is None:

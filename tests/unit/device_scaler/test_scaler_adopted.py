@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from composable_dra.kube import JSON
-from composable_dra.names import ANN_ADOPTED, ANN_IN_USE_BY
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model.names import ANN_ADOPTED, ANN_IN_USE_BY
 from composable_operator.fabric_status import ADOPTED, FabricWatch, Orphan
 from device_scaler.decide import (
     DeleteResource,

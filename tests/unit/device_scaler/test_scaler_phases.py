@@ -1,14 +1,15 @@
 """The phases of the scaler's decision (device_scaler.decide), each on its own, and the
-shared sizing rule (composable_dra.sizing) they use."""
+shared sizing rule (composable_dra.model.sizing) they use."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from api.v1alpha1 import ClaimRef, ComposabilityRequestSpec
-from composable_dra import names
-from composable_dra.names import ANN_EXPIRES, ANN_IN_USE_BY
-from composable_dra.sizing import (
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
+from composable_dra.model.names import ANN_EXPIRES, ANN_IN_USE_BY
+from composable_dra.model.sizing import (
     ANN_LAST_USED,
     desired_size,
     last_used,
@@ -16,7 +17,6 @@ from composable_dra.sizing import (
     limits,
     spec_of,
 )
-from composable_dra.timestamps import format_time
 from device_scaler.decide.actions import DeleteResource, PatchResource, Unquarantine
 from device_scaler.decide.attach import (
     Create,

@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any
 
-from composable_dra import names
-from composable_dra.kube import Conflict
+from composable_dra.k8s.kube import Conflict
+from composable_dra.model import names
 from device_scaler.decide import (
     CreateResource,
     DeleteResource,

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from api.v1alpha1 import FabricSpec
-from composable_dra import names
-from composable_dra.names import ANN_POOL
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
+from composable_dra.model.names import ANN_POOL
 from device_scaler.decide import (
     DeleteResource,
     PatchResource,

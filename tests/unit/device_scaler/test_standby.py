@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from api.v1alpha1 import FabricSpec, StandbyPolicy
-from composable_dra import names
-from composable_dra.names import ANN_EXPIRES, ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
+from composable_dra.model.names import ANN_EXPIRES, ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
 from device_scaler import standby as sb
 from device_scaler.decide import (
     CreateResource,

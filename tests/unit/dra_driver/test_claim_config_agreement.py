@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.v1alpha1 import ClaimRef
-from composable_dra.lending.claim_config import lease_of_claim, qos_of_claim
 from dra_driver.prepare import ClaimError, plan_claim
+from remote_gpu.claim_config import lease_of_claim, qos_of_claim
 from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, gpu, gpu_config
 
 PROFILE = {"transfer": 0.5, "tolerance": 0.1, "hostLoad": 0.2}

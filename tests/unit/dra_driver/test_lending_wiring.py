@@ -11,11 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.gpu_config import ConfigError, parse_parameters
-from composable_dra.lending import netaware, slo
-from composable_dra.lending.claim_config import lease_of_claim
-from composable_dra.lending.measure import LatencySamples, RateWindow, parse_model
-from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
+from composable_dra.lending import netaware
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LendingStatus, parse_status
+from composable_dra.model.gpu_config import ConfigError, parse_parameters
 from dra_driver.lend_status import DonorStatusPoller, next_state
 from dra_driver.slices import (
     LendPolicy,
@@ -24,6 +22,9 @@ from dra_driver.slices import (
     link_leases,
     plan_slices,
 )
+from remote_gpu import slo
+from remote_gpu.claim_config import lease_of_claim
+from remote_gpu.measure import LatencySamples, RateWindow, parse_model
 from testbed import examples
 from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, gpu
 

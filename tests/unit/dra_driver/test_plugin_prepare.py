@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import ClaimRef
-from composable_dra import names
-from composable_dra.gpu_config import ConfigError, parse_parameters
 from composable_dra.lending.qos import QosProfile
+from composable_dra.model import names
+from composable_dra.model.gpu_config import ConfigError, parse_parameters
 from dra_driver.cdi import CdiDevice, CdiWriter, build_spec, cdi_device_id, resolve
 from dra_driver.checkpoint import Checkpoint, CheckpointError
 from dra_driver.prepare import ClaimError, ClaimNotFound, Preparer, plan_claim

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from composable_dra.gpu_config import QosConfig
 from composable_dra.lending import netaware, qos
-from composable_dra.names import normalize_uuid
-from composable_dra.remote_leases import Code, LeaseAPIError, LeasedDevice, LendingStatus
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LeasedDevice, LendingStatus
+from composable_dra.model.gpu_config import QosConfig
+from composable_dra.model.names import normalize_uuid
 from dra_driver.lend_status import DonorStatusPoller, QosSampling, qos_attributes
 from dra_driver.plugin_main import _donor_status, add_arguments
 from dra_driver.slices import LendPolicy, LendState, desired_slices, plan_slices

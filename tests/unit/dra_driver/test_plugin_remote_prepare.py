@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from api.v1alpha1 import ClaimRef
-from composable_dra.remote_leases import Code, LeaseAPIError, LeaseClient
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LeaseClient
 from dra_driver.cdi import CdiWriter, resolve
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimref import InvalidClaimRef

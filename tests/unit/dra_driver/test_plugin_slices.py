@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra.quantity import format_bytes, parse_bytes
+from composable_dra.k8s.quantity import format_bytes, parse_bytes
 from dra_driver.device_source import DeviceInfo
 from dra_driver.publish_once import publishable, reservations
 from dra_driver.slices import (

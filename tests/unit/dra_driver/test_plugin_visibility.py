@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from composable_dra import names
+from composable_dra.model import names
 from dra_driver.device_source import DeviceInfo
 from dra_driver.device_visibility import VisibilityReporter, awaiting, visibility_updates
 from dra_driver.publish_once import LocalSliceGate, node_resources, publishable, reservations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from composable_dra.wake import TOUCH_EVENT
+from composable_dra.k8s.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
 from hack.bench import scale
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from composable_dra import names
+from composable_dra.model import names
 from hack.bench.sched import Republisher, fabric_view, inventory, metric_sums, per_attempt
 from pool_publisher.publish import desired_pools, plan_pools
 

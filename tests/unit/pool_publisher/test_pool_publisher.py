@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.v1alpha1 import NodeMapping
-from composable_dra import names
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.fabric.registry import node_mapping_fields
-from composable_dra.kept import claim_fields
+from composable_dra.k8s.kept import claim_fields
+from composable_dra.model import names
 from pool_publisher import publish
 from pool_publisher.publish import (
     FabricView,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from api.v1alpha1 import VendorDriver
-from composable_dra import names
+from composable_dra.model import names
 from pool_publisher.publish import (
     desired_pools,
     plan_pools,

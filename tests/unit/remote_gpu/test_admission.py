@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from composable_dra.token_bucket import TokenBucket
+from composable_dra.serving.token_bucket import TokenBucket
 from remote_gpu.admission import AdmissionController, measure_bandwidth
 from remote_gpu.transports import choose
 

@@ -75,7 +75,7 @@ def donor_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DonorPro
     (tmp / "kubeconfig").write_text(KUBECONFIG)
     log = tmp / "donor.log"
     command = [
-        *(sys.executable, "-m", "composable_dra.cli", "remote-gpu-donor"),
+        *(sys.executable, "-m", "composable_dra_cli", "remote-gpu-donor"),
         *("--name", "donor-limits", "--secret-file", str(tmp / "secret")),
         *("--allow", "echo=remote_gpu.builtins:echo", "--listen", "127.0.0.1:0"),
         *("--lease-api-listen", "127.0.0.1:0"),

@@ -51,7 +51,7 @@ class Donor:
         self.port = _free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "composable_dra.cli", "--log-level", "info",
+            sys.executable, "-m", "composable_dra_cli", "--log-level", "info",
             "remote-gpu-donor", "--name", "flooded", "--secret-file", str(secret),
             "--listen", self.endpoint, "--transports", "tcp",
             "--allow", "echo=remote_gpu.builtins:echo", *flags,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.remote_leases import (
+from composable_dra.lending.remote_leases import (
     DONORS_AUDIENCE,
     NODE_NAME_EXTRA,
     POD_NAME_EXTRA,

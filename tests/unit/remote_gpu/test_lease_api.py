@@ -20,7 +20,7 @@ import urllib3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.remote_leases import (
+from composable_dra.lending.remote_leases import (
     MAX_BODY,
     Code,
     DonorDirectory,

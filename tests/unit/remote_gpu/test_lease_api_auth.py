@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client as k8s
 
-from composable_dra.kube import Kube
-from composable_dra.remote_leases import Code, LeaseAPIError, retry_after
+from composable_dra.k8s.kube import Kube
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, retry_after
 from remote_gpu.lease_api import KubeReviewer, bearer
 from remote_gpu.token_reviews import UNKNOWN_LANE
 from testbed.controlplane import free_port

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from composable_dra.remote_leases import Code, LeaseAPIError
+from composable_dra.lending.remote_leases import Code, LeaseAPIError
 from composable_dra.serving.limits import ServerLimits
 from remote_gpu.identity import Identity
 from remote_gpu.lease_api import LeaseAPI, LeaseAPIConfig, LeaseBook, serve

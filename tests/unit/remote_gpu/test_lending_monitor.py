@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from composable_dra.lending import qos, slo
-from composable_dra.remote_leases import Code, LeaseAPIError, LendingStatus
+from composable_dra.lending import qos
+from composable_dra.lending.remote_leases import Code, LeaseAPIError, LendingStatus
+from remote_gpu import slo
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.donor_main import add_arguments, lending_monitor

@@ -15,7 +15,7 @@ from composable_dra.fabric.retry_after import (
     poll_hint,
     retry_after_seconds,
 )
-from composable_dra.retry import MAX_OWN_WAIT
+from composable_dra.k8s.retry import MAX_OWN_WAIT
 
 NOW = 1_800_000_000.0  # 2027-01-15
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from composable_dra.fabric.registry import FabricGoneError, Fabrics
-from composable_dra.kube import NotFound
+from composable_dra.k8s.kube import NotFound
 
 
 class CountingKube:

@@ -1,10 +1,11 @@
-"""The host-busy taint's pure decisions (composable_dra/lending/hostaware.py)."""
+"""The host-busy taint's pure decisions (hack/sim/hostaware.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from composable_dra.lending import hostaware, netaware
+from composable_dra.lending import netaware
+from hack.sim import hostaware
 
 
 def test_a_host_is_busy_from_the_load_that_slows_a_co_runner_to_the_tolerance() -> None:

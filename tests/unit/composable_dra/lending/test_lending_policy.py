@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.lending import netaware, slo
+from composable_dra.lending import netaware
+from remote_gpu import slo
 
 
 def test_the_taint_has_hysteresis() -> None:

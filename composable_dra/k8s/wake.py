@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from composable_dra.kube import JSON
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
 
 # kube-scheduler's binding-condition check (PreBind, every 5 s after an immediate first
 # one); the touch waits that long plus a margin for its informer and its poll goroutine.

@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from composable_dra import logs
+from composable_dra.process import logs
 
 log = logs.get(__name__)
 # The elector logs every renewal at info; keep its warnings, report transitions ourselves.

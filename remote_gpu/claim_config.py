@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from composable_dra.gpu_config import ConfigError, GpuConfig, QosConfig, claim_configs
-from composable_dra.lending import slo
+from composable_dra.model.gpu_config import ConfigError, GpuConfig, QosConfig, claim_configs
+from remote_gpu import slo
 
 
 class SLOConfigError(ConfigError):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.labels import key_problem, value_problem
 from api.v1alpha1 import API_VERSION, DNS_SUBDOMAIN, ComposabilityRequestSpec
-from composable_dra.validation import problems
+from composable_dra.model.validation import problems
 
 COHDI_API = "cro.hpsys.ibm.ie.com/v1alpha1"
 

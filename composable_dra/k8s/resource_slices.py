@@ -9,11 +9,11 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from composable_dra import names
-from composable_dra.kube import JSON, Kube, NotFound, path
+from composable_dra.k8s.kube import JSON, Kube, NotFound, path
+from composable_dra.model import names
 
 RESOURCE_API = "resource.k8s.io/v1"
-# Set by a touch (composable_dra/wake.py): a write that changes nothing the scheduler
+# Set by a touch (composable_dra/k8s/wake.py): a write that changes nothing the scheduler
 # allocates from, and that it still takes as a ResourceSlice update.
 WOKEN_ANNOTATION = f"{names.PREFIX}/woken-at"
 

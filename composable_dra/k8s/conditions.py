@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from composable_dra.kube import JSON
-from composable_dra.timestamps import format_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import format_time
 
 MESSAGE_LIMIT = 1000  # characters kept of a message: status stays small
 

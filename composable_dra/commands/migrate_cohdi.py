@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml  # heavy imports here: cli imports this module to declare its flags
 
-    from composable_dra import safe_yaml
-    from composable_dra.cohdi import MigrationError, convert_all
+    from composable_dra.commands import safe_yaml
+    from composable_dra.commands.cohdi import MigrationError, convert_all
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")

@@ -12,7 +12,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 
-from composable_dra.lending import slo
+from remote_gpu import slo
 
 # Samples kept per function: enough for a stable fit, bounded against a chatty lease.
 MAX_SAMPLES = 256

@@ -15,7 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from composable_dra import leader, logs, metrics, names
+from composable_dra.k8s import leader
+from composable_dra.model import names
+from composable_dra.process import logs, metrics
 
 
 class Controller(Protocol):
@@ -58,7 +60,7 @@ def run_controller(
     """Lead (when asked to), then run ``make(kube)`` until a signal or a lost lease."""
     from kubernetes import config
 
-    from composable_dra.kube import Kube
+    from composable_dra.k8s.kube import Kube
 
     log = logs.get(component)
     # Libraries that log every request or renewal at info: keep their warnings only.

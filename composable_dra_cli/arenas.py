@@ -1,4 +1,4 @@
-"""Few glibc malloc arenas for the suite's processes (cli.main sets it before any thread).
+"""Few glibc malloc arenas for the suite's processes (set by the CLI before any thread).
 
 glibc gives each new thread a malloc arena of its own, up to 8 per core, and memory freed
 in an arena stays mapped for that arena's next use. The operator's 64 I/O threads each

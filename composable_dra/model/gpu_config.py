@@ -1,7 +1,7 @@
 """Opaque device configuration addressed to our driver (``opaque.parameters``), and how a
 claim's configs for one request merge: the one reading of them, by the plugin at prepare
 (``dra_driver/prepare.py``) and by the donor when it opens a lease
-(``lending/claim_config.py``), so both see the same SLO and QoS profile.
+(``remote_gpu/claim_config.py``), so both see the same SLO and QoS profile.
 
 Example, in a claim's ``spec.devices.config`` or a DeviceClass's ``spec.config``::
 
@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from composable_dra import kube_json
+from composable_dra.k8s import kube_json
 from composable_dra.lending import qos
-from composable_dra.validation import problems
+from composable_dra.model.validation import problems
 
 API_VERSION = "gpu.composable.dra.io/v1alpha1"
 KIND = "GpuConfig"

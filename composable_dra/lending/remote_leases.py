@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from composable_dra import kube_json
-from composable_dra.gpu_config import QosConfig
+from composable_dra.k8s import kube_json
+from composable_dra.model.gpu_config import QosConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for its flags: no client libraries then
-    from composable_dra.kube import Kube
+    from composable_dra.k8s.kube import Kube
 
 JSON = dict[str, Any]
 
@@ -342,7 +342,7 @@ class TokenSource:
         self._cache: dict[str, tuple[float, str]] = {}
 
     def token(self, aud: str) -> str:
-        from composable_dra.kube import KubeError, path
+        from composable_dra.k8s.kube import KubeError, path
 
         with self._lock:
             cached = self._cache.get(aud)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from api.v1alpha1 import ComposabilityRequestSpec, ComposableResourceSpec
-from composable_dra import names
-from composable_dra.kube import JSON
-from composable_dra.timestamps import parse_time
+from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.timestamps import parse_time
+from composable_dra.model import names
 
 # Stamped by the scaler when a GPU's last allocation ends.
 ANN_LAST_USED = f"{names.PREFIX}/last-used"

@@ -4,7 +4,7 @@ The suite's one way to watch cluster state (docs/architecture.md, Rules for the 
 API). List, then watch from the list's resourceVersion with bookmarks; a watch that ends
 resumes from the last resourceVersion seen; on 410 Gone relist at once. A watch that
 fails otherwise is resumed from there too after the retry policy's wait
-(composable_dra/retry.py): a watch from a version misses nothing (the server answers 410
+(composable_dra/k8s/retry.py): a watch from a version misses nothing (the server answers 410
 when it would). Only when the resumed watch fails as well is the collection listed again
 and the cache replaced. So after the first list, a full LIST is rare: a 410, or two
 failed watches in a row.
@@ -15,7 +15,7 @@ differences included (work queues keyed by object use it). Controllers read the 
 instead of listing on every pass; benches and tests wait on it with ``wait_for``.
 
 Readers get the cached objects themselves, not copies: the watch replaces an object, never
-changes it, and each is stored frozen (composable_dra/frozen.py: a change raises
+changes it, and each is stored frozen (composable_dra/k8s/frozen.py: a change raises
 ``ReadOnlyError``; ``copy.deepcopy`` gives a changeable copy). ``metadata.managedFields``
 is dropped on the way in (no reader needs it; it is a large share of each object).
 """
@@ -28,9 +28,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from composable_dra import logs, retry
-from composable_dra.frozen import FrozenDict, freeze
-from composable_dra.kube import JSON, LIST_PAGE, Gone, Kube, NotFound, list_pages
+from composable_dra.k8s import retry
+from composable_dra.k8s.frozen import FrozenDict, freeze
+from composable_dra.k8s.kube import JSON, LIST_PAGE, Gone, Kube, NotFound, list_pages
+from composable_dra.process import logs
 
 log = logs.get(__name__)
 

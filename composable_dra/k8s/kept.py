@@ -5,7 +5,7 @@ controller of ours reads (docs/attach-flow.md, Scale)."""
 
 from __future__ import annotations
 
-from composable_dra.kube import JSON
+from composable_dra.k8s.kube import JSON
 
 IDENTITY = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
 
@@ -27,7 +27,7 @@ def claim_fields(claim: JSON) -> JSON:
 def claim_binding_fields(claim: JSON) -> JSON:
     """``claim_fields`` and, of results with binding conditions, those conditions and the
     claim's status conditions for their devices (type, status, time): what tells an
-    allocation the scheduler may still hold in flight (composable_dra/wake.py)."""
+    allocation the scheduler may still hold in flight (composable_dra/k8s/wake.py)."""
     status = claim.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     keys = ("driver", "pool", "device", "bindingConditions", "bindingFailureConditions")

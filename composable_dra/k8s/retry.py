@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import tenacity
 from tenacity.wait import wait_base
 
-from composable_dra import logs
+from composable_dra.process import logs
 
 T = TypeVar("T")
 OnError = Callable[[BaseException, float], None]

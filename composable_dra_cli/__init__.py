@@ -1,48 +1,66 @@
 """The single `composable-dra` command, one subcommand per component.
 
+It sits above the components, apart from the shared library ``composable_dra``, because
+its subcommand table imports every one of them (the import contracts in pyproject.toml).
 Each component module exposes ``add_arguments(parser)`` and ``run(args) -> int``. The
 modules are imported to declare their flags, so they keep heavy imports inside ``run``:
-one component's dependencies never slow another's start. A component whose optional
-extra is not installed keeps its subcommand, which then says which extra it needs.
+one component's dependencies never slow another's start. The donor's module, which needs
+an optional extra, is imported only when the parser is built: without the extra its
+subcommand stays and says which extra it needs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from types import ModuleType
 
-from composable_dra import __version__, arenas, logs
+from composable_dra import __version__
+from composable_dra.commands import migrate_cohdi, qos_selector
+from composable_dra.process import logs
+from composable_dra_cli import arenas
+from composable_operator import main as operator_main
+from device_scaler import main as scaler_main
+from dra_driver import plugin_main
+from fabric_emulator import main as emulator_main
+from pool_publisher import main as pool_publisher_main
 
-# subcommand -> (module, one-line help).
-COMPONENTS: dict[str, tuple[str, str]] = {
+
+def _donor() -> ModuleType:
+    """The donor needs the optional 'remote' extra (numpy): imported when the parser is
+    built, so that without it the subcommand stays and says what to install."""
+    from remote_gpu import donor_main
+
+    return donor_main
+
+
+# subcommand -> (its module's loader, one-line help).
+COMPONENTS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "operator": (
-        "composable_operator.main",
+        lambda: operator_main,
         "attach and detach fabric devices for ComposableResources (Deployment)",
     ),
-    "plugin": ("dra_driver.plugin_main", "the DRA kubelet plugin of one node (DaemonSet)"),
-    "remote-gpu-donor": ("remote_gpu.donor_main", "Lend this node's GPU over the network"),
+    "plugin": (lambda: plugin_main, "the DRA kubelet plugin of one node (DaemonSet)"),
+    "remote-gpu-donor": (_donor, "Lend this node's GPU over the network"),
     "fabric-emulator": (
-        "fabric_emulator.main",
+        lambda: emulator_main,
         "Run the mocked fabric: a stateful Redfish composition service.",
     ),
     "pool-publisher": (
-        "pool_publisher.main",
+        lambda: pool_publisher_main,
         "Publish each Fabric's free GPUs as ResourceSlice pools (leader-elected)",
     ),
     "scaler": (
-        "device_scaler.main",
+        lambda: scaler_main,
         "The Dynamic Device Scaler: attach for claims, release, idle scale-down",
     ),
     "qos-selector": (
-        "composable_dra.qos_selector",
+        lambda: qos_selector,
         "Print the CEL device selector for a claim's QoS profile (network-aware lending)",
     ),
     "migrate-cohdi": (
-        "composable_dra.migrate_cohdi",
+        lambda: migrate_cohdi,
         "Convert CoHDI ComposabilityRequests (YAML) into this suite's",
     ),
 }
@@ -62,13 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: readable on a terminal, JSON otherwise",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in COMPONENTS.items():
+    for name, (load, help_text) in COMPONENTS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
         try:
-            importlib.import_module(module).add_arguments(p)
+            module = load()
         except ModuleNotFoundError as exc:  # an optional extra is not installed
             p.set_defaults(_missing=str(exc))
+            continue
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
     return parser
 
 
@@ -82,31 +102,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logs.configure(args.command, args.log_level, args.log_format)
     arenas.limit()  # before the component starts its threads
-    code: int = importlib.import_module(args._module).run(args)
+    code: int = args._module.run(args)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-class Flags(Protocol):
-    """A parser or one of its argument groups."""
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
-
-
-def env_flag(
-    parser: Flags,
-    flag: str,
-    default: str | None = None,
-    *,
-    env: str | None = None,
-    **kwargs: Any,
-) -> None:
-    """Add ``flag`` with its default read from the environment variable named like it
-    (``--state-dir``: STATE_DIR, or ``env``), else ``default``; an empty variable counts
-    as unset. argparse converts a string default with the flag's ``type``, as it would
-    the flag's own value, so a bad variable fails like a bad flag."""
-    name = env or flag.removeprefix("--").replace("-", "_").upper()
-    parser.add_argument(flag, default=os.environ.get(name) or default, **kwargs)

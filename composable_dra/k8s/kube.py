@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from kubernetes import client, config
 from prometheus_client import Counter
 
-from composable_dra import kube_json, logs
+from composable_dra.k8s import kube_json
+from composable_dra.process import logs
 
 JSON = dict[str, Any]
 
@@ -171,7 +172,7 @@ class Kube:
 
     @staticmethod
     def _decode(raw: bytes) -> Any:
-        """A body or watch event, within the API server's limits (composable_dra/kube_json.py):
+        """A body or watch event, within the API server's limits (composable_dra/k8s/kube_json.py):
         a part nested too deep is cut, and each object with a cut is counted and logged."""
         value, cut = kube_json.decode(raw)
         if cut:

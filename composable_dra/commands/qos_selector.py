@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from composable_dra import names
 from composable_dra.lending import qos
+from composable_dra.model import names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,3 @@
+"""The suite's own vocabulary: its names, labels and conditions (``names``), the opaque
+device configuration claims carry (``gpu_config``), the one sizing rule (``sizing``), and
+how a validation error reads (``validation``)."""
