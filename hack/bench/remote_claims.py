@@ -115,7 +115,7 @@ def phase(kube: Kube, name: str) -> str:
     return str((pod.get("status") or {}).get("phase", ""))
 
 
-# Over 80 lines: the bench's one run in order; its watch loop goes with the 'one watch' rule.
+# Long because it is the bench's one run, step after step, each using what the last made.
 def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -> dict[str, Any]:
     lab = Lab(kube, cp, workdir, namespace=NAMESPACE, domain=DOMAIN)
     out: dict[str, Any] = {"pods": args.pods, "ran": 0}

@@ -482,7 +482,7 @@ def refused(action: Callable[[], object], message: str) -> KubeError:
     return err.value
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_admission_policy_keeps_the_plugin_to_its_own_node(
     control_plane: ControlPlane,
     kube_json: Kube,

@@ -73,7 +73,7 @@ def resource(suite: Suite, name: str) -> JSON | None:
     return suite.kube.get_or_none(path(API_VERSION, "composableresources", name))
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_a_detached_gpu_is_never_both_listed_untainted_by_its_node_and_in_the_pool(
     make_suite: MakeSuite, namespace: str, unique: str
 ) -> None:

@@ -91,7 +91,7 @@ def bed(
     )
 
 
-# Over 80 lines: the bed's parts in the order they start, each needing the one before.
+# Long because it starts the bed's parts in order, each needing the one before.
 def start_bed(
     kube_json: Kube,
     control_plane: ControlPlane,

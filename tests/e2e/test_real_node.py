@@ -46,7 +46,7 @@ def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON
     return kept, devices, pod
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_example_pod_runs_with_cdi_env(
     real_node: RealNode, kube_json: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -68,7 +68,7 @@ def claim_uid(kube: Kube, namespace: str, name: str) -> str:
     return uid
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_plugin_replaced_while_pods_run_loses_no_call(
     real_node: RealNode, kube_json: Kube, namespace: str
 ) -> None:

@@ -90,7 +90,7 @@ def free_standby(suite: Any, namespace: str) -> set[str]:
     }
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     make_suite: MakeSuite, namespace: str
 ) -> None:

@@ -145,7 +145,7 @@ def binary() -> Path:
     return find_vendor_plugin()
 
 
-# Over 80 lines: one scenario read top to bottom; its steps share what it built.
+# Long because it is one scenario read top to bottom; its steps share what it built.
 def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     make_suite: MakeSuite, namespace: str, short_tmp: Path, binary: Path
 ) -> None:

@@ -36,9 +36,10 @@ Checker = Callable[[ast.Module, str], list[str]]
 
 
 @functools.cache
-def _repository() -> list[tuple[str, ast.Module, str]]:
+def _repository(with_tests: bool = False) -> list[tuple[str, ast.Module, str]]:
     """(path, tree, source) of each Python file git knows outside tests/ (their fakes
-    may do what the product must not), generated protobuf modules left out."""
+    may do what the product must not; ``with_tests`` takes them too), generated protobuf
+    modules left out."""
     listed = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "*.py"],
         cwd=ROOT,
@@ -49,7 +50,9 @@ def _repository() -> list[tuple[str, ast.Module, str]]:
     found = []
     for name in sorted(listed):
         path = ROOT / name
-        if name.startswith("tests/") or "_pb2" in name or not path.is_file():
+        if (name.startswith("tests/") and not with_tests) or "_pb2" in name:
+            continue
+        if not path.is_file():
             continue
         source = path.read_text()
         found.append((name, ast.parse(source, name), source))
@@ -270,6 +273,16 @@ def long_functions(tree: ast.Module, source: str) -> list[str]:
 
 def test_no_long_product_function_without_its_reason() -> None:
     assert _violations(long_functions, PRODUCT) == []
+
+
+def test_no_long_function_anywhere_without_its_reason() -> None:
+    """The same rule for the scripts, the test framework and the tests themselves."""
+    found = [
+        f"{name}:{v}"
+        for name, tree, src in _repository(with_tests=True)
+        for v in long_functions(tree, src)
+    ]
+    assert found == []
 
 
 # -- each checker sees what breaks its rule ------------------------------------------------
