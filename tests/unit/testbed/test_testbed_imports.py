@@ -12,17 +12,9 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.unit.test_architecture_rules import PRODUCT
+
 ROOT = Path(__file__).resolve().parents[3]
-PRODUCT = (
-    "api",
-    "composable_dra",
-    "composable_operator",
-    "device_scaler",
-    "dra_driver",
-    "fabric_emulator",
-    "pool_publisher",
-    "remote_gpu",
-)
 # Spelled in two parts so that the import rewrite (testbed's move) leaves it alone.
 OLD = "hack" + ".localcluster"
 # hack's scripts whose parts the tests exercise; anything else under hack/ is not a library.
