@@ -10,19 +10,14 @@ from composable_dra.model import names
 from composable_dra.model.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
 from device_scaler.decide import (
     ANN_LAST_USED,
-    CreateResource,
-    DeleteResource,
-    PatchResource,
-    Quarantine,
     ScalerSettings,
     ScalerSnapshot,
-    SetDeviceStatus,
-    Unquarantine,
     allocation_node,
     decide,
     resource_body,
     resource_name,
 )
+from device_scaler.decide import actions as action
 
 DRIVER = names.DRIVER
 NOW = 1_800_000_000.0
@@ -157,7 +152,7 @@ def test_allocation_node_from_match_fields_or_hostname():
 
 def test_a_pending_pool_allocation_gets_a_resource():
     [a] = run(snap([claim()]), CFG)
-    assert isinstance(a, CreateResource)
+    assert isinstance(a, action.CreateResource)
     spec = a.body["spec"]
     assert spec == {
         "fabric": "fab",
@@ -180,7 +175,7 @@ def test_attaching_resource_waits():
 
 def test_online_resource_makes_the_claim_ready_with_the_uuid():
     actions = run(snap([claim()], [resource(phase="Online", uuid="U-1")]), CFG)
-    [a] = only(actions, SetDeviceStatus)
+    [a] = only(actions, action.SetDeviceStatus)
     [entry] = a.entries
     assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, POOL, "gpu-1")
     assert entry["data"] == {"uuid": "U-1"}
@@ -211,7 +206,7 @@ def test_failure_sets_failed_quarantines_and_deletes():
     for cr, reason in failed_cases():
         actions = run(snap([claim()], [cr]), CFG)
         kinds = [type(a) for a in actions]
-        assert kinds == [Quarantine, SetDeviceStatus, DeleteResource], reason
+        assert kinds == [action.Quarantine, action.SetDeviceStatus, action.DeleteResource], reason
         q, st, d = actions
         assert (q.pool, q.device, q.until) == (POOL, "gpu-1", NOW + 30)
         [cond] = st.entries[0]["conditions"]
@@ -233,7 +228,7 @@ def test_a_failed_entry_still_gets_its_resource_deleted_after_a_crash():
         "conditions": [{"type": names.FABRIC_DEVICE_FAILED, "status": "True"}],
     }
     actions = run(snap([claim(status_devices=[failed])], [resource()]), CFG)
-    assert [type(a) for a in actions] == [DeleteResource]
+    assert [type(a) for a in actions] == [action.DeleteResource]
 
 
 def test_max_size_refuses_an_attach():
@@ -242,9 +237,9 @@ def test_max_size_refuses_an_attach():
     }
     other = resource(claim_uid="c0", device="gpu-2", phase="Online", uuid="U-2")
     actions = run(snap([claim()], [other], requests=[req]), CFG)
-    [st] = only(actions, SetDeviceStatus)
+    [st] = only(actions, action.SetDeviceStatus)
     assert st.failed[0][1] == "MaxSizeReached"
-    assert not only(actions, CreateResource)
+    assert not only(actions, action.CreateResource)
 
 
 def test_release_waits_for_the_pool_to_drop_the_device_then_clears_the_claim_ref():
@@ -252,14 +247,14 @@ def test_release_waits_for_the_pool_to_drop_the_device_then_clears_the_claim_ref
     # The claim is gone, but the pool still lists gpu-1: wait (published exactly once).
     assert run(snap([], [online]), CFG) == []
     [p] = run(snap([], [online], pool=("gpu-2",)), CFG)
-    assert isinstance(p, PatchResource) and p.reason == "Released"
+    assert isinstance(p, action.PatchResource) and p.reason == "Released"
     assert p.patch["spec"] == {"claimRef": None}
     assert p.patch["metadata"]["annotations"][ANN_LAST_USED] == format_time(NOW)
 
 
 def test_allocation_ended_before_online_deletes():
     [d] = run(snap([], [resource(phase="Attaching")], pool=()), CFG)
-    assert isinstance(d, DeleteResource) and d.reason == "AllocationEnded"
+    assert isinstance(d, action.DeleteResource) and d.reason == "AllocationEnded"
 
 
 def idle(
@@ -280,7 +275,7 @@ def test_idle_gpu_reused_as_local_device_is_marked_in_use_and_not_detached():
     user = claim(uid="c9", device="gpu-u-1", pool="node-a", binding=False)
     local = {("node-a", "u-1"): "gpu-u-1"}
     [p] = run(snap([user], [cr], local=local), CFG)
-    assert isinstance(p, PatchResource) and p.patch["metadata"]["annotations"] == {
+    assert isinstance(p, action.PatchResource) and p.patch["metadata"]["annotations"] == {
         ANN_IN_USE_BY: "c9"
     }
     marked = idle("r1", NOW - 1000, uuid="U-1", ann={ANN_IN_USE_BY: "c9"})
@@ -329,14 +324,14 @@ def test_quarantines_expire():
             }
         },
     ]
-    assert run(snap(quarantines=rules), CFG) == [Unquarantine("q1")]
+    assert run(snap(quarantines=rules), CFG) == [action.Unquarantine("q1")]
 
 
 def test_a_block_another_resource_holds_is_never_attached_twice():
     idle_gpu1 = idle("old", NOW - 5)  # released, attached, gpu-1
     actions = run(snap([claim(uid="c2")], [idle_gpu1]))
-    assert not only(actions, CreateResource)
-    [st] = only(actions, SetDeviceStatus)
+    assert not only(actions, action.CreateResource)
+    [st] = only(actions, action.SetDeviceStatus)
     assert st.failed[0][1] == "DeviceInUse"
 
 
@@ -367,7 +362,7 @@ def test_a_release_waits_until_a_consistent_read_shows_the_pool_dropped_the_devi
     online = resource(phase="Online", uuid="U-1")
     s = snap([], [online], pool=("gpu-2",))
     actions = run(s)
-    assert [a.reason for a in only(actions, PatchResource)] == ["Released"]
+    assert [a.reason for a in only(actions, action.PatchResource)] == ["Released"]
     kube = SlicesKube(["gpu-1", "gpu-2"])
     scaler = Scaler(kube, ScalerConfig(CFG))  # type: ignore[arg-type]  # not started
     try:
