@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[1] / "image" / "build.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "hack" / "image" / "build.sh"
 # Set to an archive to use it as is (the script is not run).
 ENV_VAR = "COMPOSABLE_DRA_IMAGE"
 _REF_NAME = "org.opencontainers.image.ref.name"
