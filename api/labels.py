@@ -15,8 +15,10 @@ from typing import Literal
 _NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
 _NAME_RE = re.compile(_NAME)
 _VALUE_RE = re.compile(f"({_NAME})?")
-# A DNS subdomain (RFC 1123), as a label key's prefix or a DRA driver's name must be.
-DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A DNS subdomain (RFC 1123), as a label key's prefix, a DRA driver's name or an object's
+# name must be; api.v1alpha1's schema pattern is this one, anchored.
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+DNS_SUBDOMAIN_RE = re.compile(DNS_SUBDOMAIN)
 # One requirement of a selector: `!key`, `key`, `key op value`, `key in|notin (values)`.
 # Tokens may be spaced as labels.Parse allows; keys and values are checked afterwards.
 _WORD = r"[^\s=!,()<>]+"

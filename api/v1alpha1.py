@@ -23,7 +23,7 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN = f"^{labels.DNS_SUBDOMAIN}$"
 # A Redfish resource Id that is one URL path segment as it stands: no '/', '?', '#', '%',
 # space, and never '.' or '..' (it cannot start with a dot).
 DEVICE_ID = r"^[A-Za-z0-9_-][A-Za-z0-9._:-]*$"
