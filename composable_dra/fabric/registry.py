@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from api.labels import DNS_SUBDOMAIN_RE
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
@@ -219,7 +220,8 @@ class Fabrics:
         self._cache: dict[str, tuple[tuple[str, ...], FabricSpec, FabricBackend]] = {}
         self._checked: dict[str, float] = {}  # name -> monotonic time of the last read
         self._reading: dict[str, threading.Lock] = {}  # name -> held while it is read
-        self._ca_dir = Path(tempfile.mkdtemp(prefix="composable-fabric-ca-"))
+        # Made at the first Fabric with a CA, removed by close() (or when collected).
+        self._ca_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def get(self, name: str) -> tuple[FabricSpec, FabricBackend]:
         """The Fabric's spec and a backend for it (blocking: call from a thread).
@@ -271,9 +273,7 @@ class Fabrics:
             raise FabricConfigError(f"backend {spec.backend!r} is not supported by this operator")
         ca_file = None
         if ca is not None:
-            ca_path = self._ca_dir / f"{name}.crt"
-            ca_path.write_text(_secret_value(ca, "ca.crt"))
-            ca_file = str(ca_path)
+            ca_file = self._write_ca(name, _secret_value(ca, "ca.crt"))
         backend = factory(spec, SecretKeys(creds), ca_file, self.connections)
         with self._lock:
             old = self._cache.get(name)
@@ -282,6 +282,17 @@ class Fabrics:
         if old:
             old[2].close()
         return spec, backend
+
+    def _write_ca(self, name: str, pem: str) -> str:
+        """The CA bundle as a file the TLS client can load, named for its Fabric."""
+        if not DNS_SUBDOMAIN_RE.fullmatch(name):  # the API server's rule; a path part
+            raise FabricConfigError(f"Fabric name {name!r} is not a DNS subdomain")
+        with self._lock:
+            if self._ca_dir is None:
+                self._ca_dir = tempfile.TemporaryDirectory(prefix="composable-fabric-ca-")
+            ca_path = Path(self._ca_dir.name) / f"{name}.crt"
+        ca_path.write_text(pem)
+        return str(ca_path)
 
     def _secret(self, namespace: str, name: str) -> JSON:
         try:
@@ -294,6 +305,9 @@ class Fabrics:
             for _, _, backend in self._cache.values():
                 backend.close()
             self._cache.clear()
+            if self._ca_dir is not None:
+                self._ca_dir.cleanup()
+                self._ca_dir = None
 
 
 def condition_status(status: dict[str, Any], kind: str) -> str | None:

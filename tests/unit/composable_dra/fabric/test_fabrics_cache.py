@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import tempfile
 import threading
 import time
 from typing import Any
@@ -143,3 +144,32 @@ def test_callers_that_find_the_cache_old_share_one_read() -> None:
         t.join(10)
     assert len(got) == 8 and len({id(b) for b in got}) == 1
     assert len(kube.gets) == 2  # one Fabric read and one Secret read, not eight of each
+
+
+def test_the_ca_file_lives_only_as_long_as_the_registry(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry makes no directory until a Fabric has a CA, and close() removes it: the
+    operator and publisher make one registry each, but tests make hundreds."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kube = CountingKube()
+    fabrics = Fabrics(kube, {"redfish-composition": lambda *_: Backend()})  # type: ignore[arg-type,dict-item]
+    fabrics.get("fab")
+    assert list(tmp_path.iterdir()) == []  # no CA, no directory
+
+    assert kube.fabric is not None
+    kube.fabric["spec"]["caSecret"] = {"namespace": "ns", "name": "ca"}
+    kube.fabric["metadata"]["resourceVersion"] = "2"
+    ca = {
+        "metadata": {"namespace": "ns", "name": "ca", "resourceVersion": "3"},
+        "data": {"ca.crt": base64.b64encode(b"PEM").decode()},
+    }
+    real_get = kube.get
+    kube.get = lambda url: ca if url.endswith("/secrets/ca") else real_get(url)  # type: ignore[method-assign]
+    fabrics.max_age = 0
+    fabrics.get("fab")
+    (made,) = tmp_path.iterdir()
+    assert (made / "fab.crt").read_text() == "PEM"
+
+    fabrics.close()
+    assert list(tmp_path.iterdir()) == []
