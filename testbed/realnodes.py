@@ -78,7 +78,10 @@ def wait_output(
         return log if marker in log else None
 
     out: str = wait_for(printed, 30, f"the output of {pod}/{container}", describe=node.logs_tail)
-    print(f"--- output of {namespace}/{pod}/{container} on real node {node.name} ---\n{out}", flush=True)
+    print(
+        f"--- output of {namespace}/{pod}/{container} on real node {node.name} ---\n{out}",
+        flush=True,
+    )
     return out
 
 

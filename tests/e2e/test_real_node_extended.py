@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from composable_dra.k8s.kube import JSON, Kube, NotFound, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.model import names
 from composable_dra.model.names import ANN_IN_USE_BY, normalize_uuid
 from testbed import chart
@@ -50,7 +50,9 @@ def extended_class(kube_json: Kube, unique: str) -> Iterator[JSON]:
     """The chart's extended-resource DeviceClass for NAME, as the chart renders it."""
     values = {"extendedResource": {"name": NAME, "className": f"ext-{unique}"}}
     rendered = chart.render(values=values)
-    [dc] = [o for o in rendered if o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName")]
+    [dc] = [
+        o for o in rendered if o["kind"] == "DeviceClass" and o["spec"].get("extendedResourceName")
+    ]
     assert dc["metadata"]["name"] == f"ext-{unique}"
     created: JSON = kube_json.create(path(RESOURCE, "deviceclasses"), dc)
     yield created
@@ -105,7 +107,11 @@ def assert_scheduler_claim(pod: JSON, claim: JSON) -> JSON:
     meta = claim["metadata"]
     assert meta["annotations"][EXTENDED_ANNOTATION] == "true"
     [owner] = meta["ownerReferences"]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == ("Pod", pod["metadata"]["uid"], True)
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (
+        "Pod",
+        pod["metadata"]["uid"],
+        True,
+    )
     [request] = claim["spec"]["devices"]["requests"]
     assert request["exactly"]["count"] == 1
     assert "firstAvailable" not in request
@@ -151,7 +157,7 @@ def assert_clash_event(suite: Suite, ours: str, theirs: str) -> None:
     assert ours in found["message"] and theirs in found["message"]
 
 
-# Long because it reads top to bottom: the pool attach, the release, the local reuse held past the idle window, the detach, the clash.
+# Long because it reads top to bottom: pool attach, release, reuse on the node, detach, clash.
 def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
     make_suite: MakeSuite, namespace: str, extended_class: JSON, unique: str
 ) -> None:
@@ -164,7 +170,9 @@ def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
     assert "/" in result["pool"]  # a fabric pool, <fabric>/<zone>
     assert result["bindingConditions"] == [names.FABRIC_DEVICE_READY]
     [status] = claim["status"]["devices"]
-    assert {c["type"]: c["status"] for c in status["conditions"]} == {names.FABRIC_DEVICE_READY: "True"}
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        names.FABRIC_DEVICE_READY: "True"
+    }
     [cr] = suite.resources()
     assert cr["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
     assert cr["spec"]["targetNode"] == node
@@ -204,10 +212,10 @@ def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
         describe=suite.describe,
     )
 
-    # 5. Another class maps the same name, created later: it takes it over, and the pool
-    # publisher warns on ours.
-    theirs = {
-        "metadata": {"name": f"vendor-{unique}"},
+    # 5. Another class maps the same name: the pool publisher warns, naming both.
+    other = f"vendor-{unique}"
+    theirs: JSON = {
+        "metadata": {"name": other},
         "spec": {
             "extendedResourceName": NAME,
             "selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}],
@@ -215,6 +223,6 @@ def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
     }
     suite.kube.create(path(RESOURCE, "deviceclasses"), theirs)
     try:
-        assert_clash_event(suite, extended_class["metadata"]["name"], theirs["metadata"]["name"])
+        assert_clash_event(suite, extended_class["metadata"]["name"], other)
     finally:
-        suite.kube.delete(path(RESOURCE, "deviceclasses", theirs["metadata"]["name"]))
+        suite.kube.delete(path(RESOURCE, "deviceclasses", other))

@@ -26,10 +26,15 @@ def device_class(name: str, driver: str, created: str, resource: str | None = No
     spec: JSON = {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}
     if resource is not None:
         spec["extendedResourceName"] = resource
-    return {"metadata": {"name": name, "creationTimestamp": created, "uid": f"u-{name}"}, "spec": spec}
+    return {
+        "metadata": {"name": name, "creationTimestamp": created, "uid": f"u-{name}"},
+        "spec": spec,
+    }
 
 
-OURS = device_class("composable-gpu-extended", names.DRIVER, "2026-01-02T00:00:00Z", "nvidia.com/gpu")
+OURS = device_class(
+    "composable-gpu-extended", names.DRIVER, "2026-01-02T00:00:00Z", "nvidia.com/gpu"
+)
 THEIRS = device_class("gpu.nvidia.com", NVIDIA, "2026-01-01T00:00:00Z", "nvidia.com/gpu")
 
 
@@ -73,7 +78,9 @@ def test_no_clash_without_two_classes_or_without_ours() -> None:
 def test_selects_driver_reads_the_cel_selectors() -> None:
     assert selects_driver(OURS, names.DRIVER)
     assert not selects_driver(THEIRS, names.DRIVER)
-    single = {"spec": {"selectors": [{"cel": {"expression": f"device.driver == '{names.DRIVER}'"}}]}}
+    single = {
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{names.DRIVER}'"}}]}
+    }
     assert selects_driver(single, names.DRIVER)
     assert not selects_driver({"spec": {}}, names.DRIVER)
 
