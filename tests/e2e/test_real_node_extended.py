@@ -15,7 +15,9 @@ What this shows of that scheduler:
 - only the container that asks gets the CDI device; the scaler's idle rule keeps the GPU
   while such a claim holds it and returns it to the pool once the pod is gone;
 - a second class mapping the same name, created later, takes the name over: the pool
-  publisher posts a Warning Event naming both classes.
+  publisher posts a Warning Event naming both classes; once that class is deleted, the
+  scheduler maps the name to no class until ours changes (an upstream quirk the docs
+  tell operators about).
 
 ``example.com/gpu`` is a test-only name that nothing else in the cluster maps.
 """
@@ -32,6 +34,7 @@ from composable_dra.model import names
 from composable_dra.model.names import ANN_IN_USE_BY, normalize_uuid
 from testbed import chart
 from testbed.harness import Suite
+from testbed.objects import NO_IMAGE
 from testbed.realnode_pods import for_real_node
 from testbed.realnodes import describe_nodes, gone, wait_output
 from testbed.wait import wait_for
@@ -157,7 +160,7 @@ def assert_clash_event(suite: Suite, ours: str, theirs: str) -> None:
     assert ours in found["message"] and theirs in found["message"]
 
 
-# Long because it reads top to bottom: pool attach, release, reuse on the node, detach, clash.
+# Long because it reads top to bottom: pool attach, release, reuse on the node, detach.
 def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
     make_suite: MakeSuite, namespace: str, extended_class: JSON, unique: str
 ) -> None:
@@ -212,7 +215,47 @@ def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
         describe=suite.describe,
     )
 
-    # 5. Another class maps the same name: the pool publisher warns, naming both.
+
+def asking_pod(suite: Suite, namespace: str, name: str) -> None:
+    """A pod (on the suite's emulated node) whose one container asks for one NAME."""
+    container = {"name": "gpu", "image": NO_IMAGE, "resources": {"limits": {NAME: "1"}}}
+    pod = suite.on_own_nodes({"metadata": {"name": name}, "spec": {"containers": [container]}})
+    suite.kube.create(path("v1", "pods", namespace=namespace), pod)
+
+
+def wait_scheduled(suite: Suite, namespace: str, name: str) -> None:
+    wait_for(
+        lambda: bool(suite.pod(namespace, name)["spec"].get("nodeName")),
+        30,
+        f"pod {name} to be scheduled",
+        describe=lambda: str(suite.pod_events(namespace, name)),
+    )
+
+
+def wait_unschedulable(suite: Suite, namespace: str, name: str) -> str:
+    def message() -> str | None:
+        events = suite.pod_events(namespace, name)
+        return next((e["message"] for e in events if e["reason"] == "FailedScheduling"), None)
+
+    found: str = wait_for(message, 30, f"pod {name} to fail scheduling")
+    assert not suite.pod(namespace, name)["spec"].get("nodeName")
+    return found
+
+
+# Long because it reads top to bottom: the takeover, the warning, and the scheduler's cache after.
+def test_a_later_class_that_maps_the_name_takes_it_over_and_the_publisher_warns(
+    make_suite: MakeSuite, namespace: str, extended_class: JSON, unique: str
+) -> None:
+    """kube-scheduler v1.37.1 with two classes for one name: the newer one serves every
+    pod that asks for it, and the pool publisher says so. The node is a kubelet emulator:
+    what matters here is where the scheduler puts the pod, not what runs."""
+    suite = make_suite(hosts=("node-1",))
+    ours = extended_class["metadata"]["name"]
+    asking_pod(suite, namespace, "before")
+    wait_scheduled(suite, namespace, "before")  # ours maps NAME: a GPU of ours
+
+    # Another driver's class for the same name, created later (the suite's start took
+    # seconds): it takes the name over; its driver publishes nothing, so pods now wait.
     other = f"vendor-{unique}"
     theirs: JSON = {
         "metadata": {"name": other},
@@ -221,8 +264,24 @@ def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
             "selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}],
         },
     }
-    suite.kube.create(path(RESOURCE, "deviceclasses"), theirs)
+    created = suite.kube.create(path(RESOURCE, "deviceclasses"), theirs)
+    assert (
+        created["metadata"]["creationTimestamp"] > extended_class["metadata"]["creationTimestamp"]
+    )
     try:
-        assert_clash_event(suite, extended_class["metadata"]["name"], other)
+        assert_clash_event(suite, ours, other)
+        asking_pod(suite, namespace, "taken-over")
+        wait_unschedulable(suite, namespace, "taken-over")
     finally:
         suite.kube.delete(path(RESOURCE, "deviceclasses", other))
+
+    # Theirs gone: the scheduler's cache dropped the name with it, ours too
+    # (removeResourceName2class), until our class changes.
+    asking_pod(suite, namespace, "after-delete")
+    print(f"after the delete: {wait_unschedulable(suite, namespace, 'after-delete')}", flush=True)
+    suite.kube.merge_patch(
+        path(RESOURCE, "deviceclasses", ours),
+        {"metadata": {"annotations": {"example.com/touched": "1"}}},
+    )
+    asking_pod(suite, namespace, "after-touch")
+    wait_scheduled(suite, namespace, "after-touch")
