@@ -14,6 +14,7 @@ Event and a metric naming both classes (docs/operations.md, "GPUs as an extended
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from prometheus_client import Gauge
 from composable_dra.k8s.events import event_body
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, KubeError, path
+from composable_dra.k8s.timestamps import format_time
+from composable_dra.model import names
 from composable_dra.process import logs
 
 CLASS_CLASHES = Gauge(
@@ -31,6 +34,8 @@ CLASS_CLASHES = Gauge(
     ["resource", "winner", "loser"],
 )
 REASON = "ExtendedResourceClash"
+# The annotation the publisher sets on our class after a clash ended (to_refresh).
+REFRESHED = f"{names.PREFIX}/extended-resource-refreshed"
 COMPONENT = "composable-dra-pool-publisher"
 # Events about cluster-scoped objects live in "default", where kubectl describe looks.
 EVENT_NAMESPACE = "default"
@@ -71,16 +76,21 @@ def _scheduler_order(device_class: JSON) -> tuple[str, str]:
     return (str(meta.get("creationTimestamp") or ""), str(meta.get("name") or ""))
 
 
-def clashes(classes: Iterable[JSON], driver: str) -> list[Clash]:
-    """Each extended resource name that two or more classes map, one of them selecting
-    ``driver``: one Clash per class the scheduler ignores, sorted."""
-    by_name: dict[str, list[JSON]] = {}
+def by_name(classes: Iterable[JSON]) -> dict[str, list[JSON]]:
+    """extendedResourceName -> the classes (not being deleted) that map it."""
+    out: dict[str, list[JSON]] = {}
     for dc in classes:
         name = (dc.get("spec") or {}).get("extendedResourceName")
         if name and not (dc.get("metadata") or {}).get("deletionTimestamp"):
-            by_name.setdefault(str(name), []).append(dc)
+            out.setdefault(str(name), []).append(dc)
+    return out
+
+
+def clashes(classes: Iterable[JSON], driver: str) -> list[Clash]:
+    """Each extended resource name that two or more classes map, one of them selecting
+    ``driver``: one Clash per class the scheduler ignores, sorted."""
     found: list[Clash] = []
-    for resource, mapped in by_name.items():
+    for resource, mapped in by_name(classes).items():
         if len(mapped) < 2 or not any(selects_driver(dc, driver) for dc in mapped):
             continue
         # Newest first; among equals, the name sorted first.
@@ -93,20 +103,45 @@ def clashes(classes: Iterable[JSON], driver: str) -> list[Clash]:
     return sorted(found)
 
 
-class ClashReporter:
-    """Tells each new clash once (log, Warning Event on the ignored class, metric) and
-    clears the metric of those that ended."""
+def to_refresh(ended: Iterable[Clash], classes: Iterable[JSON], driver: str) -> list[str]:
+    """Our classes to touch after clashes ended: kube-scheduler v1.37.1's cache drops a
+    name when any class that mapped it is deleted or renamed (``removeResourceName2class``
+    deletes the name whichever class held it), so a class of ours left alone mapping the
+    name serves no pod until it changes. Ours only: another's class is not ours to write."""
+    mapping = by_name(classes)
+    out = set()
+    for clash in ended:
+        left = mapping.get(clash.resource, [])
+        if len(left) == 1 and selects_driver(left[0], driver):
+            out.add(str(left[0]["metadata"]["name"]))
+    return sorted(out)
 
-    def __init__(self, driver: str, post_event: Callable[[Clash], None]) -> None:
+
+class ClashReporter:
+    """Tells each new clash once (log, Warning Event on the ignored class, metric), clears
+    the metric of those that ended, and touches our class that an ended clash left alone
+    (``to_refresh``)."""
+
+    def __init__(
+        self,
+        driver: str,
+        post_event: Callable[[Clash], None],
+        touch: Callable[[str], None] = lambda _: None,
+    ) -> None:
         self._driver = driver
         self._post_event = post_event
+        self._touch = touch
         self._known: set[Clash] = set()
 
     def check(self, classes: Iterable[JSON]) -> list[Clash]:
+        classes = list(classes)
         now = clashes(classes, self._driver)
-        for gone in self._known - set(now):
+        ended = self._known - set(now)
+        for gone in ended:
             CLASS_CLASHES.remove(gone.resource, gone.winner, gone.loser)
             log.info("extended resource clash ended", resource=gone.resource, loser=gone.loser)
+        for name in to_refresh(ended, classes, self._driver):
+            self._touch(name)
         for new in sorted(set(now) - self._known):
             CLASS_CLASHES.labels(new.resource, new.winner, new.loser).set(1)
             log.warning(
@@ -137,7 +172,7 @@ class ClassClashWatch:
     def __init__(self, kube: Kube, driver: str, wake: Callable[[], None]) -> None:
         self._kube = kube
         self.informer = Informer(kube, path("resource.k8s.io/v1", "deviceclasses"), wake)
-        self._reporter = ClashReporter(driver, self._post)
+        self._reporter = ClashReporter(driver, self._post, self._refresh)
 
     def check(self) -> list[Clash]:
         return self._reporter.check(self.informer.items())
@@ -156,3 +191,17 @@ class ClassClashWatch:
             self._kube.create(
                 path("v1", "events", namespace=EVENT_NAMESPACE), clash_event(clash, uid)
             )
+
+    def _refresh(self, name: str) -> None:
+        """Change our class so that kube-scheduler maps its name again (``to_refresh``)."""
+        patch = {"metadata": {"annotations": {REFRESHED: format_time(time.time())}}}
+        try:
+            self._kube.merge_patch(path("resource.k8s.io/v1", "deviceclasses", name), patch)
+        except KubeError as exc:
+            log.warning(
+                "could not refresh the DeviceClass; annotate it by hand",
+                device_class=name,
+                error=str(exc),
+            )
+            return
+        log.info("extended resource mapping refreshed", device_class=name)

@@ -16,6 +16,7 @@ from pool_publisher.class_clash import (
     clash_event,
     clashes,
     selects_driver,
+    to_refresh,
 )
 
 JSON = dict[str, Any]
@@ -111,3 +112,24 @@ def test_the_event_names_both_classes_on_the_ignored_one() -> None:
     }
     assert "composable-gpu-extended" in event["message"]
     assert "gpu.nvidia.com" in event["message"]
+
+
+def test_our_class_left_alone_after_a_clash_is_touched_once() -> None:
+    """kube-scheduler v1.37.1 drops the name from its cache when either class goes: ours,
+    left alone, is touched so that the scheduler maps the name again."""
+    touched: list[str] = []
+    reporter = ClashReporter(names.DRIVER, lambda _: None, touched.append)
+    reporter.check([THEIRS, OURS])
+    reporter.check([OURS])  # theirs deleted
+    assert touched == ["composable-gpu-extended"]
+    reporter.check([OURS])
+    assert touched == ["composable-gpu-extended"]  # once, when the clash ended
+
+
+def test_only_our_class_is_touched() -> None:
+    ended = [Clash("nvidia.com/gpu", "composable-gpu-extended", "gpu.nvidia.com")]
+    assert to_refresh(ended, [OURS], names.DRIVER) == ["composable-gpu-extended"]
+    assert to_refresh(ended, [THEIRS], names.DRIVER) == []  # ours went: theirs is not ours
+    assert to_refresh(ended, [], names.DRIVER) == []
+    third = device_class("c", NVIDIA, "2026-01-09T00:00:00Z", "nvidia.com/gpu")
+    assert to_refresh(ended, [OURS, third], names.DRIVER) == []  # still a clash
