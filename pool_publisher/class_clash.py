@@ -70,8 +70,8 @@ def selects_driver(device_class: JSON, driver: str) -> bool:
 
 
 def _scheduler_order(device_class: JSON) -> tuple[str, str]:
-    """Sorts the class kube-scheduler picks first: newest creationTimestamp, then name.
-    RFC 3339 in UTC with whole seconds sorts as text; negated by the caller's reverse."""
+    """(creationTimestamp, name): kube-scheduler picks the newest, then the name sorted
+    first. The API's RFC 3339 times (UTC, whole seconds) sort as text."""
     meta = device_class.get("metadata") or {}
     return (str(meta.get("creationTimestamp") or ""), str(meta.get("name") or ""))
 
