@@ -44,6 +44,7 @@ from composable_dra.k8s.resource_slices import common_fields, touch_slice, write
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.model import names
 from composable_dra.process import logs
+from pool_publisher.class_clash import ClassClashWatch
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -610,12 +611,15 @@ class PoolPublisher(InformerDriven):
             name="pool-slices",
             labelSelector=f"{MANAGED_LABEL}={MANAGED_VALUE}",
         )
+        # Classes that map an extended resource name ours maps too (class_clash.py).
+        self.class_clash = ClassClashWatch(kube, driver, wake)
         self.informers = [
             self.fabric_informer,
             self.node_informer,
             self.claim_informer,
             self.cr_informer,
             self.slice_informer,
+            self.class_clash.informer,
         ]
         self.synced = threading.Event()
 
@@ -697,6 +701,7 @@ class PoolPublisher(InformerDriven):
 
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
+        self.class_clash.check()
         with self._lock:
             force, self._all_dirty = self._all_dirty, False
         nodes = self.node_informer.items()

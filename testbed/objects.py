@@ -7,6 +7,7 @@ Builders return plain dicts (``*_body``); ``create_*`` helpers also send them.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.k8s.kube import JSON, Conflict, Kube, path
@@ -93,3 +94,28 @@ def create_resource(
             "spec": {"fabric": fabric, "deviceID": block, "targetNode": node, **spec},
         },
     )
+
+
+# The annotation kube-scheduler puts on the claim it makes for a pod's extended resources.
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+
+def as_scheduler_claim(claim: JSON, pod: str = "trainer", pod_uid: str = "pod-uid-1") -> JSON:
+    """``claim`` as kube-scheduler writes one for a pod's extended resources
+    (extendeddynamicresources.go): a generated name, its annotation, the pod as its
+    controller, and requests named after the asking container (``container-0-request-0``)
+    in its spec and its allocation. No name a user chose."""
+    out = copy.deepcopy(claim)
+    renamed = "container-0-request-0"
+    meta = out["metadata"]
+    meta["name"] = f"{pod}-extended-resources-x7k2p"
+    meta["annotations"] = {**(meta.get("annotations") or {}), EXTENDED_RESOURCE_CLAIM: "true"}
+    meta["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid, "controller": True}
+    ]
+    for request in ((out.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        request["name"] = renamed
+    allocation = (out.get("status") or {}).get("allocation") or {}
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        result["request"] = renamed
+    return out

@@ -68,15 +68,20 @@ def wait_running(kube: Kube, node: RealNode, namespace: str, pod: str, timeout: 
     return result
 
 
-def wait_output(node: RealNode, namespace: str, pod: str, marker: str) -> str:
-    """The container ``main``'s output, once it contains ``marker``."""
+def wait_output(
+    node: RealNode, namespace: str, pod: str, marker: str, container: str = "main"
+) -> str:
+    """The output of the pod's ``container``, once it contains ``marker``."""
 
     def printed() -> str | None:
-        log = node.container_log(namespace, pod, "main")
+        log = node.container_log(namespace, pod, container)
         return log if marker in log else None
 
-    out: str = wait_for(printed, 30, f"the output of {pod}", describe=node.logs_tail)
-    print(f"--- output of {namespace}/{pod} on real node {node.name} ---\n{out}", flush=True)
+    out: str = wait_for(printed, 30, f"the output of {pod}/{container}", describe=node.logs_tail)
+    print(
+        f"--- output of {namespace}/{pod}/{container} on real node {node.name} ---\n{out}",
+        flush=True,
+    )
     return out
 
 

@@ -281,6 +281,8 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("update", "fabrics", G, "status"),
             Access("create", "composableresources", G),
             Access("patch", "resourceclaims", R, "status", namespace="team-a"),
+            # Without extendedResource no class to touch (the next test has one).
+            Access("patch", "deviceclasses", R, name="composable-gpu-extended"),
             *no_secrets_nor_leases("kube-system"),
         ],
     ),
@@ -390,6 +392,31 @@ def test_each_service_account_can_do_what_it_needs_and_nothing_else(
     # The same reviews answer differently for an account the chart did not bind.
     stranger = f"system:serviceaccount:{namespace}:stranger"
     assert not allowed(kube_json, stranger, groups, EXPECTED["scaler"][0][0].attributes(namespace))
+
+
+def test_the_pool_publisher_touches_only_our_extended_resource_class(
+    kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    """With extendedResource, the publisher may patch our extended-resource class (after a
+    clash ended, class_clash.to_refresh) and no other class, nor create or delete one."""
+    rel = f"r{unique}"
+    values = {"extendedResource": {"name": "nvidia.com/gpu"}}
+    for obj in chart.render(release=rel, namespace=namespace, values=values):
+        if obj["kind"] in RBAC_KINDS:
+            release.create(obj)
+    expected = {
+        "pool-publisher": (
+            [Access("patch", "deviceclasses", R, name="composable-gpu-extended")],
+            [
+                Access("patch", "deviceclasses", R, name="gpu.nvidia.com"),
+                Access("patch", "deviceclasses", R, name=names.DEVICE_CLASS),
+                Access("create", "deviceclasses", R),
+                Access("delete", "deviceclasses", R, name="composable-gpu-extended"),
+            ],
+        )
+    }
+    wrong = wrong_access(kube_json, namespace, rel, expected)
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_scaler_deletes_pods_only_in_the_vendor_plugins_namespace(

@@ -17,6 +17,8 @@ from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from composable_operator.cluster_cache import ClusterCache, claim_results, local_refs, slim_node
 from composable_operator.composability_requests import RequestReconciler
+from composable_operator.reconcile import referencing_claims
+from testbed.objects import as_scheduler_claim
 
 DRIVER = names.DRIVER
 
@@ -207,3 +209,13 @@ def test_a_consistent_read_of_the_claims_goes_page_by_page() -> None:
     found = ClusterCache(kube, DRIVER).claim_results(consistent=True)  # type: ignore[arg-type]
     assert found == claim_results(claims) and len(found) == 13
     assert [q.get("continue") for q in kube.queries] == [None, "500", "1000"]
+
+
+def test_a_claim_the_scheduler_made_for_an_extended_resource_holds_the_device() -> None:
+    """The detach check finds the device still allocated by a claim that kube-scheduler
+    made for a pod's extended resource (generated name, the pod as owner), through the
+    fields the cache keeps."""
+    made = as_scheduler_claim(claim(0, [{"driver": DRIVER, "pool": "n1", "device": "gpu-0"}]))
+    kept = claim_fields(made)
+    key = f"{made['metadata']['namespace']}/{made['metadata']['name']}"
+    assert referencing_claims(claim_results([kept]), DRIVER, {("n1", "gpu-0")}) == (key,)

@@ -84,6 +84,36 @@ def test_default_render(default: list[Obj]) -> None:
     assert dc["spec"]["selectors"] == [
         {"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}
     ]
+    assert "extendedResourceName" not in dc["spec"]  # no extended resource by default
+
+
+ATTACHMENT = f'device.attributes["{names.DRIVER}"].attachment'
+
+
+@pytest.mark.parametrize(
+    ("devices", "which"),
+    [
+        ("nodeFirst", f'{ATTACHMENT} != "remote"'),
+        ("poolOnly", f'{ATTACHMENT} in ["pool", "fabric"]'),
+    ],
+)
+def test_extended_resource_class(devices: str, which: str) -> None:
+    """extendedResource.name maps the name to a class of its own, without remote leases
+    (nodeFirst) or with fabric GPUs only (poolOnly); the main class stays as it was."""
+    values = {"extendedResource": {"name": "nvidia.com/gpu", "devices": devices}}
+    main, extended = by_kind(chart.render(values=values), "DeviceClass")
+    assert "extendedResourceName" not in main["spec"]
+    assert extended["metadata"]["name"] == "composable-gpu-extended"
+    assert extended["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert extended["spec"]["selectors"] == [
+        {"cel": {"expression": f'device.driver == "{names.DRIVER}" && {which}'}}
+    ]
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/gpu/x", "bad name", "-gpu", "x" * 254])
+def test_extended_resource_name_refused_by_the_schema(name: str) -> None:
+    with pytest.raises(chart.HelmError, match="extendedResource"):
+        chart.render(values={"extendedResource": {"name": name}})
 
 
 def test_plugin_daemonset(default: list[Obj]) -> None:

@@ -18,6 +18,7 @@ from device_scaler.decide import (
     resource_name,
 )
 from device_scaler.decide import actions as action
+from testbed.objects import as_scheduler_claim
 
 DRIVER = names.DRIVER
 NOW = 1_800_000_000.0
@@ -447,3 +448,30 @@ def test_the_slice_cache_keeps_of_a_nodes_own_slice_only_which_gpu_has_which_uui
     assert len(others) == 2
     for other in others:
         assert cached[other["metadata"]["name"]]["spec"] == other["spec"]
+
+
+def test_a_claim_the_scheduler_made_for_an_extended_resource_gets_its_gpu_attached():
+    """kube-scheduler's claim for a pod's extended resource (generated name, the pod as
+    owner, a request named after the container) is attached for like any claim: the
+    resource's claimRef names it, and the claim gets FabricDeviceReady."""
+    made = as_scheduler_claim(claim())
+    [a] = run(snap([made]), CFG)
+    assert isinstance(a, action.CreateResource)
+    assert a.body["spec"]["claimRef"] == {
+        "namespace": "ns",
+        "name": "trainer-extended-resources-x7k2p",
+        "uid": "c1",
+    }
+    cr = resource(phase="Online", uuid="U-1", name=a.body["metadata"]["name"])
+    cr["spec"]["claimRef"] = a.body["spec"]["claimRef"]
+    [ready] = only(run(snap([made], [cr]), CFG), action.SetDeviceStatus)
+    assert [c["type"] for c in ready.entries[0]["conditions"]] == [names.FABRIC_DEVICE_READY]
+
+
+def test_the_idle_rule_counts_a_claim_the_scheduler_made_for_an_extended_resource():
+    cr = idle("r1", NOW - 1000, uuid="U-1")
+    user = as_scheduler_claim(claim(uid="c9", device="gpu-u-1", pool="node-a", binding=False))
+    local = {("node-a", "u-1"): "gpu-u-1"}
+    [p] = run(snap([user], [cr], local=local), CFG)
+    assert isinstance(p, action.PatchResource) and p.reason == "InUse"
+    assert p.patch["metadata"]["annotations"] == {ANN_IN_USE_BY: "c9"}

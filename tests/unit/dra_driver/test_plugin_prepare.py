@@ -16,6 +16,7 @@ from composable_dra.model.gpu_config import ConfigError, parse_parameters
 from dra_driver.cdi import CdiDevice, CdiWriter, build_spec, cdi_device_id, resolve
 from dra_driver.checkpoint import Checkpoint, CheckpointError
 from dra_driver.prepare import ClaimError, ClaimNotFound, Preparer, plan_claim
+from testbed.objects import as_scheduler_claim
 from tests.unit.dra_driver.plugin_fixtures import (
     DRIVER,
     NODE,
@@ -411,3 +412,20 @@ def test_held_devices_carry_their_claims_qos_profile_across_a_restart(env: Env) 
         )
     )
     assert "qos.transfer" in env.preparer.prepare([bad])[bad.uid].error
+
+
+def test_a_claim_the_scheduler_made_for_an_extended_resource_is_prepared_like_any(
+    env: Env,
+) -> None:
+    """No user-chosen name, the pod as owner, a request named after the container: the
+    plugin reads none of these, and prepares and unprepares the claim as any other."""
+    made = as_scheduler_claim(claim(results=[result("gpu-1")]))
+    ref = env.api.add(made)
+    out = env.preparer.prepare([ref])[ref.uid]
+    assert out.error == ""
+    [dev] = out.devices
+    assert (dev.request_names, dev.device_name) == (["container-0-request-0"], "gpu-1")
+    (cdi_id,) = dev.cdi_device_ids
+    assert resolve(env.cdi_dir, cdi_id) is not None
+    assert env.preparer.unprepare([ref])[ref.uid] == ""
+    assert list(env.cdi_dir.iterdir()) == []
