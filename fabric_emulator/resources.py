@@ -20,7 +20,10 @@ ROOT = "/redfish/v1"
 COMP = f"{ROOT}/CompositionService"
 BLOCKS = f"{COMP}/ResourceBlocks"
 ZONES = f"{COMP}/ResourceZones"
+SYSTEMS = f"{ROOT}/Systems"
+CHASSIS = f"{ROOT}/Chassis"
 MANAGER_ID = "FabricManager"
+MANAGER = f"{ROOT}/Managers/{MANAGER_ID}"
 SERVICE_UUID = "8a7f3c2e-5d1b-5f0a-b6c4-2e9d7a1f3b58"
 
 # Schema versions served (the newest in the January 2026 CSDL bundle).
@@ -64,6 +67,15 @@ def odata_type(name: str) -> str:
 
 def link(uri: str) -> dict[str, str]:
     return {"@odata.id": uri}
+
+
+def _under(base: str, ids: Iterable[str]) -> list[str]:
+    return [f"{base}/{i}" for i in ids]
+
+
+def links(base: str, ids: Iterable[str]) -> list[dict[str, str]]:
+    """Links to the members ``ids`` of the collection at ``base``."""
+    return [link(uri) for uri in _under(base, ids)]
 
 
 def _ok() -> dict[str, str]:
@@ -148,8 +160,8 @@ def service_root(v: ReadView) -> dict[str, Any]:
             "OnlyMemberQuery": False,
             "ExcerptQuery": False,
         },
-        Systems=link(f"{ROOT}/Systems"),
-        Chassis=link(f"{ROOT}/Chassis"),
+        Systems=link(SYSTEMS),
+        Chassis=link(CHASSIS),
         Managers=link(f"{ROOT}/Managers"),
         SessionService=link(f"{ROOT}/SessionService"),
         AccountService=link(f"{ROOT}/AccountService"),
@@ -162,8 +174,8 @@ def service_root(v: ReadView) -> dict[str, Any]:
 def odata_document() -> dict[str, Any]:
     names = [
         ("Service", f"{ROOT}/"),
-        ("Systems", f"{ROOT}/Systems"),
-        ("Chassis", f"{ROOT}/Chassis"),
+        ("Systems", SYSTEMS),
+        ("Chassis", CHASSIS),
         ("Managers", f"{ROOT}/Managers"),
         ("SessionService", f"{ROOT}/SessionService"),
         ("AccountService", f"{ROOT}/AccountService"),
@@ -223,7 +235,7 @@ def metadata_xml() -> str:
 
 def _system(v: ReadView, host_id: str) -> dict[str, Any]:
     host = v.topology.hosts[host_id]
-    uri = f"{ROOT}/Systems/{host_id}"
+    uri = f"{SYSTEMS}/{host_id}"
     blocks = [system_block_id(host_id), *v.blocks_of(host_id)]
     return _resource(
         "ComputerSystem",
@@ -239,9 +251,9 @@ def _system(v: ReadView, host_id: str) -> dict[str, Any]:
         ProcessorSummary={"Count": 1 + len(v.blocks_of(host_id))},
         Processors=link(f"{uri}/Processors"),
         Links={
-            "Chassis": [link(f"{ROOT}/Chassis/{host_id}")],
-            "ManagedBy": [link(f"{ROOT}/Managers/{MANAGER_ID}")],
-            "ResourceBlocks": [link(f"{BLOCKS}/{b}") for b in blocks],
+            "Chassis": links(CHASSIS, [host_id]),
+            "ManagedBy": [link(MANAGER)],
+            "ResourceBlocks": links(BLOCKS, blocks),
         },
         Actions={
             "#ComputerSystem.AddResourceBlock": {
@@ -260,7 +272,7 @@ def _action_info(host_id: str, action: str) -> dict[str, Any]:
     short = action.split(".")[1]
     return _resource(
         "ActionInfo",
-        f"{ROOT}/Systems/{host_id}/{short}ActionInfo",
+        f"{SYSTEMS}/{host_id}/{short}ActionInfo",
         f"{short}ActionInfo",
         f"{short} action parameters",
         Parameters=[
@@ -279,7 +291,7 @@ def _action_info(host_id: str, action: str) -> dict[str, Any]:
 def _cpu(host_id: str) -> dict[str, Any]:
     return _resource(
         "Processor",
-        f"{ROOT}/Systems/{host_id}/Processors/CPU0",
+        f"{SYSTEMS}/{host_id}/Processors/CPU0",
         "CPU0",
         "Host CPU",
         ProcessorType="CPU",
@@ -288,7 +300,7 @@ def _cpu(host_id: str) -> dict[str, Any]:
         TotalCores=32,
         TotalThreads=64,
         Status=_ok(),
-        Links={"Chassis": link(f"{ROOT}/Chassis/{host_id}")},
+        Links={"Chassis": link(f"{CHASSIS}/{host_id}")},
     )
 
 
@@ -310,7 +322,7 @@ def _gpu(block: Block, uri: str, pid: str) -> dict[str, Any]:
             }
         ],
         Status=_ok(),
-        Links={"Chassis": link(f"{ROOT}/Chassis/{enclosure_id(block.zone)}")},
+        Links={"Chassis": link(f"{CHASSIS}/{enclosure_id(block.zone)}")},
     )
 
 
@@ -344,9 +356,9 @@ def _gpu_block(v: ReadView, block_id: str) -> dict[str, Any]:
         CompositionStatus=_composition_status(state, 1 if host else 0),
         Processors=[link(f"{BLOCKS}/{block_id}/Processors/GPU0")],
         Links={
-            "ComputerSystems": [link(f"{ROOT}/Systems/{host}")] if host else [],
-            "Chassis": [link(f"{ROOT}/Chassis/{enclosure_id(block.zone)}")],
-            "Zones": [link(f"{ZONES}/{block.zone}")],
+            "ComputerSystems": links(SYSTEMS, [host] if host else []),
+            "Chassis": links(CHASSIS, [enclosure_id(block.zone)]),
+            "Zones": links(ZONES, [block.zone]),
         },
     )
 
@@ -362,11 +374,11 @@ def _system_block(v: ReadView, host_id: str) -> dict[str, Any]:
         Status=_ok(),
         Pool="Active",
         CompositionStatus=_composition_status("Composed", 1),
-        ComputerSystems=[link(f"{ROOT}/Systems/{host_id}")],
+        ComputerSystems=links(SYSTEMS, [host_id]),
         Links={
-            "ComputerSystems": [link(f"{ROOT}/Systems/{host_id}")],
-            "Chassis": [link(f"{ROOT}/Chassis/{host_id}")],
-            "Zones": [link(f"{ZONES}/{z}") for z in v.topology.zones_of_host(host_id)],
+            "ComputerSystems": links(SYSTEMS, [host_id]),
+            "Chassis": links(CHASSIS, [host_id]),
+            "Zones": links(ZONES, v.topology.zones_of_host(host_id)),
         },
     )
 
@@ -386,7 +398,7 @@ def _zone(v: ReadView, zone_id: str) -> dict[str, Any]:
         Description="GPU blocks and the expandable systems they can be attached to",
         ZoneType="ZoneOfResourceBlocks",
         Status=_ok(),
-        Links={"ResourceBlocks": [link(f"{BLOCKS}/{b}") for b in members]},
+        Links={"ResourceBlocks": links(BLOCKS, members)},
     )
 
 
@@ -411,35 +423,38 @@ def _composition_service() -> dict[str, Any]:
 # ---- chassis, managers, accounts, sessions, tasks -----------------------------------------
 
 
-def _host_chassis(host_id: str) -> dict[str, Any]:
+def _chassis_resource(
+    cid: str, name: str, chassis_type: str, blocks: Iterable[str], systems: Iterable[str] = ()
+) -> dict[str, Any]:
+    """A Chassis the one manager manages, holding ``blocks`` (and ``systems``)."""
+    system_links = {"ComputerSystems": links(SYSTEMS, systems)} if systems else {}
     return _resource(
         "Chassis",
-        f"{ROOT}/Chassis/{host_id}",
-        host_id,
-        f"Chassis of {host_id}",
-        ChassisType="RackMount",
+        f"{CHASSIS}/{cid}",
+        cid,
+        name,
+        ChassisType=chassis_type,
         Status=_ok(),
         Links={
-            "ComputerSystems": [link(f"{ROOT}/Systems/{host_id}")],
-            "ManagedBy": [link(f"{ROOT}/Managers/{MANAGER_ID}")],
-            "ResourceBlocks": [link(f"{BLOCKS}/{system_block_id(host_id)}")],
+            **system_links,
+            "ManagedBy": [link(MANAGER)],
+            "ResourceBlocks": links(BLOCKS, blocks),
         },
     )
 
 
+def _host_chassis(host_id: str) -> dict[str, Any]:
+    return _chassis_resource(
+        host_id, f"Chassis of {host_id}", "RackMount", [system_block_id(host_id)], [host_id]
+    )
+
+
 def _enclosure(v: ReadView, zone_id: str) -> dict[str, Any]:
-    cid = enclosure_id(zone_id)
-    return _resource(
-        "Chassis",
-        f"{ROOT}/Chassis/{cid}",
-        cid,
+    return _chassis_resource(
+        enclosure_id(zone_id),
         f"GPU enclosure of {zone_id}",
-        ChassisType="Enclosure",
-        Status=_ok(),
-        Links={
-            "ManagedBy": [link(f"{ROOT}/Managers/{MANAGER_ID}")],
-            "ResourceBlocks": [link(f"{BLOCKS}/{b}") for b in v.topology.zones[zone_id].blocks],
-        },
+        "Enclosure",
+        v.topology.zones[zone_id].blocks,
     )
 
 
@@ -450,14 +465,14 @@ def _chassis_ids(v: ReadView) -> list[str]:
 def _manager(v: ReadView) -> dict[str, Any]:
     return _resource(
         "Manager",
-        f"{ROOT}/Managers/{MANAGER_ID}",
+        MANAGER,
         MANAGER_ID,
         "Emulated fabric manager",
         ManagerType="Service",
         Status=_ok(),
         Links={
-            "ManagerForServers": [link(f"{ROOT}/Systems/{h}") for h in v.topology.hosts],
-            "ManagerForChassis": [link(f"{ROOT}/Chassis/{c}") for c in _chassis_ids(v)],
+            "ManagerForServers": links(SYSTEMS, v.topology.hosts),
+            "ManagerForChassis": links(CHASSIS, _chassis_ids(v)),
         },
     )
 
@@ -556,10 +571,6 @@ class Collection:
     def __call__(self, v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
         uris = self.members(v, m)
         return None if uris is None else collection(self.kind, m[0], self.name, uris)
-
-
-def _under(base: str, ids: Iterable[str]) -> list[str]:
-    return [f"{base}/{i}" for i in ids]
 
 
 def _if_host(v: ReadView, host: str, fn: Callable[[], T]) -> T | None:

@@ -24,7 +24,7 @@ from composable_dra.serving.limits import ServerLimits
 from fabric_emulator import faults as faults_mod
 from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
-from fabric_emulator.resources import ROOT, ReadView
+from fabric_emulator.resources import ROOT, SYSTEMS, ReadView
 from fabric_emulator.state import Composition, RedfishError
 from fabric_emulator.topology import Topology
 
@@ -300,12 +300,12 @@ class Emulator:
                 return await self._login(request)
             for action in (ADD_ACTION, REMOVE_ACTION):
                 suffix = f"/Actions/{action}"
-                if norm.endswith(suffix) and norm.startswith(f"{ROOT}/Systems/"):
-                    host = norm[len(f"{ROOT}/Systems/") : -len(suffix)]
+                if norm.endswith(suffix) and norm.startswith(f"{SYSTEMS}/"):
+                    host = norm[len(f"{SYSTEMS}/") : -len(suffix)]
                     if host in self.topology.hosts:
                         return await self._action(request, host, action)
-        if method == "PATCH" and norm.startswith(f"{ROOT}/Systems/"):
-            host = norm[len(f"{ROOT}/Systems/") :]
+        if method == "PATCH" and norm.startswith(f"{SYSTEMS}/"):
+            host = norm[len(f"{SYSTEMS}/") :]
             if host in self.topology.hosts:
                 return await self._patch_system(request, host)
         if method == "DELETE" and norm.startswith(f"{SESSIONS}/"):
@@ -324,7 +324,7 @@ class Emulator:
             return "GET, HEAD, POST"
         if norm.startswith(f"{SESSIONS}/"):
             return "GET, HEAD, DELETE"
-        if norm.startswith(f"{ROOT}/Systems/") and norm.count("/") == 4:
+        if norm.startswith(f"{SYSTEMS}/") and norm.count("/") == 4:
             return "GET, HEAD, PATCH"
         return "GET, HEAD"
 
@@ -443,7 +443,7 @@ class Emulator:
         block = state.block_id_from_uri(uri)
         if block is None:
             raise RedfishError(400, messages.composition("ResourceBlockNotFound", uri))
-        system_uri = f"{ROOT}/Systems/{host}"
+        system_uri = f"{SYSTEMS}/{host}"
         if_match = request.headers.get("If-Match")
         if if_match and if_match != "*" and if_match != self._etag(system_uri):
             raise RedfishError(412, messages.base("PreconditionFailed"))
@@ -483,7 +483,7 @@ class Emulator:
                 400,
                 messages.base("PropertyValueTypeError", json.dumps(refs), "Links/ResourceBlocks"),
             )
-        system_uri = f"{ROOT}/Systems/{host}"
+        system_uri = f"{SYSTEMS}/{host}"
         if_match = request.headers.get("If-Match")
         async with self.lock:
             if if_match and if_match != "*" and if_match != self._etag(system_uri):

@@ -76,6 +76,7 @@ from remote_gpu.protocol import (
     Header,
     Op,
     dtype_code,
+    message_frames,
     numpy_dtype,
     pack_message,
     session_key,
@@ -547,43 +548,22 @@ class RemoteGPU:
     def _invoke_frames(
         self, seq: int, slot: int | None, name: str, arrs: list[np.ndarray]
     ) -> list[Frame]:
-        meta = name.encode()
-        base = 0 if slot is None or self.arena is None else self.arena.slot_base(slot)
-        head = Header(Op.INVOKE, self.lease, seq, parts=len(arrs), offset=base, length=len(meta))
-        frames: list[Frame] = [(head.pack(self._key), meta)]
+        arena = self.arena
+        base = 0 if slot is None or arena is None else arena.slot_base(slot)
+        specs: list[ArraySpec] = []
         cursor = base
-        for i, a in enumerate(arrs, start=1):
+        for a in arrs:
             shape = tuple(int(d) for d in a.shape)
             code = dtype_code(a.dtype)
-            if self.arena is not None:
-                np.copyto(self.arena.array(cursor, code, shape), a, casting="no")
-                h = Header(
-                    Op.INVOKE,
-                    self.lease,
-                    seq,
-                    flags=Flags.SHM,
-                    dtype=code,
-                    part=i,
-                    parts=len(arrs),
-                    shape=shape,
-                    offset=cursor,
-                    length=a.nbytes,
-                )
-                frames.append((h.pack(self._key), None))
+            if arena is None:  # a stream lease: each payload follows its header
+                specs.append((code, shape, 0, a.nbytes))
+            else:  # copied into the request's slot; the header says where
+                np.copyto(arena.array(cursor, code, shape), a, casting="no")
+                specs.append((code, shape, cursor, a.nbytes))
                 cursor = align(cursor + a.nbytes)
-            else:
-                h = Header(
-                    Op.INVOKE,
-                    self.lease,
-                    seq,
-                    dtype=code,
-                    part=i,
-                    parts=len(arrs),
-                    shape=shape,
-                    length=a.nbytes,
-                )
-                frames.append((h.pack(self._key), _bytes_of(a)))
-        return frames
+        inline = None if arena is not None else [_bytes_of(a) for a in arrs]
+        meta = name.encode()
+        return message_frames(self._key, Op.INVOKE, self.lease, seq, specs, inline, base, meta)
 
     def heartbeat(self) -> float:
         """Round trip of a HEARTBEAT, in seconds."""

@@ -66,6 +66,7 @@ import hashlib
 import hmac
 import math
 import struct
+from collections.abc import Sequence
 from enum import IntEnum, IntFlag
 from typing import Any, NamedTuple
 
@@ -253,21 +254,45 @@ def pack(
     return body + h.digest()  # type: ignore[no-any-return]
 
 
-# An array of a message whose payload lies in the arena: dtype code, shape, offset, length.
+# An array of a message: dtype code, shape, offset (in the arena), length.
 ArraySpec = tuple[int, tuple[int, ...], int, int]
+Buffer = bytes | bytearray | memoryview
+# A header and its payload (metadata or an inline array; None: none), sent as two pieces.
+Frame = tuple[bytes, Buffer | None]
+
+
+def message_frames(
+    key: bytes,
+    op: int,
+    lease: int,
+    seq: int,
+    arrays: Sequence[ArraySpec],
+    inline: Sequence[Buffer] | None = None,
+    offset: int = 0,
+    meta: bytes | None = None,
+) -> list[Frame]:
+    """The frames of one message: the head frame (``offset``: on an INVOKE, the slot's
+    base) with its metadata, then one frame per array: an SHM header when the payloads lie
+    in the lease's arena (``inline`` None), else each header with its payload ``inline[i]``."""
+    parts = len(arrays)
+    length = 0 if meta is None else len(meta)
+    frames: list[Frame] = [
+        (pack(key, op, lease, seq, parts=parts, offset=offset, length=length), meta)
+    ]
+    flags = _SHM if inline is None else 0
+    for part, (dtype, shape, at, size) in enumerate(arrays, start=1):
+        head = pack(key, op, lease, seq, flags, dtype, part, parts, shape, at, size)
+        frames.append((head, None if inline is None else inline[part - 1]))
+    return frames
 
 
 def pack_message(
     key: bytes, op: int, lease: int, seq: int, offset: int, meta: bytes, arrays: list[ArraySpec]
 ) -> bytes:
-    """The frames of one message whose arrays lie in the lease's arena, joined: the head
-    frame (``offset``: on an INVOKE, the slot's base), its metadata, then one SHM header
-    per array. This is what a shared-memory ring entry holds."""
-    parts = len(arrays)
-    chunks = [pack(key, op, lease, seq, parts=parts, offset=offset, length=len(meta)), meta]
-    for part, (dtype, shape, at, length) in enumerate(arrays, start=1):
-        chunks.append(pack(key, op, lease, seq, _SHM, dtype, part, parts, shape, at, length))
-    return b"".join(chunks)
+    """The frames of a message whose arrays lie in the lease's arena, joined: what a
+    shared-memory ring entry holds."""
+    frames = message_frames(key, op, lease, seq, arrays, offset=offset, meta=meta)
+    return b"".join([chunk for frame in frames for chunk in frame if chunk is not None])
 
 
 def unpack_arrays(

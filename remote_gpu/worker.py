@@ -55,11 +55,11 @@ from remote_gpu.protocol import (
     HEADER_SIZE,
     MAX_META,
     ArraySpec,
-    DType,
     Flags,
     Header,
     Op,
     dtype_code,
+    message_frames,
     pack_message,
     place_array,
     seq_after,
@@ -187,22 +187,8 @@ def result_frames(
 ) -> list[Frame]:
     """The RESULT message for arrays in the lease's arena: SHM frames, or with
     ``inline`` (a stream lease's arena) each payload inline."""
-    frames: list[Frame] = [(Header(Op.RESULT, lease, seq, parts=len(results)).pack(key), None)]
-    for i, (dtype, shape, offset, length) in enumerate(results, start=1):
-        h = Header(
-            Op.RESULT,
-            lease,
-            seq,
-            flags=Flags.SHM if inline is None else Flags.NONE,
-            dtype=DType(dtype),
-            part=i,
-            parts=len(results),
-            shape=tuple(shape),
-            offset=offset,
-            length=length,
-        )
-        frames.append((h.pack(key), None if inline is None else inline.view(offset, length)))
-    return frames
+    payloads = None if inline is None else [inline.view(at, n) for _, _, at, n in results]
+    return message_frames(key, Op.RESULT, lease, seq, results, payloads)
 
 
 def error_frame(lease: int, seq: int, code: Code, message: str, key: bytes) -> Frame:

@@ -104,6 +104,17 @@ AUDIT_POLICY = {
 # -- the cluster's shape ---------------------------------------------------------------
 
 
+def add_shape_arguments(p: argparse.ArgumentParser, nodes: int) -> None:
+    """The flags of the emulated cluster that this bench and sched.py build (``nodes``: its
+    default), a burst's timeout and the work directory."""
+    p.add_argument("--nodes", type=int, default=nodes)
+    p.add_argument("--zones", type=int, default=16)
+    p.add_argument("--pool-gpus", type=int, default=4000)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per burst")
+    p.add_argument("--workdir", type=Path, default=None)
+
+
 def host_ids(nodes: int) -> list[str]:
     return [f"node-{i + 1}" for i in range(nodes)]
 
@@ -562,12 +573,9 @@ def report(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=1000)
+    add_shape_arguments(p, nodes=1000)
     p.add_argument("--claims", type=int, default=1000, help="the second, measured burst")
     p.add_argument("--first", type=int, default=100, help="the first burst (0: none)")
-    p.add_argument("--zones", type=int, default=16)
-    p.add_argument("--pool-gpus", type=int, default=4000)
-    p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument(
         "--pool-window",
         type=int,
@@ -582,8 +590,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="kube-scheduler's percentageOfNodesToScore, as docs/operations.md recommends "
         "for large clusters (0: the scheduler's adaptive default)",
     )
-    p.add_argument("--timeout", type=float, default=900, help="seconds per burst")
-    p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
     if args.first + args.claims > args.pool_gpus:
         p.error("the pool has fewer GPUs than the bursts' claims")

@@ -50,7 +50,15 @@ from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.model import names
 from fabric_emulator.topology import host_uuid
-from hack.bench.scale import RESOURCE, cpu_seconds, fabric_topology, host_ids, parallel, populate
+from hack.bench.scale import (
+    RESOURCE,
+    add_shape_arguments,
+    cpu_seconds,
+    fabric_topology,
+    host_ids,
+    parallel,
+    populate,
+)
 from hack.bench.stats import percentile
 from pool_publisher.publish import (
     FIELD_MANAGER,
@@ -307,11 +315,8 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=100)
+    add_shape_arguments(p, nodes=100)
     p.add_argument("--pods", type=int, default=100, help="pods a burst")
-    p.add_argument("--zones", type=int, default=16)
-    p.add_argument("--pool-gpus", type=int, default=4000)
-    p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--republish", action="store_true")
     p.add_argument(
         "--max-free",
@@ -322,8 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
-    p.add_argument("--timeout", type=float, default=900, help="seconds a burst")
-    p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
     variants = [int(x) for x in str(args.max_free).split(",")]
     if args.pods * len(variants) > args.pool_gpus:

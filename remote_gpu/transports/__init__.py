@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from remote_gpu.protocol import HEADER_SIZE
-
-Buffer = bytes | bytearray | memoryview
-Frame = tuple[bytes, Buffer | None]
+from remote_gpu.protocol import Buffer as Buffer  # re-exported: the transports' frame types
+from remote_gpu.protocol import Frame as Frame
 
 TRANSPORTS = ("shm", "ucx", "tcp")
 

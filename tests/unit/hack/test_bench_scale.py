@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from pathlib import Path
 
 from composable_dra.k8s.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
@@ -130,3 +132,13 @@ def test_wake_touches_are_counted_from_the_publishers_log_within_the_burst() -> 
     ]
     start = 1_795_773_600.0  # 2026-11-27T10:00:00Z
     assert scale.wake_touches(events, start, start + 5) == 1
+
+
+def test_shape_flags_are_one_set_with_each_bench_its_node_default() -> None:
+    p = argparse.ArgumentParser()
+    scale.add_shape_arguments(p, nodes=100)
+    args = p.parse_args(["--zones", "4", "--workdir", "/tmp/w"])
+    assert (args.nodes, args.zones, args.pool_gpus, args.gpus_per_node) == (100, 4, 4000, 8)
+    assert (args.timeout, args.workdir) == (900, Path("/tmp/w"))
+    full = scale.parse_args([])
+    assert (full.nodes, full.zones, full.pool_gpus, full.timeout) == (1000, 16, 4000, 900)

@@ -125,6 +125,29 @@ def test_ring_messages_are_the_frames_joined_and_parse_back() -> None:
     assert wire.unpack_arrays(data, wire.HEADER_SIZE + head.length, KEY, head, 1 << 20) == ARRAYS
 
 
+@pytest.mark.parametrize("inline", [None, [b"x" * 48, b"y"]])
+def test_message_frames_carry_each_array_in_the_arena_or_inline(
+    inline: list[bytes] | None,
+) -> None:
+    frames = wire.message_frames(KEY, wire.Op.RESULT, 7, 9, ARRAYS, inline)
+    head = wire.unpack(frames[0][0], KEY, 1 << 16)
+    assert (head.op, head.parts, head.length, frames[0][1]) == (wire.Op.RESULT, 2, 0, None)
+    shm = wire.Flags.SHM if inline is None else wire.Flags.NONE
+    for part, ((raw, payload), (dtype, shape, offset, length)) in enumerate(
+        zip(frames[1:], ARRAYS, strict=True), start=1
+    ):
+        h = wire.unpack(raw, KEY, 1 << 16)
+        assert (h.flags, h.dtype, h.part, h.shape, h.offset, h.length) == (
+            shm,
+            dtype,
+            part,
+            shape,
+            offset,
+            length,
+        )
+        assert payload == (None if inline is None else inline[part - 1])
+
+
 def test_ring_message_defects_are_frame_errors() -> None:
     data = _ring_message()
     head = wire.unpack(data[: wire.HEADER_SIZE], KEY, 1 << 16)
