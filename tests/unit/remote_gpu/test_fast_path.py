@@ -69,8 +69,11 @@ def test_shared_memory_requests_go_through_the_ring(donor: Running) -> None:
 
 def test_result_views_pin_their_slot_until_dropped(donor: Running) -> None:
     with RemoteGPU(
-        donor.endpoint, donor.token(), transport="shm", views=True, credits=2, timeout=0.5
+        donor.endpoint, donor.token(), transport="shm", views=True, credits=2, timeout=10
     ) as gpu:
+        # The handshake starts the lease's worker process (seconds on a loaded machine);
+        # the waits for a pinned slot below should give up quickly.
+        gpu.timeout = 0.5
         assert gpu.arena is not None
         (first,) = gpu.invoke("echo", np.arange(8, dtype=np.int32))
         (second,) = gpu.invoke("echo", np.arange(8, 16, dtype=np.int32))
