@@ -55,8 +55,9 @@ def local_refs(slices: Iterable[JSON], node: str, uuid: str) -> set[tuple[str, s
 
 def slim_node(node: JSON) -> JSON:
     """The parts of a Node that mapping it to its fabric host reads (registry.host_for_node:
-    systemUUID, providerID, annotations) and its Ready condition, so that a cache of 1,000 Nodes does not keep
-    their images and conditions."""
+    systemUUID, providerID, annotations) and its Ready condition (a detach's host release,
+    detach.node_ready), so that a cache of 1,000 Nodes does not keep their images and other
+    conditions."""
     meta = node.get("metadata") or {}
     slim_meta: JSON = {"name": meta.get("name"), "annotations": dict(meta.get("annotations") or {})}
     if meta.get("deletionTimestamp"):

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra.k8s.kube import JSON
 from composable_dra.fabric.backend import FabricBackend, FabricError, OperationFailedError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError, Fabrics
 from composable_dra.k8s.conditions import find
+from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from composable_dra.process import logs
 from composable_operator.actions import EventSink, EventType, Recorder

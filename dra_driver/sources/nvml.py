@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from dra_driver.device_source import DeviceInfo, device_name_for
+from dra_driver.device_source import DeviceInfo, ProcessesUnknown, device_name_for
 
 # Device nodes every container using an NVIDIA GPU needs, besides its own /dev/nvidiaN.
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -41,12 +41,12 @@ class NvmlSource:
             devices = []
             for index in range(nv.nvmlDeviceGetCount()):
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                product = _text(nv.nvmlDeviceGetName(handle))
+                uuid = nvml_text(nv.nvmlDeviceGetUUID(handle))
+                product = nvml_text(nv.nvmlDeviceGetName(handle))
                 minor = int(nv.nvmlDeviceGetMinorNumber(handle))
                 memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
                 try:
-                    bus_id: str | None = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+                    bus_id: str | None = nvml_text(nv.nvmlDeviceGetPciInfo(handle).busId)
                 except nv.NVMLError:
                     bus_id = None
                 devices.append(
@@ -62,6 +62,22 @@ class NvmlSource:
                     )
                 )
             return devices
+
+    def processes(self, uuid: str) -> list[int]:
+        """The pids of the processes using the GPU (compute and graphics); raises
+        ProcessesUnknown when the driver does not answer."""
+        nv = self._nvml
+        with self._lock:
+            self._init()
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                found = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+                graphics = getattr(nv, "nvmlDeviceGetGraphicsRunningProcesses", None)
+                if graphics is not None:
+                    found += list(graphics(handle))
+            except nv.NVMLError as exc:
+                raise ProcessesUnknown(str(exc)) from exc
+            return sorted({int(p.pid) for p in found})
 
     def pcie_bytes_per_second(self) -> float | None:
         """The PCIe traffic of every GPU on this host, both ways (NVML samples each over

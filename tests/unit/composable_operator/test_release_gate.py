@@ -70,7 +70,9 @@ def test_force_skips_the_release_and_is_audited() -> None:
 
 
 def test_force_past_a_claim_is_audited_too() -> None:
-    a = decide_detach(ready_to_detach(ReleaseObservation(True), force=True, referencing_claims=("ns/c",)))
+    a = decide_detach(
+        ready_to_detach(ReleaseObservation(True), force=True, referencing_claims=("ns/c",))
+    )
     assert (a.kind, a.reason) == ("detach", "ForcedDetach")
     assert "ns/c" in a.message
 

@@ -1,0 +1,20 @@
+"""A file-backed fake NVML for the end-to-end tests (``pynvml.py``; its directory on a
+plugin's PYTHONPATH makes the plugin's ``import pynvml`` load it) and the host's release
+command (``release.py``). Its state is the emulated host's PCIe side that the fabric
+emulator shares (fabric_emulator/host_bus.py): the GPUs the fabric attached to the host,
+their processes, XID events, ECC counters, a lost GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Put this on a process's PYTHONPATH for ``import pynvml`` to be the fake.
+PYTHONPATH = str(Path(__file__).resolve().parent)
+ROOT_ENV = "FAKE_NVML_ROOT"  # the shared directory (the emulator's --host-state-dir)
+HOST_ENV = "FAKE_NVML_HOST"  # the fabric host this process runs on
+
+
+def env(root: Path, host: str) -> dict[str, str]:
+    """The environment a plugin process needs to see ``host``'s GPUs through the fake."""
+    return {"PYTHONPATH": PYTHONPATH, ROOT_ENV: str(root), HOST_ENV: host}
