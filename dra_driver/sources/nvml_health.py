@@ -180,7 +180,7 @@ class NvmlHealth:
         try:
             call()
         except nv.NVMLError as exc:
-            return getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST
+            return bool(getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST)
         return False
 
     def _forget(self, present: set[str]) -> None:
