@@ -74,6 +74,15 @@ def decide_release(resource: str, uuid: str, present: bool, pids: Iterable[int] 
     return Release(resource, uuid, True)
 
 
+def command_failure(exc: OSError | subprocess.SubprocessError) -> str:
+    """Why the release command failed, without its arguments (they may carry secrets)."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        return f"the release command exited with status {exc.returncode}"
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return f"the release command did not end within {COMMAND_TIMEOUT_SECONDS} s"
+    return f"the release command could not run: {exc.strerror or type(exc).__name__}"
+
+
 class HostReleaser:
     """Answers the node's release requests (see the module docstring). ``processes`` is the
     device source's (None: the source knows no processes, so none is waited for)."""
@@ -128,7 +137,8 @@ class HostReleaser:
             env = {
                 **os.environ,
                 "COMPOSABLE_DRA_RESOURCE": step.resource,
-                "COMPOSABLE_DRA_DEVICE_UUID": step.uuid,
+                # The source's own form of the UUID (NVML's "GPU-…"), not the fabric's.
+                "COMPOSABLE_DRA_DEVICE_UUID": device.uuid if device else step.uuid,
                 "COMPOSABLE_DRA_PCI_BUS_ID": (device.pci_bus_id if device else None) or "",
             }
             try:
@@ -140,8 +150,9 @@ class HostReleaser:
                     env=env,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
-                self._log.warning("host release command failed", resource=step.resource)
-                return Release(step.resource, step.uuid, False, False, "ReleaseFailed", str(exc))
+                why = command_failure(exc)
+                self._log.warning("host release command failed", resource=step.resource, why=why)
+                return Release(step.resource, step.uuid, False, False, "ReleaseFailed", why)
             self._refresh()
         how = "ran the host release command" if self._command else "no process uses it"
         return Release(step.resource, step.uuid, False, True, "Released", how)

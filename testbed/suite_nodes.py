@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from composable_dra.k8s.kube import JSON, Kube
 from composable_dra.model import names
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from testbed import fake_nvml
 from testbed.controlplane import ControlPlane
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.nodes import create_node, delete_node
@@ -46,6 +49,8 @@ class NodeSettings:
     plugin_poll: float
     control_plane: ControlPlane | None = None
     node_bin_dir: Path | None = None
+    fake_nvml_hosts: tuple[str, ...] = ()  # SuiteOptions'
+    skip_release_hosts: tuple[str, ...] = ()
 
 
 class SuiteNodes:
@@ -64,9 +69,11 @@ class SuiteNodes:
         root = s.workdir / name
         kubelet = KubeletEmulator(s.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        plugin = PluginProcess.beside(
-            kubelet, name, s.kubeconfig, root / "plugin", self.plugin_args(root)
-        )
+        if host in s.fake_nvml_hosts:
+            args, env = self.fake_nvml_args(host), self.fake_nvml_env(host)
+        else:
+            args, env = self.plugin_args(root), None
+        plugin = PluginProcess.beside(kubelet, name, s.kubeconfig, root / "plugin", args, env)
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)
         self.emulated[host] = node
@@ -107,6 +114,21 @@ class SuiteNodes:
             f"--poll-interval={self.settings.plugin_poll}",
             "--no-fsync",
         ]
+
+    def fake_nvml_args(self, host: str) -> list[str]:
+        """The plugin's flags for the fake NVML of ``host`` (testbed/fake_nvml), with its
+        release command unless the host skips it."""
+        args = ["--device-source=nvml", f"--poll-interval={self.settings.plugin_poll}"]
+        if host not in self.settings.skip_release_hosts:
+            release = shlex.join([sys.executable, "-m", "testbed.fake_nvml.release"])
+            args.append(f"--host-release-command={release}")
+        return [*args, "--no-fsync"]
+
+    def fake_nvml_env(self, host: str) -> dict[str, str]:
+        root = self.emulator.host_state_dir
+        if root is None:
+            raise ValueError("fake NVML hosts need the emulator's host state directory")
+        return {**os.environ, **fake_nvml.env(root, host)}
 
     def wait_registered(self) -> None:
         """Until every emulated node's plugin has registered with its kubelet."""

@@ -7,14 +7,17 @@ their processes, XID events, ECC counters, a lost GPU.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # Put this on a process's PYTHONPATH for ``import pynvml`` to be the fake.
 PYTHONPATH = str(Path(__file__).resolve().parent)
+_REPOSITORY = str(Path(__file__).resolve().parents[2])  # for testbed.fake_nvml.release
 ROOT_ENV = "FAKE_NVML_ROOT"  # the shared directory (the emulator's --host-state-dir)
 HOST_ENV = "FAKE_NVML_HOST"  # the fabric host this process runs on
 
 
 def env(root: Path, host: str) -> dict[str, str]:
     """The environment a plugin process needs to see ``host``'s GPUs through the fake."""
-    return {"PYTHONPATH": PYTHONPATH, ROOT_ENV: str(root), HOST_ENV: host}
+    path = os.pathsep.join([PYTHONPATH, _REPOSITORY])
+    return {"PYTHONPATH": path, ROOT_ENV: str(root), HOST_ENV: host}

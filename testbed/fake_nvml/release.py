@@ -11,14 +11,17 @@ import os
 import sys
 from pathlib import Path
 
+from composable_dra.model.names import normalize_uuid
 from fabric_emulator import host_bus
 from testbed.fake_nvml import HOST_ENV, ROOT_ENV
 
 
 def main() -> int:
-    uuid = os.environ.get("COMPOSABLE_DRA_DEVICE_UUID", "")
+    root, host = Path(os.environ[ROOT_ENV]), os.environ[HOST_ENV]
+    wanted = normalize_uuid(os.environ.get("COMPOSABLE_DRA_DEVICE_UUID", ""))
+    found = [g.uuid for g in host_bus.gpus(root, host) if normalize_uuid(g.uuid) == wanted]
     try:
-        host_bus.release(Path(os.environ[ROOT_ENV]), os.environ[HOST_ENV], uuid)
+        host_bus.release(root, host, found[0] if found else wanted)
     except KeyError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 1

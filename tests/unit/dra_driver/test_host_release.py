@@ -98,6 +98,7 @@ def test_a_failing_command_is_the_answer_and_nothing_is_released() -> None:
     kube = Applies()
     releaser(kube, [], f"{sys.executable} -c 'raise SystemExit(3)'").sync([resource(ASKED)])
     assert kube.said() == [("False", "ReleaseFailed")]
+    assert "status 3" in kube.calls[0][1]["status"]["conditions"][0]["message"]
 
 
 def test_unreadable_processes_hold_the_release() -> None:
