@@ -80,7 +80,8 @@ def command_failure(exc: OSError | subprocess.SubprocessError) -> str:
         return f"the release command exited with status {exc.returncode}"
     if isinstance(exc, subprocess.TimeoutExpired):
         return f"the release command did not end within {COMMAND_TIMEOUT_SECONDS} s"
-    return f"the release command could not run: {exc.strerror or type(exc).__name__}"
+    why = exc.strerror if isinstance(exc, OSError) else None
+    return f"the release command could not run: {why or type(exc).__name__}"
 
 
 class HostReleaser:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,17 +116,14 @@ class SuiteNodes:
     def fake_nvml_args(self, host: str) -> list[str]:
         """The plugin's flags for the fake NVML of ``host`` (testbed/fake_nvml), with its
         release command unless the host skips it."""
-        args = ["--device-source=nvml", f"--poll-interval={self.settings.plugin_poll}"]
-        if host not in self.settings.skip_release_hosts:
-            release = shlex.join([sys.executable, "-m", "testbed.fake_nvml.release"])
-            args.append(f"--host-release-command={release}")
-        return [*args, "--no-fsync"]
+        release = host not in self.settings.skip_release_hosts
+        return [*fake_nvml.plugin_args(self.settings.plugin_poll, release), "--no-fsync"]
 
     def fake_nvml_env(self, host: str) -> dict[str, str]:
         root = self.emulator.host_state_dir
         if root is None:
             raise ValueError("fake NVML hosts need the emulator's host state directory")
-        return {**os.environ, **fake_nvml.env(root, host)}
+        return fake_nvml.env(root, host)
 
     def wait_registered(self) -> None:
         """Until every emulated node's plugin has registered with its kubelet."""
