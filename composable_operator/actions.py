@@ -201,8 +201,6 @@ class Recorder:
                     {"phase": "Detaching", "error": action.message},
                     [(names.READY, False, action.reason, action.message)],
                 )
-            case DetachKind.AWAIT_RELEASE:
-                await self._await_release(action)
             case DetachKind.DETACH:
                 metrics.FABRIC_CALLS.labels(self.spec.fabric, "detach").inc()
                 if action.reason != "Detaching":
@@ -215,14 +213,18 @@ class Recorder:
                 self.event(EventType.WARNING, action.reason, action.message)
                 self.log.warning("untainting a device the node still lists", why=action.reason)
 
-    async def _await_release(self, action: DetachAction) -> None:
-        """Ask the node's plugin for the host release (ReleaseRequested=True); an Event when
+    async def await_release(self, action: DetachAction, device_uuid: str | None) -> None:
+        """Ask the node's plugin for the host release (ReleaseRequested=True, with the
+        device's UUID, which a resource deleted mid-attach never recorded); an Event when
         the reason for waiting changes (asked, overdue, node NotReady), not at every look."""
         said = (self.writer.owned(self.name) or {}).get("conditions")
         if (find(said, names.RELEASE_REQUESTED) or {}).get("reason") == action.reason:
             return
+        fields = {"phase": "Detaching", "error": None}
+        if device_uuid:
+            fields["deviceUUID"] = device_uuid
         await self.status(
-            {"phase": "Detaching", "error": None},
+            fields,
             [
                 (names.RELEASE_REQUESTED, True, action.reason, action.message),
                 (names.READY, False, action.reason, action.message),

@@ -268,7 +268,8 @@ class _Detach:
         if action.kind == DetachKind.AWAIT_RELEASE:
             # ReleaseRequested tells the node's plugin to release the device on its host.
             parts.release_waits.start(self.uid)
-            await self.rec.detach_step(action)
+            device = looked.observation.device
+            await self.rec.await_release(action, device.uuid if device is not None else None)
             raise RetryLater(action.message, action.delay)
         await self.rec.detach_step(action, host=looked.host)
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):

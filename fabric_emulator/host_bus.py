@@ -93,7 +93,8 @@ def attach(root: Path, host: str, block: str, uuid: str, model: str, memory_mib:
     with _locked(root, host):
         taken = {g.minor for g in gpus(root, host)}
         minor = next(i for i in range(len(taken) + 1) if i not in taken)
-        gpu = HostGpu(uuid, block, f"NVIDIA {model}", memory_mib, minor, pci_bus_id(block))
+        name = model if model.startswith("NVIDIA") else f"NVIDIA {model}"
+        gpu = HostGpu(uuid, block, name, memory_mib, minor, pci_bus_id(block))
         _write(_file(root, host, uuid), gpu)
 
 
