@@ -9,6 +9,7 @@ A GPU the host released (its PCIe function removed) is no longer listed.
 from __future__ import annotations
 
 import os
+from collections import namedtuple
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,34 +38,12 @@ class NVMLError(Exception):
         self.value = value
 
 
-@dataclass(frozen=True)
-class Handle:
-    uuid: str
-
-
-@dataclass(frozen=True)
-class Memory:
-    total: int
-    free: int
-    used: int = 0
-
-
-@dataclass(frozen=True)
-class PciInfo:
-    busId: str
-
-
-@dataclass(frozen=True)
-class Process:
-    pid: int
-    usedGpuMemory: int = 0
-
-
-@dataclass(frozen=True)
-class EventData:
-    device: Handle
-    eventType: int
-    eventData: int
+# The shapes of pynvml's answers the plugin reads (field names are pynvml's).
+Handle = namedtuple("Handle", ["uuid"])
+Memory = namedtuple("Memory", ["total", "free", "used"], defaults=[0])
+PciInfo = namedtuple("PciInfo", ["busId"])
+Process = namedtuple("Process", ["pid", "usedGpuMemory"], defaults=[0])
+EventData = namedtuple("EventData", ["device", "eventType", "eventData"])
 
 
 @dataclass
@@ -117,7 +96,7 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> Handle:
 
 
 def nvmlDeviceGetUUID(handle: Handle) -> str:
-    return handle.uuid  # known even of a lost GPU: the handle carries it
+    return str(handle.uuid)  # known even of a lost GPU: the handle carries it
 
 
 def nvmlDeviceGetName(handle: Handle) -> str:

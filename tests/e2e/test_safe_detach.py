@@ -67,6 +67,24 @@ def events(suite: Suite, name: str) -> dict[str, str]:
     return {str(e["reason"]): str(e.get("message", "")) for e in items}
 
 
+def held_then_deleted(suite: Suite, name: str) -> tuple[str, str]:
+    """A GPU of node-1, Online, a process on it (the fake NVML's table), its resource
+    deleted: once the plugin says the process holds it. Its block and UUID."""
+    root = suite.emulator.host_state_dir
+    assert root is not None
+    block, uuid = free_block(suite, "node-1")
+    online(suite, name, "node-1", block)
+    host_bus.set_processes(root, "node-1", uuid, (HELD_PID,))
+    suite.kube.delete(path(API_VERSION, "composableresources", name))
+    wait_for(
+        lambda: condition(suite, name, names.HOST_RELEASED).get("reason") == "InUse",
+        30,
+        "the plugin to say a process holds the GPU",
+        describe=suite.describe,
+    )
+    return block, uuid
+
+
 @pytest.fixture
 def suite(make_suite: MakeSuite) -> Suite:
     return make_suite(
@@ -83,18 +101,8 @@ def test_a_detach_waits_for_the_gpus_process_then_releases_and_detaches(
 ) -> None:
     root = suite.emulator.host_state_dir
     assert root is not None
-    block, uuid = free_block(suite, "node-1")
     name = f"held-{unique}"
-    online(suite, name, "node-1", block)
-    host_bus.set_processes(root, "node-1", uuid, (HELD_PID,))
-
-    suite.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: condition(suite, name, names.HOST_RELEASED).get("reason") == "InUse",
-        30,
-        "the plugin to say a process holds the GPU",
-        describe=suite.describe,
-    )
+    block, uuid = held_then_deleted(suite, name)
     assert str(HELD_PID) in condition(suite, name, names.HOST_RELEASED)["message"]
     assert condition(suite, name, names.RELEASE_REQUESTED).get("status") == "True"
     # Past the 5 s bound the operator says why it waits, and still waits.
@@ -134,19 +142,8 @@ def test_a_plugin_that_skips_its_release_step_is_caught(suite: Suite, unique: st
 
 
 def test_force_detach_skips_the_release_and_is_audited(suite: Suite, unique: str) -> None:
-    root = suite.emulator.host_state_dir
-    assert root is not None
-    block, uuid = free_block(suite, "node-1")
     name = f"forced-{unique}"
-    online(suite, name, "node-1", block)
-    host_bus.set_processes(root, "node-1", uuid, (HELD_PID,))
-    suite.kube.delete(path(API_VERSION, "composableresources", name))
-    wait_for(
-        lambda: condition(suite, name, names.HOST_RELEASED).get("reason") == "InUse",
-        30,
-        "the plugin to say a process holds the GPU",
-        describe=suite.describe,
-    )
+    block, _ = held_then_deleted(suite, name)
     suite.kube.merge_patch(
         path(API_VERSION, "composableresources", name), {"spec": {"forceDetach": True}}
     )
