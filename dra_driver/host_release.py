@@ -105,18 +105,29 @@ class HostReleaser:
 
     def pending(self, resources: Iterable[JSON]) -> bool:
         """Whether a release is asked for and not answered yet (look again soon)."""
-        return any(requested(r) for r in resources)
+        return any(requested(r) and not self._released(r["metadata"]["name"]) for r in resources)
+
+    def _released(self, resource: str) -> bool:
+        said = self._said.get(resource)
+        return said is not None and said[0]
 
     def sync(self, resources: Iterable[JSON]) -> None:
         resources = list(resources)
         live = {r["metadata"]["name"] for r in resources}
         self._said = {k: v for k, v in self._said.items() if k in live}
+        # Those answered released already are left alone while the watch catches up.
+        asked = [
+            (r["metadata"]["name"], u)
+            for r in resources
+            if (u := requested(r)) and not self._released(r["metadata"]["name"])
+        ]
         by_uuid = {normalize_uuid(d.uuid): d for d in self._devices()}
-        for r in resources:
-            uuid = requested(r)
-            if uuid is None:
-                continue
-            name = r["metadata"]["name"]
+        if any(normalize_uuid(u) not in by_uuid for _, u in asked):
+            # Not in the last poll: the host may have it by now (an attach that landed
+            # since). Only a fresh read may say "not on the host".
+            self._refresh()
+            by_uuid = {normalize_uuid(d.uuid): d for d in self._devices()}
+        for name, uuid in asked:
             device = by_uuid.get(normalize_uuid(uuid))
             step = decide_release(name, uuid, device is not None, self._pids(uuid, device))
             if step.run:

@@ -118,3 +118,34 @@ def test_nothing_is_done_unasked() -> None:
     r.sync([resource()])
     assert kube.calls == [] and not r.pending([resource()])
     assert r.pending([resource(ASKED)])
+
+
+def test_a_gpu_missing_from_the_last_poll_is_looked_for_afresh_before_not_on_host() -> None:
+    # The attach landed after the source's last poll: the cached list does not show it
+    # yet, the host does. Answering NotOnHost then would let the fabric pull a held GPU.
+    seen: list[DeviceInfo] = []
+    kube = Applies()
+    r = HostReleaser(
+        kube,  # type: ignore[arg-type]
+        "node-1",
+        devices=lambda: list(seen),
+        refresh=lambda: seen.append(DEVICE),
+        processes=lambda _uuid: [4242],
+    )
+    r.sync([resource(ASKED)])
+    assert kube.said() == [("False", "InUse")]
+
+
+def test_a_released_answer_is_not_rewritten_while_the_watch_catches_up() -> None:
+    kube, devices = Applies(), [DEVICE]
+    r = HostReleaser(
+        kube,  # type: ignore[arg-type]
+        "node-1",
+        devices=lambda: list(devices),
+        refresh=devices.clear,  # the release command removed it from the host
+        processes=lambda _uuid: [],
+        command=f"{sys.executable} -c pass",
+    )
+    r.sync([resource(ASKED)])
+    r.sync([resource(ASKED)])  # the watch has not shown HostReleased=True yet
+    assert kube.said() == [("True", "Released")]
