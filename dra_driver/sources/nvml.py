@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
+from composable_dra.model.health import HealthReport
 from dra_driver.device_source import DeviceInfo, ProcessesUnknown, device_name_for
+
+if TYPE_CHECKING:
+    from dra_driver.sources.nvml_health import NvmlHealth
 
 # Device nodes every container using an NVIDIA GPU needs, besides its own /dev/nvidiaN.
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -28,6 +33,7 @@ class NvmlSource:
         self.poll_interval = poll_interval
         self._lock = threading.Lock()
         self._initialised = False
+        self._health: NvmlHealth | None = None  # made at the first reports()
 
     def _init(self) -> None:  # under the lock
         if not self._initialised:
@@ -63,6 +69,15 @@ class NvmlSource:
                 )
             return devices
 
+    def reports(self) -> Iterable[HealthReport]:
+        """The GPUs' health (nvml_health.NvmlHealth on the same NVML): with this, the
+        plugin's health board takes the device source as a health source as well."""
+        if self._health is None:
+            from dra_driver.sources.nvml_health import NvmlHealth
+
+            self._health = NvmlHealth(self._nvml)
+        return self._health.reports()
+
     def processes(self, uuid: str) -> list[int]:
         """The pids of the processes using the GPU (compute and graphics); raises
         ProcessesUnknown when the driver does not answer."""
@@ -96,6 +111,8 @@ class NvmlSource:
             return total
 
     def close(self) -> None:
+        if self._health is not None:
+            self._health.close()
         with self._lock:
             if self._initialised:
                 self._nvml.nvmlShutdown()

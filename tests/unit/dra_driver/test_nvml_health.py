@@ -138,3 +138,12 @@ def test_the_fake_is_what_a_plugin_with_its_environment_imports(tmp_path: Path) 
         timeout=60,
     )
     assert out.stdout.strip() == fake.__file__
+
+
+def test_the_device_source_is_a_health_source_too(host: Path) -> None:
+    # The plugin's health board takes a device source with ``reports`` as a source.
+    src = NvmlSource(nvml=fake)
+    _set(host, ecc_uncorrected_volatile=1)
+    [r] = list(src.reports())
+    assert (r.device, r.reason, r.source) == (device_name_for(UUID), Reason.ECC_ERROR, "nvml")
+    src.close()
