@@ -52,7 +52,7 @@ def requested(resource: JSON) -> str | None:
     asked = (find(conditions, names.RELEASE_REQUESTED) or {}).get("status") == "True"
     done = (find(conditions, names.HOST_RELEASED) or {}).get("status") == "True"
     uuid = status.get("deviceUUID")
-    return str(uuid) if asked and not done and uuid else None
+    return uuid if asked and not done and isinstance(uuid, str) and uuid else None
 
 
 def decide_release(resource: str, uuid: str, present: bool, pids: Iterable[int] | None) -> Release:

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from dra_driver.device_source import DeviceInfo, ProcessesUnknown
@@ -149,3 +152,32 @@ def test_a_released_answer_is_not_rewritten_while_the_watch_catches_up() -> None
     r.sync([resource(ASKED)])
     r.sync([resource(ASKED)])  # the watch has not shown HostReleased=True yet
     assert kube.said() == [("True", "Released")]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@given(
+    status=st.fixed_dictionaries(
+        {},
+        optional={
+            "deviceUUID": _JSON,
+            "conditions": st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.sampled_from([names.RELEASE_REQUESTED, names.HOST_RELEASED, "x"])},
+                    optional={"status": _JSON, "reason": _JSON},
+                ),
+                max_size=4,
+            ),
+        },
+    )
+)
+def test_requested_reads_any_status_the_schema_lets_through(status: JSON) -> None:
+    uuid = requested({"metadata": {"name": "r"}, "status": status})
+    assert uuid is None or uuid == status["deviceUUID"] != ""
