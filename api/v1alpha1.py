@@ -376,7 +376,8 @@ class ComposableResourceSpec(_Model):
     )
     force_detach: bool = Field(
         default=False,
-        description="Detach even while a claim allocation references the device.",
+        description="Detach even while a claim allocation references the device or its"
+        " node's host has not released it (a Warning Event ForcedDetach records it).",
     )
 
 

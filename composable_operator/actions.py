@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from api.v1alpha1 import ComposableResourceSpec
 from composable_dra.fabric.backend import FabricError
+from composable_dra.k8s.conditions import find
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from composable_operator import metrics
@@ -59,6 +60,8 @@ class StatusWriter(Protocol):
     async def write(
         self, name: str, fields: JSON, conditions: list[JSON] | None = None
     ) -> None: ...
+
+    def owned(self, name: str) -> JSON | None: ...
 
 
 @dataclass(frozen=True)
@@ -200,10 +203,36 @@ class Recorder:
                 )
             case DetachKind.DETACH:
                 metrics.FABRIC_CALLS.labels(self.spec.fabric, "detach").inc()
+                if action.reason != "Detaching":
+                    # Without the host's release (forceDetach, a node gone or NotReady):
+                    # the audit trail of a detach the host may not have been ready for.
+                    self.event(EventType.WARNING, action.reason, action.message)
+                    self.log.warning("detaching without a host release", why=action.reason)
                 self.log.info("detaching", host=host)
             case DetachKind.UNTAINT_STALE:
                 self.event(EventType.WARNING, action.reason, action.message)
                 self.log.warning("untainting a device the node still lists", why=action.reason)
+
+    async def await_release(self, action: DetachAction, device_uuid: str | None) -> None:
+        """Ask the node's plugin for the host release (ReleaseRequested=True, with the
+        device's UUID, which a resource deleted mid-attach never recorded); an Event when
+        the reason for waiting changes (asked, overdue, node NotReady), not at every look."""
+        said = (self.writer.owned(self.name) or {}).get("conditions")
+        if (find(said, names.RELEASE_REQUESTED) or {}).get("reason") == action.reason:
+            return
+        fields = {"phase": "Detaching", "error": None}
+        if device_uuid:
+            fields["deviceUUID"] = device_uuid
+        await self.status(
+            fields,
+            [
+                (names.RELEASE_REQUESTED, True, action.reason, action.message),
+                (names.READY, False, action.reason, action.message),
+            ],
+        )
+        kind = EventType.NORMAL if action.reason == "AwaitingHostRelease" else EventType.WARNING
+        self.event(kind, action.reason, action.message)
+        self.log.info("awaiting the host release", why=action.reason)
 
     def detached(self, seconds: float) -> None:
         metrics.DETACH_SECONDS.labels(self.spec.fabric).observe(seconds)

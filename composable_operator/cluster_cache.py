@@ -55,17 +55,21 @@ def local_refs(slices: Iterable[JSON], node: str, uuid: str) -> set[tuple[str, s
 
 def slim_node(node: JSON) -> JSON:
     """The parts of a Node that mapping it to its fabric host reads (registry.host_for_node:
-    systemUUID, providerID, annotations), so that a cache of 1,000 Nodes does not keep
-    their images and conditions."""
+    systemUUID, providerID, annotations) and its Ready condition (a detach's host release,
+    detach.node_ready), so that a cache of 1,000 Nodes does not keep their images and other
+    conditions."""
     meta = node.get("metadata") or {}
     slim_meta: JSON = {"name": meta.get("name"), "annotations": dict(meta.get("annotations") or {})}
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    system_uuid = ((node.get("status") or {}).get("nodeInfo") or {}).get("systemUUID", "")
+    status = node.get("status") or {}
+    system_uuid = (status.get("nodeInfo") or {}).get("systemUUID", "")
+    # Only Ready of its conditions: whether a detach can wait for the node's host release.
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     return {
         "metadata": slim_meta,
         "spec": {"providerID": (node.get("spec") or {}).get("providerID", "")},
-        "status": {"nodeInfo": {"systemUUID": system_uuid}},
+        "status": {"nodeInfo": {"systemUUID": system_uuid}, "conditions": ready},
     }
 
 

@@ -44,6 +44,8 @@ class ControllerSettings:
     online_poll: float = 10.0
     backoff_max: float = 30.0
     unpublish_limit: float = UNPUBLISH_LIMIT_SECONDS
+    # None: detach without asking the node's plugin for a host release first.
+    release_limit: float | None = None
 
 
 @dataclass
@@ -78,4 +80,5 @@ class Controller:
             self.reads,
             self.taints,
             self.settings.unpublish_limit,
+            release_limit=self.settings.release_limit,
         )

@@ -21,6 +21,9 @@ from typing import Any
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
 from composable_dra.fabric.backend import FabricBackend, FabricError, OperationFailedError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError, Fabrics
+from composable_dra.k8s.conditions import find
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from composable_dra.process import logs
 from composable_operator.actions import EventSink, EventType, Recorder
 from composable_operator.attach_calls import AttachCall, AttachCalls, follow, pending_task
@@ -33,6 +36,7 @@ from composable_operator.reconcile import (
     DetachAction,
     DetachKind,
     DetachObservation,
+    ReleaseObservation,
     attach_in_flight,
     decide_detach,
     next_delay,
@@ -86,6 +90,13 @@ class UnpublishWaits:
         self._since.pop(uid, None)
 
 
+def node_ready(node: JSON) -> bool:
+    """Whether the Node's kubelet reports Ready (a Node with no Ready condition yet is taken
+    as ready: nothing says it cannot answer)."""
+    ready = find((node.get("status") or {}).get("conditions"), "Ready")
+    return ready is None or ready.get("status") == "True"
+
+
 @dataclass
 class Observed:
     """One look for decide_detach: what it needs, the node's host, the device's names."""
@@ -107,6 +118,10 @@ class Detacher:
     taints: Taints
     unpublish_limit: float = UNPUBLISH_LIMIT_SECONDS
     unpublish: UnpublishWaits = field(default_factory=UnpublishWaits)
+    # Seconds a detach waits for the node's host to release the device before it says so;
+    # None: no host release is asked for (reconcile.release_gate).
+    release_limit: float | None = None
+    release_waits: UnpublishWaits = field(default_factory=UnpublishWaits)
 
     async def observe(
         self,
@@ -140,14 +155,32 @@ class Detacher:
             node_exists=node is not None,
             unpublish_waited=self.unpublish.waited(uid),
             unpublish_limit=self.unpublish_limit,
+            release=self.release_of(fabric, status, node, uid),
         )
         return Observed(observation, host, refs)
+
+    def release_of(
+        self, fabric: FabricSpec, status: Mapping[str, Any], node: JSON | None, uid: str
+    ) -> ReleaseObservation | None:
+        """The host release as the node's plugin reports it; None where none is asked for
+        (off, or a vendor driver's node, which runs no plugin of ours)."""
+        if self.release_limit is None or fabric.vendor_driver is not None:
+            return None
+        said = find(status.get("conditions"), names.HOST_RELEASED) or {}
+        return ReleaseObservation(
+            released=said.get("status") == "True",
+            node_ready=node is None or node_ready(node),
+            waited=self.release_waits.waited(uid),
+            limit=self.release_limit,
+            why=str(said.get("message") or "") if said.get("status") == "False" else "",
+        )
 
     def release(self, uid: str, name: str) -> None:
         """The resource is let go: forget all this process kept of it."""
         self.attaches.release(uid)
         self.picks.release(uid)  # its GPU is gone: no longer anyone's pick
         self.unpublish.release(uid)
+        self.release_waits.release(uid)
         self.statuses.forget(name)
 
     async def run(self, name: str, body: LiveResource, events: EventSink, retry: int) -> None:
@@ -232,6 +265,12 @@ class _Detach:
             left = parts.unpublish_limit - looked.observation.unpublish_waited
             await changes.wait(seen, min(max(left, 0.0) + 0.1, UNPUBLISH_LOOK_SECONDS))
             return False
+        if action.kind == DetachKind.AWAIT_RELEASE:
+            # ReleaseRequested tells the node's plugin to release the device on its host.
+            parts.release_waits.start(self.uid)
+            device = looked.observation.device
+            await self.rec.await_release(action, device.uuid if device is not None else None)
+            raise RetryLater(action.message, action.delay)
         await self.rec.detach_step(action, host=looked.host)
         if action.kind in (DetachKind.DONE, DetachKind.UNTAINT_STALE):
             parts.release(self.uid, self.name)

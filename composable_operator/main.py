@@ -36,6 +36,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "from its slice before it untaints it anyway (a Warning event, StillListed)",
     )
     p.add_argument(
+        "--await-host-release",
+        action="store_true",
+        default=env("AWAIT_HOST_RELEASE", "").lower() in {"1", "true", "yes"},
+        help="before a detach, wait for the node's plugin to release the device on its "
+        "host (HostReleased; docs/attach-flow.md) (env AWAIT_HOST_RELEASE=true)",
+    )
+    p.add_argument(
+        "--host-release-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a detach waits for the host release before it says so (a Warning "
+        "event, ReleaseOverdue; it waits on, forceDetach skips it) or, for a NotReady "
+        "node, detaches without it",
+    )
+    p.add_argument(
         "--io-threads",
         type=int,
         default=int(env("IO_THREADS", "64")),
@@ -83,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         driver=args.driver_name,
         online_poll=args.online_poll_seconds,
         unpublish_limit=args.unpublish_timeout,
+        release_limit=args.host_release_timeout if args.await_host_release else None,
     )
     # Claims, slices and Nodes, kept by watches (started once, here).
     cache = ClusterCache(kube, args.driver_name).start()

@@ -239,6 +239,7 @@ class DetachKind(enum.StrEnum):
     WAIT = "wait"
     AWAIT_ATTACH = "await_attach"
     FOLLOW_ATTACH = "follow_attach"
+    AWAIT_RELEASE = "await_release"  # the node's host has not let go of the device yet
     AWAIT_UNPUBLISH = "await_unpublish"  # detached, but the node's slice still lists it
     UNTAINT_STALE = "untaint_stale"  # the same, past the bound or with the Node gone
 
@@ -246,6 +247,10 @@ class DetachKind(enum.StrEnum):
 # How long a detached device may stay listed by its node's plugin before the detach stops
 # waiting for it: many of the plugin's polls (2 s by default), well short of forever.
 UNPUBLISH_LIMIT_SECONDS = 60.0
+# How long a detach waits for the node's plugin to release the device on its host before
+# it says so (an Event and the ReleaseRequested condition's reason); it keeps waiting on a
+# Ready node (forceDetach is the escape), and stops waiting on a NotReady one.
+RELEASE_LIMIT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,18 @@ class DetachObservation:
     node_exists: bool = True
     unpublish_waited: float = 0.0  # s since the device was first seen detached but listed
     unpublish_limit: float = UNPUBLISH_LIMIT_SECONDS
+    release: ReleaseObservation | None = None  # None: no host release asked (the default)
+
+
+@dataclass(frozen=True)
+class ReleaseObservation:
+    """The host-side release before a detach: the node's plugin's HostReleased condition."""
+
+    released: bool  # HostReleased=True, written by the node's plugin
+    node_ready: bool = True
+    waited: float = 0.0  # s since the detach first asked for the release
+    limit: float = RELEASE_LIMIT_SECONDS
+    why: str = ""  # the plugin's HostReleased message, when it says why not yet
 
 
 @dataclass(frozen=True)
@@ -321,7 +338,60 @@ def decide_detach(o: DetachObservation) -> DetachAction:
             f"still allocated to {', '.join(o.referencing_claims)}; detach waits",
             delay=5,
         )
-    return DetachAction(DetachKind.DETACH, "Detaching", "detaching from the node's host")
+    return release_gate(o)
+
+
+def release_gate(o: DetachObservation) -> DetachAction:
+    """Tainted and free of claims: call the fabric once the node's host let go of the
+    device (its plugin's HostReleased), since a surprise removal with the driver bound can
+    hang the host. A Node that is gone holds nothing the cluster can reach; a NotReady one
+    cannot answer, so it gets the bound and no more. ``forceDetach`` skips every wait,
+    and says so (an audit Event)."""
+    r = o.release
+    pending = r is not None and not r.released
+    if o.force and (pending or o.referencing_claims):
+        skipped = [*o.referencing_claims, *(["the host release"] if pending else [])]
+        return DetachAction(
+            DetachKind.DETACH,
+            "ForcedDetach",
+            f"forceDetach: detaching despite {', '.join(skipped)}",
+        )
+    if r is None or r.released:
+        return DetachAction(DetachKind.DETACH, "Detaching", "detaching from the node's host")
+    if not o.node_exists:
+        return DetachAction(
+            DetachKind.DETACH, "NodeGone", "the node is gone; detaching without a host release"
+        )
+    overdue = r.waited >= r.limit
+    if not r.node_ready:
+        if overdue:
+            return DetachAction(
+                DetachKind.DETACH,
+                "NodeNotReady",
+                f"the node has been NotReady for the {r.limit:.0f} s release bound;"
+                " detaching without a host release",
+            )
+        return DetachAction(
+            DetachKind.AWAIT_RELEASE,
+            "NodeNotReady",
+            "the node is NotReady; waiting for it to release the device",
+            delay=2,
+        )
+    why = f": {r.why}" if r.why else ""
+    if overdue:
+        return DetachAction(
+            DetachKind.AWAIT_RELEASE,
+            "ReleaseOverdue",
+            f"the node's host has not released the device after {r.waited:.0f} s{why};"
+            " set spec.forceDetach to detach anyway",
+            delay=2,
+        )
+    return DetachAction(
+        DetachKind.AWAIT_RELEASE,
+        "AwaitingHostRelease",
+        f"waiting for the node's host to release the device{why}",
+        delay=1,
+    )
 
 
 def unpublish(o: DetachObservation) -> DetachAction:

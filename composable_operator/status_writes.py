@@ -31,7 +31,7 @@ OWNED_FIELDS = (
     "pendingAttach",
     "fabricDeviceID",
 )
-OWNED_CONDITIONS = (names.ATTACHED, names.READY)
+OWNED_CONDITIONS = (names.ATTACHED, names.READY, names.RELEASE_REQUESTED)
 
 
 def owned_status(status: Mapping[str, Any]) -> JSON:

@@ -61,6 +61,10 @@ class DeviceInfo(BaseModel):
         return value
 
 
+class ProcessesUnknown(Exception):
+    """A source could not say which processes use a device (its driver did not answer)."""
+
+
 class DeviceSource(Protocol):
     """Where the node's GPUs come from."""
 

@@ -26,6 +26,7 @@ from composable_dra.model import names
 from composable_dra.model.names import normalize_uuid
 from composable_dra.process import logs
 from dra_driver.device_source import DeviceInfo
+from dra_driver.host_release import HostReleaser
 from dra_driver.publish_once import PLURAL
 
 
@@ -72,12 +73,15 @@ class VisibilityReporter:
         republish: Callable[[], None],
         host_step: str | None = None,
         retry_interval: float = 0.5,
+        releaser: HostReleaser | None = None,
     ) -> None:
         self.kube, self.node = kube, node
         self.resources, self._wake = resources, wake
         self._devices, self._refresh, self._republish = devices, refresh, republish
         self._host_step = shlex.split(host_step) if host_step else None
         self._retry = retry_interval
+        # Answers the operator's release requests on the same watch and wake-ups.
+        self._releaser = releaser
         self._stop = threading.Event()
         self._log = logs.get(__name__, node=node)
         self.manager = "composable-dra-plugin"
@@ -103,7 +107,10 @@ class VisibilityReporter:
                 self._log.exception("visibility pass failed")
 
     def _pending(self) -> bool:
-        return bool(awaiting(self.resources.items(), self._present()))
+        items = self.resources.items()
+        if self._releaser is not None and self._releaser.pending(items):
+            return True
+        return bool(awaiting(items, self._present()))
 
     def _present(self) -> set[str]:
         return {normalize_uuid(d.uuid) for d in self._devices()}
@@ -122,6 +129,8 @@ class VisibilityReporter:
             present = self._present()
         for name, visible in visibility_updates(resources, present).items():
             self._write(name, visible)
+        if self._releaser is not None:
+            self._releaser.sync(resources)
 
     def _run_host_step(self) -> None:
         if not self._host_step:

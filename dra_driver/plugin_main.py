@@ -80,6 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run before looking for a device the fabric just attached, e.g. "
         "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
     )
+    env_flag(
+        p,
+        "--host-release-command",
+        help="run before the fabric detaches a device, once no process uses it, e.g. "
+        "\"sh -c 'echo 1 > /sys/bus/pci/devices/$COMPOSABLE_DRA_PCI_BUS_ID/remove'\" "
+        "(env: COMPOSABLE_DRA_DEVICE_UUID, COMPOSABLE_DRA_PCI_BUS_ID, COMPOSABLE_DRA_RESOURCE;"
+        " default: only wait for the device's processes to end)",
+    )
     lend = p.add_argument_group(
         "lending (remote GPUs; default off)",
         "publish, beside each local GPU, a remote-lease device other nodes may be allocated",
@@ -334,6 +342,7 @@ def _device_side(
     """
     from dra_driver.device_source import DeviceInfo, SourceWatcher
     from dra_driver.device_visibility import VisibilityReporter
+    from dra_driver.host_release import HostReleaser
     from dra_driver.publish_once import LocalSliceGate, node_resources
 
     wake = threading.Event()
@@ -364,6 +373,14 @@ def _device_side(
         refresh=watcher.poll_once,
         republish=gate.republish,
         host_step=args.host_rescan_command,
+        releaser=HostReleaser(
+            kube,
+            args.node_name,
+            devices=lambda: watcher.devices,
+            refresh=watcher.poll_once,
+            processes=getattr(source, "processes", None),
+            command=args.host_release_command,
+        ),
     )
     return watcher, visibility
 

@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-file", help="keep the composition in this file across restarts")
     parser.add_argument("--ready-file", help="write the base URL here once listening")
     parser.add_argument(
+        "--host-state-dir",
+        help="the hosts' PCIe side, shared with them (fake NVML, release command): a block "
+        "removed while its host holds it is counted as a surprise removal",
+    )
+    parser.add_argument(
         "--admin-token-file",
         help="file holding a token that the /admin API then requires as a Bearer token "
         "(default: the admin API is open, for a laptop only)",
@@ -112,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         task_seconds=args.task_seconds,
         page_size=args.page_size,
         state_file=Path(args.state_file) if args.state_file else None,
+        host_state_dir=Path(args.host_state_dir) if args.host_state_dir else None,
         admin_token=(
             Path(args.admin_token_file).read_text(encoding="utf-8").strip() or None
             if args.admin_token_file

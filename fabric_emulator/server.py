@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import ServerLimits
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import limits, messages, persistence, query, resources, state, tasks
+from fabric_emulator import host_bus, limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, SYSTEMS, ReadView
 from fabric_emulator.state import Composition, RedfishError
@@ -50,6 +50,8 @@ class Config:
     state_file: Path | None = None
     # When set, /admin (but its health check) needs "Authorization: Bearer <token>".
     admin_token: str | None = None
+    # The hosts' PCIe side (host_bus.py): where surprise removals are seen; None: unseen.
+    host_state_dir: Path | None = None
 
 
 class BodyRefused(Exception):
@@ -148,6 +150,8 @@ class Emulator:
         self.tasks = tasks.TaskStore()
         self.lock = asyncio.Lock()
         self.comp = Composition()
+        # Blocks removed while their host still held them (host_bus.py); never reset.
+        self.surprise_removals: list[dict[str, str]] = []
         if config.state_file is not None:
             saved = persistence.load(config.state_file)
             if saved is not None:
@@ -173,6 +177,23 @@ class Emulator:
         if self.config.state_file is not None:
             await asyncio.to_thread(persistence.save, self.config.state_file, self.comp.to_json())
 
+    def composed(self, host: str, add: Iterable[str], remove: Iterable[str]) -> None:
+        """A change took effect: the host's side sees GPUs come and go, and a removal the
+        host was not ready for is recorded as a surprise removal (host_bus.py)."""
+        root = self.config.host_state_dir
+        if root is None:
+            return
+        for block_id in add:
+            b = self.topology.blocks.get(block_id)
+            if b is not None:
+                host_bus.attach(root, host, b.id, b.uuid, b.model, b.memory_mib)
+        for block_id in remove:
+            b = self.topology.blocks.get(block_id)
+            why = host_bus.detach(root, host, b.uuid) if b is not None else None
+            if why is not None:
+                self.surprise_removals.append({"block": block_id, "system": host, "why": why})
+                log.warning("surprise removal", block=block_id, system=host, why=why)
+
     def dump(self) -> dict[str, Any]:
         """The composition in plain terms, for ``GET /admin/state``."""
         return {
@@ -196,6 +217,7 @@ class Emulator:
                 for h in self.topology.hosts.values()
             },
             "tasks": {t.id: t.state for t in self.tasks.tasks.values()},
+            "surprise_removals": list(self.surprise_removals),
         }
 
     # ---- application -----------------------------------------------------------------------
@@ -513,6 +535,7 @@ class Emulator:
             state.check_change(self.topology, self.comp, host, add, remove)
             if self.config.async_polls <= 0 and failing is None:
                 state.apply_change(self.comp, host, add, remove)
+                self.composed(host, add, remove)
                 await self.save()
                 log.info("composition changed", system=host, added=add, removed=remove)
                 status, payload = result()
@@ -524,6 +547,7 @@ class Emulator:
 
             async def complete() -> tuple[int, dict[str, Any]]:
                 state.apply_change(self.comp, host, add, remove)
+                self.composed(host, add, remove)
                 await self.save()
                 log.info("composition changed (task)", system=host, added=add, removed=remove)
                 return result()

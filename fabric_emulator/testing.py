@@ -7,6 +7,7 @@
         emu.add_fault({"kind": "status503", "count": 1, "path": "AddResourceBlock"})
         emu.state()["blocks"]["gpu-1"]["state"]      # "Unused" / "Composing" / "Composed"
         emu.reset()                                  # composition, tasks and faults back to new
+        emu.surprise_removals()                      # blocks removed while a host held them
 
 Start waits on the emulator's ready file (no sleeps); stop sends SIGINT and waits, then
 kills. Only the standard library is used here, so any component's tests can import it.
@@ -53,6 +54,7 @@ class EmulatorProcess:
         password: str = "admin",  # noqa: S107 - the emulator's documented default
         extra_args: Sequence[str] = (),
         workdir: str | Path | None = None,
+        host_state_dir: str | Path | None = None,
     ) -> None:
         self._owned_dir: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
@@ -89,6 +91,10 @@ class EmulatorProcess:
             args += ["--faults", str(path)]
         if self.state_file is not None:
             args += ["--state-file", str(self.state_file)]
+        # The hosts' PCIe side, shared with their fake NVML (host_bus.py); None: untracked.
+        self.host_state_dir = Path(host_state_dir) if host_state_dir is not None else None
+        if self.host_state_dir is not None:
+            args += ["--host-state-dir", str(self.host_state_dir)]
         self.args = [*args, *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -209,3 +215,8 @@ class EmulatorProcess:
 
     def reset(self) -> None:
         self.admin("POST", "reset")
+
+    def surprise_removals(self) -> list[dict[str, str]]:
+        """Blocks the fabric removed while their host still held them (host_bus.py)."""
+        found: list[dict[str, str]] = self.state().get("surprise_removals", [])
+        return found

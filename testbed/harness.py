@@ -70,6 +70,7 @@ class Suite(Workload):
             topology=self.opts.topology,
             workdir=workdir / "emulator",
             extra_args=process_args(workdir / "emulator", fsas) if (fsas := self.opts.fsas) else (),
+            host_state_dir=workdir / "hosts" if self.opts.fake_nvml_hosts else None,
         )
         settings = NodeSettings(
             kube,
@@ -79,12 +80,15 @@ class Suite(Workload):
             self.opts.plugin_poll,
             control_plane,
             self.opts.node_bin_dir,
+            self.opts.fake_nvml_hosts,
+            self.opts.skip_release_hosts,
         )
         hosts = SuiteNodes(settings, emulator)
         super().__init__(kube, f"fab-{self.suffix}", emulator, hosts, lambda: self.components)
         self.operator: ComponentProcess | None = None
         self.publisher: ComponentProcess | None = None
         self.scaler: ComponentProcess | None = None
+        self.accepted_surprises: set[str] = set()  # blocks a test removed by force
 
     def start(self) -> Suite:
         """Start everything and wait until it is ready; on failure stop what started."""
@@ -185,6 +189,16 @@ class Suite(Workload):
                 "the operator to sync the Fabric",
                 describe=self.describe,
             )
+
+    def unexpected_surprise_removals(self) -> list[dict[str, str]]:
+        """Blocks the fabric removed while their host still held them (the emulator's
+        record, fabric_emulator/host_bus.py), but for those in ``accepted_surprises`` (a
+        test that forces one). Empty where the emulator does not track hosts."""
+        return [
+            s
+            for s in self.emulator.surprise_removals()
+            if s.get("block") not in self.accepted_surprises
+        ]
 
     @property
     def components(self) -> list[ComponentProcess]:

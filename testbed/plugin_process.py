@@ -60,6 +60,7 @@ class PluginProcess:
     workdir: Path
     driver: str = DRIVER
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None  # None: this process's environment
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +69,7 @@ class PluginProcess:
         self.boot_id_file = self.workdir / "boot_id"
         if not self.boot_id_file.exists():
             self.boot_id_file.write_text("boot-1\n")
-        self.process = ComponentProcess("plugin", [], self.workdir)
+        self.process = ComponentProcess("plugin", [], self.workdir, env=self.env)
 
     @classmethod
     def beside(
@@ -78,6 +79,7 @@ class PluginProcess:
         kubeconfig: Path,
         workdir: Path,
         extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> PluginProcess:
         """The plugin of ``node`` on the directories of its kubelet (not started)."""
         return cls(
@@ -88,6 +90,7 @@ class PluginProcess:
             cdi_dir=kubelet.cdi_dir,
             workdir=workdir,
             extra_args=list(extra_args),
+            env=env,
         )
 
     @property

@@ -18,6 +18,7 @@ from composable_dra.k8s.kube import JSON, Kube
 from composable_dra.model import names
 from fabric_emulator.testing import EmulatorProcess
 from fabric_emulator.topology import host_uuid
+from testbed import fake_nvml
 from testbed.controlplane import ControlPlane
 from testbed.kubelet_emulator import KubeletEmulator
 from testbed.nodes import create_node, delete_node
@@ -46,6 +47,8 @@ class NodeSettings:
     plugin_poll: float
     control_plane: ControlPlane | None = None
     node_bin_dir: Path | None = None
+    fake_nvml_hosts: tuple[str, ...] = ()  # SuiteOptions'
+    skip_release_hosts: tuple[str, ...] = ()
 
 
 class SuiteNodes:
@@ -64,9 +67,11 @@ class SuiteNodes:
         root = s.workdir / name
         kubelet = KubeletEmulator(s.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        plugin = PluginProcess.beside(
-            kubelet, name, s.kubeconfig, root / "plugin", self.plugin_args(root)
-        )
+        if host in s.fake_nvml_hosts:
+            args, env = self.fake_nvml_args(host), self.fake_nvml_env(host)
+        else:
+            args, env = self.plugin_args(root), None
+        plugin = PluginProcess.beside(kubelet, name, s.kubeconfig, root / "plugin", args, env)
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)
         self.emulated[host] = node
@@ -107,6 +112,18 @@ class SuiteNodes:
             f"--poll-interval={self.settings.plugin_poll}",
             "--no-fsync",
         ]
+
+    def fake_nvml_args(self, host: str) -> list[str]:
+        """The plugin's flags for the fake NVML of ``host`` (testbed/fake_nvml), with its
+        release command unless the host skips it."""
+        release = host not in self.settings.skip_release_hosts
+        return [*fake_nvml.plugin_args(self.settings.plugin_poll, release), "--no-fsync"]
+
+    def fake_nvml_env(self, host: str) -> dict[str, str]:
+        root = self.emulator.host_state_dir
+        if root is None:
+            raise ValueError("fake NVML hosts need the emulator's host state directory")
+        return fake_nvml.env(root, host)
 
     def wait_registered(self) -> None:
         """Until every emulated node's plugin has registered with its kubelet."""

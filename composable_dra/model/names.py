@@ -17,6 +17,10 @@ NESTED_TOO_DEEP = "NestedTooDeep"
 DEVICE_VISIBLE = "DeviceVisible"  # written by the node's kubelet plugin
 ATTACHED = "Attached"  # written by the operator
 READY = "Ready"  # written by the operator: Online
+# The host-side release before a detach (docs/attach-flow.md, Detach): the operator asks
+# (True, once the device is tainted and no claim holds it), the node's plugin answers.
+RELEASE_REQUESTED = "ReleaseRequested"  # written by the operator
+HOST_RELEASED = "HostReleased"  # written by the node's kubelet plugin
 
 # Labels and annotations.
 LABEL_NODE = f"{PREFIX}/node"

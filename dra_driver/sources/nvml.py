@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from dra_driver.device_source import DeviceInfo, device_name_for
+from composable_dra.model.health import HealthReport
+from dra_driver.device_source import DeviceInfo, ProcessesUnknown, device_name_for
+
+if TYPE_CHECKING:
+    from dra_driver.sources.nvml_health import NvmlHealth
 
 # Device nodes every container using an NVIDIA GPU needs, besides its own /dev/nvidiaN.
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -28,6 +33,7 @@ class NvmlSource:
         self.poll_interval = poll_interval
         self._lock = threading.Lock()
         self._initialised = False
+        self._health: NvmlHealth | None = None  # made at the first reports()
 
     def _init(self) -> None:  # under the lock
         if not self._initialised:
@@ -41,12 +47,12 @@ class NvmlSource:
             devices = []
             for index in range(nv.nvmlDeviceGetCount()):
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                product = _text(nv.nvmlDeviceGetName(handle))
+                uuid = nvml_text(nv.nvmlDeviceGetUUID(handle))
+                product = nvml_text(nv.nvmlDeviceGetName(handle))
                 minor = int(nv.nvmlDeviceGetMinorNumber(handle))
                 memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
                 try:
-                    bus_id: str | None = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+                    bus_id: str | None = nvml_text(nv.nvmlDeviceGetPciInfo(handle).busId)
                 except nv.NVMLError:
                     bus_id = None
                 devices.append(
@@ -62,6 +68,31 @@ class NvmlSource:
                     )
                 )
             return devices
+
+    def reports(self) -> Iterable[HealthReport]:
+        """The GPUs' health (nvml_health.NvmlHealth on the same NVML): with this, the
+        plugin's health board takes the device source as a health source as well."""
+        if self._health is None:
+            from dra_driver.sources.nvml_health import NvmlHealth
+
+            self._health = NvmlHealth(self._nvml)
+        return self._health.reports()
+
+    def processes(self, uuid: str) -> list[int]:
+        """The pids of the processes using the GPU (compute and graphics); raises
+        ProcessesUnknown when the driver does not answer."""
+        nv = self._nvml
+        with self._lock:
+            self._init()
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+                found = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+                graphics = getattr(nv, "nvmlDeviceGetGraphicsRunningProcesses", None)
+                if graphics is not None:
+                    found += list(graphics(handle))
+            except nv.NVMLError as exc:
+                raise ProcessesUnknown(str(exc)) from exc
+            return sorted({int(p.pid) for p in found})
 
     def pcie_bytes_per_second(self) -> float | None:
         """The PCIe traffic of every GPU on this host, both ways (NVML samples each over
@@ -80,6 +111,8 @@ class NvmlSource:
             return total
 
     def close(self) -> None:
+        if self._health is not None:
+            self._health.close()
         with self._lock:
             if self._initialised:
                 self._nvml.nvmlShutdown()

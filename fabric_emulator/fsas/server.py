@@ -285,6 +285,7 @@ class FsasEmulator(Emulator):
             except RedfishError as err:
                 raise _from_rules(err) from None
             state.apply_change(self.comp, host.id, chosen, [])
+            self.composed(host.id, chosen, [])
             await self.save()
             machine = self._machine(host)
         machine["resources"] = [r for r in machine["resources"] if r["res_uuid"] in chosen]
@@ -301,6 +302,7 @@ class FsasEmulator(Emulator):
             except RedfishError as err:
                 raise _from_rules(err) from None
             state.apply_change(self.comp, host.id, [], [spec.res_uuid])
+            self.composed(host.id, [], [spec.res_uuid])
             await self.save()
         log.info("fsas detach", machine=host.id, resource=spec.res_uuid)
         return _answer(200, {})

@@ -1,20 +1,23 @@
 """Randomized attach/detach under injected fabric faults and operator kills.
 
 Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
-on the emulator's hosts with the plugin (redfish source) each, and the operator as its
-own process. Then OPERATIONS random operations: create a ComposableResource for a free
-block and a node its zone reaches, delete one, or cancel one mid-attach (create it and
-delete it as soon as its attach is under way; every attach request takes
---attach-latency seconds to reach the fabric, so a cancelled one is often still on its
-way); meanwhile the emulator injects 503s, 500s, dropped connections before and after
-the change, failed tasks and latency, and the operator is SIGKILLed and restarted at
-KILLS random moments. At the end faults stop, everything settles (every fabric task
-ended), and the emulator's composition is compared with the resources.
+on the emulator's hosts with the plugin each (its GPUs through the fake NVML over the
+host state the emulator shares, testbed/fake_nvml, released before each detach: the
+operator runs with --await-host-release), and the operator as its own process. Then
+OPERATIONS random operations: create a ComposableResource for a free block and a node
+its zone reaches, delete one, or cancel one mid-attach (create it and delete it as soon
+as its attach is under way; every attach request takes --attach-latency seconds to reach
+the fabric, so a cancelled one is often still on its way); meanwhile the emulator injects
+503s, 500s, dropped connections before and after the change, failed tasks and latency,
+and the operator is SIGKILLed and restarted at KILLS random moments. At the end faults
+stop, everything settles (every fabric task ended), and the emulator's composition is
+compared with the resources.
 
 The last line printed is JSON: operations, cancelled, restarts, leaked (a block attached
 with no resource, or a resource Online without its attachment), double_attached (a block
-named by two live resources, or attached where its resource does not say), settle_s, and
-the fault counts the emulator reports.
+named by two live resources, or attached where its resource does not say),
+surprise_removals (blocks the fabric removed while their host still held them, as the
+emulator saw it: must be 0), settle_s, and the fault counts the emulator reports.
 
 With --backend fsas-fm the operator reaches the same emulator through its Fsas CDI
 fabric manager API (OAuth token, synchronous machines/{m}/update) instead of Redfish, and
@@ -52,11 +55,11 @@ from composable_dra.k8s.kube import JSON, Kube, path  # noqa: E402
 from fabric_emulator.fsas.config import FsasConfig, process_args  # noqa: E402
 from fabric_emulator.testing import EmulatorProcess  # noqa: E402
 from fabric_emulator.topology import host_uuid  # noqa: E402
-from testbed import ControlPlane  # noqa: E402
+from testbed import ControlPlane, fake_nvml  # noqa: E402
 from testbed.controlplane import find_binaries  # noqa: E402
 from testbed.crds import install_crds  # noqa: E402
 from testbed.nodes import create_node  # noqa: E402
-from testbed.plugin_process import PluginProcess, redfish_source_args  # noqa: E402
+from testbed.plugin_process import PluginProcess  # noqa: E402
 from testbed.process import ComponentProcess  # noqa: E402
 from testbed.wait import wait_for  # noqa: E402
 
@@ -213,9 +216,9 @@ def create_fabric(kube: Kube, emulator: EmulatorProcess, backend: str, pick: boo
 def start_plugins(
     kube: Kube, kubeconfig: Path, work: Path, emulator: EmulatorProcess
 ) -> list[PluginProcess]:
-    """Three fake nodes on the emulator's hosts, each with the plugin (redfish source)."""
-    creds = work / "redfish.yaml"
-    creds.write_text("username: admin\npassword: admin\n")
+    """Three fake nodes on the emulator's hosts, each with the plugin: its GPUs through the
+    fake NVML over the host state the emulator shares, released before each detach."""
+    assert emulator.host_state_dir is not None
     plugins = []
     for host in ("node-1", "node-2", "node-3"):
         create_node(kube.api, host, system_uuid=host_uuid(host))
@@ -226,7 +229,8 @@ def start_plugins(
             plugins_dir=work / host / "p",
             cdi_dir=work / host / "cdi",
             workdir=work / host / "plugin",
-            extra_args=redfish_source_args(emulator.url, creds, 1),
+            extra_args=fake_nvml.plugin_args(1),
+            env=fake_nvml.env(emulator.host_state_dir, host),
         )
         plugin.start()
         plugins.append(plugin)
@@ -239,6 +243,7 @@ def start_operator(kubeconfig: Path, work: Path) -> ComponentProcess:
         "--leader-elect-namespace=kube-system",
         "--metrics-port=0",
         "--online-poll-seconds=3",
+        "--await-host-release",
     ]
     return ComponentProcess("operator", args, work / "operator").start()
 
@@ -414,6 +419,7 @@ def bench(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, A
             task_seconds=5,
             workdir=emu_dir,
             extra_args=process_args(emu_dir, fsas_config) if fsas else (),
+            host_state_dir=work / "hosts",
         )
         emulator.start()
         procs.append(emulator)
@@ -436,6 +442,7 @@ def bench(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, A
 
         final = ops.resources()
         found = check(emulator.state()["blocks"], final)
+        surprises = emulator.surprise_removals()
         for p in reversed(procs):
             p.stop()
         procs.clear()
@@ -447,6 +454,9 @@ def bench(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, A
         "restarts": ops.restarts,
         "leaked": len(leaked) + len(stuck),
         "double_attached": len(double),
+        # Blocks removed while their host still held them (must be 0; host_bus.py).
+        "surprise_removals": len(surprises),
+        "surprise_items": sorted(s["block"] for s in surprises),
         "leaked_items": sorted(leaked + stuck),
         "double_items": sorted(double),
         "resources_online": len(final),
@@ -466,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[Any] = []
     try:
         result = bench(args, work, procs)
-        clean = not result["leaked"] and not result["double_attached"]
+        clean = not (result["leaked"] or result["double_attached"] or result["surprise_removals"])
         if not clean:
             keep = True
             print(f"logs kept in {work}", file=sys.stderr)

@@ -165,8 +165,14 @@ def make_suite(
         return suite.start()
 
     yield make
-    for s in suites:
-        s.stop()
+    # Zero surprise removals (fabric_emulator/host_bus.py), asked of each live emulator
+    # before the teardown's own forced detaches: one request per suite.
+    try:
+        surprises = [r for s in suites if s.emulator.proc for r in s.unexpected_surprise_removals()]
+    finally:
+        for s in suites:
+            s.stop()
+    assert not surprises, f"the fabric removed GPUs their hosts still held: {surprises}"
 
 
 @pytest.fixture

@@ -155,3 +155,60 @@ def test_an_unpublish_wait_starts_once() -> None:
     assert waits.waited("u1") >= 0
     waits.release("u1")
     assert waits.start("u1")
+
+
+def releasing(kube: Kube, fabric: Fabric, limit: float = 120.0) -> Controller:
+    settings = ControllerSettings(release_limit=limit)
+    return Controller(kube, fabrics=fabric, settings=settings)  # type: ignore[arg-type]
+
+
+def test_with_host_release_on_it_asks_the_plugin_once_and_waits() -> None:
+    kube, fabric = Kube(), Fabric()
+    ctl = releasing(kube, fabric)
+    events: list[tuple[EventType, str, str]] = []
+
+    def look(body: Body) -> RetryLater:
+        with pytest.raises(RetryLater) as raised:
+            asyncio.run(ctl.detacher.run("r1", body, lambda *e: events.append(e), 0))
+        return raised.value
+
+    assert look(Body()).delay <= 2
+    assert fabric.detaches == []
+    asked = {c["type"]: c for c in kube.status["conditions"]}[names.RELEASE_REQUESTED]
+    assert (asked["status"], asked["reason"]) == ("True", "AwaitingHostRelease")
+    # The UUID the plugin looks for, also where no attach recorded it (deleted mid-attach).
+    assert kube.status["deviceUUID"] == "GPU-1"
+    held = {
+        "type": names.HOST_RELEASED,
+        "status": "False",
+        "reason": "InUse",
+        "message": "processes use the device (pid 7)",
+    }
+    # Looked at again, still held: the plugin's why in the message, no second Event.
+    assert "pid 7" in str(look(Body(status={"phase": "Detaching", "conditions": [held]})))
+    assert [r for _, r, _ in events].count("AwaitingHostRelease") == 1
+    assert fabric.detaches == []
+
+
+def test_once_the_host_released_it_the_fabric_is_called() -> None:
+    kube, fabric = Kube(), Fabric()
+    done = Body(
+        status={
+            "phase": "Detaching",
+            "conditions": [
+                {"type": names.HOST_RELEASED, "status": "True", "reason": "Released"},
+            ],
+        }
+    )
+    events = detach(releasing(kube, fabric), done)
+    assert fabric.detaches == [("gpu-1", "h1")]
+    assert [reason for _, reason, _ in events] == ["Detaching", "Detached"]
+
+
+def test_force_detach_skips_the_release_with_a_warning() -> None:
+    kube, fabric = Kube(), Fabric()
+    body = Body()
+    body.spec["forceDetach"] = True
+    events = detach(releasing(kube, fabric), body)
+    assert fabric.detaches == [("gpu-1", "h1")]
+    assert (EventType.WARNING, "ForcedDetach") in {(k, r) for k, r, _ in events}
