@@ -79,8 +79,7 @@ def step_all(
     """``step`` for every device observed now; a device no source reports any more (gone
     from the node or the pool) is dropped, and one no source judges reads Healthy."""
     return {
-        device: step(prev.get(device), report, recover_after)
-        for device, report in observed.items()
+        device: step(prev.get(device), report, recover_after) for device, report in observed.items()
     }
 
 
