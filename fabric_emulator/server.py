@@ -21,7 +21,6 @@ from aiohttp import web
 from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import ServerLimits
-from fabric_emulator import faults as faults_mod
 from fabric_emulator import (
     block_status,
     limits,
@@ -32,6 +31,7 @@ from fabric_emulator import (
     state,
     tasks,
 )
+from fabric_emulator import faults as faults_mod
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, ReadView
 from fabric_emulator.state import Composition, RedfishError

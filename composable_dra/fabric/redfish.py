@@ -50,8 +50,8 @@ from composable_dra.fabric.backend import (
     Zone,
     status_error,
 )
-from composable_dra.fabric.retry_after import busy_wait, poll_hint
 from composable_dra.fabric.health import redfish_fault
+from composable_dra.fabric.retry_after import busy_wait, poll_hint
 
 ROOT = "/redfish/v1"
 # Connections kept open to one fabric: requests' default; a caller making concurrent
