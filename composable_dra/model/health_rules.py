@@ -97,3 +97,17 @@ def taints(report: HealthReport | None) -> list[dict[str, str]]:
 
 def healthy(device: str, source: str) -> HealthReport:
     return HealthReport(device=device, health=Health.HEALTHY, source=source)
+
+
+def transitions(prev: Mapping[str, Debounced], nxt: Mapping[str, Debounced]) -> list[HealthReport]:
+    """The new states of the devices whose published state changed; a device seen for the
+    first time counts only when it is not healthy (its arrival is no health event)."""
+    out = []
+    for device, state in sorted(nxt.items()):
+        before = prev.get(device)
+        if before is None:
+            if state.report.health is not Health.HEALTHY:
+                out.append(state.report)
+        elif before.report != state.report:
+            out.append(state.report)
+    return out
