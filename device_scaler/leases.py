@@ -39,7 +39,7 @@ from composable_dra.lending.remote_leases import (
 )
 from composable_dra.process import logs
 from composable_dra.process.component import Controller
-from device_scaler.events import event_body
+from composable_dra.k8s.events import event_body
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"

@@ -50,7 +50,7 @@ from device_scaler.decide import (
     quarantine_body,
     quarantine_rule_name,
 )
-from device_scaler.events import event_body
+from composable_dra.k8s.events import event_body
 from device_scaler.unseen import Unseen, hold_back
 from device_scaler.vendor import (
     Rescheduled,

@@ -20,6 +20,8 @@ from composable_dra.model.health import HealthReport
 from composable_dra.process import logs
 
 States = Mapping[str, HealthReport]
+# A listener gets every device's state and the new states of those that changed.
+Listener = Callable[[States, list[HealthReport]], None]
 
 
 class HealthSource(Protocol):
@@ -53,14 +55,16 @@ class HealthBoard:
         self._lock = threading.Lock()
         self._last: dict[str, list[HealthReport]] = {}
         self._state: dict[str, health_rules.Debounced] = {}
-        self._listeners: list[Callable[[States], None]] = []
+        self._listeners: list[Listener] = []
         self._log = logs.get(__name__)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def add_source(self, source: HealthSource) -> None:
         with self._lock:
             self._sources.append(source)
 
-    def on_change(self, listener: Callable[[States], None]) -> None:
+    def on_change(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
     def states(self) -> dict[str, HealthReport]:
@@ -86,12 +90,32 @@ class HealthBoard:
             nxt = health_rules.step_all(
                 self._state, health_rules.merge(observed), self._recover_after
             )
-            changed = {n: d.report for n, d in nxt.items()} != {
-                n: d.report for n, d in self._state.items()
-            }
+            changed = health_rules.transitions(self._state, nxt)
+            gone = set(self._state) - set(nxt)
             self._state = nxt
             states = {n: d.report for n, d in nxt.items()}
-        if changed:
-            for listener in self._listeners:
-                listener(states)
-        return changed
+        if not changed and not gone:
+            return False
+        for listener in self._listeners:
+            listener(states, changed)
+        return True
+
+    def start(self, interval: float) -> None:
+        """Poll every ``interval`` seconds in a thread of its own."""
+        self.poll_once()
+        self._thread = threading.Thread(
+            target=self._loop, args=(interval,), name="health", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.poll_once()
+            except Exception as exc:  # a listener's failure must not end the health loop
+                self._log.warning("health poll failed", error=str(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
