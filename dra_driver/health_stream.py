@@ -121,6 +121,18 @@ class HealthFeed:
             self._streams -= 1
 
 
+class Cursor:
+    """One stream's place in the feed: what version it sent last."""
+
+    def __init__(self, feed: HealthFeed) -> None:
+        self._feed = feed
+        self._seen = feed.version()
+
+    def next(self, timeout: float) -> None:
+        """Until the feed changed since the last call, or ``timeout``."""
+        self._seen = self._feed.wait(self._seen, timeout)
+
+
 class HealthStreamServicer(
     health_v1_grpc.DRAResourceHealthServicer, health_v1alpha1_grpc.DRAResourceHealthServicer
 ):
@@ -135,10 +147,10 @@ class HealthStreamServicer(
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many health streams")
         self._log.info("health stream opened", api=self._api.__name__)
         try:
-            seen = self._feed.version()
+            cursor = Cursor(self._feed)
             while context.is_active() and not self._feed.stopped:
                 yield response(self._api, self._feed.snapshot(), time.time())
-                seen = self._feed.wait(seen, self._resend)
+                cursor.next(self._resend)
         finally:
             self._feed.close_stream()
             self._log.info("health stream closed")

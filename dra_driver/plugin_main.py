@@ -76,6 +76,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     env_flag(
         p,
+        "--health-interval",
+        "2",
+        type=float,
+        help="seconds between reads of the devices' health sources (env HEALTH_INTERVAL)",
+    )
+    env_flag(
+        p,
+        "--health-recover-after",
+        "3",
+        type=int,
+        help="healthy reads in a row before an unhealthy device is healthy again "
+        "(env HEALTH_RECOVER_AFTER)",
+    )
+    env_flag(
+        p,
         "--host-rescan-command",
         help="run before looking for a device the fabric just attached, e.g. "
         "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
@@ -242,7 +257,7 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
     return NvmlSource(**kw)
 
 
-# The plugin's composition root: it builds each part and wires them together; what they
+# Long because it is the plugin's composition root: it builds each part and wires them; what they
 # decide lives in the parts, so splitting this would only scatter the wiring.
 def run(args: argparse.Namespace) -> int:
     from composable_dra.k8s.kube import Kube, path
@@ -287,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         if lend is not None
         else None
     )
+    board, feed = _health_side(args, kube, node, source, watcher, publisher, preparer)
     server = PluginServer(
         preparer,
         args.driver_name,
@@ -294,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         args.plugins_dir,
         health_port=args.health_port,
         rolling_update_uid=rolling_update_uid,
+        health_feed=feed,
     )
 
     stop = _stop_on_signal(log)
@@ -303,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     publisher.start()
     if poller is not None:
         poller.start()
+    board.start(args.health_interval)
     server.start()
     log.info(
         "plugin started",
@@ -315,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
         stop.wait()
     finally:
         server.stop()
+        board.stop()
         watcher.stop()
         visibility.stop()
         if poller is not None:
@@ -366,6 +385,36 @@ def _device_side(
         host_step=args.host_rescan_command,
     )
     return watcher, visibility
+
+
+def _health_side(
+    args: argparse.Namespace,
+    kube: Any,
+    node: dict[str, Any],
+    source: Any,
+    watcher: Any,
+    publisher: Any,
+    preparer: Any,
+) -> tuple[Any, Any]:
+    """The health board over the node's health sources (the device source, where it judges
+    health) and the kubelet's health stream it feeds."""
+    from dra_driver import health_stream
+    from dra_driver.health_effects import HealthEffects
+    from dra_driver.health_sources import HealthBoard
+
+    sources = [source] if hasattr(source, "reports") else []
+
+    def names() -> list[str]:
+        return [d.name for d in watcher.devices]
+
+    board = HealthBoard(sources, names, recover_after=args.health_recover_after)
+    feed = health_stream.HealthFeed(
+        lambda: health_stream.entries(
+            args.node_name, names(), board.states(), preparer.prepared_devices()
+        )
+    )
+    board.on_change(HealthEffects(kube, node, publisher.set_health, feed.changed))
+    return board, feed
 
 
 def _stop_on_signal(log: Any) -> threading.Event:

@@ -321,6 +321,12 @@ class Preparer:
         )
         return record.devices
 
+    def prepared_devices(self) -> list[PreparedDevice]:
+        """Every device of every claim prepared here (the health stream's identities)."""
+        with self._lock:
+            records = list(self._checkpoint.claims.values())
+        return [d for r in records for d in r.devices]
+
     def held(self) -> list[tuple[str, QosProfile | None]]:
         """This node's devices held by a claim, each with the QoS profile its claim
         declared (None: none), for the QoS attributes (``lend_status``)."""
