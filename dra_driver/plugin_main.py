@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     )
     client = _lease_client(args)
     source = _make_source(args, node)
-    watcher, visibility = _device_side(args, kube, publisher, source)
+    watcher, visibility, resources = _device_side(args, kube, publisher, source)
     preparer = Preparer(
         args.driver_name,
         args.node_name,
@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         if lend is not None
         else None
     )
-    board, feed = _health_side(args, kube, node, source, watcher, publisher, preparer)
+    board, feed = _health_side(args, kube, node, (source, resources), watcher, publisher, preparer)
     server = PluginServer(
         preparer,
         args.driver_name,
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _device_side(
     args: argparse.Namespace, kube: Any, publisher: Any, source: Any
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, Any]:
     """The watcher of the node's devices and the DeviceVisible reporter.
 
     Devices serving a pool allocation keep their pool identity: the gate decides what the
@@ -384,25 +384,29 @@ def _device_side(
         republish=gate.republish,
         host_step=args.host_rescan_command,
     )
-    return watcher, visibility
+    return watcher, visibility, resources
 
 
 def _health_side(
     args: argparse.Namespace,
     kube: Any,
     node: dict[str, Any],
-    source: Any,
+    inputs: tuple[Any, Any],
     watcher: Any,
     publisher: Any,
     preparer: Any,
 ) -> tuple[Any, Any]:
     """The health board over the node's health sources (the device source, where it judges
-    health) and the kubelet's health stream it feeds."""
+    health; the manual fence on the node's ComposableResources) and the kubelet's health
+    stream it feeds."""
     from dra_driver import health_stream
+    from dra_driver.fence_source import FenceSource
     from dra_driver.health_effects import HealthEffects
     from dra_driver.health_sources import HealthBoard
 
+    source, resources = inputs
     sources = [source] if hasattr(source, "reports") else []
+    sources.append(FenceSource(resources.items, lambda: watcher.devices))
 
     def names() -> list[str]:
         return [d.name for d in watcher.devices]

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from composable_dra.fabric import health as fabric_health
 from composable_dra.fabric.backend import Device, Inventory
 from composable_dra.model import health_rules
-from composable_dra.model.health import HealthReport
+from composable_dra.model.health import HealthReport, Reason
+from composable_dra.model.names import normalize_uuid
 from composable_dra.process import health_metrics, logs
 
 Debounced = health_rules.Debounced
@@ -63,3 +64,17 @@ def health_taints(dev: Device) -> list[dict[str, str]]:
     if dev.fault is None:
         return []
     return health_rules.taints(fabric_health.report(dev.id, dev.fault))
+
+
+def fence_inventory(inv: Inventory, fenced: Mapping[str, str]) -> Inventory:
+    """``inv`` with each fenced GPU (normalised UUID -> why, composable_dra.model.fence)
+    Quarantined, unless the fabric reports a worse fault already."""
+    if not fenced:
+        return inv
+    devices = {
+        block: dataclasses.replace(dev, fault=Reason.QUARANTINED)
+        if dev.fault is None and normalize_uuid(dev.uuid) in fenced
+        else dev
+        for block, dev in inv.devices.items()
+    }
+    return dataclasses.replace(inv, devices=devices)

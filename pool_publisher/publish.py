@@ -42,9 +42,9 @@ from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.k8s.quantity import format_bytes, parse_bytes
 from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
-from composable_dra.model import names
+from composable_dra.model import fence, names
 from composable_dra.process import logs
-from pool_publisher.pool_health import PoolHealth, health_taints
+from pool_publisher.pool_health import PoolHealth, fence_inventory, health_taints
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -722,6 +722,7 @@ class PoolPublisher(InformerDriven):
         self._attachments, self._live = attachments, live
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
+        fenced = fence.fenced(resources)
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]
             if meta.get("deletionTimestamp"):
@@ -733,6 +734,7 @@ class PoolPublisher(InformerDriven):
             except (FabricError, FabricConfigError) as exc:
                 log.warning("fabric skipped", fabric=name, error=str(exc))
                 continue
+            inv = fence_inventory(inv, fenced)
             if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
                 mine = {d for p, d in live if p.startswith(f"{name}/")}
                 inv = with_slots(inv, slot_holds(resources, name), mine)

@@ -76,7 +76,7 @@ def pod_gone(suite: Suite, ns: str, pod: str) -> bool:
 def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite(real_hosts=HOSTS, poll_interval_seconds=2, no_removal=4)
+    suite = make_suite(real_hosts=HOSTS, poll_interval_seconds=5, no_removal=4)
     suite_pod(suite, namespace, "p1")
     wait_running(suite, namespace, "p1")
     pool, block = block_of(suite, namespace, "p1")

@@ -184,3 +184,23 @@ def test_a_quiet_feed_is_resent_every_resend_seconds() -> None:
     for _ in servicer.NodeWatchResources(hv1.NodeWatchResourcesRequest(), ctx):
         ctx.sent += 1  # no change at all: three responses all the same
     assert ctx.sent == 3
+
+
+def test_the_fence_source_quarantines_the_fenced_gpu_of_this_node() -> None:
+    from composable_dra.model.names import ANN_FENCE
+    from dra_driver.fence_source import FenceSource
+
+    devices = [gpu(0), gpu(1)]
+    resources = [
+        {
+            "metadata": {"annotations": {ANN_FENCE: "memory errors in the burn-in"}},
+            "status": {"deviceUUID": devices[1].uuid.upper()},
+        }
+    ]
+    (got,) = FenceSource(lambda: resources, lambda: devices).reports()
+    assert (got.device, got.reason, got.message) == (
+        devices[1].name,
+        Reason.QUARANTINED,
+        "memory errors in the burn-in",
+    )
+    assert not got.fatal

@@ -67,3 +67,27 @@ def test_only_a_health_transition_rewrites_the_pool() -> None:
     zone_2 = [o for o in observed if o["spec"]["pool"]["name"] == "fab/zone-2"]
     again = plan_pools(faulty, [*zone_2, *served(plan.apply)], DRIVER, plan.generations)
     assert again.empty
+
+
+def test_a_fenced_gpu_is_quarantined_unless_the_fabric_says_worse() -> None:
+    from composable_dra.model import fence
+    from composable_dra.model.names import ANN_FENCE
+    from pool_publisher.pool_health import fence_inventory
+
+    resources = [
+        {
+            "metadata": {"annotations": {ANN_FENCE: "flaky under load"}},
+            "status": {"deviceUUID": "U-1"},
+        },
+        {"metadata": {"annotations": {ANN_FENCE: "x"}}, "status": {"deviceUUID": "u-2"}},
+        {"metadata": {}, "status": {"deviceUUID": "u-3"}},
+    ]
+    fenced = fence.fenced(resources)
+    assert fenced == {"u-1": "flaky under load", "u-2": "x"}
+    inv = with_fault(inventory(), "gpu-2", Reason.FABRIC_CRITICAL)
+    out = fence_inventory(inv, fenced)
+    assert out.devices["gpu-1"].fault is Reason.QUARANTINED
+    assert out.devices["gpu-2"].fault is Reason.FABRIC_CRITICAL
+    assert out.devices["gpu-3"].fault is None
+    assert taints_of(out, "gpu-1") == [(TAINT_KEY, "Quarantined", "NoSchedule")]
+    assert fence_inventory(inv, {}) is inv
