@@ -24,6 +24,7 @@ from typing import TypeVar
 from prometheus_client import Counter, Gauge, Histogram
 
 from composable_dra.k8s import retry
+from composable_dra.k8s.events import event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
 from composable_dra.lending.remote_leases import (
@@ -39,7 +40,6 @@ from composable_dra.lending.remote_leases import (
 )
 from composable_dra.process import logs
 from composable_dra.process.component import Controller
-from composable_dra.k8s.events import event_body
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"

@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra.k8s import kube_json
+from composable_dra.k8s.events import event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import own_slice_fields
 from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, NotFound, path
@@ -50,7 +51,6 @@ from device_scaler.decide import (
     quarantine_body,
     quarantine_rule_name,
 )
-from composable_dra.k8s.events import event_body
 from device_scaler.unseen import Unseen, hold_back
 from device_scaler.vendor import (
     Rescheduled,

@@ -8,6 +8,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -150,12 +151,12 @@ def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path
         svc = grpc.insecure_channel(f"unix://{server.service_path}")
         channels.append(svc)
         # v1alpha1 answers too, for older kubelets.
-        old = hv1alpha1_grpc.DRAResourceHealthStub(svc).NodeWatchResources(
+        old: Any = hv1alpha1_grpc.DRAResourceHealthStub(svc).NodeWatchResources(
             hv1alpha1.NodeWatchResourcesRequest(), timeout=5
         )
         assert next(old).devices[0].health == hv1alpha1.HEALTHY
         old.cancel()
-        stream = hv1_grpc.DRAResourceHealthStub(svc).NodeWatchResources(
+        stream: Any = hv1_grpc.DRAResourceHealthStub(svc).NodeWatchResources(
             hv1.NodeWatchResourcesRequest(), timeout=30
         )
         assert [d.health for d in next(stream).devices] == [hv1.HEALTHY]

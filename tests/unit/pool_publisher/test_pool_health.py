@@ -4,6 +4,7 @@ transition rewrites the pool."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from composable_dra.fabric.backend import Inventory
 from composable_dra.model.health import Reason
@@ -74,7 +75,7 @@ def test_a_fenced_gpu_is_quarantined_unless_the_fabric_says_worse() -> None:
     from composable_dra.model.names import ANN_FENCE
     from pool_publisher.pool_health import fence_inventory
 
-    resources = [
+    resources: list[dict[str, Any]] = [
         {
             "metadata": {"annotations": {ANN_FENCE: "flaky under load"}},
             "status": {"deviceUUID": "U-1"},
