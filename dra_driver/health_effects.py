@@ -7,22 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from composable_dra.k8s import events
-from composable_dra.model.health import Health, HealthReport
+from composable_dra.model.health import HealthReport
+from composable_dra.model.health_rules import event_of
 from composable_dra.process import health_metrics, logs
 from dra_driver.health_sources import States
 
 COMPONENT = "composable-dra-plugin"
-
-
-def event_of(report: HealthReport) -> tuple[str, str, str]:
-    """(type, reason, message) of the Event for a device's new state."""
-    if report.health is Health.HEALTHY:
-        return ("Normal", "DeviceHealthy", f"device {report.device} is healthy again")
-    why = report.reason.value if report.reason else report.health.value
-    text = f"device {report.device} is {report.health.value}: {why}"
-    if report.message:
-        text += f" ({report.message})"
-    return ("Warning", "DeviceUnhealthy", text)
 
 
 class HealthEffects:

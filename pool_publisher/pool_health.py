@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
+from api.v1alpha1 import API_VERSION
 from composable_dra.fabric import health as fabric_health
 from composable_dra.fabric.backend import Device, Inventory
+from composable_dra.k8s import events
 from composable_dra.model import health_rules
 from composable_dra.model.health import HealthReport, Reason
+from composable_dra.model.health_rules import event_of
 from composable_dra.model.names import normalize_uuid
 from composable_dra.process import health_metrics, logs
 
 Debounced = health_rules.Debounced
+COMPONENT = "composable-dra-pool-publisher"
 log = logs.get(__name__)
 
 
@@ -36,10 +41,12 @@ def debounce(
 
 
 class PoolHealth:
-    """Per fabric, the debounced states of its blocks."""
+    """Per fabric, the debounced states of its blocks; each transition is logged, counted
+    and posted as an Event on the Fabric (``kube``: None posts none)."""
 
-    def __init__(self, recover_after: int = health_rules.RECOVER_AFTER) -> None:
+    def __init__(self, recover_after: int = health_rules.RECOVER_AFTER, kube: Any = None) -> None:
         self.recover_after = recover_after
+        self._kube = kube
         self._states: dict[str, dict[str, Debounced]] = {}
 
     def observe(self, fabric: str, inv: Inventory) -> Inventory:
@@ -54,6 +61,10 @@ class PoolHealth:
                 health=report.health.value,
                 reason=report.reason.value if report.reason else None,
             )
+            if self._kube is not None:
+                involved = {"kind": "Fabric", "apiVersion": API_VERSION, "name": fabric}
+                kind, reason, message = event_of(report)
+                events.post(self._kube, involved, "default", kind, reason, message, COMPONENT)
         every = [s.report for f in self._states.values() for s in f.values()]
         health_metrics.record("pool-publisher", changed, every)
         return out

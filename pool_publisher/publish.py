@@ -586,7 +586,7 @@ class PoolPublisher(InformerDriven):
         self._all_dirty = True
         self._lock = threading.Lock()
         self._inventories: dict[str, tuple[Inventory, float]] = {}
-        self.health = PoolHealth()
+        self.health = PoolHealth(kube=kube)
         self._generations: dict[str, int] = {}
         self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set

@@ -111,3 +111,14 @@ def transitions(prev: Mapping[str, Debounced], nxt: Mapping[str, Debounced]) -> 
         elif before.report != state.report:
             out.append(state.report)
     return out
+
+
+def event_of(report: HealthReport) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event for a device's new state (for people)."""
+    if report.health is Health.HEALTHY:
+        return ("Normal", "DeviceHealthy", f"device {report.device} is healthy again")
+    why = report.reason.value if report.reason else report.health.value
+    text = f"device {report.device} is {report.health.value}: {why}"
+    if report.message:
+        text += f" ({report.message})"
+    return ("Warning", "DeviceUnhealthy", text)

@@ -8,7 +8,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from composable_dra.model.health import Health, HealthReport, Reason
-from dra_driver.health_effects import HealthEffects, event_of
+from composable_dra.model.health_rules import event_of
+from dra_driver.health_effects import HealthEffects
 
 
 class Kube:

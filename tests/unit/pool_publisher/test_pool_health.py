@@ -92,3 +92,24 @@ def test_a_fenced_gpu_is_quarantined_unless_the_fabric_says_worse() -> None:
     assert out.devices["gpu-3"].fault is None
     assert taints_of(out, "gpu-1") == [(TAINT_KEY, "Quarantined", "NoSchedule")]
     assert fence_inventory(inv, {}) is inv
+
+
+def test_each_pool_transition_is_an_event_on_the_fabric() -> None:
+    created: list[dict[str, Any]] = []
+
+    class Kube:
+        def create(self, where: str, body: dict[str, Any]) -> dict[str, Any]:
+            created.append(body)
+            return body
+
+    health = PoolHealth(recover_after=1, kube=Kube())
+    health.observe("fab", inventory())
+    assert created == []
+    health.observe("fab", with_fault(inventory(), "gpu-4", Reason.FABRIC_ABSENT))
+    health.observe("fab", with_fault(inventory(), "gpu-4", Reason.FABRIC_ABSENT))
+    health.observe("fab", inventory())
+    assert [(e["involvedObject"]["name"], e["reason"]) for e in created] == [
+        ("fab", "DeviceUnhealthy"),
+        ("fab", "DeviceHealthy"),
+    ]
+    assert "gpu-4" in created[0]["message"] and "FabricAbsent" in created[0]["message"]
