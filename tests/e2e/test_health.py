@@ -3,7 +3,9 @@ tainted in its pool within 10 s, the pod using it shows the health in its status
 (``allocatedResourcesStatus``, fed by the plugin's NodeWatchResources stream), a new pod
 gets a healthy GPU; a fatal fault evicts the pod (NoExecute) and its claim is served by
 another GPU; the faulty GPU is detached and stays out of use until the fault clears,
-after which it comes back; a healthy GPU stays Healthy in pod status for over 60 s."""
+after which it comes back; a healthy GPU stays Healthy in pod status for over 60 s. A GPU
+fenced by hand (``composable.dra.io/fence``) is quarantined, and a diagnostic pod that
+tolerates the quarantine still gets it."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ import time
 
 import pytest
 
+from api.v1alpha1 import API_VERSION as CR_API
 from composable_dra.k8s.kube import JSON, NotFound, path
+from composable_dra.model import names
 from composable_dra.model.health_rules import TAINT_KEY
+from composable_dra.model.names import ANN_FENCE, normalize_uuid
 from testbed.harness import Suite, SuiteOptions
-from testbed.objects import pod_body
+from testbed.objects import create_claim, pod_body
 from testbed.realnode_pods import for_real_node
 from testbed.realnodes import ENV_AND_WAIT, describe_nodes, suite_pod
 from testbed.wait import holds_for, wait_for
@@ -161,3 +166,100 @@ def pod_gone_entirely(suite: Suite, ns: str, pod: str) -> bool:
     except NotFound:
         return True
     return False
+
+
+def node_events(suite: Suite, node: str) -> list[JSON]:
+    items: list[JSON] = suite.kube.get(
+        path("v1", "events", namespace="default"),
+        fieldSelector=f"involvedObject.name={node},involvedObject.kind=Node",
+    )["items"]
+    return items
+
+
+def local_device(suite: Suite, host: str, uuid: str) -> JSON | None:
+    for dev in suite.local_devices(host):
+        if normalize_uuid(dev["attributes"]["uuid"]["string"]) == uuid:
+            return dev
+    return None
+
+
+def local_taints(suite: Suite, host: str, uuid: str) -> set[tuple[str, str]] | None:
+    dev = local_device(suite, host, uuid)
+    if dev is None:
+        return None
+    return {(t["value"], t["effect"]) for t in dev.get("taints", []) if t["key"] == TAINT_KEY}
+
+
+# Long because it is one scenario read top to bottom: each step starts from the last.
+def test_a_gpu_fenced_by_hand_is_quarantined_yet_a_diagnostic_pod_gets_it(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite(hosts=("node-1",), real_hosts=("node-1",))
+    suite_pod(suite, namespace, "p1")
+    pod = wait_running(suite, namespace, "p1")
+    node = pod["spec"]["nodeName"]
+    _, block = block_of(suite, namespace, "p1")
+    (cr,) = [r for r in suite.resources() if r["spec"]["deviceID"] == block]
+    cr_path = path(CR_API, "composableresources", cr["metadata"]["name"])
+    uuid = normalize_uuid(cr["status"]["deviceUUID"])
+    wait_for(lambda: pod_health(suite, namespace, "p1") == {"Healthy"}, 30, "p1 Healthy")
+
+    # Fenced: NoSchedule only, the running pod stays and shows it; an Event says so.
+    suite.kube.merge_patch(cr_path, {"metadata": {"annotations": {ANN_FENCE: "burn-in errors"}}})
+    wait_for(
+        lambda: pool_taints(suite, block) == {("Quarantined", "NoSchedule")},
+        10,
+        f"{block} quarantined in its pool",
+        describe=suite.describe,
+    )
+    wait_for(lambda: pod_health(suite, namespace, "p1") == {"Unhealthy"}, 30, "p1 Unhealthy")
+    messages = [e["message"] for e in node_events(suite, node) if e["reason"] == "DeviceUnhealthy"]
+    assert any("Quarantined" in m and "burn-in errors" in m for m in messages), messages
+    assert suite.running(namespace, "p1")
+
+    # p1 goes: the GPU, released, is the node's own now, still quarantined there.
+    suite.kube.delete(path("v1", "pods", "p1", namespace=namespace))
+    wait_for(
+        lambda: local_taints(suite, "node-1", uuid) == {("Quarantined", "NoSchedule")},
+        60,
+        "the released GPU published on the node, quarantined",
+        describe=suite.describe,
+    )
+    # A diagnostic pod that tolerates the quarantine (and names the GPU) gets it.
+    dev = local_device(suite, "node-1", uuid)
+    assert dev is not None
+    published_uuid = dev["attributes"]["uuid"]["string"]
+    create_claim(
+        suite.kube,
+        namespace,
+        "diag",
+        exactly={
+            "deviceClassName": names.DEVICE_CLASS,
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.attributes["{names.DRIVER}"].uuid == '
+                        f'"{published_uuid}"'
+                    }
+                }
+            ],
+            "tolerations": [
+                {
+                    "key": TAINT_KEY,
+                    "operator": "Equal",
+                    "value": "Quarantined",
+                    "effect": "NoSchedule",
+                }
+            ],
+        },
+    )
+    image = next(iter(suite.real_nodes.values())).image
+    diag = for_real_node(pod_body("diag", "diag", command=["sh", "-c", ENV_AND_WAIT]), node, image)
+    suite.kube.create(path("v1", "pods", namespace=namespace), diag)
+    wait_running(suite, namespace, "diag")
+    assert block_of(suite, namespace, "diag") == (node, dev["name"])
+
+    # Released by hand: the device is healthy again after the recovery reads.
+    suite.kube.merge_patch(cr_path, {"metadata": {"annotations": {ANN_FENCE: None}}})
+    wait_for(lambda: local_taints(suite, "node-1", uuid) == set(), 30, "the fence lifted")
+    wait_for(lambda: pod_health(suite, namespace, "diag") == {"Healthy"}, 30, "diag Healthy")
