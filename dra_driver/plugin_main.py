@@ -418,6 +418,7 @@ def _health_side(
         )
     )
     board.on_change(HealthEffects(kube, node, publisher.set_health, feed.changed))
+    preparer.listeners.append(feed.changed)
     return board, feed
 
 

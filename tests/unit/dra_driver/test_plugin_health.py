@@ -205,3 +205,19 @@ def test_the_fence_source_quarantines_the_fenced_gpu_of_this_node() -> None:
         "memory errors in the burn-in",
     )
     assert not got.fatal
+
+
+def test_each_prepare_and_unprepare_tells_the_listeners(short_tmp: Path) -> None:
+    preparer = Preparer(
+        DRIVER,
+        NODE,
+        FakeApi(),
+        list,
+        Checkpoint(short_tmp / "cp.json", "boot"),
+        None,  # type: ignore[arg-type]
+    )
+    told: list[None] = []
+    preparer.listeners.append(lambda: told.append(None))
+    preparer.prepare([])
+    preparer.unprepare([])
+    assert len(told) == 2
