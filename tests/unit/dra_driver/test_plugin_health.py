@@ -126,17 +126,22 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path) -> None:
-    states: dict[str, HealthReport] = {}
-    feed = health_stream.HealthFeed(lambda: health_stream.entries(NODE, ["gpu-a"], states, []))
-    preparer = Preparer(
+def empty_preparer(tmp: Path) -> Preparer:
+    """A preparer of no devices (no CDI writer: nothing is prepared)."""
+    return Preparer(
         DRIVER,
         NODE,
         FakeApi(),
         list,
-        Checkpoint(short_tmp / "cp.json", "boot"),
+        Checkpoint(tmp / "cp.json", "boot"),
         None,  # type: ignore[arg-type]
     )
+
+
+def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path) -> None:
+    states: dict[str, HealthReport] = {}
+    feed = health_stream.HealthFeed(lambda: health_stream.entries(NODE, ["gpu-a"], states, []))
+    preparer = empty_preparer(short_tmp)
     server = PluginServer(
         preparer, DRIVER, short_tmp / "reg", short_tmp / "plugins", health_feed=feed
     )
@@ -208,14 +213,7 @@ def test_the_fence_source_quarantines_the_fenced_gpu_of_this_node() -> None:
 
 
 def test_each_prepare_and_unprepare_tells_the_listeners(short_tmp: Path) -> None:
-    preparer = Preparer(
-        DRIVER,
-        NODE,
-        FakeApi(),
-        list,
-        Checkpoint(short_tmp / "cp.json", "boot"),
-        None,  # type: ignore[arg-type]
-    )
+    preparer = empty_preparer(short_tmp)
     told: list[None] = []
     preparer.listeners.append(lambda: told.append(None))
     preparer.prepare([])
