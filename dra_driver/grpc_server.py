@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -31,7 +32,8 @@ from api.pluginregistration.v1 import api_pb2 as reg
 from api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from api.v1alpha1 import ClaimRef
 from composable_dra.process import logs
-from dra_driver import claimref
+from dra_driver import claimref, health_stream
+from dra_driver.health_stream import HealthFeed
 from dra_driver.prepare import Preparer, PrepareResult
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
@@ -66,8 +68,10 @@ def service_socket(plugins_dir: Path, driver: str, uid: str = "") -> Path:
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: Path) -> None:
+    def __init__(self, driver: str, endpoint: Path, services: Sequence[str] = ()) -> None:
         self.driver, self.endpoint = driver, endpoint
+        # The kubelet opens the health stream only for a service listed here.
+        self.versions = [*SUPPORTED_VERSIONS, *services]
         self.registered: bool | None = None
         self._log = logs.get(__name__)
 
@@ -76,7 +80,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             type=PLUGIN_TYPE,
             name=self.driver,
             endpoint=str(self.endpoint),
-            supported_versions=SUPPORTED_VERSIONS,
+            supported_versions=self.versions,
         )
 
     def NotifyRegistrationStatus(
@@ -190,17 +194,22 @@ class PluginServer:
         *,
         health_port: int = 0,
         rolling_update_uid: str = "",
+        health_feed: HealthFeed | None = None,
     ) -> None:
         self.registration_path = registration_socket(
             plugins_registry_dir, driver, rolling_update_uid
         )
         self.service_path = service_socket(plugins_dir, driver, rolling_update_uid)
-        self.registration = RegistrationServicer(driver, self.service_path)
+        services = health_stream.SERVICES if health_feed is not None else []
+        self.registration = RegistrationServicer(driver, self.service_path, services)
+        self._feed = health_feed
         self.health = health.HealthServicer()
         self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=_SERVICE_WORKERS))
         v1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1), self._service)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1beta1), self._service)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._service)
+        if health_feed is not None:
+            health_stream.add_to_server(health_feed, self._service)
         self._registrar = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         reg_grpc.add_RegistrationServicer_to_server(self.registration, self._registrar)
         # The liveness probe may use TCP; that server carries health only, never DRA.
@@ -232,6 +241,8 @@ class PluginServer:
 
     def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        if self._feed is not None:
+            self._feed.stop()  # the kubelet's stream ends now, not at its next resend
         self._registrar.stop(grace).wait()
         self._service.stop(grace).wait()
         if self._health_server is not None:

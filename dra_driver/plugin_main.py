@@ -76,6 +76,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     env_flag(
         p,
+        "--health-interval",
+        "2",
+        type=float,
+        help="seconds between reads of the devices' health sources (env HEALTH_INTERVAL)",
+    )
+    env_flag(
+        p,
+        "--health-recover-after",
+        "3",
+        type=int,
+        help="healthy reads in a row before an unhealthy device is healthy again "
+        "(env HEALTH_RECOVER_AFTER)",
+    )
+    env_flag(
+        p,
         "--host-rescan-command",
         help="run before looking for a device the fabric just attached, e.g. "
         "\"sh -c 'echo 1 > /sys/bus/pci/rescan'\" (default: just read the source again)",
@@ -250,7 +265,7 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
     return NvmlSource(**kw)
 
 
-# The plugin's composition root: it builds each part and wires them together; what they
+# Long because it is the plugin's composition root: it builds each part and wires them; what they
 # decide lives in the parts, so splitting this would only scatter the wiring.
 def run(args: argparse.Namespace) -> int:
     from composable_dra.k8s.kube import Kube, path
@@ -280,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     )
     client = _lease_client(args)
     source = _make_source(args, node)
-    watcher, visibility = _device_side(args, kube, publisher, source)
+    watcher, visibility, resources = _device_side(args, kube, publisher, source)
     preparer = Preparer(
         args.driver_name,
         args.node_name,
@@ -295,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         if lend is not None
         else None
     )
+    board, feed = _health_side(args, kube, node, (source, resources), watcher, publisher, preparer)
     server = PluginServer(
         preparer,
         args.driver_name,
@@ -302,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
         args.plugins_dir,
         health_port=args.health_port,
         rolling_update_uid=rolling_update_uid,
+        health_feed=feed,
     )
 
     stop = _stop_on_signal(log)
@@ -311,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     publisher.start()
     if poller is not None:
         poller.start()
+    board.start(args.health_interval)
     server.start()
     log.info(
         "plugin started",
@@ -323,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
         stop.wait()
     finally:
         server.stop()
+        board.stop()
         watcher.stop()
         visibility.stop()
         if poller is not None:
@@ -333,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _device_side(
     args: argparse.Namespace, kube: Any, publisher: Any, source: Any
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, Any]:
     """The watcher of the node's devices and the DeviceVisible reporter.
 
     Devices serving a pool allocation keep their pool identity: the gate decides what the
@@ -382,7 +401,42 @@ def _device_side(
             command=args.host_release_command,
         ),
     )
-    return watcher, visibility
+    return watcher, visibility, resources
+
+
+def _health_side(
+    args: argparse.Namespace,
+    kube: Any,
+    node: dict[str, Any],
+    inputs: tuple[Any, Any],
+    watcher: Any,
+    publisher: Any,
+    preparer: Any,
+) -> tuple[Any, Any]:
+    """The health board over the node's health sources (the device source, where it judges
+    health; the manual fence on the node's ComposableResources) and the kubelet's health
+    stream it feeds."""
+    from dra_driver import health_stream
+    from dra_driver.fence_source import FenceSource
+    from dra_driver.health_effects import HealthEffects
+    from dra_driver.health_sources import HealthBoard
+
+    source, resources = inputs
+    sources = [source] if hasattr(source, "reports") else []
+    sources.append(FenceSource(resources.items, lambda: watcher.devices))
+
+    def names() -> list[str]:
+        return [d.name for d in watcher.devices]
+
+    board = HealthBoard(sources, names, recover_after=args.health_recover_after)
+    feed = health_stream.HealthFeed(
+        lambda: health_stream.entries(
+            args.node_name, names(), board.states(), preparer.prepared_devices()
+        )
+    )
+    board.on_change(HealthEffects(kube, node, publisher.set_health, feed.changed))
+    preparer.listeners.append(feed.changed)
+    return board, feed
 
 
 def _stop_on_signal(log: Any) -> threading.Event:

@@ -242,6 +242,9 @@ class Preparer:
         self._remote = remote
         self._lock = threading.Lock()
         self._log = logs.get(__name__, node=node_name)
+        # Called after each prepare and unprepare (the health stream sends the claims'
+        # devices at once, so a new pod's status shows their health without a wait).
+        self.listeners: list[Callable[[], None]] = []
         metrics.PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
@@ -268,7 +271,12 @@ class Preparer:
                         error=out[ref.uid].error,
                     )
             metrics.PREPARED_CLAIMS.set(len(self._checkpoint.claims))
+        self._notify()
         return out
+
+    def _notify(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         why = claimref.problem(ref.namespace, ref.name, ref.uid)
@@ -321,6 +329,12 @@ class Preparer:
         )
         return record.devices
 
+    def prepared_devices(self) -> list[PreparedDevice]:
+        """Every device of every claim prepared here (the health stream's identities)."""
+        with self._lock:
+            records = list(self._checkpoint.claims.values())
+        return [d for r in records for d in r.devices]
+
     def held(self) -> list[tuple[str, QosProfile | None]]:
         """This node's devices held by a claim, each with the QoS profile its claim
         declared (None: none), for the QoS attributes (``lend_status``)."""
@@ -360,6 +374,7 @@ class Preparer:
                     outcome = "error"
                 metrics.UNPREPARE_SECONDS.labels(outcome).observe(time.perf_counter() - start)
             metrics.PREPARED_CLAIMS.set(len(self._checkpoint.claims))
+        self._notify()
         return out
 
     def _release_remote(self, ref: ClaimRef) -> None:

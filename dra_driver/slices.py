@@ -18,7 +18,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +30,10 @@ from composable_dra.k8s.quantity import format_bytes, parse_bytes
 from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.lending import netaware
+from composable_dra.model.health import HealthReport
 from composable_dra.model.names import normalize_uuid
 from composable_dra.process import logs
-from dra_driver import metrics
+from dra_driver import health_taints, metrics
 from dra_driver.device_source import DeviceInfo
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -350,8 +351,10 @@ def desired_slices(
     lend: LendPolicy | None = None,
     keep: Collection[str] = frozenset(),
     state: LendState = LendState(),
+    health: Mapping[str, HealthReport] | None = None,
 ) -> list[dict[str, Any]]:
-    """The full set of slices for the node's pool at ``generation``.
+    """The full set of slices for the node's pool at ``generation``; an unhealthy device
+    (and its remote-lease twin) carries its health taints.
 
     No devices still gives one (empty) slice, so the pool and its generation stay visible.
     """
@@ -365,6 +368,9 @@ def desired_slices(
         layout = [
             {"nodeName": node_name, "devices": [device_entry(d) for d in chunk]} for chunk in chunks
         ]
+    if health:
+        twins = {remote_device_name(n): r for n, r in health.items()}
+        layout = health_taints.apply(layout, {**health, **twins})
     return [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -476,6 +482,7 @@ def plan_slices(
     lend: LendPolicy | None = None,
     keep: Collection[str] = frozenset(),
     state: LendState = LendState(),
+    health: Mapping[str, HealthReport] | None = None,
 ) -> SlicePlan:
     """What to apply and delete so the observed slices become the desired ones.
 
@@ -490,7 +497,15 @@ def plan_slices(
         ]
     )
     at_current = desired_slices(
-        node_name, node_uid, driver, devices, current, lend=lend, keep=keep, state=state
+        node_name,
+        node_uid,
+        driver,
+        devices,
+        current,
+        lend=lend,
+        keep=keep,
+        state=state,
+        health=health,
     )
     names = {s["metadata"]["name"] for s in at_current}
     if (
@@ -503,7 +518,15 @@ def plan_slices(
     return SlicePlan(
         generation,
         apply=desired_slices(
-            node_name, node_uid, driver, devices, generation, lend=lend, keep=keep, state=state
+            node_name,
+            node_uid,
+            driver,
+            devices,
+            generation,
+            lend=lend,
+            keep=keep,
+            state=state,
+            health=health,
         ),
         delete=sorted(set(observed_by_name) - names),
     )
@@ -536,6 +559,7 @@ class SlicePublisher:
         self._devices: list[DeviceInfo] | None = None
         self._keep: frozenset[str] = frozenset()
         self._state = LendState()
+        self._health: dict[str, HealthReport] = {}
         self._generation = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -576,6 +600,12 @@ class SlicePublisher:
         """The devices to publish; ``keep``: UUIDs of GPUs never to lend."""
         self._devices, self._keep = list(devices), frozenset(keep)
         self._wake.set()
+
+    def set_health(self, states: Mapping[str, HealthReport]) -> None:
+        """The devices' health (their taints); republish on change."""
+        if dict(states) != self._health:
+            self._health = dict(states)
+            self._wake.set()
 
     def set_lend_state(self, state: LendState) -> None:
         """What the donor measured (the taint, the lease counter); republish on change."""
@@ -639,6 +669,7 @@ class SlicePublisher:
             lend=self.lend,
             keep=keep,
             state=self._state,
+            health=self._health,
         )
         write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generation = plan.generation

@@ -304,7 +304,11 @@ def _cpu(host_id: str) -> dict[str, Any]:
     )
 
 
-def _gpu(block: Block, uri: str, pid: str) -> dict[str, Any]:
+def _block_status(v: ReadView, block_id: str) -> dict[str, str]:
+    return dict(v.comp.status.get(block_id) or _ok())
+
+
+def _gpu(block: Block, uri: str, pid: str, status: dict[str, str]) -> dict[str, Any]:
     return _resource(
         "Processor",
         uri,
@@ -321,7 +325,7 @@ def _gpu(block: Block, uri: str, pid: str) -> dict[str, Any]:
                 "CapacityMiB": block.memory_mib,
             }
         ],
-        Status=_ok(),
+        Status=status,
         Links={"Chassis": link(f"{CHASSIS}/{enclosure_id(block.zone)}")},
     )
 
@@ -351,7 +355,7 @@ def _gpu_block(v: ReadView, block_id: str) -> dict[str, Any]:
         f"GPU block {block_id}",
         Description=f"{block.model} in {block.zone}",
         ResourceBlockType=["Processor"],
-        Status=_ok(),
+        Status=_block_status(v, block_id),
         Pool="Active" if state != "Unused" else "Free",
         CompositionStatus=_composition_status(state, 1 if host else 0),
         Processors=[link(f"{BLOCKS}/{block_id}/Processors/GPU0")],
@@ -588,7 +592,7 @@ def _processor(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     if pid == "CPU0":
         return _cpu(host)
     if v.comp.attached.get(pid) == host:
-        return _gpu(v.topology.blocks[pid], m[0], pid)
+        return _gpu(v.topology.blocks[pid], m[0], pid, _block_status(v, pid))
     return None
 
 
@@ -611,7 +615,7 @@ def _block(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
 
 def _block_gpu(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:
     block = v.topology.blocks.get(m[1])
-    return None if block is None else _gpu(block, m[0], "GPU0")
+    return None if block is None else _gpu(block, m[0], "GPU0", _block_status(v, block.id))
 
 
 def _chassis(v: ReadView, m: re.Match[str]) -> dict[str, Any] | None:

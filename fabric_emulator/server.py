@@ -21,8 +21,18 @@ from aiohttp import web
 from composable_dra.process import logs
 from composable_dra.serving.http import HttpServer, serve_app
 from composable_dra.serving.limits import ServerLimits
+from fabric_emulator import (
+    block_status,
+    host_bus,
+    limits,
+    messages,
+    persistence,
+    query,
+    resources,
+    state,
+    tasks,
+)
 from fabric_emulator import faults as faults_mod
-from fabric_emulator import host_bus, limits, messages, persistence, query, resources, state, tasks
 from fabric_emulator.auth import SESSIONS, Auth, is_public
 from fabric_emulator.resources import ROOT, SYSTEMS, ReadView
 from fabric_emulator.state import Composition, RedfishError
@@ -205,6 +215,7 @@ class Emulator:
                     "memory_mib": b.memory_mib,
                     "state": self.comp.state_of(b.id),
                     "system": self.comp.attached.get(b.id) or self.comp.composing.get(b.id),
+                    "status": self.comp.status.get(b.id, block_status.OK),
                 }
                 for b in self.topology.blocks.values()
             },
@@ -237,6 +248,8 @@ class Emulator:
         app.router.add_get("/admin/state", self._admin_state)
         app.router.add_post("/admin/reset", self._admin_reset)
         app.router.add_get("/admin/healthz", self._admin_healthz)
+        app.router.add_put("/admin/blocks/{id}/status", self._admin_block_status)
+        app.router.add_delete("/admin/blocks/{id}/status", self._admin_block_status)
         return app
 
     @web.middleware
@@ -652,6 +665,24 @@ class Emulator:
         self.config.task_seconds = raw.get("task_seconds", self.config.task_seconds)
         log.info("config changed", **self._config_json())
         return web.json_response(self._config_json())
+
+    async def _admin_block_status(self, request: web.Request) -> web.StreamResponse:
+        block = request.match_info["id"]
+        if block not in self.topology.blocks:
+            return self._admin_error("no such block", 404)
+        status = None
+        if request.method == "PUT":
+            try:
+                status = block_status.parse(await self._admin_json(request))
+            except block_status.StatusError as exc:
+                return self._admin_error(str(exc))
+        async with self.lock:
+            if status is None or status == block_status.OK:
+                self.comp.status.pop(block, None)
+            else:
+                self.comp.status[block] = status
+        log.info("block status set", block=block, status=status or block_status.OK)
+        return web.json_response(status or block_status.OK)
 
     async def _admin_state(self, request: web.Request) -> web.StreamResponse:
         async with self.lock:

@@ -44,6 +44,8 @@ class Composition:
     attached: dict[str, str] = field(default_factory=dict)  # block -> host
     composing: dict[str, str] = field(default_factory=dict)  # block -> host, async attach
     detaching: dict[str, str] = field(default_factory=dict)  # block -> host, async detach
+    # block -> the Redfish Status a test set (fabric_emulator/block_status.py); else OK
+    status: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def blocks_of(self, host_id: str) -> list[str]:
         return sorted(b for b, h in self.attached.items() if h == host_id)

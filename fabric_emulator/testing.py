@@ -204,6 +204,10 @@ class EmulatorProcess:
     def clear_faults(self) -> None:
         self.admin("DELETE", "faults")
 
+    def set_block_status(self, block: str, health: str = "OK", state: str = "Enabled") -> None:
+        """The Redfish Status the block and its GPU report from now on."""
+        self.admin("PUT", f"blocks/{block}/status", {"Health": health, "State": state})
+
     def configure(self, **settings: int) -> dict[str, Any]:
         """Change ``async_polls`` / ``retry_after`` at run time."""
         result: dict[str, Any] = self.admin("PATCH", "config", settings)

@@ -42,9 +42,10 @@ from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.k8s.quantity import format_bytes, parse_bytes
 from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
-from composable_dra.model import names
+from composable_dra.model import fence, names
 from composable_dra.process import logs
 from pool_publisher.class_clash import ClassClashWatch
+from pool_publisher.pool_health import PoolHealth, fence_inventory, health_taints
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -287,8 +288,11 @@ def device_entry(
         "bindingConditions": [names.FABRIC_DEVICE_READY],
         "bindingFailureConditions": [names.FABRIC_DEVICE_FAILED, names.FABRIC_DEVICE_RESCHEDULE],
     }
+    taints = health_taints(dev)
     if allocated:
-        entry["taints"] = [{"key": ALLOCATED_TAINT, "value": "true", "effect": "NoSchedule"}]
+        taints.insert(0, {"key": ALLOCATED_TAINT, "value": "true", "effect": "NoSchedule"})
+    if taints:
+        entry["taints"] = taints
     if dev.memory_mib:
         entry["capacity"] = {"memory": {"value": format_bytes(dev.memory_mib * 2**20)}}
     return entry
@@ -318,7 +322,7 @@ def pool_slices(
 ) -> list[JSON]:
     """All slices of a pool at ``generation`` (an empty pool still has one slice)."""
     devices = sorted(spec.devices, key=lambda d: device_name(d.id))
-    if spec.allocated:
+    if spec.allocated or any(d.fault for d in spec.devices):
         max_per_slice = min(max_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     chunks = [devices[i : i + max_per_slice] for i in range(0, len(devices), max_per_slice)] or [[]]
     # One term; matchFields allows a single value only, so nodes are matched by hostname.
@@ -583,6 +587,7 @@ class PoolPublisher(InformerDriven):
         self._all_dirty = True
         self._lock = threading.Lock()
         self._inventories: dict[str, tuple[Inventory, float]] = {}
+        self.health = PoolHealth(kube=kube)
         self._generations: dict[str, int] = {}
         self._in_place: dict[str, InPlace] = {}
         wake = self._wake.set
@@ -685,6 +690,7 @@ class PoolPublisher(InformerDriven):
                 "fabric unreachable; keeping its last inventory", fabric=name, error=str(exc)
             )
             return spec, cached[0]
+        inv = self.health.observe(name, inv)
         self._inventories[name] = (inv, time.monotonic())
         return spec, inv
 
@@ -721,6 +727,7 @@ class PoolPublisher(InformerDriven):
         self._attachments, self._live = attachments, live
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
+        fenced = fence.fenced(resources)
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]
             if meta.get("deletionTimestamp"):
@@ -732,6 +739,7 @@ class PoolPublisher(InformerDriven):
             except (FabricError, FabricConfigError) as exc:
                 log.warning("fabric skipped", fabric=name, error=str(exc))
                 continue
+            inv = fence_inventory(inv, fenced)
             if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
                 mine = {d for p, d in live if p.startswith(f"{name}/")}
                 inv = with_slots(inv, slot_holds(resources, name), mine)

@@ -40,3 +40,22 @@ def wait_for(
                 last_error
             )
         time.sleep(interval)
+
+
+def holds_for(
+    condition: Callable[[], object],
+    seconds: float,
+    what: str,
+    interval: float = 0.5,
+    describe: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``condition`` for ``seconds``; fail at the first poll where it is false (an
+    invariant over a span of time, such as "stays Healthy for a minute")."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not condition():
+            detail = f"; observed: {describe()}" if describe else ""
+            raise WaitTimeout(f"{what} stopped holding{detail}")
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from composable_dra.model.health import Reason
+
 # Re-exported: callers of a backend compare the UUIDs it reports with it.
 from composable_dra.model.names import normalize_uuid as normalize_uuid
 
@@ -114,6 +116,7 @@ class Device:
     host: str | None = None  # the host it is attached to
     memory_mib: int = 0
     manufacturer: str = ""
+    fault: Reason | None = None  # what the fabric manager reports wrong with it (None: ok)
 
 
 @dataclass(frozen=True, slots=True)

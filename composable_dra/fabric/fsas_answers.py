@@ -28,6 +28,7 @@ from composable_dra.fabric.backend import (
     OperationFailedError,
     status_error,
 )
+from composable_dra.fabric.health import fsas_fault
 from composable_dra.fabric.http_answer import parse_json
 from composable_dra.fabric.retry_after import busy_wait
 
@@ -155,6 +156,7 @@ def device_of(resource: Mapping[str, Any], machine: str | None, zone: str) -> De
         uuid=_text(resource.get("res_serial_num")),
         state=("attached" if machine else "free") if healthy else "busy",
         host=machine,
+        fault=fsas_fault(resource),
     )
 
 

@@ -50,6 +50,7 @@ from composable_dra.fabric.backend import (
     Zone,
     status_error,
 )
+from composable_dra.fabric.health import redfish_fault
 from composable_dra.fabric.retry_after import busy_wait, poll_hint
 
 ROOT = "/redfish/v1"
@@ -345,7 +346,14 @@ class RedfishCompositionBackend:
             host=systems[0] if systems and state != "free" else None,
             memory_mib=memory,
             manufacturer=str(gpu.get("Manufacturer", "")),
+            fault=redfish_fault(block, *self._inlined_gpus(block)),
         )
+
+    @staticmethod
+    def _inlined_gpus(block: dict[str, Any]) -> list[dict[str, Any]]:
+        """The block's GPU Processors as $expand inlined them in this read (their Status
+        changes, so never from the facts kept by ``_gpu_of``)."""
+        return [p for p in block.get("Processors", []) if len(p) > 1]
 
     def _gpu_of(self, block: dict[str, Any]) -> dict[str, Any] | None:
         """The block's GPU Processor; its model, UUID and memory never change, so kept."""

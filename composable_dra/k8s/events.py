@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import uuid
 from typing import Any
+
+from composable_dra.k8s.kube import KubeError, path
 
 JSON = dict[str, Any]
 
@@ -30,3 +33,12 @@ def event_body(
         "reportingComponent": component,
         "reportingInstance": component,
     }
+
+
+def post(
+    kube: Any, involved: JSON, namespace: str, kind: str, reason: str, message: str, component: str
+) -> None:
+    """Post an Event; a failure is dropped (Events are for people, never for logic)."""
+    body = event_body(involved, namespace, kind, reason, message, component)
+    with contextlib.suppress(KubeError):
+        kube.create(path("v1", "events", namespace=namespace), body)

@@ -35,6 +35,9 @@ ANN_POOL_DEVICE = f"{PREFIX}/pool-device"
 ANN_IN_USE_BY = f"{PREFIX}/in-use-by"
 ANN_EXPIRES = f"{PREFIX}/expires-at"
 QUARANTINE_LABEL = f"{PREFIX}/quarantine"
+# Set by a person on a ComposableResource to fence its GPU by hand (the value says why):
+# the GPU is Unhealthy (Quarantined), tainted NoSchedule, until the annotation goes.
+ANN_FENCE = f"{PREFIX}/fence"
 # Set by the operator on the resources it creates for orphans; "adopt": the scaler keeps
 # them, idle like any GPU it attached.
 ANN_ADOPTED = f"{PREFIX}/adopted"

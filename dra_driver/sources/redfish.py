@@ -16,7 +16,10 @@ from typing import Any
 
 import yaml
 
+from composable_dra.fabric import health as fabric_health
 from composable_dra.fabric import members
+from composable_dra.fabric.health import redfish_fault
+from composable_dra.model.health import HealthReport, Reason
 from dra_driver.device_source import DeviceInfo, device_name_for
 
 _MiB = 2**20
@@ -120,6 +123,7 @@ class RedfishSource:
         self._system_path: str | None = None
         self.endpoint = endpoint
         self._expand: members.Expand | None = None  # what the ServiceRoot advertises
+        self._faults: dict[str, Reason | None] = {}
 
     def _get(self, path: str) -> dict[str, Any]:
         if self._credentials is not None and not self._logged_in:
@@ -162,11 +166,20 @@ class RedfishSource:
         if not processors:
             return []
         devices = []
+        faults: dict[str, Reason | None] = {}
         for proc in self._members(processors):
             dev = gpu_from_processor(proc)
             if dev is not None:
                 devices.append(dev)
+            if proc.get("ProcessorType") == "GPU" and proc.get("UUID"):
+                faults[device_name_for(str(proc["UUID"]))] = redfish_fault(proc)
+        self._faults = faults  # one assignment: reports() reads it from another thread
         return devices
+
+    def reports(self) -> list[HealthReport]:
+        """The fabric's word on this host's GPUs at the last read (a HealthSource): an
+        Absent one, which list_devices leaves out, is reported too."""
+        return [fabric_health.report(name, fault) for name, fault in self._faults.items()]
 
     def close(self) -> None:
         self._client = None

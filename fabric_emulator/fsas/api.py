@@ -10,10 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fabric_emulator import limits
+from fabric_emulator import block_status, limits
 from fabric_emulator.topology import Block, Host, Topology
 
 GPU = "gpu"
@@ -214,13 +215,20 @@ def fabric_index(topology: Topology, zone: str) -> int:
     return list(topology.zones).index(zone) + 1
 
 
-def resource_json(topology: Topology, block: Block, machine: Host | None) -> dict[str, Any]:
+def resource_json(
+    topology: Topology,
+    block: Block,
+    machine: Host | None,
+    status: Mapping[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A GPU resource; ``status``: the Redfish Status tests set per block, as the FM's
+    res_op_status (block_status.fsas_op_status)."""
     return {
         "res_uuid": block.id,
         "res_name": block.id,
         "res_type": GPU,
         "res_status": 4,
-        "res_op_status": "0",
+        "res_op_status": block_status.fsas_op_status((status or {}).get(block.id)),
         "res_serial_num": block.uuid,
         "res_spec": {"condition": [{"column": "model", "operator": "eq", "value": block.model}]},
         "fabric_uuid": block.zone,
@@ -230,7 +238,11 @@ def resource_json(topology: Topology, block: Block, machine: Host | None) -> dic
 
 
 def machine_json(
-    topology: Topology, host: Host, attached: list[str], tenant: str
+    topology: Topology,
+    host: Host,
+    attached: list[str],
+    tenant: str,
+    status: Mapping[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """A machine; its fabric is its first zone (an FM machine sits in one fabric)."""
     zones = topology.zones_of_host(host.id)
@@ -244,5 +256,5 @@ def machine_json(
         "mach_status": 15,
         "mach_status_detail": "ACTIVE",
         "tenant_uuid": tenant,
-        "resources": [resource_json(topology, topology.blocks[b], host) for b in attached],
+        "resources": [resource_json(topology, topology.blocks[b], host, status) for b in attached],
     }

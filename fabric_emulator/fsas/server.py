@@ -211,7 +211,9 @@ class FsasEmulator(Emulator):
         return host
 
     def _machine(self, host: Host) -> dict[str, Any]:
-        return api.machine_json(self.topology, host, self.comp.blocks_of(host.id), self.fsas.tenant)
+        return api.machine_json(
+            self.topology, host, self.comp.blocks_of(host.id), self.fsas.tenant, self.comp.status
+        )
 
     def _machines(self, only: Host | None) -> web.Response:
         hosts = [only] if only else list(self.topology.hosts.values())
@@ -223,7 +225,10 @@ class FsasEmulator(Emulator):
         for b in blocks:
             host_id = self.comp.attached.get(b.id)
             r = api.resource_json(
-                self.topology, b, self.topology.hosts[host_id] if host_id else None
+                self.topology,
+                b,
+                self.topology.hosts[host_id] if host_id else None,
+                self.comp.status,
             )
             if b.id in self.comp.composing or b.id in self.comp.detaching:
                 r["res_op_status"] = "3"  # being changed (through Redfish)

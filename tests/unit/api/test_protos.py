@@ -7,16 +7,25 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from api.dra.v1 import api_pb2 as dra_v1
 from api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from api.dra_health.v1 import api_pb2 as health_v1
+from api.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from api.pluginregistration.v1 import api_pb2 as registration
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
-PROTO_DIRS = ("api/dra/v1", "api/dra/v1beta1", "api/pluginregistration/v1")
+PROTO_DIRS = (
+    "api/dra/v1",
+    "api/dra/v1beta1",
+    "api/pluginregistration/v1",
+    "api/dra_health/v1",
+    "api/dra_health/v1alpha1",
+)
 
 
 def test_committed_stubs_are_current(tmp_path: Path) -> None:
@@ -77,18 +86,43 @@ def test_v1_device_has_share_id() -> None:
     assert "share_id" not in dra_v1beta1.DESCRIPTOR.message_types_by_name["Device"].fields_by_name
 
 
+def numbers(desc: Any, message: str) -> dict[str, int]:
+    """A message's fields by name, with their numbers."""
+    return {n: f.number for n, f in desc.message_types_by_name[message].fields_by_name.items()}
+
+
 def test_registration_contract() -> None:
     desc = registration.DESCRIPTOR
     assert desc.package == "pluginregistration"
     service = desc.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
     assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
-    info = desc.message_types_by_name["PluginInfo"].fields_by_name
-    assert {n: f.number for n, f in info.items()} == {
+    assert numbers(desc, "PluginInfo") == {
         "type": 1,
         "name": 2,
         "endpoint": 3,
         "supported_versions": 4,
     }
-    status = desc.message_types_by_name["RegistrationStatus"].fields_by_name
-    assert {n: f.number for n, f in status.items()} == {"plugin_registered": 1, "error": 2}
+    assert numbers(desc, "RegistrationStatus") == {"plugin_registered": 1, "error": 2}
+
+
+@pytest.mark.parametrize(("module", "package"), [(health_v1, "v1"), (health_v1alpha1, "v1alpha1")])
+def test_dra_health_contract(module: object, package: str) -> None:
+    """The kubelet calls /<package>.DRAResourceHealth/NodeWatchResources (dra-health)."""
+    desc = module.DESCRIPTOR  # type: ignore[attr-defined]
+    assert desc.package == package
+    service = desc.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{package}.DRAResourceHealth"
+    (method,) = service.methods
+    assert (method.name, method.server_streaming) == ("NodeWatchResources", True)
+    assert numbers(desc, "DeviceHealth") == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert numbers(desc, "DeviceIdentifier") == {"pool_name": 1, "device_name": 2}
+    assert numbers(desc, "NodeWatchResourcesResponse") == {"devices": 1}
+    values = desc.enum_types_by_name["HealthStatus"].values_by_name
+    assert {n: v.number for n, v in values.items()} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}

@@ -312,3 +312,23 @@ def test_credentials_from_file_or_env(tmp_path: Path, monkeypatch: pytest.Monkey
     path.write_text("username: only\n")
     with pytest.raises(RedfishError):
         load_credentials(path)
+
+
+def test_redfish_source_reports_its_gpus_fabric_status(fabric: FakeRedfish) -> None:
+    from composable_dra.model.health import Health, Reason
+
+    src = RedfishSource(f"http://127.0.0.1:{fabric.port}", SYSTEM_UUID)
+    assert src.reports() == []  # nothing read yet: nothing judged
+    fabric.processors["gpu0"]["Status"] = {"State": "Enabled", "Health": "Critical"}
+    fabric.processors["gpu1"]["Status"] = {"State": "Absent", "Health": "OK"}
+    names = [d.name for d in src.list_devices()]
+    by_device = {r.device: r for r in src.reports()}
+    assert by_device[names[0]].reason is Reason.FABRIC_CRITICAL
+    # The Absent GPU leaves the device list but is still reported, as gone.
+    assert len(names) == 1
+    (absent,) = [r for d, r in by_device.items() if d != names[0]]
+    assert absent.reason is Reason.FABRIC_ABSENT and absent.fatal
+    fabric.processors["gpu0"]["Status"] = {"State": "Enabled", "Health": "OK"}
+    src.list_devices()
+    assert {r.device: r.health for r in src.reports()}[names[0]] is Health.HEALTHY
+    src.close()

@@ -171,7 +171,9 @@ def test_fuzz_redfish_bodies(
 
 @settings(max_examples=150)
 @given(
-    target=st.sampled_from([("PATCH", "config"), ("POST", "faults"), ("PUT", "faults")]),
+    target=st.sampled_from(
+        [("PATCH", "config"), ("POST", "faults"), ("PUT", "faults"), ("PUT", "blocks/gpu-1/status")]
+    ),
     body=_bodies,
 )
 def test_fuzz_admin_bodies(emulator: EmulatorProcess, target: tuple[str, str], body: bytes) -> None:
@@ -183,3 +185,18 @@ def test_fuzz_admin_bodies(emulator: EmulatorProcess, target: tuple[str, str], b
             assert resp.json()["error"]
     finally:
         emulator.reset()  # a fault rule the fuzzer made must not touch other tests
+
+
+def test_block_status_is_set_checked_and_cleared(emu: EmulatorProcess) -> None:
+    def put(block: str, body: bytes) -> Any:
+        return admin(emu, "PUT", f"blocks/{block}/status", body, **JSON_HEADERS)
+
+    assert put("gpu-1", b'{"Health": "Critical"}').status_code == 200
+    (block,) = [b for b in emu.state()["blocks"].items() if b[0] == "gpu-1"]
+    assert block[1]["status"] == {"State": "Enabled", "Health": "Critical"}
+    for bad in (b'{"Health": "Bad"}', b'{"State": 1}', b"{}", b"[]", b'{"Other": "x"}'):
+        resp = put("gpu-1", bad)
+        assert resp.status_code == 400 and resp.json()["error"], bad
+    assert put("no-such-block", b'{"Health": "OK"}').status_code == 404
+    assert admin(emu, "DELETE", "blocks/gpu-1/status", b"").status_code == 200
+    assert emu.state()["blocks"]["gpu-1"]["status"] == {"State": "Enabled", "Health": "OK"}

@@ -374,3 +374,19 @@ def test_registry_builds_the_backend_from_the_fabric_and_its_secret() -> None:
     with pytest.raises(FabricConfigError, match=r"spec\.fsas"):
         FACTORIES["fsas-fm"](bare, secret(client_id="c", client_secret="x"), None)
     assert "x" not in repr(secret(client_id="c", client_secret="x"))
+
+
+def test_a_block_status_set_in_the_emulator_is_the_fsas_device_fault(
+    fabric: FsasFabricManagerBackend, emu: EmulatorProcess
+) -> None:
+    from composable_dra.model.health import Reason
+
+    emu.set_block_status("gpu-1", health="Warning")
+    warn = fabric.inventory().devices["gpu-1"]
+    assert (warn.fault, warn.state) == (Reason.FABRIC_WARNING, "free")  # still usable
+    assert fabric.attach("gpu-2", N1) is None
+    emu.set_block_status("gpu-2", health="Critical")
+    crit = fabric.inventory().devices["gpu-2"]  # read through its machine
+    assert crit.fault is Reason.FABRIC_CRITICAL
+    emu.set_block_status("gpu-1")
+    assert fabric.inventory().devices["gpu-1"].fault is None

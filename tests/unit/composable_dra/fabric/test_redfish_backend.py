@@ -10,6 +10,7 @@ import pytest
 
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.redfish import RedfishCompositionBackend
+from composable_dra.model.health import Reason
 from fabric_emulator.testing import EmulatorProcess
 from testbed.wait import wait_for
 
@@ -168,3 +169,16 @@ def test_concurrent_calls_up_to_its_connections_keep_their_connections(
     assert _pool_full_warnings(emu, caplog, connections=24, calls=24) == 0
     # What requests' default of 10 did with the operator's concurrent attaches.
     assert _pool_full_warnings(emu, caplog, connections=10, calls=24) > 0
+
+
+def test_a_block_status_set_in_the_emulator_is_the_device_fault(
+    fabric: RedfishCompositionBackend, emu: EmulatorProcess
+) -> None:
+    assert fabric.inventory().devices["gpu-1"].fault is None
+    emu.set_block_status("gpu-1", health="Critical")
+    assert fabric.inventory().devices["gpu-1"].fault is Reason.FABRIC_CRITICAL
+    emu.set_block_status("gpu-1", state="Absent")
+    assert fabric.inventory().devices["gpu-1"].fault is Reason.FABRIC_ABSENT
+    emu.set_block_status("gpu-1")  # OK again
+    assert fabric.inventory().devices["gpu-1"].fault is None
+    assert fabric.inventory().devices["gpu-2"].fault is None
