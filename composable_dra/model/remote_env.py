@@ -40,9 +40,7 @@ def names(index: int | None) -> LeaseVars:
     return LeaseVars(f"{prefix}ENDPOINT", f"{prefix}LEASE", f"{prefix}TOKEN_FILE")
 
 
-def lease_env(
-    index: int, count: int, endpoint: str, lease: int, token_file: str
-) -> dict[str, str]:
+def lease_env(index: int, count: int, endpoint: str, lease: int, token_file: str) -> dict[str, str]:
     """The variables lease ``index`` of ``count`` sets in the container."""
     out = {LIST: ",".join(str(i) for i in range(count))}
     for n in (index, None) if index == 0 else (index,):
