@@ -1,0 +1,70 @@
+"""hack/device/gpu-check.sh where there is no GPU: it refuses at once, with its own exit
+code and a JSON line, and installs nothing. (Its GPU path runs only on a GPU machine.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "hack" / "device" / "gpu-check.sh"
+NO_GPU, USAGE = 77, 2
+
+
+def run(tmp_path: Path, *args: str, nvidia_smi: str) -> subprocess.CompletedProcess[str]:
+    """The script with ``nvidia_smi`` (a shell body) first on PATH as nvidia-smi."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "GPU_CHECK_VENV": str(tmp_path / "venv"),
+        "HOME": str(tmp_path),
+    }
+    return subprocess.run(
+        ["/bin/bash", str(SCRIPT), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "nvidia_smi",
+    [
+        "echo 'NVIDIA-SMI has failed because it could not communicate with the driver'; exit 9",
+        "echo 'No devices were found'; exit 6",
+        "exit 0",
+    ],
+)
+def test_without_a_gpu_it_refuses_with_exit_77_and_installs_nothing(
+    tmp_path: Path, nvidia_smi: str
+) -> None:
+    done = run(tmp_path, "--wheelhouse", str(tmp_path), nvidia_smi=nvidia_smi)
+    assert done.returncode == NO_GPU, done.stderr
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["ok"] is False and "no NVIDIA GPU" in line["error"]
+    assert "run it where one is" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_bad_usage_is_exit_2(tmp_path: Path) -> None:
+    assert run(tmp_path, "--bogus", nvidia_smi="exit 9").returncode == USAGE
+
+
+def test_requirements_are_the_projects_and_its_gpu_extras(tmp_path: Path) -> None:
+    done = run(tmp_path, "--requirements", nvidia_smi="exit 9")
+    assert done.returncode == 0, done.stderr
+    reqs = done.stdout.split()
+    assert {"numpy>=1.26", "cupy-cuda12x>=13", "torch>=2.4", "kubernetes>=37"} <= set(reqs)
+    without = run(tmp_path, "--requirements", "--no-gpu-extras", nvidia_smi="exit 9")
+    assert not {"cupy-cuda12x>=13", "torch>=2.4"} & set(without.stdout.split())
