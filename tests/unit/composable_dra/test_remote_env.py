@@ -9,28 +9,27 @@ from hypothesis import strategies as st
 from composable_dra.model import remote_env
 from composable_dra.model.remote_env import RemoteEnvError, indexes, lease_env, names
 
+FIRST = {
+    "REMOTE_GPU_0_ENDPOINT": "h:1",
+    "REMOTE_GPU_0_LEASE": "17",
+    "REMOTE_GPU_0_TOKEN_FILE": "/t",
+    # The first lease keeps the names RemoteGPU.from_env() has always read.
+    "REMOTE_GPU_ENDPOINT": "h:1",
+    "REMOTE_GPU_LEASE": "17",
+    "REMOTE_GPU_TOKEN_FILE": "/t",
+}
+LATER = {
+    "REMOTE_GPU_2_ENDPOINT": "h:1",
+    "REMOTE_GPU_2_LEASE": "17",
+    "REMOTE_GPU_2_TOKEN_FILE": "/t",
+}
 
-def test_the_first_lease_also_gets_the_unsuffixed_names() -> None:
-    env = lease_env(0, 4, "10.0.0.4:7470", 17, "/run/gpu-0-remote.token")
-    assert env == {
-        "REMOTE_GPUS": "0,1,2,3",
-        "REMOTE_GPU_0_ENDPOINT": "10.0.0.4:7470",
-        "REMOTE_GPU_0_LEASE": "17",
-        "REMOTE_GPU_0_TOKEN_FILE": "/run/gpu-0-remote.token",
-        "REMOTE_GPU_ENDPOINT": "10.0.0.4:7470",
-        "REMOTE_GPU_LEASE": "17",
-        "REMOTE_GPU_TOKEN_FILE": "/run/gpu-0-remote.token",
-    }
 
-
-def test_a_later_lease_gets_only_its_index_and_the_same_list() -> None:
-    env = lease_env(2, 4, "10.0.0.5:7470", 9, "/run/gpu-2-remote.token")
-    assert env == {
-        "REMOTE_GPUS": "0,1,2,3",
-        "REMOTE_GPU_2_ENDPOINT": "10.0.0.5:7470",
-        "REMOTE_GPU_2_LEASE": "9",
-        "REMOTE_GPU_2_TOKEN_FILE": "/run/gpu-2-remote.token",
-    }
+@pytest.mark.parametrize(("index", "names_set"), [(0, FIRST), (2, LATER)])
+def test_each_lease_gets_its_index_and_the_list_and_the_first_the_unsuffixed_names(
+    index: int, names_set: dict[str, str]
+) -> None:
+    assert lease_env(index, 4, "h:1", 17, "/t") == {"REMOTE_GPUS": "0,1,2,3", **names_set}
 
 
 def test_merged_edits_of_a_claim_never_conflict_and_list_every_lease() -> None:
