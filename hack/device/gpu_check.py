@@ -15,7 +15,8 @@ and, against it over TCP:
   host array copied to the device, synchronised).
 
 Each time is the median of ``--reps`` after one warm-up. Exit 0 when every backend ran and
-every product was right, 1 otherwise.
+every product was right, 1 otherwise. ``--backends numpy --size 256`` runs the same
+plumbing without a GPU (no backend figures): what the unit test does.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from remote_gpu import backends, builtins, tokens  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
 from testbed.wait import wait_for  # noqa: E402
 
-N = 4096
 H2D_BYTES = 256 << 20
 DONOR = "gpu-check"
 
@@ -83,12 +83,17 @@ def start_donor(backend: str, secret: Path, port: int, log: Path) -> subprocess.
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    wait_for(
-        lambda: proc.poll() is not None or reachable(port),
-        120,
-        f"the {backend} donor to listen",
-        describe=lambda: log.read_text()[-2000:],
-    )
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or reachable(port),
+            120,
+            f"the {backend} donor to listen",
+            describe=lambda: log.read_text()[-2000:],
+        )
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
     return proc
 
 
@@ -119,41 +124,43 @@ def workload(env: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def remote_figures(env: dict[str, str], reps: int, numpy_s: float) -> dict[str, Any]:
+def remote_figures(env: dict[str, str], n: int, reps: int, numpy_s: float) -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     with RemoteGPU.from_env(env, timeout=300) as gpu:
         (product,) = gpu.invoke("matmul", a, b)
-        correct = bool(np.allclose(product, a @ b, rtol=1e-3, atol=1e-2 * N**0.5))
+        correct = bool(np.allclose(product, a @ b, rtol=1e-3, atol=1e-2 * n**0.5))
         call_s = median_time(lambda: gpu.invoke("matmul", a, b), reps)
     return {
-        "products_correct_4096": correct,
-        "remote_call_s_4096": round(call_s, 6),
-        "speedup_remote_4096": round(numpy_s / call_s, 3),
-        "remote_bytes_per_s_4096": round(3 * a.nbytes / call_s),
+        f"products_correct_{n}": correct,
+        f"remote_call_s_{n}": round(call_s, 6),
+        f"speedup_remote_{n}": round(numpy_s / call_s, 3),
+        f"remote_bytes_per_s_{n}": round(3 * a.nbytes / call_s),
     }
 
 
-def backend_figures(name: str, reps: int, numpy_s: float) -> dict[str, Any]:
+def backend_figures(name: str, n: int, reps: int, numpy_s: float) -> dict[str, Any]:
     """The backend in this process: its matmul with copies, and host to device."""
+    if name == "numpy":
+        return {}
     backend = backends.detect(name)
     assert backend is not None  # detect raises for a named backend without a GPU
     lib = backend.namespace
     sync = lib.cuda.Stream.null.synchronize if name == "cupy" else lib.cuda.synchronize
     matmul = backends.place("remote_gpu.builtins:matmul", builtins.matmul, backend)
     rng = np.random.default_rng(1)
-    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     kernel_s = median_time(lambda: matmul(a, b), reps, sync)
     host = np.ones(H2D_BYTES // 4, dtype=np.float32)
     h2d_s = median_time(lambda: backend.to_device(host), reps, sync)
     return {
-        "backend_call_s_4096": round(kernel_s, 6),
-        "speedup_backend_4096": round(numpy_s / kernel_s, 3),
+        f"backend_call_s_{n}": round(kernel_s, 6),
+        f"speedup_backend_{n}": round(numpy_s / kernel_s, 3),
         "h2d_bytes_per_s": round(H2D_BYTES / h2d_s),
     }
 
 
-def check_backend(name: str, reps: int, numpy_s: float, workdir: Path) -> dict[str, Any]:
+def check_backend(name: str, n: int, reps: int, numpy_s: float, workdir: Path) -> dict[str, Any]:
     secret = secrets.token_hex(32).encode()
     secret_file = workdir / f"secret-{name}"
     secret_file.write_bytes(secret)
@@ -164,9 +171,9 @@ def check_backend(name: str, reps: int, numpy_s: float, workdir: Path) -> dict[s
             return {"ok": False, "error": log.read_text().strip()[-500:]}
         env = lease_env(secret, port, workdir)
         out: dict[str, Any] = {"workload": workload(env)}
-        out |= remote_figures(lease_env(secret, port, workdir), reps, numpy_s)
-        out |= backend_figures(name, reps, numpy_s)
-        out["products_correct"] = out["workload"]["ok"] is True and out["products_correct_4096"]
+        out |= remote_figures(lease_env(secret, port, workdir), n, reps, numpy_s)
+        out |= backend_figures(name, n, reps, numpy_s)
+        out["products_correct"] = out["workload"]["ok"] is True and out[f"products_correct_{n}"]
         out["ok"] = out["products_correct"]
         return out
     except Exception as exc:  # one backend's failure is reported; the next one still runs
@@ -180,14 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backends", default="cupy,torch")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--size", type=int, default=4096, help="N of the N x N products")
     args = parser.parse_args(argv)
+    n = args.size
     rng = np.random.default_rng(2)
-    a, b = (rng.standard_normal((N, N), dtype=np.float32) for _ in range(2))
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     numpy_s = median_time(lambda: a @ b, args.reps)
-    out: dict[str, Any] = {"numpy_matmul_s_4096": round(numpy_s, 6), "backends": {}}
+    out: dict[str, Any] = {f"numpy_matmul_s_{n}": round(numpy_s, 6), "backends": {}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for name in args.backends.split(","):
-            out["backends"][name] = check_backend(name, args.reps, numpy_s, Path(tmp))
+            out["backends"][name] = check_backend(name, n, args.reps, numpy_s, Path(tmp))
     out["ok"] = all(b["ok"] for b in out["backends"].values())
     print(json.dumps(out), flush=True)
     return 0 if out["ok"] else 1

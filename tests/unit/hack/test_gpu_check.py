@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hack.device import gpu_check
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "hack" / "device" / "gpu-check.sh"
 NO_GPU, USAGE = 77, 2
@@ -68,3 +70,23 @@ def test_requirements_are_the_projects_and_its_gpu_extras(tmp_path: Path) -> Non
     assert {"numpy>=1.26", "cupy-cuda12x>=13", "torch>=2.4", "kubernetes>=37"} <= set(reqs)
     without = run(tmp_path, "--requirements", "--no-gpu-extras", nvidia_smi="exit 9")
     assert not {"cupy-cuda12x>=13", "torch>=2.4"} & set(without.stdout.split())
+
+
+def test_its_python_part_runs_the_workload_and_figures_against_a_donor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same plumbing with the numpy backend: a donor process, the workload against it,
+    a product through it (the GPU figures need a GPU)."""
+    assert gpu_check.main(["--backends", "numpy", "--size", "128", "--reps", "1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    numpy = out["backends"]["numpy"]
+    assert out["ok"] is True and numpy["products_correct"] is True, out
+    assert numpy["workload"]["ok"] is True and numpy["workload"]["calls"] == 4
+    assert numpy["remote_bytes_per_s_128"] > 0 and out["numpy_matmul_s_128"] > 0
+
+
+def test_a_donor_that_refuses_its_backend_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_check.main(["--backends", "cupy", "--size", "64", "--reps", "1"]) == 1
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["backends"]["cupy"]["ok"] is False
+    assert "cupy" in out["backends"]["cupy"]["error"]
