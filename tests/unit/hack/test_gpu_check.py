@@ -4,13 +4,13 @@ code and a JSON line, and installs nothing. (Its GPU path runs only on a GPU mac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from hack.device import gpu_check
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "hack" / "device" / "gpu-check.sh"
@@ -72,21 +72,33 @@ def test_requirements_are_the_projects_and_its_gpu_extras(tmp_path: Path) -> Non
     assert not {"cupy-cuda12x>=13", "torch>=2.4"} & set(without.stdout.split())
 
 
-def test_its_python_part_runs_the_workload_and_figures_against_a_donor(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def check(*args: str) -> tuple[int, dict[str, Any]]:
+    """hack/device/gpu_check.py as the shell script runs it: its exit code and JSON line."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "gpu_check.py"), *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr
+    out: dict[str, Any] = json.loads(lines[-1])
+    return done.returncode, out
+
+
+def test_its_python_part_runs_the_workload_and_figures_against_a_donor() -> None:
     """The same plumbing with the numpy backend: a donor process, the workload against it,
     a product through it (the GPU figures need a GPU)."""
-    assert gpu_check.main(["--backends", "numpy", "--size", "128", "--reps", "1"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    code, out = check("--backends", "numpy", "--size", "128", "--reps", "1")
     numpy = out["backends"]["numpy"]
-    assert out["ok"] is True and numpy["products_correct"] is True, out
+    assert code == 0 and out["ok"] is True and numpy["products_correct"] is True, out
     assert numpy["workload"]["ok"] is True and numpy["workload"]["calls"] == 4
     assert numpy["remote_bytes_per_s_128"] > 0 and out["numpy_matmul_s_128"] > 0
 
 
-def test_a_donor_that_refuses_its_backend_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    assert gpu_check.main(["--backends", "cupy", "--size", "64", "--reps", "1"]) == 1
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["backends"]["cupy"]["ok"] is False
+def test_a_donor_that_refuses_its_backend_is_reported() -> None:
+    code, out = check("--backends", "cupy", "--size", "64", "--reps", "1")
+    assert code == 1 and out["backends"]["cupy"]["ok"] is False
     assert "cupy" in out["backends"]["cupy"]["error"]

@@ -151,7 +151,7 @@ def test_all_from_env_opens_every_lease_and_the_pool_uses_each(
         (rng.standard_normal((32, 32), dtype=np.float32), np.full((32, 32), i, np.float32))
         for i in range(12)
     ]
-    with RemoteGPUPool.from_env(env, per_lease=1) as pool:
+    with RemoteGPUPool.from_env(env, per_lease=2) as pool:  # two threads on each client
         assert pool.leases == ids
         sums = list(pool.map("add", pairs))
         assert all(np.array_equal(p, a + b) for (p,), (a, b) in zip(sums, pairs, strict=True))
