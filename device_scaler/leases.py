@@ -374,17 +374,19 @@ class LeaseController(InformerDriven):
         for action in actions:
             if isinstance(action, Close):
                 self._close(action)
-        opens = [a for a in actions if isinstance(a, Open)]
-        outcomes = [*self._pool.map(self._open, opens)]
-        outcomes += [self._failed(a) for a in actions if isinstance(a, Fail)]
-        # One status write per claim: concurrent applies of one manager to one claim
-        # would each drop the entries the other added.
-        by_claim: dict[tuple[str, str], list[Outcome]] = {}
-        for o in outcomes:
-            by_claim.setdefault((o.alloc.namespace, o.alloc.name), []).append(o)
-        for group in by_claim.values():
-            self._settle(group)
+        # Claims in parallel, each claim's devices in one task and one status write:
+        # concurrent applies of one manager to one claim would each drop the entries the
+        # other added.
+        by_claim: dict[tuple[str, str], list[Open | Fail]] = {}
+        for action in actions:
+            if not isinstance(action, Close):
+                key = (action.alloc.namespace, action.alloc.name)
+                by_claim.setdefault(key, []).append(action)
+        list(self._pool.map(self._settle_claim, by_claim.values()))
         return len(actions)
+
+    def _settle_claim(self, actions: Sequence[Open | Fail]) -> None:
+        self._settle([self._open(a) if isinstance(a, Open) else self._failed(a) for a in actions])
 
     def _close(self, action: Close) -> None:
         try:
