@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +43,6 @@ sys.path.insert(0, str(ROOT))
 
 from remote_gpu import backends, builtins, tokens  # noqa: E402
 from remote_gpu.client import RemoteGPU  # noqa: E402
-from testbed.wait import wait_for  # noqa: E402
 
 H2D_BYTES = 256 << 20
 DONOR = "gpu-check"
@@ -69,32 +69,38 @@ def free_port() -> int:
         return port
 
 
-def reachable(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def start_donor(backend: str, secret: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_donor(
+    backend: str, secret: Path, port: int, log: Path
+) -> tuple[subprocess.Popen[bytes], bool]:
+    """The donor once it listens (True) or has exited (False): its output is copied to
+    ``log`` by a thread, which also says when it listens (no polling; the pipe never
+    fills)."""
     argv = [
-        sys.executable, "-m", "composable_dra_cli", "--log-level", "warning",
+        sys.executable, "-m", "composable_dra_cli", "--log-level", "info",
         "remote-gpu-donor", "--name", DONOR, "--secret-file", str(secret),
         "--listen", f"127.0.0.1:{port}", "--transports", "tcp", "--backend", backend,
         "--allow", "matmul=remote_gpu.builtins:matmul", "--memory-quota", str(1 << 30),
     ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        wait_for(
-            lambda: proc.poll() is not None or reachable(port),
-            120,
-            f"the {backend} donor to listen",
-            describe=lambda: log.read_text()[-2000:],
-        )
-    except BaseException:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    ready, listening = threading.Event(), threading.Event()
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        with log.open("wb") as out:
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                if b"donor listening" in line:
+                    listening.set()
+                    ready.set()
+        ready.set()  # it exited
+
+    threading.Thread(target=copy, daemon=True).start()
+    if not ready.wait(120):
         proc.kill()
         proc.wait(30)
-        raise
-    return proc
+        raise TimeoutError(f"the {backend} donor did not listen in 120 s: {log.read_text()[-500:]}")
+    return proc, listening.is_set()
 
 
 def lease_env(secret: bytes, port: int, workdir: Path) -> dict[str, str]:
@@ -165,9 +171,11 @@ def check_backend(name: str, n: int, reps: int, numpy_s: float, workdir: Path) -
     secret_file = workdir / f"secret-{name}"
     secret_file.write_bytes(secret)
     port, log = free_port(), workdir / f"donor-{name}.log"
-    proc = start_donor(name, secret_file, port, log)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        if proc.poll() is not None:
+        proc, listening = start_donor(name, secret_file, port, log)
+        if not listening:
+            proc.wait(30)
             return {"ok": False, "error": log.read_text().strip()[-500:]}
         env = lease_env(secret, port, workdir)
         out: dict[str, Any] = {"workload": workload(env)}
@@ -179,8 +187,9 @@ def check_backend(name: str, n: int, reps: int, numpy_s: float, workdir: Path) -
     except Exception as exc:  # one backend's failure is reported; the next one still runs
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
     finally:
-        proc.terminate()
-        proc.wait(30)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
 
 
 def main(argv: list[str] | None = None) -> int:

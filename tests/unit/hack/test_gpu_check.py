@@ -3,6 +3,7 @@ code and a JSON line, and installs nothing. (Its GPU path runs only on a GPU mac
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -102,3 +103,21 @@ def test_a_donor_that_refuses_its_backend_is_reported() -> None:
     code, out = check("--backends", "cupy", "--size", "64", "--reps", "1")
     assert code == 1 and out["backends"]["cupy"]["ok"] is False
     assert "cupy" in out["backends"]["cupy"]["error"]
+
+
+def test_its_python_part_needs_no_dev_extra() -> None:
+    """The GPU machine gets the project's dependencies and the GPU extras, not ``dev``:
+    nothing from the test framework (testbed needs cryptography) or the tests."""
+    tree = ast.parse((SCRIPT.parent / "gpu_check.py").read_text())
+    imported = {
+        name.split(".")[0]
+        for node in ast.walk(tree)
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+    }
+    assert not imported & {"testbed", "tests", "hack", "pytest", "cryptography"}
