@@ -2,15 +2,15 @@
 # The remote GPU's CuPy and PyTorch backends on a real GPU (issue 31, item 5). From the
 # repository root:
 #
-#   hack/device/gpu-check.sh [--wheelhouse DIR] [--backends cupy,torch]
+#   hack/device/gpu-check.sh [--wheelhouse DIR] [--backends cupy,torch] [-- GPU_CHECK_ARGS]
 #   hack/device/gpu-check.sh --requirements     # what a wheelhouse must hold
 #
 # Refuses at once, before installing anything, on a machine without an NVIDIA GPU
 # (nvidia-smi missing or listing none): a JSON line with "ok": false and exit 77.
-# Otherwise it makes a virtual environment (.venv-gpu, with the system's site packages, so
-# a CuPy or PyTorch already installed counts), installs the project's dependencies and
-# the GPU extras of pyproject.toml (`gpu`: CuPy, `gpu-torch`: PyTorch; an extra whose
-# library already imports is not installed again), then runs hack/device/gpu_check.py:
+# Otherwise it makes a virtual environment (.venv-gpu, seeing the packages of $PYTHON, by
+# default python3, so a CuPy or PyTorch already installed counts), installs the project's dependencies and
+# the GPU extras of pyproject.toml for the backends asked for (`gpu`: CuPy, `gpu-torch`:
+# PyTorch; an extra whose library already imports is not installed again), then runs hack/device/gpu_check.py:
 # a donor with --backend cupy, then torch, the matmul workload and the figures against
 # it; its last line is JSON (products correct, GPU vs numpy speedup at 4096², host to
 # device bytes/s). Exit 0: every backend ran with correct products; 1: one did not;
@@ -36,6 +36,7 @@ backends="cupy,torch"
 print_requirements=false
 gpu_extras=true
 venv=${GPU_CHECK_VENV:-.venv-gpu}
+passed=()  # after --: for gpu_check.py (--size, --reps)
 
 usage() {
   echo "usage: $0 [--wheelhouse DIR] [--backends cupy,torch] | --requirements [--no-gpu-extras]" >&2
@@ -48,6 +49,7 @@ while (($#)); do
     --backends) [[ $# -ge 2 ]] || usage; backends=$2; shift 2 ;;
     --requirements) print_requirements=true; shift ;;
     --no-gpu-extras) gpu_extras=false; shift ;;
+    --) shift; passed=("$@"); break ;;
     *) usage ;;
   esac
 done
@@ -80,11 +82,20 @@ if [[ -n $wheelhouse && ! -d $wheelhouse ]]; then
 fi
 
 "$python" -m venv --system-site-packages "$venv"
+# Where $python is itself a virtual environment's (the GPU image's python3 is), the new
+# one sees only its base's packages: a .pth adds $python's own, after the new ones.
+purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+"$python" -c "$purelib" > "$("$venv/bin/python" -c "$purelib")/gpu-check-outer.pth"
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 [[ -n $wheelhouse ]] && pip+=(--no-index --find-links "$wheelhouse")
+# A backend's extra, for the backends asked for, unless its library imports already.
 extras=(remote)
-"$venv/bin/python" -c 'import cupy' 2>/dev/null || extras+=(gpu)
-"$venv/bin/python" -c 'import torch' 2>/dev/null || extras+=(gpu-torch)
+for b in ${backends//,/ }; do
+  case $b in
+    cupy) "$venv/bin/python" -c 'import cupy' 2>/dev/null || extras+=(gpu) ;;
+    torch) "$venv/bin/python" -c 'import torch' 2>/dev/null || extras+=(gpu-torch) ;;
+  esac
+done
 requirements "${extras[@]}" > "$venv/gpu-check-requirements.txt"
 "${pip[@]}" -r "$venv/gpu-check-requirements.txt" >&2
-PYTHONPATH=$PWD exec "$venv/bin/python" hack/device/gpu_check.py --backends "$backends"
+PYTHONPATH=$PWD exec "$venv/bin/python" hack/device/gpu_check.py --backends "$backends" "${passed[@]}"

@@ -18,8 +18,11 @@ SCRIPT = ROOT / "hack" / "device" / "gpu-check.sh"
 NO_GPU, USAGE = 77, 2
 
 
-def run(tmp_path: Path, *args: str, nvidia_smi: str) -> subprocess.CompletedProcess[str]:
-    """The script with ``nvidia_smi`` (a shell body) first on PATH as nvidia-smi."""
+def run(
+    tmp_path: Path, *args: str, nvidia_smi: str, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """The script with ``nvidia_smi`` (a shell body) first on PATH as nvidia-smi, and
+    ``extra`` passed on to gpu_check.py."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "nvidia-smi"
@@ -32,11 +35,11 @@ def run(tmp_path: Path, *args: str, nvidia_smi: str) -> subprocess.CompletedProc
         "HOME": str(tmp_path),
     }
     return subprocess.run(
-        ["/bin/bash", str(SCRIPT), *args],
+        ["/bin/bash", str(SCRIPT), *args, *(("--", *extra) if extra else ())],
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,
         check=False,
     )
 
@@ -121,3 +124,29 @@ def test_its_python_part_needs_no_dev_extra() -> None:
         )
     }
     assert not imported & {"testbed", "tests", "hack", "pytest", "cryptography"}
+
+
+def test_where_nvidia_smi_lists_a_gpu_it_installs_from_the_wheelhouse_and_runs(
+    tmp_path: Path,
+) -> None:
+    """The whole script, as far as a machine without a GPU goes: nvidia-smi (a stand-in)
+    lists one, the environment is made from this test's own virtual environment (whose
+    packages the new one sees, as on the GPU image), pip finds everything installed (an
+    empty wheelhouse: no network), and the numpy backend runs."""
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    done = run(
+        tmp_path,
+        "--wheelhouse",
+        str(wheelhouse),
+        "--backends",
+        "numpy",
+        nvidia_smi="echo 'GPU 0: Stand-in (UUID: GPU-0)'",
+        extra=("--size", "64", "--reps", "1"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ok"] is True and out["backends"]["numpy"]["products_correct"] is True
+    assert (tmp_path / "venv" / "gpu-check-requirements.txt").read_text().split()[-1] == (
+        "numpy>=1.26"
+    )
