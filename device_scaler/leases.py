@@ -175,14 +175,15 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
     lease missing from the donor process that opened it was closed by its consumer's
     plugin (the pod ended; the claim, reserved by no pod, is deallocated next) and is
     left alone. Missing from a restarted donor, it is lost: its pod's token is dead."""
-    wanted = {(a.donor, a.uid): a for a in allocs}
+    wanted = {(a.donor, a.uid, a.device): a for a in allocs}
+    claims = {(a.donor, a.uid) for a in allocs}
     actions: list[Action] = []
     for donor, leases in sorted(listed.items()):
         for info in leases.items:
-            a = wanted.get((donor, info.claim_uid))
-            if a is None:
+            a = wanted.get((donor, info.claim_uid, info.device))
+            if a is None and (donor, info.claim_uid) not in claims:
                 why = "claim gone or deallocated"
-            elif (a.device, a.node) != (info.device, info.node):
+            elif a is None or a.node != info.node:
                 why = "claim allocated elsewhere"
             elif a.state == "failed":
                 why = "allocation failed"
@@ -196,7 +197,7 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
             actions.append(Open(a))
         elif a.state == "ready" and a.donor in listed:
             now = listed[a.donor]
-            held = {i.lease for i in now.items if i.claim_uid == a.uid}
+            held = {i.lease for i in now.items if (i.claim_uid, i.device) == (a.uid, a.device)}
             if a.lease not in held and a.instance != now.instance:
                 actions.append(
                     Fail(a, "LeaseLost", f"donor {a.donor} no longer holds lease {a.lease}")
@@ -226,6 +227,31 @@ def condition_entry(
     if data is not None:
         entry["data"] = data
     return entry
+
+
+def merged_status(current: Sequence[JSON], driver: str, entries: Sequence[JSON]) -> list[JSON]:
+    """The claim's device status entries this controller applies: ``entries``, and the
+    ones of its own already there for the claim's other devices."""
+    new = {(e.get("pool"), e.get("device")) for e in entries}
+    others = [
+        st
+        for st in current
+        if (st.get("pool"), st.get("device")) not in new
+        and st.get("driver") == driver
+        and any(c.get("type") in (REMOTE_READY, REMOTE_FAILED) for c in st.get("conditions") or [])
+    ]
+    return [*others, *entries]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an open or a failure writes for one allocation, and how it is reported."""
+
+    alloc: RemoteAlloc
+    entry: JSON
+    message: str
+    fields: Mapping[str, object]
+    failure: str = ""  # the failure's reason; "" when the lease is ready
 
 
 _T = TypeVar("_T")
@@ -348,11 +374,19 @@ class LeaseController(InformerDriven):
         for action in actions:
             if isinstance(action, Close):
                 self._close(action)
-        opens = [a for a in actions if isinstance(a, Open)]
-        results = list(self._pool.map(self._open, opens))
-        for action in [a for a in actions if isinstance(a, Fail)] + [r for r in results if r]:
-            self._fail(action)
+        # Claims in parallel, each claim's devices in one task and one status write:
+        # concurrent applies of one manager to one claim would each drop the entries the
+        # other added.
+        by_claim: dict[tuple[str, str], list[Open | Fail]] = {}
+        for action in actions:
+            if not isinstance(action, Close):
+                key = (action.alloc.namespace, action.alloc.name)
+                by_claim.setdefault(key, []).append(action)
+        list(self._pool.map(self._settle_claim, by_claim.values()))
         return len(actions)
+
+    def _settle_claim(self, actions: Sequence[Open | Fail]) -> None:
+        self._settle([self._open(a) if isinstance(a, Open) else self._failed(a) for a in actions])
 
     def _close(self, action: Close) -> None:
         try:
@@ -371,7 +405,7 @@ class LeaseController(InformerDriven):
         self._listed.pop(action.donor, None)
         log.info("lease closed", donor=action.donor, lease=action.lease, why=action.why)
 
-    def _open(self, action: Open) -> Fail | None:
+    def _open(self, action: Open) -> Outcome:
         a = action.alloc
         request = OpenLease(
             claim_uid=a.uid, namespace=a.namespace, name=a.name, device=a.device, node=a.node
@@ -386,7 +420,7 @@ class LeaseController(InformerDriven):
             )
         except LeaseAPIError as exc:
             reason = "DonorUnreachable" if exc.retryable else "LeaseRefused"
-            return Fail(a, reason, f"donor {a.donor}: {exc.message}")
+            return self._failed(Fail(a, reason, f"donor {a.donor}: {exc.message}"))
         data = {
             "donor": a.donor,
             "endpoint": info.endpoint,
@@ -394,22 +428,28 @@ class LeaseController(InformerDriven):
             "instance": info.instance,
         }
         message = f"lease {info.lease} at donor {a.donor} ({info.endpoint})"
-        if self._write(
-            a, condition_entry(self.settings.driver, a, True, "LeaseOpen", message, data)
-        ):
-            seen = self._first_seen.get((a.uid, a.device))
-            if seen is not None:
-                LEASE_SETUP.observe(max(0.0, time.monotonic() - seen))
-            self._report(a, True, message, node=a.node, lease=info.lease)
-        return None
+        entry = condition_entry(self.settings.driver, a, True, "LeaseOpen", message, data)
+        return Outcome(a, entry, message, {"node": a.node, "lease": info.lease})
 
-    def _fail(self, action: Fail) -> None:
+    def _failed(self, action: Fail) -> Outcome:
         a = action.alloc
         entry = condition_entry(self.settings.driver, a, False, action.reason, action.message, None)
-        if self._write(a, entry):
-            LEASE_FAILURES.labels(action.reason).inc()
-            message = f"{action.reason}: {action.message}"
-            self._report(a, False, message, reason=action.reason, error=action.message)
+        fields = {"reason": action.reason, "error": action.message}
+        return Outcome(a, entry, f"{action.reason}: {action.message}", fields, action.reason)
+
+    def _settle(self, group: Sequence[Outcome]) -> None:
+        """Write one claim's outcomes, then count and report each."""
+        if not self._write(group[0].alloc, [o.entry for o in group]):
+            return
+        for o in group:
+            a = o.alloc
+            if o.failure:
+                LEASE_FAILURES.labels(o.failure).inc()
+            else:
+                seen = self._first_seen.get((a.uid, a.device))
+                if seen is not None:
+                    LEASE_SETUP.observe(max(0.0, time.monotonic() - seen))
+            self._report(a, not o.failure, o.message, **o.fields)
 
     def _report(self, a: RemoteAlloc, ready: bool, message: str, **fields: object) -> None:
         """The outcome for ``a`` in the log and as an Event on its claim."""
@@ -423,24 +463,16 @@ class LeaseController(InformerDriven):
         kind, reason = ("Normal", REMOTE_READY) if ready else ("Warning", REMOTE_FAILED)
         self._event(a, kind, reason, f"{a.device}: {message}")
 
-    def _write(self, a: RemoteAlloc, entry: JSON) -> bool:
-        """Apply ``entry`` and keep this manager's other entries of the claim (apply
-        drops what a manager stops sending)."""
+    def _write(self, a: RemoteAlloc, entries: Sequence[JSON]) -> bool:
+        """Apply ``entries`` to ``a``'s claim and keep this manager's other entries of it
+        (apply drops what a manager stops sending)."""
         claim = self.claims.get(f"{a.namespace}/{a.name}") or {}
-        others = [
-            st
-            for st in (claim.get("status") or {}).get("devices") or []
-            if (st.get("pool"), st.get("device")) != (a.donor, a.device)
-            and st.get("driver") == self.settings.driver
-            and any(
-                c.get("type") in (REMOTE_READY, REMOTE_FAILED) for c in st.get("conditions") or []
-            )
-        ]
+        current = (claim.get("status") or {}).get("devices") or []
         body = {
             "apiVersion": RESOURCE_API,
             "kind": "ResourceClaim",
             "metadata": {"name": a.name, "namespace": a.namespace, "uid": a.uid},
-            "status": {"devices": [*others, entry]},
+            "status": {"devices": merged_status(current, self.settings.driver, entries)},
         }
         try:
             self.kube.apply(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composable_dra.model import names
+from composable_dra.model import names, remote_env
 from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 
@@ -45,13 +45,12 @@ class RemoteCdiDevice:
     container_token_file: str
 
 
-def remote_edits(dev: RemoteCdiDevice) -> dict[str, Any]:
-    """What ``remote_gpu.client.RemoteGPU.from_env()`` reads, and the token mounted."""
-    env = {
-        "REMOTE_GPU_ENDPOINT": dev.endpoint,
-        "REMOTE_GPU_LEASE": str(dev.lease),
-        "REMOTE_GPU_TOKEN_FILE": dev.container_token_file,
-    }
+def remote_edits(dev: RemoteCdiDevice, index: int = 0, count: int = 1) -> dict[str, Any]:
+    """Remote device ``index`` of the claim's ``count``: what
+    ``remote_gpu.client.RemoteGPU.from_env()`` and ``all_from_env()`` read
+    (``composable_dra.model.remote_env``), and its token mounted. The one place that says
+    what a container sees of a lease."""
+    env = remote_env.lease_env(index, count, dev.endpoint, dev.lease, dev.container_token_file)
     mount = {
         "hostPath": dev.token_file,
         "containerPath": dev.container_token_file,
@@ -103,11 +102,11 @@ def build_spec(
         spec_devices.append(
             {"name": cdi_device_name(claim_uid, dev.device_name), "containerEdits": edits}
         )
-    for rdev in remote:
+    for index, rdev in enumerate(remote):
         spec_devices.append(
             {
                 "name": cdi_device_name(claim_uid, rdev.device_name),
-                "containerEdits": remote_edits(rdev),
+                "containerEdits": remote_edits(rdev, index, len(remote)),
             }
         )
     return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": spec_devices}

@@ -1,10 +1,13 @@
 """The client library: :class:`RemoteGPU`.
 
-``RemoteGPU.from_env()`` reads what the CDI spec injects into the pod:
-``REMOTE_GPU_ENDPOINT`` (``host:port``, or ``ucx://host:port``), ``REMOTE_GPU_TOKEN_FILE``,
-optionally ``REMOTE_GPU_LEASE`` (checked against the token) and ``REMOTE_GPU_TRANSPORT``
-(``auto``, ``shm``, ``tcp`` or ``ucx``). ``invoke(name, *arrays)`` runs an allow-listed
-function on the donor and returns its result arrays; ``submit`` does the same without
+``RemoteGPU.from_env()`` reads what the CDI spec injects into the pod (the names:
+``composable_dra.model.remote_env``): ``REMOTE_GPU_ENDPOINT`` (``host:port``, or
+``ucx://host:port``), ``REMOTE_GPU_TOKEN_FILE``, optionally ``REMOTE_GPU_LEASE`` (checked
+against the token) and ``REMOTE_GPU_TRANSPORT`` (``auto``, ``shm``, ``tcp`` or ``ucx``).
+``RemoteGPU.all_from_env()`` opens every lease of a claim for several remote GPUs
+(``REMOTE_GPUS``, ``REMOTE_GPU_<i>_*``); ``remote_gpu.pool.RemoteGPUPool`` spreads calls
+over them. ``invoke(name, *arrays)`` runs an allow-listed function on the donor and
+returns its result arrays; ``submit`` does the same without
 waiting, up to the credits the donor granted.
 
 Replies are read by the calling threads themselves, not by a background thread: whoever
@@ -55,6 +58,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from composable_dra.model import remote_env
 from composable_dra.process import logs
 from remote_gpu import handshake, metrics
 from remote_gpu.arena import ALIGN, PAGE, SEAL_SIZE, Arena, align
@@ -273,16 +277,45 @@ class RemoteGPU:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RemoteGPU:
+        """The container's (first) lease: the unsuffixed variables."""
+        env = os.environ if env is None else env
+        return cls._from_vars(env, remote_env.names(None), **kwargs)
+
+    @classmethod
+    def all_from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> list[RemoteGPU]:
+        """Every lease the container's claim gave it (``REMOTE_GPUS``), opened in index
+        order; one lease where only the unsuffixed variables are set. None opened stays
+        open when one fails."""
         env = os.environ if env is None else env
         try:
-            endpoint = env["REMOTE_GPU_ENDPOINT"]
-            token_path = Path(env["REMOTE_GPU_TOKEN_FILE"])
+            found = remote_env.indexes(env)
+        except remote_env.RemoteEnvError as exc:
+            raise RemoteGPUError(str(exc)) from None
+        if not found:
+            raise RemoteGPUError(f"{remote_env.LIST} and REMOTE_GPU_ENDPOINT are not set")
+        opened: list[RemoteGPU] = []
+        try:
+            for i in found:
+                opened.append(cls._from_vars(env, remote_env.names(i), **kwargs))
+        except BaseException:
+            for gpu in opened:
+                gpu.close()
+            raise
+        return opened
+
+    @classmethod
+    def _from_vars(
+        cls, env: Mapping[str, str], names: remote_env.LeaseVars, **kwargs: Any
+    ) -> RemoteGPU:
+        try:
+            endpoint = env[names.endpoint]
+            token_path = Path(env[names.token_file])
         except KeyError as exc:
             raise RemoteGPUError(f"{exc.args[0]} is not set") from None
         token = read(token_path)
-        lease = env.get("REMOTE_GPU_LEASE")
+        lease = env.get(names.lease)
         if lease is not None and int(lease) != token.lease:
-            raise RemoteGPUError("REMOTE_GPU_LEASE does not match the token's lease")
+            raise RemoteGPUError(f"{names.lease} does not match the token's lease")
         kwargs.setdefault("transport", env.get("REMOTE_GPU_TRANSPORT", "auto"))
         return cls(endpoint, token, **kwargs)
 

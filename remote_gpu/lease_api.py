@@ -7,7 +7,8 @@ checked with a TokenReview (``remote_gpu/token_reviews.py``; who may do what:
 ``remote_gpu/identity.py``):
 
 - ``POST /v1/leases`` (the lease controller's account only): open a lease for one
-  allocated remote device of one claim and its consumer node; idempotent per claim UID.
+  allocated remote device of one claim and its consumer node; idempotent per claim UID
+  and device (a claim for several remote devices holds a lease for each).
   Answers the lease id and the data plane's endpoint: no credentials.
 - ``GET /v1/leases`` (the controller): every open lease, to resync after a restart.
 - ``POST /v1/leases/{id}/credentials`` (the plugin's account, with a token bound to a
@@ -148,7 +149,8 @@ Refusal = Callable[[list[slo.Lease], slo.Lease], str | None]
 
 
 class LeaseBook:
-    """The open leases, by id and by claim UID; thread-safe (the data plane asks too)."""
+    """The open leases, by id and by (claim UID, device); thread-safe (the data plane
+    asks too)."""
 
     def __init__(self, donor: str, endpoint: str, secret: bytes, ttl_s: float) -> None:
         self.donor, self.endpoint = donor, endpoint
@@ -156,7 +158,7 @@ class LeaseBook:
         self._ttl = ttl_s
         self._lock = threading.Lock()
         self._by_id: dict[int, Lease] = {}
-        self._by_claim: dict[str, int] = {}
+        self._by_device: dict[tuple[str, str], int] = {}
         self.instance = secrets.token_hex(8)  # this process's: leases die with it
 
     def open(
@@ -166,22 +168,17 @@ class LeaseBook:
         refusal: Refusal | None = None,
         profile: QosConfig | None = None,
     ) -> tuple[Lease, bool]:
-        """The claim's lease (and True when new). CONFLICT when the claim's lease is for
-        another device or node: that allocation ended, and its lease must close first.
+        """The lease of the claim's device (and True when new). CONFLICT when it is for
+        another node: that allocation ended, and its lease must close first.
         SLO_UNMET when ``refusal`` says the new lease (``want``) may not join the open
         ones (asked under the book's lock, so two opens cannot both take the last place)."""
         want = want or slo.Lease("")
         with self._lock:
-            known = self._by_claim.get(req.claim_uid)
+            known = self._by_device.get((req.claim_uid, req.device))
             if known is not None:
                 lease = self._by_id[known]
                 i = lease.info
-                if (i.namespace, i.name, i.device, i.node) != (
-                    req.namespace,
-                    req.name,
-                    req.device,
-                    req.node,
-                ):
+                if (i.namespace, i.name, i.node) != (req.namespace, req.name, req.node):
                     raise LeaseAPIError(
                         Code.CONFLICT,
                         f"claim {req.claim_uid} holds lease {i.lease} for {i.device} on {i.node}",
@@ -209,7 +206,7 @@ class LeaseBook:
             )
             lease = Lease(info, issue(self._secret, lease_id, self.donor, self._ttl), want, profile)
             self._by_id[lease_id] = lease
-            self._by_claim[req.claim_uid] = lease_id
+            self._by_device[(req.claim_uid, req.device)] = lease_id
             return lease, True
 
     def get(self, lease_id: int) -> Lease | None:
@@ -220,7 +217,7 @@ class LeaseBook:
         with self._lock:
             lease = self._by_id.pop(lease_id, None)
             if lease is not None:
-                self._by_claim.pop(lease.info.claim_uid, None)
+                self._by_device.pop((lease.info.claim_uid, lease.info.device), None)
             return lease
 
     def items(self) -> list[LeaseInfo]:

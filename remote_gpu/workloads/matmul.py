@@ -11,7 +11,10 @@ should have given is missing. ``--seconds S`` keeps calling for S seconds instea
 least ``--calls`` calls): a steady load. ``--local-fallback``: a claim that may be
 served by a GPU of the pod's own node (no lease in the env) computes here instead, on
 that GPU where a GPU library sees it (``remote_gpu.backends``), and says
-``"where": "local"``.
+``"where": "local"``. ``--all-leases``: a claim for several remote GPUs; every lease is
+opened (``RemoteGPUPool.from_env()``), the calls are spread over them (one in flight on
+each, results in call order, each product checked) and the line adds ``leases`` and
+``calls_by_lease``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 from remote_gpu import backends, builtins
 from remote_gpu.client import RemoteGPU
 from remote_gpu.errors import RemoteGPUError
+from remote_gpu.pool import RemoteGPUPool
 
 OK, WRONG, SERVICE_ERROR, NOT_CONFIGURED = 0, 1, 2, 3
 REQUIRED = ("REMOTE_GPU_ENDPOINT", "REMOTE_GPU_TOKEN_FILE")
@@ -56,6 +60,32 @@ class Local:
         return (self._matmul(*arrays),)
 
 
+def operands(size: int, cols: int | None, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Two left operands, taken in turn (consecutive calls compute different products),
+    and the right one."""
+    rng = np.random.default_rng(seed)
+    lefts = [rng.standard_normal((size, size), dtype=np.float32) for _ in range(2)]
+    return lefts, rng.standard_normal((size, cols or size), dtype=np.float32)
+
+
+def run_pool(pool: RemoteGPUPool, args: argparse.Namespace) -> dict[str, Any]:
+    """``--calls`` products (at least one per lease) spread over the pool's leases, each
+    checked in call order."""
+    lefts, b = operands(args.size, args.cols, args.seed)
+    calls = max(args.calls, len(pool.gpus))
+    start = time.perf_counter()
+    results = pool.map(args.function, ((lefts[i % 2], b) for i in range(calls)))
+    wrong = [i for i, (p,) in enumerate(results) if not correct(lefts[i % 2], b, p)]
+    spent = time.perf_counter() - start
+    moved = calls * (lefts[0].nbytes + 2 * b.nbytes)  # a, b and the product
+    out: dict[str, Any] = {"ok": not wrong, "calls": calls, "bytes": moved}
+    out |= {"seconds": round(spent, 6), "leases": pool.leases}
+    out["calls_by_lease"] = {str(k): v for k, v in pool.calls_by_lease().items()}
+    if wrong:
+        out["error"] = f"wrong products: calls {wrong[:8]}"
+    return out
+
+
 def run(
     gpu: RemoteGPU | Local,
     size: int,
@@ -65,10 +95,7 @@ def run(
     seed: int,
     cols: int | None = None,
 ) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    # Two left operands taken in turn: consecutive calls compute different products.
-    lefts = [rng.standard_normal((size, size), dtype=np.float32) for _ in range(2)]
-    b = rng.standard_normal((size, cols or size), dtype=np.float32)
+    lefts, b = operands(size, cols, seed)
     done = moved = 0
     spent = 0.0
     until = time.monotonic() + seconds
@@ -107,6 +134,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--function", default="matmul", help="the donor's name for matmul")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--all-leases",
+        action="store_true",
+        help="open every lease of the claim (REMOTE_GPUS) and spread the calls over them",
+    )
+    parser.add_argument(
         "--local-fallback",
         action="store_true",
         help="when the claim gave no remote GPU (no REMOTE_GPU_ENDPOINT), compute here",
@@ -138,10 +170,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return NOT_CONFIGURED
     code = OK
     try:
-        with RemoteGPU.from_env() as gpu:
-            out.update(where="remote", lease=gpu.lease, transport=gpu.transport)
-            out.update(run_as_asked(gpu, args))
-            code = OK if out["ok"] else WRONG
+        if args.all_leases:
+            with RemoteGPUPool.from_env(per_lease=1) as pool:
+                out.update(where="remote", lease=pool.leases[0])
+                out.update(run_pool(pool, args))
+        else:
+            with RemoteGPU.from_env() as gpu:
+                out.update(where="remote", lease=gpu.lease, transport=gpu.transport)
+                out.update(run_as_asked(gpu, args))
+        code = OK if out["ok"] else WRONG
     except RemoteGPUError as exc:
         out.update(ok=False, error=exc.message, code=str(exc.code))
         code = SERVICE_ERROR

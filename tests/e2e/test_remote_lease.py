@@ -78,8 +78,11 @@ SHM = Path("/dev/shm")
 class RemoteSetup:
     """Donor A (lending plugin + donor process), consumer C (plugin), the scaler."""
 
-    def __init__(self, kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str) -> None:
+    def __init__(
+        self, kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str, gpus: int = 1
+    ) -> None:
         self.kube, self.cp, self.root, self.ns = kube, cp, root, ns
+        self.gpus = gpus  # the donor's, each lent
         self.cluster = Cluster(kube, cp, root, unique)
         self.procs: list[ComponentProcess] = []
         self.consumer_kubelet: KubeletEmulator | None = None
@@ -108,7 +111,7 @@ class RemoteSetup:
         return token
 
     def start(self) -> None:
-        self.donor = self.cluster.donor(gpus=1, max_leases=2)
+        self.donor = self.cluster.donor(gpus=self.gpus, max_leases=max(2, self.gpus))
         self.donor_proc = donor_process(
             self.donor,
             self.secret,

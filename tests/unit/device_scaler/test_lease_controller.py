@@ -15,6 +15,7 @@ from device_scaler.leases import (
     RemoteAlloc,
     condition_entry,
     lending_donors,
+    merged_status,
     plan,
     remote_allocations,
     with_retries,
@@ -125,6 +126,25 @@ def test_plan_closes_leases_no_allocation_holds() -> None:
     assert kinds.index(Open) > max(i for i, k in enumerate(kinds) if k is Close)
 
 
+def test_plan_keeps_one_lease_per_device_of_a_claim_with_several() -> None:
+    devices = [f"gpu-{i}-remote" for i in range(3)]
+    fresh = [alloc("s", device=d) for d in devices]
+    assert plan(fresh, {"node-a": listed()}) == [Open(a) for a in fresh]
+    ready = [alloc("s", "ready", 10 + i, device=d, instance="i1") for i, d in enumerate(devices)]
+    held = listed(*(info("s", 10 + i, device=d) for i, d in enumerate(devices)))
+    assert plan(ready, {"node-a": held}) == []
+    # One device's lease lost in a donor restart: that device fails, not the others.
+    after = listed(
+        info("s", 11, device=devices[1]), info("s", 12, device=devices[2]), instance="i2"
+    )
+    assert plan(ready, {"node-a": after}) == [
+        Fail(ready[0], "LeaseLost", "donor node-a no longer holds lease 10")
+    ]
+    # The claim now holds two of them: the third's lease goes.
+    closes = plan(ready[1:], {"node-a": held})
+    assert closes == [Close("node-a", 10, "claim allocated elsewhere")]
+
+
 def test_plan_fails_a_ready_lease_its_donor_lost_but_judges_only_listed_donors() -> None:
     r = alloc("r", "ready", 3, instance="i1")
     # The donor restarted (another instance): the lease is lost.
@@ -193,3 +213,22 @@ def test_lending_donors_are_the_node_pools_with_remote_devices() -> None:
         {"spec": {"driver": DRIVER, "pool": {"name": "node-d"}, "sharedCounters": []}},
     ]
     assert lending_donors(slices, DRIVER) == {"node-a"}
+
+
+def test_merged_status_writes_a_claims_devices_together_and_keeps_its_others() -> None:
+    def entry(device: str, lease: int, driver: str = DRIVER) -> dict[str, Any]:
+        return {"driver": driver, "pool": "node-a", "device": device, **ready(lease)}
+
+    current = [
+        entry("gpu-0-remote", 1),  # ours, another device: kept
+        entry("gpu-1-remote", 2),  # ours, written again now: replaced
+        entry("gpu-5-remote", 3, driver="other.example.com"),  # not ours
+        {"driver": DRIVER, "pool": "node-a", "device": "gpu-6-remote"},  # no condition of ours
+    ]
+    new = [entry("gpu-1-remote", 7), entry("gpu-2-remote", 8)]
+    merged = merged_status(current, DRIVER, new)
+    assert [(e["device"], e["data"]["lease"]) for e in merged] == [
+        ("gpu-0-remote", 1),
+        ("gpu-1-remote", 7),
+        ("gpu-2-remote", 8),
+    ]

@@ -39,10 +39,14 @@ class FakeDonors:
         self.closed.append((donor, lease))
 
 
-def remote_claim(uid: str, lease: int | None = 17, node: str = NODE) -> dict[str, Any]:
+def remote_claim(
+    uid: str, lease: int | None = 17, node: str = NODE, gpus: int = 1
+) -> dict[str, Any]:
+    """A claim allocated ``gpus`` of the donor's remote devices (leases 17, 18, ...)."""
+    devices = [f"gpu-{i}-remote" for i in range(gpus)]
     obj = claim(
         uid=uid,
-        results=[{"request": "gpu", "driver": DRIVER, "pool": DONOR, "device": "gpu-0-remote"}],
+        results=[{"request": "gpu", "driver": DRIVER, "pool": DONOR, "device": d} for d in devices],
     )
     obj["status"]["allocation"]["nodeSelector"] = {
         "nodeSelectorTerms": [
@@ -54,10 +58,11 @@ def remote_claim(uid: str, lease: int | None = 17, node: str = NODE) -> dict[str
             {
                 "driver": DRIVER,
                 "pool": DONOR,
-                "device": "gpu-0-remote",
+                "device": d,
                 "conditions": [{"type": "RemoteGPUReady", "status": "True"}],
-                "data": {"donor": DONOR, "endpoint": "10.0.0.4:7470", "lease": lease},
+                "data": {"donor": DONOR, "endpoint": f"10.0.0.4:{7470 + i}", "lease": lease + i},
             }
+            for i, d in enumerate(devices)
         ]
     return obj
 
@@ -118,6 +123,39 @@ def test_prepare_writes_the_token_file_and_the_env_from_env_reads(env: Env) -> N
     assert not host.exists()
     assert resolve(env.cdi_dir, device.cdi_device_ids[0]) is None
     assert env.donors.closed == [(DONOR, 17)]
+
+
+def container_env(env: Env, ids: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The env and mounts (container path -> host path) the CDI devices ``ids`` give."""
+    out: dict[str, str] = {}
+    mounts: dict[str, str] = {}
+    for device_id in ids:
+        edits = (resolve(env.cdi_dir, device_id) or {})["containerEdits"]
+        for k, v in (e.split("=", 1) for e in edits["env"]):
+            assert out.setdefault(k, v) == v, f"{k} conflicts between the claim's devices"
+        mounts |= {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    return out, mounts
+
+
+def test_several_remote_devices_each_get_an_index_and_their_own_token(env: Env) -> None:
+    ref = env.add(remote_claim("u-4", gpus=3))
+    out = env.preparer.prepare([ref])[ref.uid]
+    assert not out.error, out.error
+    ids = [i for d in out.devices for i in d.cdi_device_ids]
+    got, mounts = container_env(env, ids)
+    assert got["REMOTE_GPUS"] == "0,1,2"
+    for i in range(3):
+        assert got[f"REMOTE_GPU_{i}_ENDPOINT"] == f"10.0.0.4:{7470 + i}"
+        assert got[f"REMOTE_GPU_{i}_LEASE"] == str(17 + i)
+        token = json.loads(Path(mounts[got[f"REMOTE_GPU_{i}_TOKEN_FILE"]]).read_text())
+        assert token["lease"] == 17 + i
+    # The first device keeps the names RemoteGPU.from_env() reads.
+    assert got["REMOTE_GPU_LEASE"] == "17"
+    assert got["REMOTE_GPU_TOKEN_FILE"] == got["REMOTE_GPU_0_TOKEN_FILE"]
+    assert sorted(env.donors.fetched) == [(DONOR, 17), (DONOR, 18), (DONOR, 19)]
+    assert env.preparer.unprepare([ref]) == {ref.uid: ""}
+    assert sorted(env.donors.closed) == sorted(env.donors.fetched)
+    assert not any(Path(h).exists() for h in mounts.values())
 
 
 def test_no_ready_lease_or_another_node_is_a_claim_error(env: Env) -> None:

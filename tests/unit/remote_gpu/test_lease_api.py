@@ -198,9 +198,21 @@ def test_only_the_controller_opens_and_lists_and_opening_is_idempotent(served: S
     first = controller.open(DONOR, request("o1"))
     assert controller.open(DONOR, request("o1")) == first
     assert first.endpoint == "127.0.0.1:7470" and first.donor == "donor-a"
-    # The same claim's lease for another device: that allocation must end first.
-    refused(lambda: controller.open(DONOR, request("o1", device="gpu-1-remote")), Code.CONFLICT)
+    # The same device of the claim for another node: that allocation must end first.
+    refused(lambda: controller.open(DONOR, request("o1", node="node-x")), Code.CONFLICT)
     assert first.lease in {i.lease for i in controller.list(DONOR).items}
+
+
+def test_a_claim_with_several_remote_devices_gets_a_lease_for_each(served: Served) -> None:
+    controller = served.client("controller")
+    leases = [controller.open(DONOR, request("m1", device=f"gpu-{i}-remote")) for i in range(3)]
+    assert len({i.lease for i in leases}) == 3
+    assert controller.open(DONOR, request("m1", device="gpu-1-remote")) == leases[1]
+    controller.close(DONOR, leases[0].lease)
+    # Closing one leaves the others, and that device may have a lease again.
+    listed = {i.lease for i in controller.list(DONOR).items}
+    assert {leases[1].lease, leases[2].lease} <= listed and leases[0].lease not in listed
+    assert controller.open(DONOR, request("m1", device="gpu-0-remote")).lease != leases[0].lease
 
 
 def test_credentials_only_for_the_consumer_nodes_plugin_and_a_real_allocation(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from composable_dra.model.remote_env import lease_env as names_for
 from remote_gpu import tokens
 from remote_gpu.donor import DonorConfig
 from remote_gpu.workloads import matmul
@@ -114,3 +115,48 @@ def test_local_fallback_computes_here_without_a_lease(
     out = last_line(capsys)
     assert out["ok"] is True and out["where"] == "local" and out["backend"] == "numpy"
     assert out["calls"] == 2
+
+
+def several_leases(
+    donor: Running, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, count: int
+) -> list[int]:
+    """The env a claim for ``count`` remote GPUs gives (the names the plugin writes)."""
+    ids = []
+    for i in range(count):
+        token = donor.token()
+        path = tmp_path / f"token-{i}"
+        tokens.write(path, token)
+        for k, v in names_for(i, count, donor.endpoint, token.lease, str(path)).items():
+            monkeypatch.setenv(k, v)
+        ids.append(token.lease)
+    monkeypatch.setenv("REMOTE_GPU_TRANSPORT", "tcp")
+    return ids
+
+
+def test_all_leases_spreads_the_products_over_every_lease_and_checks_them(
+    donor: Running,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ids = several_leases(donor, monkeypatch, tmp_path, 3)
+    code = matmul.main(["--all-leases", "--size", "32", "--calls", "7"])
+    out = last_line(capsys)
+    assert code == matmul.OK and out["ok"] is True, out
+    assert out["leases"] == ids and out["calls"] == 7
+    by_lease = out["calls_by_lease"]
+    assert isinstance(by_lease, dict) and sorted(by_lease) == sorted(map(str, ids))
+    assert all(n >= 1 for n in by_lease.values()) and sum(by_lease.values()) == 7
+    assert out["bytes"] == 7 * 3 * 32 * 32 * 4
+
+
+def test_all_leases_with_a_wrong_product_exits_1(
+    donor: Running,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    several_leases(donor, monkeypatch, tmp_path, 2)
+    code = matmul.main(["--all-leases", "--size", "16", "--function", "wrong"])
+    out = last_line(capsys)
+    assert code == matmul.WRONG and out["ok"] is False and "wrong products" in str(out["error"])
