@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import promql_parser
+from prometheus_client.parser import text_string_to_metric_families
 
 from testbed import chart
 
@@ -40,8 +43,12 @@ class PromtoolError(RuntimeError):
 def rendered() -> tuple[dict[str, Any], dict[str, Any]]:
     """The dashboard (parsed JSON) and the PrometheusRule's spec, from the chart as
     rendered with both turned on."""
-    objs = chart.render(values={"grafanaDashboard": {"enabled": True}, "prometheusRule": {"enabled": True}})
-    [cm] = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    objs = chart.render(
+        values={"grafanaDashboard": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    )
+    [cm] = [
+        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")
+    ]
     [rule] = [o for o in objs if o["kind"] == "PrometheusRule"]
     [text] = cm["data"].values()
     return json.loads(text), rule["spec"]
@@ -84,7 +91,9 @@ def _children(node: Any) -> list[Any]:
         return [node.expr] + ([node.param] if node.param is not None else [])
     if isinstance(node, promql_parser.MatrixSelector):
         return [node.vector_selector]
-    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr | promql_parser.SubqueryExpr):
+    if isinstance(
+        node, promql_parser.ParenExpr | promql_parser.UnaryExpr | promql_parser.SubqueryExpr
+    ):
         return [node.expr]
     return []
 
@@ -140,5 +149,91 @@ def promtool(*args: str | Path, cwd: Path | None = None) -> str:
         cwd=cwd,
     )
     if out.returncode != 0:
-        raise PromtoolError(f"promtool {' '.join(map(str, args))} failed:\n{out.stdout}{out.stderr}")
+        raise PromtoolError(
+            f"promtool {' '.join(map(str, args))} failed:\n{out.stdout}{out.stderr}"
+        )
     return out.stdout + out.stderr
+
+
+# -- scraped samples as promtool input ------------------------------------------------------
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def samples(text: str, instance: str) -> dict[str, float]:
+    """One scrape (Prometheus text format) as series -> value, each series labelled with
+    ``instance`` and ``job`` as Prometheus labels its targets' samples."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = {**s.labels, "instance": instance, "job": instance}
+            body = ", ".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            out[f"{s.name}{{{body}}}"] = float(s.value)
+    return out
+
+
+def series_names(scrapes: dict[str, list[str]]) -> set[str]:
+    """Every series name the scrapes hold a sample of."""
+    return {
+        series.split("{", 1)[0]
+        for instance, texts in scrapes.items()
+        for text in texts
+        for series in samples(text, instance)
+    }
+
+
+def input_series(scrapes: dict[str, list[str]]) -> list[dict[str, str]]:
+    """promtool's input_series: each instance's scrapes as consecutive steps (one a
+    step); a series missing from a scrape, or NaN there, is ``_`` at that step."""
+    steps = max(len(texts) for texts in scrapes.values())
+    values: dict[str, list[str]] = {}
+    for instance, texts in scrapes.items():
+        for i, text in enumerate(texts):
+            for series, v in samples(text, instance).items():
+                row = values.setdefault(series, ["_"] * steps)
+                row[i] = "_" if math.isnan(v) else repr(v)
+    return [{"series": s, "values": " ".join(v)} for s, v in sorted(values.items())]
+
+
+def finds_data_tests(queries: list[Query], scrapes: dict[str, list[str]]) -> dict[str, Any]:
+    """A promtool rules test that asks of each query, at the last scrape, that it returns
+    at least one sample (any value: a histogram_quantile of no new observations is NaN,
+    which is still a panel that shows something)."""
+    steps = max(len(texts) for texts in scrapes.values())
+    return {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "every query finds data",
+                "interval": "1m",
+                "input_series": input_series(scrapes),
+                "promql_expr_test": [
+                    {
+                        "expr": f"clamp_max(count({q.expr}), 1)",
+                        "eval_time": f"{steps - 1}m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                    for q in queries
+                ],
+            }
+        ],
+    }
+
+
+def scrape(port: int) -> str:
+    """One scrape of the /metrics a component serves on ``port`` of this machine."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def total(text: str, name: str) -> float:
+    """The sum of the samples named ``name`` in one scrape (0: none)."""
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    )

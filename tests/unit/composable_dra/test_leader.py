@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.leaderelection import leaderelection
 from prometheus_client import REGISTRY
 
 from composable_dra.k8s import leader
@@ -39,7 +40,7 @@ class _Election:
 def test_the_leader_gauge_is_1_while_leading_and_0_after_the_lease_is_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(leader.leaderelection, "LeaderElection", _Election)
+    monkeypatch.setattr(leaderelection, "LeaderElection", _Election)
     lost = threading.Event()
     api = client.ApiClient(client.Configuration())
     leader.acquire("gauge-test", "composable-dra", lost, identity="me", api=api)

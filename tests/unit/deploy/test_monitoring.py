@@ -41,9 +41,7 @@ def test_metric_names_come_from_every_selector_and_nothing_else() -> None:
         ' and label_replace(f, "dst", "$1", "src", "(.*)")'
     )
     assert metric_names(expr) == {"a_seconds_bucket", "c", "d_total", "e", "f"}
-    assert metric_names("sum(rate(x[$__rate_interval]))".replace("$__rate_interval", "1m")) == {
-        "x"
-    }
+    assert metric_names("sum(rate(x[$__rate_interval]))".replace("$__rate_interval", "1m")) == {"x"}
     with pytest.raises(ValueError, match="no metric name"):
         metric_names('{job="a"}')
 
@@ -114,7 +112,9 @@ def test_promtool_checks_the_rendered_rules(
 def test_promtool_rule_tests_pass_with_a_firing_and_a_quiet_case_per_alert() -> None:
     tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
     cases = [c for t in tests for c in t["alert_rule_test"]]
-    alerts = {r["alert"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]}
+    alerts = {
+        r["alert"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]
+    }
     for alert in alerts:
         outcomes = {bool(c["exp_alerts"]) for c in cases if c["alertname"] == alert}
         assert outcomes == {True, False}, f"{alert}: needs a test that fires and one that does not"

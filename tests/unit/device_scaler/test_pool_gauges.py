@@ -35,14 +35,14 @@ def test_oldest_transient_ages_from_creation_or_from_deletion() -> None:
 
 
 def test_quarantines_are_counted_by_pool_and_pending_claims_have_no_allocation() -> None:
-    rules = [
+    rules: list[JSON] = [
         {"spec": {"deviceSelector": {"pool": "fab/z1", "device": "a"}}},
         {"spec": {"deviceSelector": {"pool": "fab/z1", "device": "b"}}},
         {"spec": {"deviceSelector": {"pool": "fab/z2", "device": "c"}}},
         {"spec": {}},
     ]
     assert pg.quarantined_by_pool(rules) == {"fab/z1": 2, "fab/z2": 1}
-    claims = [{"status": {}}, {}, {"status": {"allocation": {"devices": {}}}}]
+    claims: list[JSON] = [{"status": {}}, {}, {"status": {"allocation": {"devices": {}}}}]
     assert pg.pending_claims(claims) == 2
 
 
