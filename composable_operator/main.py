@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.leader_elect:
         leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=kube.api)
-    else:
-        leader.mark(args.leader_elect_lease, True)
+    leader.mark(args.leader_elect_lease, not lost.is_set())  # 1 also with no election
     # One connection per I/O thread: each makes at most one fabric call at a time.
     fabrics = Fabrics(kube, connections=args.io_threads)
     settings = controller.ControllerSettings(
