@@ -49,7 +49,6 @@ def pool_run(make_suite: MakeSuite, namespace: str) -> Scrapes:
     ports = {c: free_port() for c in ("operator", "pool-publisher", "scaler", "plugin")}
     suite = make_suite(
         hosts=("node-1",),
-        attach_timeout=6,
         quarantine=600,
         no_removal=600,  # the released GPUs stay idle until the end
         operator_args=[f"--metrics-port={ports['operator']}"],
@@ -64,8 +63,8 @@ def pool_run(make_suite: MakeSuite, namespace: str) -> Scrapes:
     # A standby policy that keeps nothing: the standby gauges, and no standby attach.
     standby = {"maxPerZone": 0, "minPerZone": 0, "windowSeconds": 60, "attachSeconds": 30}
     suite.kube.merge_patch(path(API, "fabrics", suite.fabric), {"spec": {"standby": standby}})
-    # The first attach fails until the scaler's attach timeout: its block is quarantined.
-    suite.emulator.add_fault({"kind": "task_failure", "count": 5, "path": "AddResourceBlock"})
+    # The first attach task fails (FabricOperationFailed): its block is quarantined.
+    suite.emulator.add_fault({"kind": "task_failure", "count": 1, "path": "AddResourceBlock"})
     pods = ("p1", "p2")
     for pod in pods:
         suite.create_pod(namespace, pod, local_first=False)

@@ -119,3 +119,40 @@ def test_promtool_rule_tests_pass_with_a_firing_and_a_quiet_case_per_alert() -> 
         outcomes = {bool(c["exp_alerts"]) for c in cases if c["alertname"] == alert}
         assert outcomes == {True, False}, f"{alert}: needs a test that fires and one that does not"
     monitoring.promtool("test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
+
+
+FIRST = """# TYPE a_total counter
+a_total{path="x\\\\\\"y"} 1.0
+# TYPE g gauge
+g NaN
+"""
+SECOND = """# TYPE a_total counter
+a_total{path="x\\\\\\"y"} 3.0
+# TYPE g gauge
+g 2.0
+# TYPE late gauge
+late 1.0
+"""
+
+
+def test_scrapes_become_promtool_series_one_step_a_scrape() -> None:
+    series = monitoring.input_series({"op": [FIRST, SECOND]})
+    assert series == [
+        {"series": 'a_total{instance="op", job="op", path="x\\\\\\"y"}', "values": "1.0 3.0"},
+        {"series": 'g{instance="op", job="op"}', "values": "_ 2.0"},
+        {"series": 'late{instance="op", job="op"}', "values": "_ 1.0"},
+    ]
+    assert monitoring.series_names({"op": [FIRST, SECOND]}) == {"a_total", "g", "late"}
+    assert monitoring.total(SECOND, "a_total") == 3
+
+
+def test_the_finds_data_check_fails_a_query_with_no_data(tmp_path: Path) -> None:
+    scrapes = {"op": [FIRST, SECOND]}
+    found = [Query("rate", "sum by (path) (rate(a_total[5m]))"), Query("late", "late")]
+    tests = tmp_path / "t.yaml"
+    tests.write_text(yaml.safe_dump(monitoring.finds_data_tests(found, scrapes)))
+    monitoring.promtool("test", "rules", tests.name, cwd=tmp_path)
+    empty = [Query("none", 'a_total{path="other"}')]
+    tests.write_text(yaml.safe_dump(monitoring.finds_data_tests(empty, scrapes)))
+    with pytest.raises(monitoring.PromtoolError, match="a_total"):
+        monitoring.promtool("test", "rules", tests.name, cwd=tmp_path)
