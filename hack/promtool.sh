@@ -1,41 +1,30 @@
 #!/usr/bin/env bash
 # Build (or reuse) promtool from source through the Go module proxy, cached by version
-# outside the work tree, as hack/helm.sh does for helm. Progress goes to stderr; the last
-# line printed on stdout is the path of the promtool binary.
+# outside the work tree. Progress goes to stderr; the last line printed on stdout is the
+# path of the promtool binary (tests/unit/deploy/test_monitoring.py and the e2e test
+# tests/e2e/test_monitoring.py run it through testbed/monitoring.py).
 set -euo pipefail
+build_name=promtool
+# shellcheck source=hack/lib/build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/build.sh"
 
-# Prometheus tags its Go module v0.<minor*100+patch>.0: v0.316.0 is Prometheus 3.16.0.
+# Prometheus tags its Go module v0.<major*100+minor>.<patch>: v0.316.0 is Prometheus 3.16.0.
 version=${PROMTOOL_VERSION:-v0.316.0}
-cache_root=${COMPOSABLE_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/composable-dra}
 out="$cache_root/promtool/$version"
-bin="$out/promtool"
 
-log() { printf '[promtool] %s\n' "$*" >&2; }
-
-if [[ -x $bin ]]; then
+if [[ -x $out/promtool ]]; then
   log "reusing cached promtool $version"
-  echo "$bin"
+  echo "$out/promtool"
   exit 0
 fi
-
-if ! command -v go >/dev/null 2>&1; then
-  log "ERROR: Go is not installed or not on PATH; Go >= 1.26 is needed to build promtool $version."
-  log "Install Go, or put a promtool $version binary at $bin"
-  exit 1
-fi
-
-mkdir -p "$out"
-tmp=$(mktemp -d "$out/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-log "building promtool $version from source (a cold build takes several minutes) ..."
+start_build "$out" "promtool $version" "promtool $version" "holding a promtool binary" promtool
+log "building promtool $version from source (a cold build takes many minutes) ..."
 start=$SECONDS
 # `go install` of a module version builds it with exactly its own go.mod; GOBIN puts the
-# binary in the temporary directory first, so a killed build never leaves a half-written
-# promtool in the cache.
-CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -trimpath" \
-  go install -ldflags "-s -w -X github.com/prometheus/common/version.Version=$version" \
+# binary in the scratch directory first, so a killed build leaves no half-written promtool.
+GOBIN="$tmp" GOFLAGS="$GOFLAGS -mod=mod" go install \
+  -ldflags "-s -w" \
   "github.com/prometheus/prometheus/cmd/promtool@$version"
-mv "$tmp/promtool" "$bin"
+mv "$tmp/promtool" "$out/promtool"
 log "built promtool $version in $((SECONDS - start))s"
-"$bin" --version >&2
-echo "$bin"
+echo "$out/promtool"
