@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import socket
@@ -30,6 +31,15 @@ LEADING = Gauge(
 
 def mark(lease: str, leading: bool) -> None:
     LEADING.labels(lease).set(1 if leading else 0)
+
+
+def lead(args: argparse.Namespace, lost: threading.Event, api: client.ApiClient | None) -> None:
+    """Block until this process leads ``args.leader_elect_lease`` (in
+    ``args.leader_elect_namespace``) when ``args.leader_elect``; without election it leads
+    at once. Either way the leader gauge says so."""
+    if args.leader_elect:
+        acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=api)
+    mark(args.leader_elect_lease, not lost.is_set())
 
 
 def default_identity() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import threading
 from typing import Any
 
@@ -49,8 +50,9 @@ def test_the_leader_gauge_is_1_while_leading_and_0_after_the_lease_is_lost(
     wait_for(lambda: _leading("gauge-test") == 0, 5, "the gauge to drop to 0")
 
 
-def test_mark_sets_the_gauge_of_a_process_without_election() -> None:
-    leader.mark("unelected", True)
+def test_a_process_without_election_leads_at_once_and_says_so() -> None:
+    args = argparse.Namespace(leader_elect=False, leader_elect_lease="unelected")
+    leader.lead(args, threading.Event(), None)
     assert _leading("unelected") == 1
     leader.mark("unelected", False)
     assert _leading("unelected") == 0
