@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint unit e2e bench control-plane node vendor-plugin image install protos fmt clean
+.PHONY: demo test lint unit e2e bench control-plane node vendor-plugin promtool image install protos fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ control-plane:
 node:
 	@bash hack/node/build.sh
 
+## promtool: build or reuse promtool (the dashboard and alert tests); prints its path last
+promtool:
+	@bash hack/promtool.sh
+
 ## vendor-plugin: build or reuse the vendor-like DRA kubelet plugin (Go) that the
 ## vendor-driver mode's end-to-end test runs; prints its directory last
 vendor-plugin:
@@ -43,15 +47,20 @@ demo: install
 	KUBE_BIN_DIR=$$dir $(PY) -m hack.demo $(DEMO_ARGS)
 
 ## test: every test: lint and types, unit tests, end-to-end tests on a real control plane
+# promtool is built (or found cached) before the tests: a cold build takes longer than
+# one test may (the dashboard and alert tests would build it themselves otherwise).
 test: lint
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	bash hack/promtool.sh >/dev/null; \
 	KUBE_BIN_DIR=$$dir $(PY) -m pytest $(PYTEST_ARGS)
 
 unit: install
+	@bash hack/promtool.sh >/dev/null
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 e2e: install
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
+	bash hack/promtool.sh >/dev/null; \
 	KUBE_BIN_DIR=$$dir $(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install

@@ -174,8 +174,12 @@ async def report(watch: FabricWatch, name: str, inv: Inventory) -> None:
     by_model: Counter[str] = Counter()
     for entry in free:
         by_model[entry["model"]] += entry["count"]
-    for model, count in by_model.items():
-        metrics.POOL_FREE.labels(name, model).set(count)
+    # Every model the fabric has, 0 where none is free: a model whose last free device
+    # went must read 0, not the count it had (what a "pool exhausted" alert looks for).
+    models = {d.model for d in inv.devices.values()} | {m for _, m in inv.free_counts}
+    for model in models | set(by_model):
+        metrics.POOL_FREE.labels(name, model).set(by_model.get(model, 0))
+    metrics.FABRIC_REACHABLE.labels(name).set(1)
     await asyncio.to_thread(
         watch.write_status,
         name,
@@ -231,6 +235,22 @@ async def handle_orphans(
     return first_seen
 
 
+async def report_unreachable(
+    watch: FabricWatch, name: str, exc: FabricError | FabricConfigError
+) -> None:
+    """A pass that could not read the fabric: counted, and the Fabric's status says so."""
+    if isinstance(exc, FabricError):
+        metrics.FABRIC_ERRORS.labels(name, exc.kind).inc()
+    metrics.FABRIC_REACHABLE.labels(name).set(0)
+    log.warning("fabric unreachable", fabric=name, error=str(exc))
+    try:
+        await asyncio.to_thread(
+            watch.write_status, name, {"reachable": False}, False, type(exc).__name__, str(exc)
+        )
+    except Exception:
+        log.exception("could not write Fabric status", fabric=name)
+
+
 # The Fabric daemon's one loop (read, publish, report, orphans) as kopf wants it, a
 # closure; what it decides lives in FabricWatch and the functions above.
 def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
@@ -259,20 +279,7 @@ def register(registry: kopf.OperatorRegistry, watch: FabricWatch) -> None:
                         watch, name, spec, inv, body, by_device, first_seen
                     )
             except (FabricError, FabricConfigError) as exc:
-                if isinstance(exc, FabricError):
-                    metrics.FABRIC_ERRORS.labels(name, exc.kind).inc()
-                flog.warning("fabric unreachable", error=str(exc))
-                try:
-                    await asyncio.to_thread(
-                        watch.write_status,
-                        name,
-                        {"reachable": False},
-                        False,
-                        type(exc).__name__,
-                        str(exc),
-                    )
-                except Exception:
-                    flog.exception("could not write Fabric status")
+                await report_unreachable(watch, name, exc)
                 interval = min(interval, 10.0)
             except Exception:
                 metrics.RECONCILE_ERRORS.labels("fabric").inc()

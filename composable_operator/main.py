@@ -90,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     kube = Kube.from_config(
         args.kubeconfig, pool_size=args.io_threads, user_agent="composable-dra/operator"
     )
-    if args.leader_elect:
-        leader.acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=kube.api)
+    leader.lead(args, lost, api=kube.api)
     # One connection per I/O thread: each makes at most one fabric call at a time.
     fabrics = Fabrics(kube, connections=args.io_threads)
     settings = controller.ControllerSettings(

@@ -28,10 +28,11 @@ FABRIC_CALLS = Counter(
     "Attach and detach calls made to the fabric.",
     ["fabric", "operation"],
 )
-RESOURCES = Gauge(
-    "composable_dra_composable_resources",
-    "ComposableResources by phase.",
-    ["phase"],
+# 1 after a pass read the fabric's inventory, 0 after a pass that could not.
+FABRIC_REACHABLE = Gauge(
+    "composable_dra_fabric_reachable",
+    "Whether the last inventory read of a fabric succeeded (1) or failed (0).",
+    ["fabric"],
 )
 RECONCILE_ERRORS = Counter(
     "composable_dra_reconcile_errors_total",

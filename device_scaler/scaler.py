@@ -36,6 +36,7 @@ from composable_dra.model.names import (
     normalize_uuid,
 )
 from composable_dra.process import logs
+from device_scaler import pool_gauges
 from device_scaler import standby as sb
 from device_scaler.decide import (
     CreateResource,
@@ -355,6 +356,7 @@ class Scaler(InformerDriven):
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
         self._standby_metrics(own)
+        pool_gauges.publish(snap.resources, snap.quarantines, snap.claims, snap.now)
         return len(actions)
 
     def _standby_inputs(self, snap: ScalerSnapshot) -> sb.StandbyInputs:

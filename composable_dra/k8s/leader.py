@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import socket
@@ -11,12 +12,34 @@ import uuid
 from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+from prometheus_client import Gauge
 
 from composable_dra.process import logs
 
 log = logs.get(__name__)
 # The elector logs every renewal at info; keep its warnings, report transitions ourselves.
 logging.getLogger("leaderelection").setLevel(logging.WARNING)
+
+# 1 while this process does its lease's work (also when it runs without election), 0 while
+# it waits for the lease or after losing it: no process at 1 for a lease is a leader lost.
+LEADING = Gauge(
+    "composable_dra_leader",
+    "1 while this process leads its lease (or runs without election), else 0",
+    ["lease"],
+)
+
+
+def mark(lease: str, leading: bool) -> None:
+    LEADING.labels(lease).set(1 if leading else 0)
+
+
+def lead(args: argparse.Namespace, lost: threading.Event, api: client.ApiClient | None) -> None:
+    """Block until this process leads ``args.leader_elect_lease`` (in
+    ``args.leader_elect_namespace``) when ``args.leader_elect``; without election it leads
+    at once. Either way the leader gauge says so."""
+    if args.leader_elect:
+        acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=api)
+    mark(args.leader_elect_lease, not lost.is_set())
 
 
 def default_identity() -> str:
@@ -53,14 +76,17 @@ def acquire(
     """
     leading = threading.Event()
     me = identity or default_identity()
+    mark(lease, False)
 
     def started() -> None:
         log.info("became leader", lease=f"{namespace}/{lease}", identity=me)
+        mark(lease, True)
         leading.set()
         lost.wait()
 
     def stopped() -> None:
         log.warning("stopped leading", lease=f"{namespace}/{lease}", identity=me)
+        mark(lease, False)
         lost.set()
 
     config = electionconfig.Config(

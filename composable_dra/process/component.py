@@ -95,6 +95,8 @@ def run_controller(
         )
         if stop.is_set():
             return 0
+    else:
+        leader.mark(args.leader_elect_lease, True)
     controller = make(kube)
     controller.start()
     log.info("started", component=component, leader_elect=args.leader_elect)

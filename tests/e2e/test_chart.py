@@ -66,16 +66,21 @@ class Resources:
         )
 
 
-def install_service_monitor_crd(kube: Kube) -> None:
-    """A stand-in for the Prometheus Operator's ServiceMonitor CRD (schema left open)."""
+# The Prometheus Operator's kinds the chart renders (monitoring.coreos.com/v1): plural.
+MONITORING_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
+
+
+def install_monitoring_crd(kube: Kube, kind: str) -> None:
+    """A stand-in for one of the Prometheus Operator's CRDs (schema left open)."""
+    plural = MONITORING_KINDS[kind]
     crd: JSON = {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
         "spec": {
             "group": "monitoring.coreos.com",
             "scope": "Namespaced",
-            "names": {"kind": "ServiceMonitor", "plural": "servicemonitors"},
+            "names": {"kind": kind, "plural": plural},
             "versions": [
                 {
                     "name": "v1",
@@ -99,7 +104,7 @@ def install_service_monitor_crd(kube: Kube) -> None:
         conditions = kube.get(crd_path).get("status", {}).get("conditions", [])
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_for(established, 30, "the ServiceMonitor CRD to be established")
+    wait_for(established, 30, f"the {kind} CRD to be established")
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +165,8 @@ def test_rendered_chart_passes_server_side_dry_run(
         # The namespaces a Role is rendered into must exist, even for a dry run.
         values={"credentialsNamespaces": [namespace]},
     )
-    if any(o["kind"] == "ServiceMonitor" for o in objs):
-        install_service_monitor_crd(kube_json)
+    for kind in sorted({o["kind"] for o in objs} & set(MONITORING_KINDS)):
+        install_monitoring_crd(kube_json, kind)
     resources = Resources(kube_json)
     # Other tests share the control plane: only what did not exist may not appear.
     absent = [o for o in objs if kube_json.get_or_none(resources.url(o, namespace)) is None]

@@ -1,10 +1,18 @@
-"""composable_dra.k8s.leader: the elector's requests name the component."""
+"""composable_dra.k8s.leader: the elector's requests name the component; the leader gauge."""
 
 from __future__ import annotations
 
+import argparse
+import threading
+from typing import Any
+
+import pytest
 from kubernetes import client
+from kubernetes.leaderelection import leaderelection
+from prometheus_client import REGISTRY
 
 from composable_dra.k8s import leader
+from testbed.wait import wait_for
 
 
 def test_the_lease_lock_renews_through_the_components_client() -> None:
@@ -13,3 +21,38 @@ def test_the_lease_lock_renews_through_the_components_client() -> None:
     lock = leader.lease_lock("scaler", "composable-dra", "me", api)
     assert lock.api_instance.api_client is api
     assert lock.api_instance.api_client.user_agent == "composable-dra/scaler"
+
+
+def _leading(lease: str) -> float | None:
+    return REGISTRY.get_sample_value("composable_dra_leader", {"lease": lease})
+
+
+class _Election:
+    """The elector, at once leading until the lease is lost, then stopping."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def run(self) -> None:
+        self.config.onstarted_leading()
+        self.config.onstopped_leading()
+
+
+def test_the_leader_gauge_is_1_while_leading_and_0_after_the_lease_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(leaderelection, "LeaderElection", _Election)
+    lost = threading.Event()
+    api = client.ApiClient(client.Configuration())
+    leader.acquire("gauge-test", "composable-dra", lost, identity="me", api=api)
+    assert _leading("gauge-test") == 1
+    lost.set()
+    wait_for(lambda: _leading("gauge-test") == 0, 5, "the gauge to drop to 0")
+
+
+def test_a_process_without_election_leads_at_once_and_says_so() -> None:
+    args = argparse.Namespace(leader_elect=False, leader_elect_lease="unelected")
+    leader.lead(args, threading.Event(), None)
+    assert _leading("unelected") == 1
+    leader.mark("unelected", False)
+    assert _leading("unelected") == 0

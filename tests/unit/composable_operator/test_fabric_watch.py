@@ -5,16 +5,18 @@ Kube is a fake that counts what it is asked."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from api.v1alpha1 import FabricSpec, NodeMapping
-from composable_dra.fabric.backend import Device, Host, Inventory
+from composable_dra.fabric.backend import Device, FabricError, Host, Inventory
 from composable_dra.fabric.registry import host_nodes
 from composable_dra.k8s.kube import JSON
 from composable_operator.cluster_cache import Nodes, slim_node
-from composable_operator.fabric_status import FabricWatch
+from composable_operator.fabric_status import FabricWatch, report, report_unreachable
 from composable_operator.inventories import InventorySnapshot, online_look, still_online
 from composable_operator.status_writes import StatusWrites, owned_status, with_changes
 
@@ -196,3 +198,36 @@ def test_a_field_an_older_operators_merge_patch_still_holds_is_dropped_after_the
     plain = CountingKube()
     StatusWrites(plain).apply("r1", {"phase": "Online"})  # type: ignore[arg-type]
     assert plain.patches == []
+
+
+def test_the_reachable_gauge_follows_the_last_pass() -> None:
+    kube = CountingKube()
+    watch = FabricWatch(kube, None)  # type: ignore[arg-type]
+
+    def reachable() -> float | None:
+        return REGISTRY.get_sample_value("composable_dra_fabric_reachable", {"fabric": "gauged"})
+
+    asyncio.run(report(watch, "gauged", inventory(1)))
+    assert reachable() == 1
+    asyncio.run(report_unreachable(watch, "gauged", FabricError("connection refused")))
+    assert reachable() == 0
+    assert kube.applies[-1]["status"]["reachable"] is False
+    asyncio.run(report(watch, "gauged", inventory(1)))
+    assert reachable() == 1
+
+
+def test_a_model_with_no_free_device_left_reads_0_not_its_last_count() -> None:
+    watch = FabricWatch(CountingKube(), None)  # type: ignore[arg-type]
+
+    def free() -> float | None:
+        labels = {"fabric": "drained", "model": "H100"}
+        return REGISTRY.get_sample_value("composable_dra_pool_free_devices", labels)
+
+    def inv(state: str) -> Inventory:
+        gpu = Device("g1", "H100", "z1", "uuid-g", state, host=None)  # type: ignore[arg-type]
+        return Inventory({}, {"g1": gpu}, {})
+
+    asyncio.run(report(watch, "drained", inv("free")))
+    assert free() == 1
+    asyncio.run(report(watch, "drained", inv("attached")))
+    assert free() == 0
