@@ -44,6 +44,7 @@ from composable_dra.k8s.resource_slices import common_fields, touch_slice, write
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.model import names
 from composable_dra.process import logs
+from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -67,6 +68,10 @@ POOL_PUBLISHED_DEVICES = Gauge(
     "composable_dra_pool_publisher_devices",
     "Devices published in a fabric pool (free ones and ones a live allocation holds)",
     ["fabric", "zone"],
+)
+POOL_WINDOW = Gauge(
+    "composable_dra_pool_publisher_window",
+    "Free devices each pool offers at most this pass (0: every free device)",
 )
 PUBLISH_ERRORS = Counter(
     "composable_dra_pool_publisher_errors_total",
@@ -571,11 +576,13 @@ class PoolPublisher(InformerDriven):
         driver: str = names.DRIVER,
         max_per_slice: int = MAX_DEVICES_PER_SLICE,
         debounce: float = 0.05,
-        max_free: int = 0,
+        max_free: int = AUTO,
     ) -> None:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
         self.max_per_slice = max_per_slice
-        self.max_free = max_free  # free devices published per pool (0: all)
+        # Free devices published per pool (0: all; AUTO: sized to the pending claims).
+        self.window = WindowPolicy(max_free)
+        self._window_size = 0
         self.debounce = debounce
         super().__init__()
         self._dirty: set[str] = set()  # fabrics whose inventory must be read again
@@ -695,27 +702,11 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
-    def reconcile(self) -> PoolPlan:
-        """One pass: read what is needed, decide, write the difference."""
-        with self._lock:
-            force, self._all_dirty = self._all_dirty, False
-        nodes = self.node_informer.items()
-        claims = self.claim_informer.items()
-        resources = self.cr_informer.items()
-        attachments = attachment_states(resources)
-        # Vendor-mode pools are allocated under the vendor's driver name (pool names
-        # <fabric>/<zone> never clash with a node's pool: node names have no '/').
-        drivers = {self.driver} | {
-            str(v["name"])
-            for f in self.fabric_informer.items()
-            if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
-        }
-        live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
-        if read_again(self._attachments, attachments, self._live, live):
-            force = True
-        self._attachments, self._live = attachments, live
-        desired: dict[str, PoolSpec] = {}
-        published = published_devices(self.slice_informer.items())
+    def _views(
+        self, nodes: list[JSON], resources: list[JSON], live: set[tuple[str, str]], force: bool
+    ) -> list[FabricView]:
+        """What the publisher knows of each Fabric it can publish now."""
+        views: list[FabricView] = []
         for fabric in self.fabric_informer.items():
             meta = fabric["metadata"]
             if meta.get("deletionTimestamp"):
@@ -735,15 +726,46 @@ class PoolPublisher(InformerDriven):
                 PUBLISH_ERRORS.labels("config").inc()
                 log.warning("fabric skipped", fabric=name, error=why)
                 continue
-            view = FabricView(
-                name=name,
-                uid=meta["uid"],
-                inventory=inv,
-                host_nodes=host_nodes(nodes, mapping, inv),
-                held=held_blocks(resources, name),
-                vendor=spec.vendor_driver,
+            views.append(
+                FabricView(
+                    name=name,
+                    uid=meta["uid"],
+                    inventory=inv,
+                    host_nodes=host_nodes(nodes, mapping, inv),
+                    held=held_blocks(resources, name),
+                    vendor=spec.vendor_driver,
+                )
             )
-            desired.update(desired_pools(view, live, self.max_free, published))
+        return views
+
+    def reconcile(self) -> PoolPlan:
+        """One pass: read what is needed, decide, write the difference."""
+        with self._lock:
+            force, self._all_dirty = self._all_dirty, False
+        nodes = self.node_informer.items()
+        claims = self.claim_informer.items()
+        resources = self.cr_informer.items()
+        attachments = attachment_states(resources)
+        # Vendor-mode pools are allocated under the vendor's driver name (pool names
+        # <fabric>/<zone> never clash with a node's pool: node names have no '/').
+        drivers = {self.driver} | {
+            str(v["name"])
+            for f in self.fabric_informer.items()
+            if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
+        }
+        live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
+        if read_again(self._attachments, attachments, self._live, live):
+            force = True
+        self._attachments, self._live = attachments, live
+        views = self._views(nodes, resources, live, force)
+        pools = sum(len(v.inventory.zones) for v in views)
+        size = window_size(pending_claims(claims), pools, self._window_size, self.window)
+        self._window_size = size
+        POOL_WINDOW.set(size)
+        published = published_devices(self.slice_informer.items())
+        desired: dict[str, PoolSpec] = {}
+        for view in views:
+            desired.update(desired_pools(view, live, size, published))
         plan = plan_pools(
             desired,
             self.slice_informer.items(),
