@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from composable_dra.process.component import add_common_arguments, run_controller
-
 from pool_publisher.window import AUTO
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)

@@ -13,6 +13,7 @@ import pytest
 
 from composable_dra.lending.remote_leases import DONORS_AUDIENCE
 from composable_dra.model import names
+from composable_dra.model.device_classes import device_classes
 from testbed import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
@@ -79,10 +80,10 @@ def test_default_render(default: list[Obj]) -> None:
     assert not {"ServiceMonitor", "Fabric", "Secret"} & kinds
     assert len(by_kind(default, "Deployment")) == 3  # pool publisher, scaler, operator
 
-    dc = one(default, "DeviceClass")
-    assert dc["metadata"]["name"] == names.DEVICE_CLASS
-    assert dc["spec"]["selectors"] == [
-        {"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}
+    # The chart's classes are the suite's (the local one rejects pool devices).
+    classes = by_kind(default, "DeviceClass")
+    assert [(c["metadata"]["name"], c["spec"]) for c in classes] == [
+        (want["metadata"]["name"], want["spec"]) for want in device_classes()
     ]
 
 
