@@ -35,6 +35,7 @@ every claim allocated; the exit status is 1 when one is missed.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import dataclasses
 import json
@@ -271,10 +272,14 @@ def burst(
     ns = f"burst-{tag}"
     kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
     allocated: dict[str, float] = {}
+    served_by: dict[str, str] = {}  # claim -> the alternative that served it
 
     def seen(kind: str, obj: JSON) -> None:
-        if kind in ("ADDED", "MODIFIED") and (obj.get("status") or {}).get("allocation"):
+        allocation = (obj.get("status") or {}).get("allocation")
+        if kind in ("ADDED", "MODIFIED") and allocation:
             allocated.setdefault(obj["metadata"]["name"], time.time())
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                served_by[obj["metadata"]["name"]] = str(r.get("request"))
 
     claims_inf = Informer(
         kube, path(RESOURCE, "resourceclaims", namespace=ns), on_event=seen, name=f"claims-{ns}"
@@ -322,6 +327,7 @@ def burst(
     span = times[-1] - times[0] if len(times) > 1 else 0.0
     out: JSON = {
         "allocated": len(allocated),
+        "served_by": dict(collections.Counter(served_by.values())),
         "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
         "first_allocated_s": round(times[0] - start, 2) if times else None,
         "last_allocated_s": round(times[-1] - start, 2) if times else None,
@@ -371,6 +377,9 @@ def sched_goals(out: JSON, pods: int) -> dict[str, JSON]:
     goals = {
         "unallocated": goal(sum(pods - b["allocated"] for b in out["bursts"].values()), ceiling=0)
     }
+    if local is not None:  # a free local GPU wins over a pool GPU
+        served = local.get("served_by") or {}
+        goals["local_burst_served_locally"] = goal(served.get("gpu/local", 0), floor=pods)
     if pool is not None and local is not None:
         cpu = ratio(pool["scheduler_cpu_s_per_claim"], local["scheduler_cpu_s_per_claim"])
         rate = ratio(pool["claims_per_s"], local["claims_per_s"])

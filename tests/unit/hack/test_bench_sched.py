@@ -135,8 +135,15 @@ def test_the_local_burst_frees_each_nodes_share_and_one_more() -> None:
     assert free_local_gpus(FakeKube(), "s", nodes=1, gpus_per_node=2, pods=10) == 2  # type: ignore[arg-type]
 
 
-def burst_out(cpu: float, rate: float | None, allocated: int = 10) -> dict[str, object]:
-    return {"allocated": allocated, "scheduler_cpu_s_per_claim": cpu, "claims_per_s": rate}
+def burst_out(
+    cpu: float, rate: float | None, allocated: int = 10, served: str = "gpu/pool"
+) -> dict[str, object]:
+    return {
+        "allocated": allocated,
+        "scheduler_cpu_s_per_claim": cpu,
+        "claims_per_s": rate,
+        "served_by": {served: allocated},
+    }
 
 
 def test_the_goals_compare_the_default_pool_burst_with_the_local_one() -> None:
@@ -144,7 +151,7 @@ def test_the_goals_compare_the_default_pool_burst_with_the_local_one() -> None:
         "bursts": {
             "pool-auto": burst_out(0.3, 2.0),
             "pool-all": burst_out(9, 0.1),
-            "local": burst_out(0.2, 5.0),
+            "local": burst_out(0.2, 5.0, served="gpu/local"),
         }
     }
     goals = sched_goals(out, 10)
@@ -152,9 +159,11 @@ def test_the_goals_compare_the_default_pool_burst_with_the_local_one() -> None:
     assert goals["pool_vs_local_cpu_per_claim"]["met"]
     assert goals["pool_vs_local_claims_per_s"]["value"] == 0.4
     assert not goals["pool_vs_local_claims_per_s"]["met"]
-    assert goals["unallocated"]["met"]
+    assert goals["unallocated"]["met"] and goals["local_burst_served_locally"]["met"]
     # A burst that left claims, or a rate not measured, misses.
-    out["bursts"]["local"] = burst_out(0.2, None, allocated=9)
+    out["bursts"]["local"] = burst_out(0.2, None, allocated=9, served="gpu/local")
     goals = sched_goals(out, 10)
     assert not goals["unallocated"]["met"] and not goals["pool_vs_local_claims_per_s"]["met"]
+    # A local claim that the pool served: prefer-local failed.
+    assert not goals["local_burst_served_locally"]["met"]
     assert window_of("auto") == AUTO and window_of("32") == 32
