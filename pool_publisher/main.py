@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=window_arg,
         default=AUTO,
         help="free devices a pool offers at once, refilled as they are allocated: auto "
-        "(default: the pending claims' share of each pool plus a margin, at least 32), "
+        "(default: the pending claims' share of each pool plus a margin, at least 8), "
         "0 (every free device) or a fixed number; the scheduler's time per pod grows with it",
     )
 

@@ -258,6 +258,27 @@ def per_attempt(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
+def allocation_figures(
+    start: float, created: dict[str, float], allocated: dict[str, float], cpu: float
+) -> JSON:
+    """A burst's pace from the times its pods were created and its claims allocated."""
+    times = sorted(allocated.values())
+    lat = [allocated[n] - created[n] for n in allocated if n in created]
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {
+        "allocated": len(allocated),
+        "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
+        "first_allocated_s": round(times[0] - start, 2) if times else None,
+        "last_allocated_s": round(times[-1] - start, 2) if times else None,
+        "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
+        "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
+        # The scheduler's own CPU (utime + stime) per claim: what load on the machine
+        # does not change.
+        "scheduler_cpu_s_per_claim": round(cpu / max(1, len(allocated)), 3),
+        "load": os.getloadavg()[0],
+    }
+
+
 def burst(
     cp: ControlPlane,
     kube: Kube,
@@ -322,23 +343,9 @@ def burst(
     # Pods the burst left pending would be scheduled during the next burst: gone.
     for n in set(names_) - set(allocated):
         kube.delete(path("v1", "pods", n, namespace=ns))
-    times = sorted(allocated.values())
-    lat = [allocated[n] - created[n] for n in allocated if n in created]
-    span = times[-1] - times[0] if len(times) > 1 else 0.0
-    out: JSON = {
-        "allocated": len(allocated),
-        "served_by": dict(collections.Counter(served_by.values())),
-        "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
-        "first_allocated_s": round(times[0] - start, 2) if times else None,
-        "last_allocated_s": round(times[-1] - start, 2) if times else None,
-        "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
-        "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
-        # The scheduler's own CPU (utime + stime) per claim: what load on the machine
-        # does not change.
-        "scheduler_cpu_s_per_claim": round(cpu / max(1, len(allocated)), 3),
-        "load": os.getloadavg()[0],
-        "per_call_s": per_attempt(before, after),
-    }
+    out = allocation_figures(start, created, allocated, cpu)
+    out["served_by"] = dict(collections.Counter(served_by.values()))
+    out["per_call_s"] = per_attempt(before, after)
     if profile:
         prof = args.workdir / f"scheduler-{tag}.cpu.pprof"
         prof.write_bytes(profile[0])

@@ -38,7 +38,7 @@ def test_the_window_covers_each_pools_share_of_the_pending_claims_and_a_margin()
     assert window_size(100, 1, 0, AUTO_POLICY) == 100 + MARGIN
     # 1,000 claims over 16 pools: 63 each, and the margin.
     assert window_size(1000, 16, 0, AUTO_POLICY) == 63 + MARGIN
-    assert window_size(10, 16, 0, AUTO_POLICY) == MIN_WINDOW
+    assert window_size(10, 16, 0, AUTO_POLICY) == max(MIN_WINDOW, 1 + MARGIN)
 
 
 def test_the_window_does_not_shrink_while_claims_are_pending() -> None:
