@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pool_publisher.main import window_arg
-from pool_publisher.window import AUTO, MARGIN, MIN_WINDOW, WindowPolicy, pending_claims, window_size
+from pool_publisher.window import (
+    AUTO,
+    MARGIN,
+    MIN_WINDOW,
+    WindowPolicy,
+    pending_claims,
+    window_size,
+)
 
 AUTO_POLICY = WindowPolicy()
 
