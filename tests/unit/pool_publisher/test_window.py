@@ -25,7 +25,7 @@ def claim(allocated: bool = False, deleting: bool = False) -> dict[str, object]:
     meta: dict[str, object] = {"name": "c"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    status = {"allocation": {"devices": {"results": []}}} if allocated else {}
+    status: dict[str, object] = {"allocation": {"devices": {"results": []}}} if allocated else {}
     return {"metadata": meta, "status": status}
 
 
