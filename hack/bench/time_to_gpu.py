@@ -23,6 +23,10 @@ composition request), ``fabric`` (to the attach read back; includes L) and
 ``after_fabric`` (Attached, the plugin's DeviceVisible, Online, the scaler's
 FabricDeviceReady).
 
+``pods_failed_scheduling`` counts the pods with a FailedScheduling event (no GPU they
+could have when the scheduler tried them: a pool window emptied by the claims before it);
+``--pool-window`` sets the publisher's window (default: its own, ``auto``).
+
 A pod counts as rescheduled when its claim's allocation changed or was removed before the
 pod was bound, or when it got more than one Scheduled event; failed when it did not run by
 the deadline or its claim saw FabricDeviceFailed. ``shared_gpus`` counts physical GPUs
