@@ -96,8 +96,12 @@ def test_the_default_window_grows_with_the_pending_claims(
     # claims at once than that, in one zone, all get a GPU.
     blocks = MIN_WINDOW + MARGIN + 4
     suite = make_suite(hosts=HOSTS, topology=topology(len(HOSTS), blocks), attach_latency=0)
-    first = {f"gpu-{i + 1}" for i in range(MIN_WINDOW)}
-    wait_for(lambda: free_in_pool(suite) == first, 30, "the smallest window")
+    wait_for(
+        lambda: len(free_in_pool(suite)) == MIN_WINDOW,
+        30,
+        "the smallest window",
+        describe=lambda: str(sorted(free_in_pool(suite))),
+    )
     claims = MIN_WINDOW + 2
     seen = claims_all_served(suite, namespace, claims)
     # Pending claims grew the window past its minimum (their share and the margin).
