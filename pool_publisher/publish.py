@@ -702,41 +702,14 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
-    def _views(
-        self, nodes: list[JSON], resources: list[JSON], live: set[tuple[str, str]], force: bool
-    ) -> list[FabricView]:
-        """What the publisher knows of each Fabric it can publish now."""
-        views: list[FabricView] = []
-        for fabric in self.fabric_informer.items():
-            meta = fabric["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            name = meta["name"]
-            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
-            try:
-                spec, inv = self._inventory(name, interval, force)
-            except (FabricError, FabricConfigError) as exc:
-                log.warning("fabric skipped", fabric=name, error=str(exc))
-                continue
-            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
-                mine = {d for p, d in live if p.startswith(f"{name}/")}
-                inv = with_slots(inv, slot_holds(resources, name), mine)
-            mapping = spec.node_mapping
-            if (why := vendor_config_error(spec.vendor_driver)) is not None:
-                PUBLISH_ERRORS.labels("config").inc()
-                log.warning("fabric skipped", fabric=name, error=why)
-                continue
-            views.append(
-                FabricView(
-                    name=name,
-                    uid=meta["uid"],
-                    inventory=inv,
-                    host_nodes=host_nodes(nodes, mapping, inv),
-                    held=held_blocks(resources, name),
-                    vendor=spec.vendor_driver,
-                )
-            )
-        return views
+    def _window(self, claims: list[JSON]) -> int:
+        """This pass's window (pool_publisher/window.py), over the pools of the last plan."""
+        pools = len(self._generations)
+        self._window_size = window_size(
+            pending_claims(claims), pools, self._window_size, self.window
+        )
+        POOL_WINDOW.set(self._window_size)
+        return self._window_size
 
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
@@ -757,15 +730,37 @@ class PoolPublisher(InformerDriven):
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
-        views = self._views(nodes, resources, live, force)
-        pools = sum(len(v.inventory.zones) for v in views)
-        size = window_size(pending_claims(claims), pools, self._window_size, self.window)
-        self._window_size = size
-        POOL_WINDOW.set(size)
-        published = published_devices(self.slice_informer.items())
+        window = self._window(claims)
         desired: dict[str, PoolSpec] = {}
-        for view in views:
-            desired.update(desired_pools(view, live, size, published))
+        published = published_devices(self.slice_informer.items())
+        for fabric in self.fabric_informer.items():
+            meta = fabric["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            name = meta["name"]
+            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
+            try:
+                spec, inv = self._inventory(name, interval, force)
+            except (FabricError, FabricConfigError) as exc:
+                log.warning("fabric skipped", fabric=name, error=str(exc))
+                continue
+            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
+                mine = {d for p, d in live if p.startswith(f"{name}/")}
+                inv = with_slots(inv, slot_holds(resources, name), mine)
+            mapping = spec.node_mapping
+            if (why := vendor_config_error(spec.vendor_driver)) is not None:
+                PUBLISH_ERRORS.labels("config").inc()
+                log.warning("fabric skipped", fabric=name, error=why)
+                continue
+            view = FabricView(
+                name=name,
+                uid=meta["uid"],
+                inventory=inv,
+                host_nodes=host_nodes(nodes, mapping, inv),
+                held=held_blocks(resources, name),
+                vendor=spec.vendor_driver,
+            )
+            desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,
             self.slice_informer.items(),

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pool_publisher import publish
 from pool_publisher.main import window_arg
 from pool_publisher.window import (
     AUTO,
@@ -75,3 +76,15 @@ def test_the_flag_takes_auto_zero_or_a_count() -> None:
         window_arg("-2")
     with pytest.raises(ValueError):
         window_arg("many")
+
+
+def test_the_publisher_sizes_its_window_over_the_pools_of_its_last_plan() -> None:
+    pub = publish.PoolPublisher(None, None)  # type: ignore[arg-type]  # not started
+    assert pub._window([]) == MIN_WINDOW
+    # Before its first plan it knows no pool: every pending claim may go to one.
+    assert pub._window([claim()] * 40) == 40 + MARGIN
+    assert pub._window([]) == MIN_WINDOW
+    pub._generations = {f"fab/zone-{i}": 1 for i in range(4)}
+    assert pub._window([claim()] * 40) == 10 + MARGIN
+    assert publish.POOL_WINDOW._value.get() == 10 + MARGIN
+    assert publish.PoolPublisher(None, None, max_free=0)._window([claim()]) == 0  # type: ignore[arg-type]
