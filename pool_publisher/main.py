@@ -6,12 +6,20 @@ import argparse
 from typing import Any
 
 from composable_dra.process.component import add_common_arguments, run_controller
+from pool_publisher.window import AUTO
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
-# Free devices a pool offers at once (0: all): the scheduler's cost per pod grows with it
-# (docs/attach-flow.md, Scale); each allocation's rewrite of the pool refills it. Off by
-# default: docs/operations.md recommends 32 for large clusters.
-FREE_PER_POOL = 0
+
+
+def window_arg(value: str) -> int:
+    """``auto`` (the window sizes itself to the pending claims), 0 (every free device) or
+    a fixed number of free devices per pool."""
+    if value == "auto":
+        return AUTO
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: auto, 0 or a positive number")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,10 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-free-devices-per-pool",
-        type=int,
-        default=FREE_PER_POOL,
-        help="publish at most this many free devices per pool, refilled as they are "
-        "allocated (0: every free device); the scheduler's time per pod grows with it",
+        type=window_arg,
+        default=AUTO,
+        help="free devices a pool offers at once, refilled as they are allocated: auto "
+        "(default: the pending claims' share of each pool plus a margin, at least 8), "
+        "0 (every free device) or a fixed number; the scheduler's time per pod grows with it",
     )
 
 
@@ -41,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             Fabrics(kube),
             driver=args.driver_name,
             max_per_slice=min(SLICE_LIMIT, max(1, args.max_devices_per_slice)),
-            max_free=max(0, args.max_free_devices_per_pool),
+            max_free=args.max_free_devices_per_pool,
         )
 
     return run_controller(args, "pool-publisher", make)

@@ -46,6 +46,7 @@ from composable_dra.model import fence, names
 from composable_dra.process import logs
 from pool_publisher.class_clash import ClassClashWatch
 from pool_publisher.pool_health import PoolHealth, fence_inventory, health_taints
+from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -69,6 +70,10 @@ POOL_PUBLISHED_DEVICES = Gauge(
     "composable_dra_pool_publisher_devices",
     "Devices published in a fabric pool (free ones and ones a live allocation holds)",
     ["fabric", "zone"],
+)
+POOL_WINDOW = Gauge(
+    "composable_dra_pool_publisher_window",
+    "Free devices each pool offers at most this pass (0: every free device)",
 )
 PUBLISH_ERRORS = Counter(
     "composable_dra_pool_publisher_errors_total",
@@ -576,11 +581,13 @@ class PoolPublisher(InformerDriven):
         driver: str = names.DRIVER,
         max_per_slice: int = MAX_DEVICES_PER_SLICE,
         debounce: float = 0.05,
-        max_free: int = 0,
+        max_free: int = AUTO,
     ) -> None:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
         self.max_per_slice = max_per_slice
-        self.max_free = max_free  # free devices published per pool (0: all)
+        # Free devices published per pool (0: all; AUTO: sized to the pending claims).
+        self.window = WindowPolicy(max_free)
+        self._window_size = 0
         self.debounce = debounce
         super().__init__()
         self._dirty: set[str] = set()  # fabrics whose inventory must be read again
@@ -705,6 +712,15 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
+    def _window(self, claims: list[JSON]) -> int:
+        """This pass's window (pool_publisher/window.py), over the pools of the last plan."""
+        pools = len(self._generations)
+        self._window_size = window_size(
+            pending_claims(claims), pools, self._window_size, self.window
+        )
+        POOL_WINDOW.set(self._window_size)
+        return self._window_size
+
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
         self.class_clash.check()
@@ -725,6 +741,7 @@ class PoolPublisher(InformerDriven):
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
+        window = self._window(claims)
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
         fenced = fence.fenced(resources)
@@ -756,7 +773,7 @@ class PoolPublisher(InformerDriven):
                 held=held_blocks(resources, name),
                 vendor=spec.vendor_driver,
             )
-            desired.update(desired_pools(view, live, self.max_free, published))
+            desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,
             self.slice_informer.items(),

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from composable_dra.k8s.kube import Conflict, Kube, path
+from composable_dra.model.device_classes import device_classes
 from fabric_emulator.fsas.config import process_args
 from fabric_emulator.testing import EmulatorProcess
 from testbed import suite_setup
@@ -106,8 +107,9 @@ class Suite(Workload):
         """The CRDs, the DeviceClass, the emulator, and the Fabric with its credentials."""
         (self.workdir / "emulator").mkdir(parents=True, exist_ok=True)
         install_crds(self.kube)
-        with contextlib.suppress(Conflict):
-            self.kube.create(path(RESOURCE, "deviceclasses"), suite_setup.device_class())
+        for device_class in device_classes():
+            with contextlib.suppress(Conflict):
+                self.kube.create(path(RESOURCE, "deviceclasses"), device_class)
         self.emulator.start(timeout=max(30.0, self.opts.start_timeout))
         if self.opts.attach_latency > 0:
             self.emulator.add_fault(suite_setup.attach_latency(self.opts.attach_latency))

@@ -12,6 +12,7 @@ import copy
 from api.v1alpha1 import API_VERSION
 from composable_dra.k8s.kube import JSON, Conflict, Kube, path
 from composable_dra.model import names
+from composable_dra.model.device_classes import device_classes
 
 RESOURCE = "resource.k8s.io/v1"
 HOSTNAME = "kubernetes.io/hostname"
@@ -19,19 +20,13 @@ HOSTNAME = "kubernetes.io/hostname"
 NO_IMAGE = "example.invalid/app"
 
 
-def ensure_device_class(
-    kube: Kube, name: str = names.DEVICE_CLASS, driver: str = names.DRIVER
-) -> str:
-    """A DeviceClass selecting every device of ``driver`` (it may exist from another test)."""
-    with contextlib.suppress(Conflict):
-        kube.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": name},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-            },
-        )
-    return name
+def ensure_device_class(kube: Kube, driver: str = names.DRIVER) -> str:
+    """The chart's DeviceClasses for ``driver`` (they may exist from another test); the name
+    of the one selecting every device."""
+    for body in device_classes(driver):
+        with contextlib.suppress(Conflict):
+            kube.create(path(RESOURCE, "deviceclasses"), body)
+    return names.DEVICE_CLASS
 
 
 def create_claim(kube: Kube, namespace: str, name: str, exactly: JSON | None = None) -> JSON:

@@ -9,19 +9,11 @@ import base64
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.k8s.kube import JSON
-from composable_dra.model import names
 from fabric_emulator import topology as emulator_topology
 from fabric_emulator.testing import EmulatorProcess
 from testbed.suite_options import SuiteOptions
 
 CREDENTIALS = "fabric-credentials"
-
-
-def device_class() -> JSON:
-    return {
-        "metadata": {"name": names.DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}]},
-    }
 
 
 def _b64(s: str) -> str:

@@ -15,19 +15,19 @@ _CLAIM_PLURALS = {
     "ResourceClaim": "resourceclaims",
     "ResourceClaimTemplate": "resourceclaimtemplates",
 }
-LOCAL_ONLY_CEL = f'!("blockID" in device.attributes["{names.DRIVER}"])'
 
 
 def claim_body(name: str, local_first: bool = True) -> JSON:
-    """A claim for one GPU: a node's own first, else a pool's (``local_first``), or any."""
+    """A claim for one GPU: a node's own first, else a pool's (``local_first``), or any.
+    The ``local`` alternative names the local class, whose selector rejects a pool device
+    in one CEL evaluation (composable_dra/model/device_classes.py)."""
     if local_first:
         request: JSON = {
             "name": "gpu",
             "firstAvailable": [
                 {
                     "name": "local",
-                    "deviceClassName": names.DEVICE_CLASS,
-                    "selectors": [{"cel": {"expression": LOCAL_ONLY_CEL}}],
+                    "deviceClassName": names.LOCAL_DEVICE_CLASS,
                 },
                 {"name": "pool", "deviceClassName": names.DEVICE_CLASS},
             ],

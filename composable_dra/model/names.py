@@ -4,6 +4,8 @@ from __future__ import annotations
 
 DRIVER = "gpu.composable.dra.io"
 DEVICE_CLASS = "composable-gpu"
+# A node's own GPUs only: the `local` alternative of a claim that prefers them.
+LOCAL_DEVICE_CLASS = "composable-gpu-local"
 PREFIX = "composable.dra.io"
 
 # Binding conditions on pool devices (KEP-5007).

@@ -1,4 +1,5 @@
-"""Scheduler throughput: how fast kube-scheduler allocates pool claims at cluster size.
+"""Scheduler throughput: how fast kube-scheduler allocates pool claims at cluster size,
+against the same claims served by free local GPUs on the same cluster.
 
 No controllers of ours: a local control plane, ``--nodes`` Node objects with
 ``--gpus-per-node`` local GPUs each in ResourceSlices, every one held by a placeholder
@@ -7,11 +8,14 @@ GPUs in ``--zones`` zones, built by the pool publisher's own functions (``desire
 ``plan_pools``). Then ``--pods`` pods, each with the suite's claim (a local GPU first, else
 a pool GPU: ``harness.claim_body``), are created at once. Their claims are allocated in
 the scheduling cycle; the pods then wait in PreBind on the binding conditions (nothing
-makes them ready here), which does not hold up the next scheduling cycle. With
-``--republish`` the same functions rewrite a pool after each allocation as the running
-publisher does (the device tainted, the window of free devices moved on, a new
-generation). ``--max-free 32,0`` runs one burst per pool window (free devices a pool
-offers; 0: all) in the same cluster, in that order.
+makes them ready here), which does not hold up the next scheduling cycle. The same
+functions rewrite a pool after each allocation as the running publisher does (the device
+tainted, the window of free devices moved on and sized to the pending claims, a new
+generation; ``--no-republish``: never). ``--max-free auto,32,0`` runs one pool burst per
+pool window (free devices a pool offers: ``auto``, the publisher's default; 0: all) in the
+same cluster, in that order. Then, unless ``--modes pool``, the local burst: the same
+number of the same claims, with enough placeholders deleted that every node has free
+local GPUs for them (the pool bursts' pods stay, holding their pool GPUs).
 
 Reported per burst: claims allocated per second (first to last allocation), created ->
 allocated p50/p99, the scheduler's own CPU seconds per claim (``/proc/<pid>/stat``: what
@@ -19,15 +23,19 @@ the machine's load does not change), the DRA plugin's Filter/PreFilter time per 
 from the scheduler's ``/metrics``, and with ``--profile S`` a CPU profile of the
 scheduler for S seconds from the burst's start (``/debug/pprof``; read it with
 ``go tool pprof -top``; the path is in the JSON). docs/attach-flow.md, Scale, has the
-findings. The last line is JSON; the exit status is 1 when a burst left a claim
-unallocated.
+findings. The last line is JSON with the goals (issue 28), from the pool burst at the
+publisher's default window and the local burst, with the scheduler's defaults:
+``pool_vs_local_cpu_per_claim`` (scheduler CPU per claim, pool over local, <= 1.5) and
+``pool_vs_local_claims_per_s`` (claims allocated per second, pool over local, >= 0.5), and
+every claim allocated; the exit status is 1 when one is missed.
 
-    python -m hack.bench.sched --nodes 100 --pods 100 --republish --max-free 32,0
+    python -m hack.bench.sched --nodes 1000 --pods 100
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import dataclasses
 import json
@@ -50,12 +58,15 @@ from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.model import names
 from fabric_emulator.topology import host_uuid
+from hack.bench.goals import finish, goal
 from hack.bench.scale import (
+    PLACEHOLDERS,
     RESOURCE,
     add_shape_arguments,
     cpu_seconds,
     fabric_topology,
     host_ids,
+    local_devices,
     parallel,
     populate,
 )
@@ -68,13 +79,16 @@ from pool_publisher.publish import (
     plan_pools,
     published_devices,
 )
+from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
 from testbed import ControlPlane
 from testbed.controlplane import find_binaries
 from testbed.harness import PAUSE_IMAGE, claim_body
-from testbed.objects import pod_body
+from testbed.objects import ensure_device_class, pod_body
 from testbed.wait import wait_for
 
 FABRIC = "fabric-1"
+CPU_RATIO_CEILING = 1.5  # pool claims' scheduler CPU per claim over local ones'
+RATE_RATIO_FLOOR = 0.5  # pool claims allocated per second over local ones
 BURST_LABEL = "bench.composable.dra.io/burst"
 SCHEDULER_METRICS = (
     "scheduler_scheduling_attempt_duration_seconds",
@@ -129,15 +143,17 @@ def burst_claim(name: str) -> JSON:
 
 
 class Republisher:
-    """The publisher's reaction to allocations, from its pure functions: each allocated
-    pool device gets its taint, the window of free devices moves on, and the pool gets a
-    new generation (publish.py, ``PoolPublisher.reconcile``)."""
+    """The publisher's reaction to claims, from its pure functions: each allocated pool
+    device gets its taint, the window of free devices moves on and follows the pending
+    claims, and the pool gets a new generation (publish.py, ``PoolPublisher.reconcile``)."""
 
     def __init__(self, kube: Kube, view: FabricView) -> None:
-        self.kube, self.view, self.max_free = kube, view, 0
+        self.kube, self.view, self.window = kube, view, WindowPolicy()
         self.observed: dict[str, JSON] = {}
         self.generations: dict[str, int] = {}
         self.live: set[tuple[str, str]] = set()
+        self.pending = 0
+        self.size = 0  # the window's size at the last pass
         self.writes = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -146,6 +162,7 @@ class Republisher:
 
     def allocated(self, claims: list[JSON]) -> None:
         self.live = live_allocations(claims, names.DRIVER)
+        self.pending = pending_claims(claims)
         self._wake.set()
 
     def start(self) -> None:
@@ -173,7 +190,9 @@ class Republisher:
             # An allocated device is attached by the scaler: held, no longer free.
             view = dataclasses.replace(self.view, held=frozenset(d for _, d in live))
             observed = list(self.observed.values())
-            desired = desired_pools(view, live, self.max_free, published_devices(observed))
+            pools = len(self.view.inventory.zones)
+            self.size = window_size(self.pending, pools, self.size, self.window)
+            desired = desired_pools(view, live, self.size, published_devices(observed))
             plan = plan_pools(desired, observed, names.DRIVER, self.generations)
             for obj in plan.apply:
                 self.kube.apply(
@@ -240,15 +259,49 @@ def per_attempt(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
-def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag: str) -> JSON:
-    """``pods`` pods with their claims at once; how fast the scheduler allocates them."""
+def allocation_figures(
+    start: float, created: dict[str, float], allocated: dict[str, float], cpu: float
+) -> JSON:
+    """A burst's pace from the times its pods were created and its claims allocated."""
+    times = sorted(allocated.values())
+    lat = [allocated[n] - created[n] for n in allocated if n in created]
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    return {
+        "allocated": len(allocated),
+        "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
+        "first_allocated_s": round(times[0] - start, 2) if times else None,
+        "last_allocated_s": round(times[-1] - start, 2) if times else None,
+        "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
+        "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
+        # The scheduler's own CPU (utime + stime) per claim: what load on the machine
+        # does not change.
+        "scheduler_cpu_s_per_claim": round(cpu / max(1, len(allocated)), 3),
+        "load": os.getloadavg()[0],
+    }
+
+
+def burst(
+    cp: ControlPlane,
+    kube: Kube,
+    pods: int,
+    args: argparse.Namespace,
+    tag: str,
+    claims_seen: Callable[[], None] = lambda: None,
+) -> JSON:
+    """``pods`` pods with their claims at once; how fast the scheduler allocates them.
+    ``claims_seen`` returns once the publisher has seen the claims (its window follows
+    them)."""
     ns = f"burst-{tag}"
     kube.create(path("v1", "namespaces"), {"metadata": {"name": ns}})
     allocated: dict[str, float] = {}
+    served_by: dict[str, str] = {}  # claim -> the alternative that served it
 
     def seen(kind: str, obj: JSON) -> None:
-        if kind in ("ADDED", "MODIFIED") and (obj.get("status") or {}).get("allocation"):
+        allocation = (obj.get("status") or {}).get("allocation")
+        if kind in ("ADDED", "MODIFIED") and allocation:
             allocated.setdefault(obj["metadata"]["name"], time.time())
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                served_by[obj["metadata"]["name"]] = str(r.get("request"))
 
     claims_inf = Informer(
         kube, path(RESOURCE, "resourceclaims", namespace=ns), on_event=seen, name=f"claims-{ns}"
@@ -259,6 +312,7 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
         lambda n: kube.create(path(RESOURCE, "resourceclaims", namespace=ns), burst_claim(n)),
         names_,
     )
+    claims_seen()
     before = metric_sums(scheduler_get(cp, "/metrics", 30).decode())
     cpu0 = cpu_seconds(cp.pid("kube-scheduler"))
     created: dict[str, float] = {}
@@ -290,22 +344,9 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
     # Pods the burst left pending would be scheduled during the next burst: gone.
     for n in set(names_) - set(allocated):
         kube.delete(path("v1", "pods", n, namespace=ns))
-    times = sorted(allocated.values())
-    lat = [allocated[n] - created[n] for n in allocated if n in created]
-    span = times[-1] - times[0] if len(times) > 1 else 0.0
-    out: JSON = {
-        "allocated": len(allocated),
-        "claims_per_s": round((len(times) - 1) / span, 3) if span > 0 else None,
-        "first_allocated_s": round(times[0] - start, 2) if times else None,
-        "last_allocated_s": round(times[-1] - start, 2) if times else None,
-        "allocated_p50_s": round(statistics.median(lat), 2) if lat else None,
-        "allocated_p99_s": round(percentile(lat, 0.99), 2) if lat else None,
-        # The scheduler's own CPU (utime + stime) per claim: what load on the machine
-        # does not change.
-        "scheduler_cpu_s_per_claim": round(cpu / max(1, len(allocated)), 3),
-        "load": os.getloadavg()[0],
-        "per_call_s": per_attempt(before, after),
-    }
+    out = allocation_figures(start, created, allocated, cpu)
+    out["served_by"] = dict(collections.Counter(served_by.values()))
+    out["per_call_s"] = per_attempt(before, after)
     if profile:
         prof = args.workdir / f"scheduler-{tag}.cpu.pprof"
         prof.write_bytes(profile[0])
@@ -313,22 +354,85 @@ def burst(cp: ControlPlane, kube: Kube, pods: int, args: argparse.Namespace, tag
     return out
 
 
+def window_of(text: str) -> int:
+    """``--max-free``'s values: ``auto`` (the publisher's default), 0 (all) or a count."""
+    return AUTO if text == "auto" else int(text)
+
+
+def free_local_gpus(kube: Kube, suffix: str, nodes: int, gpus_per_node: int, pods: int) -> int:
+    """Delete placeholders so that every node has free local GPUs for its share of ``pods``
+    claims and one more (the scheduler need not spread them evenly). Returns how many."""
+    per_node = min(gpus_per_node, -(-pods // nodes) + 1)
+    claims = [
+        f"{host}-{suffix}-{dev.name}"[:253]
+        for host in host_ids(nodes)
+        for dev in local_devices(f"{host}-{suffix}", gpus_per_node)[:per_node]
+    ]
+    parallel(
+        lambda c: kube.delete(path(RESOURCE, "resourceclaims", c, namespace=PLACEHOLDERS)), claims
+    )
+    return len(claims)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def sched_goals(out: JSON, pods: int) -> dict[str, JSON]:
+    """Issue 28's goals: the pool burst at the publisher's default window against the
+    local burst, and every claim allocated."""
+    pool, local = out["bursts"].get("pool-auto"), out["bursts"].get("local")
+    goals = {
+        "unallocated": goal(sum(pods - b["allocated"] for b in out["bursts"].values()), ceiling=0)
+    }
+    if local is not None:  # a free local GPU wins over a pool GPU
+        served = local.get("served_by") or {}
+        goals["local_burst_served_locally"] = goal(served.get("gpu/local", 0), floor=pods)
+    if pool is not None and local is not None:
+        cpu = ratio(pool["scheduler_cpu_s_per_claim"], local["scheduler_cpu_s_per_claim"])
+        rate = ratio(pool["claims_per_s"], local["claims_per_s"])
+        goals["pool_vs_local_cpu_per_claim"] = goal(cpu, ceiling=CPU_RATIO_CEILING)
+        goals["pool_vs_local_claims_per_s"] = goal(rate, floor=RATE_RATIO_FLOOR)
+    return goals
+
+
+def pool_burst(
+    cp: ControlPlane, kube: Kube, republisher: Republisher, args: argparse.Namespace, tag: str
+) -> JSON:
+    """A burst served by the pools, the republisher's window following its claims."""
+    writes = republisher.writes
+    window: list[int] = []
+
+    def claims_seen() -> None:
+        if args.republish:
+            wait_for(lambda: republisher.pending >= args.pods, 60, "the claims seen")
+            republisher.publish()
+        window.append(republisher.size)
+
+    out = burst(cp, kube, args.pods, args, tag, claims_seen)
+    out["republish_writes"] = republisher.writes - writes
+    out["window"] = window[0] if window else None  # free devices a pool offered at the start
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shape_arguments(p, nodes=100)
     p.add_argument("--pods", type=int, default=100, help="pods a burst")
-    p.add_argument("--republish", action="store_true")
+    p.add_argument("--republish", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--max-free",
-        default="0",
-        help="free devices a pool offers (0: all); a comma-separated list runs one burst "
-        "for each, in order, in the same cluster (the pods a burst leaves pending are "
-        "deleted before the next)",
+        default="auto",
+        help="free devices a pool offers (auto: the publisher's default; 0: all); a "
+        "comma-separated list runs one pool burst for each, in order, in the same cluster "
+        "(the pods a burst leaves pending are deleted before the next)",
     )
+    p.add_argument("--modes", default="pool,local", help="pool, local or both (pool bursts first)")
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
     args = p.parse_args(argv)
-    variants = [int(x) for x in str(args.max_free).split(",")]
+    modes = set(str(args.modes).split(","))
+    variants = [window_of(x) for x in str(args.max_free).split(",")] if "pool" in modes else []
     if args.pods * len(variants) > args.pool_gpus:
         p.error("the pool has fewer GPUs than the bursts' claims")
 
@@ -346,15 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         find_binaries(), workdir=args.workdir / "cp", scheduler_config=args.scheduler_config
     ) as cp:
         kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/sched")
-        kube.create(
-            path(RESOURCE, "deviceclasses"),
-            {
-                "metadata": {"name": names.DEVICE_CLASS},
-                "spec": {
-                    "selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}]
-                },
-            },
-        )
+        ensure_device_class(kube)
         suffix = "s"
         t = time.monotonic()
         populate(kube, suffix, host_ids(args.nodes), args.gpus_per_node)
@@ -377,17 +473,20 @@ def main(argv: list[str] | None = None) -> int:
         out["bursts"] = {}
         try:
             for max_free in variants:
-                republisher.max_free = max_free
+                republisher.window = WindowPolicy(max_free)
                 republisher.publish()
-                tag = f"free-{max_free or 'all'}"
-                out["bursts"][tag] = burst(cp, kube, args.pods, args, tag)
-                out["bursts"][tag]["republish_writes"] = republisher.writes
+                tag = "pool-" + {AUTO: "auto", 0: "all"}.get(max_free, str(max_free))
+                out["bursts"][tag] = pool_burst(cp, kube, republisher, args, tag)
+            if "local" in modes:
+                republisher.window = WindowPolicy()  # the publisher's default again
+                republisher.publish()
+                freed = free_local_gpus(kube, suffix, args.nodes, args.gpus_per_node, args.pods)
+                out["bursts"]["local"] = burst(cp, kube, args.pods, args, "local")
+                out["bursts"]["local"]["local_gpus_freed"] = freed
         finally:
             republisher.stop()
             every.stop()
-    print(json.dumps(out, sort_keys=True), flush=True)
-    ok = all(b["allocated"] == args.pods for b in out["bursts"].values())
-    return 0 if ok else 1
+    return finish(out, sched_goals(out, args.pods))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ composition request), ``fabric`` (to the attach read back; includes L) and
 ``after_fabric`` (Attached, the plugin's DeviceVisible, Online, the scaler's
 FabricDeviceReady).
 
+``pods_failed_scheduling`` counts the pods with a FailedScheduling event (no GPU they
+could have when the scheduler tried them: a pool window emptied by the claims before it);
+``--pool-window`` sets the publisher's window (default: its own, ``auto``).
+
 A pod counts as rescheduled when its claim's allocation changed or was removed before the
 pod was bound, or when it got more than one Scheduled event; failed when it did not run by
 the deadline or its claim saw FabricDeviceFailed. ``shared_gpus`` counts physical GPUs
@@ -327,6 +331,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra seconds on every composition request itself (added to L)",
     )
     p.add_argument("--hosts", type=int, default=4)
+    p.add_argument(
+        "--pool-window",
+        default="auto",
+        help="the pool publisher's --max-free-devices-per-pool (auto: its default)",
+    )
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument(
         "--standby",
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             retry_after=1 if args.attach_latency else 0,
             attach_latency=args.request_latency,
             attach_timeout=max(60.0, 10.0 * (args.attach_latency + args.request_latency)),
+            publisher_args=[f"--max-free-devices-per-pool={args.pool_window}"],
         )
         suite = Suite(kube, cp.kubeconfig, workdir, opts).start()
         ns = "bench"
@@ -388,7 +398,7 @@ def measure(
     kube, ns = suite.kube, rec.ns
     latency = args.attach_latency + args.request_latency
     overhead, ready = [], []
-    rescheduled = failed = first_recheck = 0
+    rescheduled = failed = first_recheck = failed_scheduling = 0
     to_alloc: list[float] = []
     for name, t0 in created.items():
         allocated = rec.stages.get(name, {}).get("allocated")
@@ -402,7 +412,10 @@ def measure(
         if name in rec.ready:
             ready.append(rec.ready[name] - t0 - latency)
         history = [h for h in rec.allocations.get(name, []) if h]
-        scheduled = [e for e in suite.pod_events(ns, name) if e.get("reason") == "Scheduled"]
+        events = suite.pod_events(ns, name)
+        scheduled = [e for e in events if e.get("reason") == "Scheduled"]
+        # A pod that found no GPU it could have (a pool window emptied) and waited.
+        failed_scheduling += any(e.get("reason") == "FailedScheduling" for e in events)
         if len(history) > 1 or len(scheduled) > 1:
             rescheduled += 1
         if name in rec.failed or not suite.running(ns, name):
@@ -416,6 +429,8 @@ def measure(
         "overhead_p99_s": round(percentile(overhead, 0.99), 3) if overhead else None,
         "ready_overhead_p50_s": round(statistics.median(ready), 3) if ready else None,
         "ready_overhead_p99_s": round(percentile(ready, 0.99), 3) if ready else None,
+        "pods_failed_scheduling": failed_scheduling,
+        "pool_window": args.pool_window,
         "scheduler_prebind_poll_s": PREBIND_POLL_S,
         # The least overhead kube-scheduler allows once an attach takes longer
         # than its immediate check: allocation, then one 5 s re-check, minus L.

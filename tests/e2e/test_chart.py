@@ -667,4 +667,4 @@ def test_example_passes_server_side_dry_run(example: str, kube_json: Kube, names
             spec = out["spec"] if doc["kind"] == "ResourceClaim" else out["spec"]["spec"]
             for request in spec["devices"]["requests"]:
                 for sub in request.get("firstAvailable") or [request.get("exactly")]:
-                    assert sub["deviceClassName"] == names.DEVICE_CLASS
+                    assert sub["deviceClassName"] in (names.DEVICE_CLASS, names.LOCAL_DEVICE_CLASS)

@@ -1,6 +1,7 @@
 """A pool offers a window of its zone's free GPUs (``--max-free-devices-per-pool``) and
 refills it as claims take them: more pool claims at once than the window holds all get a
-GPU, and the pool never offers more free devices than the window.
+GPU, and the pool never offers more free devices than the window. By default the window
+sizes itself to the pending claims (pool_publisher/window.py).
 
 The window keeps the scheduler's cost per pod down: it evaluates every free pool device
 against a claim's selectors on every node it filters (docs/attach-flow.md, Scale).
@@ -14,6 +15,7 @@ import pytest
 
 from composable_dra.model import names
 from hack.bench.time_to_gpu import topology
+from pool_publisher.window import MARGIN, MIN_WINDOW
 from testbed.harness import Suite
 from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
@@ -36,17 +38,9 @@ def free_in_pool(suite: Suite) -> set[str]:
     }
 
 
-def test_more_pool_claims_than_the_window_all_get_a_gpu(
-    make_suite: MakeSuite, namespace: str
-) -> None:
-    suite = make_suite(
-        hosts=HOSTS,
-        topology=topology(len(HOSTS), BLOCKS),
-        attach_latency=0,
-        publisher_args=[f"--max-free-devices-per-pool={WINDOW}"],
-    )
-    wait_for(lambda: free_in_pool(suite) == {"gpu-1", "gpu-2"}, 30, "the first window")
-
+def claims_all_served(suite: Suite, namespace: str, claims: int) -> list[set[str]]:
+    """Pods with pool claims at once, every one running on a pool GPU of its own; the free
+    devices the pool offered, sampled while they were scheduled."""
     seen: list[set[str]] = []
     stop = threading.Event()
 
@@ -56,7 +50,7 @@ def test_more_pool_claims_than_the_window_all_get_a_gpu(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    pods = [f"p{i}" for i in range(CLAIMS)]
+    pods = [f"p{i}" for i in range(claims)]
     try:
         for p in pods:
             suite.create_pod(namespace, p, local_first=False)
@@ -69,7 +63,6 @@ def test_more_pool_claims_than_the_window_all_get_a_gpu(
     finally:
         stop.set()
         sampler.join(5)
-    assert seen and max(len(free) for free in seen) <= WINDOW
     # Every claim has a fabric pool GPU of its own.
     blocks = set()
     for p in pods:
@@ -77,5 +70,39 @@ def test_more_pool_claims_than_the_window_all_get_a_gpu(
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert "/" in result["pool"]
         blocks.add(result["device"])
-    assert len(blocks) == CLAIMS
+    assert len(blocks) == claims
     assert set(suite.composed()) >= blocks
+    return seen
+
+
+def test_more_pool_claims_than_the_window_all_get_a_gpu(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    suite = make_suite(
+        hosts=HOSTS,
+        topology=topology(len(HOSTS), BLOCKS),
+        attach_latency=0,
+        publisher_args=[f"--max-free-devices-per-pool={WINDOW}"],
+    )
+    wait_for(lambda: free_in_pool(suite) == {"gpu-1", "gpu-2"}, 30, "the first window")
+    seen = claims_all_served(suite, namespace, CLAIMS)
+    assert seen and max(len(free) for free in seen) <= WINDOW
+
+
+def test_the_default_window_grows_with_the_pending_claims(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    # The publisher's default (auto): MIN_WINDOW free devices with nothing pending; more
+    # claims at once than that, in one zone, all get a GPU.
+    blocks = MIN_WINDOW + MARGIN + 4
+    suite = make_suite(hosts=HOSTS, topology=topology(len(HOSTS), blocks), attach_latency=0)
+    wait_for(
+        lambda: len(free_in_pool(suite)) == MIN_WINDOW,
+        30,
+        "the smallest window",
+        describe=lambda: str(sorted(free_in_pool(suite))),
+    )
+    claims = MIN_WINDOW + 2
+    seen = claims_all_served(suite, namespace, claims)
+    # Pending claims grew the window past its minimum (their share and the margin).
+    assert max(len(free) for free in seen) > MIN_WINDOW

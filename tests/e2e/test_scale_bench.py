@@ -28,6 +28,8 @@ def test_scale_bench_tiny(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["claims"] == 4
+    # The defaults: the scheduler's own and the publisher's window sized to the claims.
+    assert out["percentage_of_nodes_to_score"] == 0 and out["pool_window"] == "auto"
     assert out["all_ready"] is True and out["ready"] == 4
     assert [b["claims"] for b in out["bursts"]] == [2, 4]
     assert out["ready_p50_s"] is not None and out["ready_p99_s"] >= out["ready_p50_s"]
@@ -41,6 +43,8 @@ def test_scale_bench_tiny(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert out["attaches"] >= 4 and out["writes_per_attach"]["operator"] >= 1
     assert set(out["goals"]) >= {
         "all_ready",
+        "ready_p99_s",
+        "cpu_per_claim_s",
         "cost_ratio_1000_vs_100",
         "relists_after_start",
         "writes_per_attach",

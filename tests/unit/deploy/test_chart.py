@@ -13,6 +13,7 @@ import pytest
 
 from composable_dra.lending.remote_leases import DONORS_AUDIENCE
 from composable_dra.model import names
+from composable_dra.model.device_classes import device_classes
 from testbed import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
@@ -79,12 +80,13 @@ def test_default_render(default: list[Obj]) -> None:
     assert not {"ServiceMonitor", "Fabric", "Secret"} & kinds
     assert len(by_kind(default, "Deployment")) == 3  # pool publisher, scaler, operator
 
-    dc = one(default, "DeviceClass")
-    assert dc["metadata"]["name"] == names.DEVICE_CLASS
-    assert dc["spec"]["selectors"] == [
-        {"cel": {"expression": f'device.driver == "{names.DRIVER}"'}}
+    # The chart's classes are the suite's (the local one rejects pool devices).
+    classes = by_kind(default, "DeviceClass")
+    assert [(c["metadata"]["name"], c["spec"]) for c in classes] == [
+        (want["metadata"]["name"], want["spec"]) for want in device_classes()
     ]
-    assert "extendedResourceName" not in dc["spec"]  # no extended resource by default
+    # No extended resource by default.
+    assert not any("extendedResourceName" in c["spec"] for c in classes)
 
 
 ATTACHMENT = f'device.attributes["{names.DRIVER}"].attachment'
@@ -101,9 +103,11 @@ def test_extended_resource_class(devices: str, which: str) -> None:
     """extendedResource.name maps the name to a class of its own, without remote leases
     (nodeFirst) or with fabric GPUs only (poolOnly); the main class stays as it was."""
     values = {"extendedResource": {"name": "nvidia.com/gpu", "devices": devices}}
-    main, extended = by_kind(chart.render(values=values), "DeviceClass")
-    assert "extendedResourceName" not in main["spec"]
-    assert extended["metadata"]["name"] == "composable-gpu-extended"
+    classes = {
+        c["metadata"]["name"]: c for c in by_kind(chart.render(values=values), "DeviceClass")
+    }
+    extended = classes.pop("composable-gpu-extended")
+    assert classes and not any("extendedResourceName" in c["spec"] for c in classes.values())
     assert extended["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert extended["spec"]["selectors"] == [
         {"cel": {"expression": f'device.driver == "{names.DRIVER}" && {which}'}}

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from composable_dra.model import names
-from hack.bench.sched import Republisher, fabric_view, inventory, metric_sums, per_attempt
+from hack.bench.sched import (
+    Republisher,
+    fabric_view,
+    free_local_gpus,
+    inventory,
+    metric_sums,
+    per_attempt,
+    sched_goals,
+    window_of,
+)
 from pool_publisher.publish import desired_pools, plan_pools
+from pool_publisher.window import AUTO, MARGIN, MIN_WINDOW, WindowPolicy
 
 EXT = "scheduler_framework_extension_point_duration_seconds"
 PLUGIN = "scheduler_plugin_execution_duration_seconds"
@@ -69,7 +79,7 @@ def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
 
     view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=40), lambda h: f"{h}-s")
     rep = Republisher(FakeKube(), view)  # type: ignore[arg-type]
-    rep.max_free = 4
+    rep.window = WindowPolicy(4)
     rep.publish()
     assert sorted(writes) == ["fabric-1-zone-1-0", "fabric-1-zone-2-0"]
     writes.clear()
@@ -91,3 +101,69 @@ def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
     )
     rep.publish()
     assert writes == ["fabric-1-zone-1-0"]
+
+
+def test_the_republishers_window_follows_the_pending_claims() -> None:
+    class FakeKube:
+        def apply(self, url: str, obj: dict[str, object], manager: str) -> None:
+            pass
+
+    view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=400), lambda h: f"{h}-s")
+    rep = Republisher(FakeKube(), view)  # type: ignore[arg-type]
+    rep.publish()
+    assert rep.size == MIN_WINDOW  # the publisher's default, nothing pending
+    rep.allocated([{"metadata": {"name": f"c{i}"}, "status": {}} for i in range(100)])
+    rep.publish()
+    assert rep.size == 50 + MARGIN  # 100 pending claims over 2 pools
+    pools = {str(o["spec"]["pool"]["name"]) for o in rep.observed.values()}
+    assert (
+        all(len(o["spec"]["devices"]) == 50 + MARGIN for o in rep.observed.values())
+        and len(pools) == 2
+    )
+
+
+def test_the_local_burst_frees_each_nodes_share_and_one_more() -> None:
+    deleted: list[str] = []
+
+    class FakeKube:
+        def delete(self, url: str) -> None:
+            deleted.append(url.rsplit("/", 1)[-1])
+
+    freed = free_local_gpus(FakeKube(), "s", nodes=4, gpus_per_node=8, pods=10)  # type: ignore[arg-type]
+    assert freed == len(deleted) == 4 * 4  # ceil(10 / 4) + 1 a node
+    assert len(set(deleted)) == freed and all(d.startswith("node-") for d in deleted)
+    assert free_local_gpus(FakeKube(), "s", nodes=1, gpus_per_node=2, pods=10) == 2  # type: ignore[arg-type]
+
+
+def burst_out(
+    cpu: float, rate: float | None, allocated: int = 10, served: str = "gpu/pool"
+) -> dict[str, object]:
+    return {
+        "allocated": allocated,
+        "scheduler_cpu_s_per_claim": cpu,
+        "claims_per_s": rate,
+        "served_by": {served: allocated},
+    }
+
+
+def test_the_goals_compare_the_default_pool_burst_with_the_local_one() -> None:
+    out = {
+        "bursts": {
+            "pool-auto": burst_out(0.3, 2.0),
+            "pool-all": burst_out(9, 0.1),
+            "local": burst_out(0.2, 5.0, served="gpu/local"),
+        }
+    }
+    goals = sched_goals(out, 10)
+    assert goals["pool_vs_local_cpu_per_claim"]["value"] == 1.5
+    assert goals["pool_vs_local_cpu_per_claim"]["met"]
+    assert goals["pool_vs_local_claims_per_s"]["value"] == 0.4
+    assert not goals["pool_vs_local_claims_per_s"]["met"]
+    assert goals["unallocated"]["met"] and goals["local_burst_served_locally"]["met"]
+    # A burst that left claims, or a rate not measured, misses.
+    out["bursts"]["local"] = burst_out(0.2, None, allocated=9, served="gpu/local")
+    goals = sched_goals(out, 10)
+    assert not goals["unallocated"]["met"] and not goals["pool_vs_local_claims_per_s"]["met"]
+    # A local claim that the pool served: prefer-local failed.
+    assert not goals["local_burst_served_locally"]["met"]
+    assert window_of("auto") == AUTO and window_of("32") == 32
