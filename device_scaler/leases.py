@@ -57,6 +57,15 @@ LEASE_FAILURES = Counter(
 LEASES_CLOSED = Counter(
     "composable_dra_leases_closed_total", "Leases the controller closed, by why", ["why"]
 )
+# Why the controller closes a lease. Each is exported from the start (at 0): a lease a
+# consumer's plugin closed first is never closed here, and a dashboard's rate() should
+# still find a series.
+GONE = "claim gone or deallocated"
+ELSEWHERE = "claim allocated elsewhere"
+FAILED = "allocation failed"
+SUPERSEDED = "superseded"
+for _why in (GONE, ELSEWHERE, FAILED, SUPERSEDED):
+    LEASES_CLOSED.labels(_why)
 
 log = logs.get(__name__)
 
@@ -182,13 +191,13 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
         for info in leases.items:
             a = wanted.get((donor, info.claim_uid, info.device))
             if a is None and (donor, info.claim_uid) not in claims:
-                why = "claim gone or deallocated"
+                why = GONE
             elif a is None or a.node != info.node:
-                why = "claim allocated elsewhere"
+                why = ELSEWHERE
             elif a.state == "failed":
-                why = "allocation failed"
+                why = FAILED
             elif a.state == "ready" and a.lease is not None and a.lease != info.lease:
-                why = "superseded"
+                why = SUPERSEDED
             else:
                 continue
             actions.append(Close(donor, info.lease, why))

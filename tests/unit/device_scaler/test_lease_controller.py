@@ -232,3 +232,18 @@ def test_merged_status_writes_a_claims_devices_together_and_keeps_its_others() -
         ("gpu-1-remote", 7),
         ("gpu-2-remote", 8),
     ]
+
+
+def test_every_close_reason_is_exported_before_any_close() -> None:
+    """A lease its consumer's plugin closed first is never closed by the controller: the
+    counter's series must exist anyway, at 0, for the dashboard's rate()."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    for why in (
+        "claim gone or deallocated",
+        "claim allocated elsewhere",
+        "allocation failed",
+        "superseded",
+    ):
+        assert f'composable_dra_leases_closed_total{{why="{why}"}}' in text
