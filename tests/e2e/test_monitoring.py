@@ -1,12 +1,13 @@
 """The chart's dashboard and alerts against the metrics the running components export.
 
 A whole suite (operator, pool publisher, scaler, a node's plugin) attaches a pool GPU
-after a failed attach (quarantined), runs a pod on it and detaches it once idle; a
-lending lab (donor, lease controller) opens a lease, runs ``matmul`` on it and closes
-it. Each component's /metrics is scraped twice at the end of its run. Every metric a
-panel or an alert names must be among the scraped series, and each panel's query,
-evaluated by promtool over the scraped samples, must find data: a panel that would
-always be empty fails.
+after a failed attach (quarantined), runs a pod on it and detaches it once idle, while
+the fabric reports a free block Warning and a person fences the GPU left attached (the
+health panels' data, from the pool publisher and the plugin); a lending lab (donor,
+lease controller) opens a lease, runs ``matmul`` on it and closes it. Each component's
+/metrics is scraped twice at the end of its run. Every metric a panel or an alert names
+must be among the scraped series, and each panel's query, evaluated by promtool over the
+scraped samples, must find data: a panel that would always be empty fails.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 import yaml
 
 from composable_dra.k8s.kube import Kube, path
+from composable_dra.model.names import ANN_FENCE
 from testbed import ControlPlane, monitoring
 from testbed.controlplane import free_port
+from testbed.harness import Suite
 from testbed.monitoring import scrape, total
 from testbed.suite_nodes import wait_plugin_registered
 from testbed.wait import wait_for
@@ -33,6 +36,7 @@ RESOURCE = "resource.k8s.io/v1"
 # Admission counts with this link (bytes/s), so that the link-load panel has a capacity.
 LINK_BANDWIDTH = 1e9
 Scrapes = dict[str, list[str]]  # component -> its scrapes, in order
+UNHEALTHY = "composable_dra_device_health_unhealthy"
 
 
 def wait_metric(port: int, name: str, what: str, describe: Callable[[], str]) -> None:
@@ -71,6 +75,9 @@ def pool_run(make_suite: MakeSuite, namespace: str) -> Scrapes:
     for pod in pods:
         running = functools.partial(suite.running, namespace, pod)
         wait_for(running, 90, f"{pod} to run", describe=suite.describe)
+    # A free block degrades (FabricWarning) and stays so: the pool publisher's health
+    # series, on both scrapes; its next fabric read sees it while the run goes on.
+    suite.emulator.set_block_status(sorted(suite.pool_devices())[0][1], health="Warning")
     quarantined = "composable_dra_scaler_quarantined_devices"
     wait_metric(ports["scaler"], quarantined, "the failed block's quarantine", suite.describe)
     for pod in pods:
@@ -87,7 +94,17 @@ def pool_run(make_suite: MakeSuite, namespace: str) -> Scrapes:
     suite.kube.delete(path(API, "composableresources", first))
     detached = "composable_dra_detach_seconds_count"
     wait_metric(ports["operator"], detached, "the detach", suite.describe)
+    fence_the_attached_gpu(suite, first, ports["plugin"])
+    wait_metric(ports["pool-publisher"], UNHEALTHY, "the Warning block counted", suite.describe)
     return scrape_twice(ports)
+
+
+def fence_the_attached_gpu(suite: Suite, detached: str, plugin_port: int) -> None:
+    """Fence the GPU still attached (idle): the node's plugin counts it Quarantined."""
+    [left] = [r for r in suite.resources() if r["metadata"]["name"] != detached]
+    fence = {"metadata": {"annotations": {ANN_FENCE: "dashboard test"}}}
+    suite.kube.merge_patch(path(API, "composableresources", left["metadata"]["name"]), fence)
+    wait_metric(plugin_port, UNHEALTHY, "the fenced GPU counted", suite.describe)
 
 
 def lend_run(kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str) -> Scrapes:

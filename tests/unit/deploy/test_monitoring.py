@@ -95,6 +95,7 @@ def test_the_alerts_are_the_ones_a_gpu_team_pages_on(
         "ComposableDRAPoolExhausted",
         "ComposableDRALeaderLost",
         "ComposableDRADonorLinkAtKnee",
+        "ComposableDRAGPUFailed",
     }
     # The chart ships the file promtool tests, as it is.
     assert rules == yaml.safe_load(RULES_FILE.read_text())
@@ -106,7 +107,7 @@ def test_promtool_checks_the_rendered_rules(
     _, rules = rendered
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     out = monitoring.promtool("check", "rules", tmp_path / "rules.yaml")
-    assert "SUCCESS: 6 rules found" in out
+    assert "SUCCESS: 7 rules found" in out
 
 
 def test_promtool_rule_tests_pass_with_a_firing_and_a_quiet_case_per_alert() -> None:
