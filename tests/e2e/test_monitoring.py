@@ -127,8 +127,14 @@ def lend_run(kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str) -> 
         _, env, mounts = lease_and_run(setup, "lent")
         run_matmul(env, mounts)
         end_pod_and_claim(setup, "lent")
-        closed = "composable_dra_leases_closed_total"
-        wait_metric(ports["lease-controller"], closed, "the lease's close", setup.describe)
+        # Closed by the consumer's plugin or by the controller, whichever comes first: the
+        # donor holds no lease then (the controller's close counter may stay at 0).
+        wait_for(
+            lambda: total(scrape(ports["donor"]), "remote_gpu_leases_held") == 0,
+            90,
+            "the lease's close at the donor",
+            describe=setup.describe,
+        )
         return scrape_twice(ports)
     finally:
         setup.close()
