@@ -70,7 +70,7 @@ class Suite(Workload):
             topology=self.opts.topology,
             workdir=workdir / "emulator",
             extra_args=process_args(workdir / "emulator", fsas) if (fsas := self.opts.fsas) else (),
-            host_state_dir=workdir / "hosts" if self.opts.fake_nvml_hosts else None,
+            host_state_dir=workdir / "hosts",  # every suite: surprise removals are seen
         )
         settings = NodeSettings(
             kube,
