@@ -414,8 +414,8 @@ def _health_side(
     preparer: Any,
 ) -> tuple[Any, Any]:
     """The health board over the node's health sources (the device source, where it judges
-    health; the manual fence on the node's ComposableResources) and the kubelet's health
-    stream it feeds."""
+    health; the manual fence on the node's ComposableResources; the donors of the remote
+    GPUs prepared here) and the kubelet's health stream it feeds."""
     from dra_driver import health_stream
     from dra_driver.fence_source import FenceSource
     from dra_driver.health_effects import HealthEffects
@@ -424,6 +424,13 @@ def _health_side(
     source, resources = inputs
     sources = [source] if hasattr(source, "reports") else []
     sources.append(FenceSource(resources.items, lambda: watcher.devices))
+    if args.lease_token_file:  # remote GPUs prepared here: their donors' health
+        from dra_driver.claim_reader import ClaimReader
+        from dra_driver.donor_health import DonorHealthSource
+
+        sources.append(
+            DonorHealthSource(args.driver_name, preparer.prepared_claims, ClaimReader(kube))
+        )
 
     def names() -> list[str]:
         return [d.name for d in watcher.devices]
