@@ -89,6 +89,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="healthy reads in a row before an unhealthy device is healthy again "
         "(env HEALTH_RECOVER_AFTER)",
     )
+    p.add_argument(
+        "--nvml-health",
+        action="store_true",
+        default=os.environ.get("NVML_HEALTH", "").lower() in {"1", "true", "yes"},
+        help="judge the GPUs' health by NVML (XID, ECC, GPU lost) with another device "
+        "source too, e.g. redfish on a host with the NVIDIA driver (env NVML_HEALTH=true; "
+        "the nvml source always does)",
+    )
     env_flag(
         p,
         "--host-rescan-command",
@@ -423,6 +431,10 @@ def _health_side(
 
     source, resources = inputs
     sources = [source] if hasattr(source, "reports") else []
+    if args.nvml_health and args.device_source != "nvml":
+        from dra_driver.sources.nvml_health import NvmlHealth
+
+        sources.append(NvmlHealth())
     sources.append(FenceSource(resources.items, lambda: watcher.devices))
     if args.lease_token_file:  # remote GPUs prepared here: their donors' health
         from dra_driver.claim_reader import ClaimReader

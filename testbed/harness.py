@@ -82,6 +82,7 @@ class Suite(Workload):
             self.opts.node_bin_dir,
             self.opts.fake_nvml_hosts,
             self.opts.skip_release_hosts,
+            self.opts.nvml_health_hosts,
         )
         hosts = SuiteNodes(settings, emulator)
         super().__init__(kube, f"fab-{self.suffix}", emulator, hosts, lambda: self.components)

@@ -49,6 +49,7 @@ class NodeSettings:
     node_bin_dir: Path | None = None
     fake_nvml_hosts: tuple[str, ...] = ()  # SuiteOptions'
     skip_release_hosts: tuple[str, ...] = ()
+    nvml_health_hosts: tuple[str, ...] = ()
 
 
 class SuiteNodes:
@@ -106,8 +107,12 @@ class SuiteNodes:
             raise ValueError("the suite's emulator needs its host state directory")
         if host in self.settings.fake_nvml_hosts:
             return self.fake_nvml_args(host), fake_nvml.env(state, host)
-        release = [] if host in self.settings.skip_release_hosts else fake_nvml.release_args()
-        return [*self.plugin_args(root), *release], fake_nvml.release_env(state, host)
+        args = self.plugin_args(root)
+        if host not in self.settings.skip_release_hosts:
+            args += fake_nvml.release_args()
+        if host in self.settings.nvml_health_hosts:
+            return [*args, "--nvml-health"], fake_nvml.env(state, host)
+        return args, fake_nvml.release_env(state, host)
 
     def plugin_args(self, root: Path) -> list[str]:
         """The plugin's flags for the redfish device source on this suite's emulator."""

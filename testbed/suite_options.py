@@ -44,4 +44,7 @@ class SuiteOptions:
     # step); the emulator records every suite's surprise removals
     # (fabric_emulator/host_bus.py), asked zero at teardown (tests/e2e/conftest.py).
     fake_nvml_hosts: tuple[str, ...] = ()
+    # Hosts whose plugin keeps the redfish source but judges health by the fake NVML too
+    # (``--nvml-health``): its GPUs' XIDs, ECC errors and loss, set in the host state.
+    nvml_health_hosts: tuple[str, ...] = ()
     skip_release_hosts: tuple[str, ...] = ()

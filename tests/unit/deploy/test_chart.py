@@ -504,7 +504,7 @@ def test_no_cluster_role_may_delete_pods_the_vendor_restart_is_namespaced(
         chart.render(values={"vendorPluginNamespace": "../etc"})
 
 
-def test_safe_detach_is_on_by_default_and_the_release_command_follows_values(
+def test_safe_detach_is_on_by_default_and_the_plugin_s_host_flags_follow_values(
     default: list[Obj],
 ) -> None:
     args = container(one(default, "Deployment", "-operator"))["args"]
@@ -519,9 +519,11 @@ def test_safe_detach_is_on_by_default_and_the_release_command_follows_values(
     objs = chart.render(
         values={
             "operator": {"awaitHostRelease": False, "hostReleaseTimeout": 30},
-            "plugin": {"hostReleaseCommand": command},
+            "plugin": {"hostReleaseCommand": command, "nvmlHealth": True},
         }
     )
+    assert "--nvml-health" in container(one(objs, "DaemonSet"))["args"]
+    assert "--nvml-health" not in plugin
     args = container(one(objs, "Deployment", "-operator"))["args"]
     assert "--no-await-host-release" in args and "--host-release-timeout=30" in args
     assert f"--host-release-command={command}" in container(one(objs, "DaemonSet"))["args"]
