@@ -10,6 +10,7 @@ tolerates the quarantine still gets it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -79,6 +80,22 @@ def pod_gone(suite: Suite, ns: str, pod: str) -> bool:
     return bool(got["metadata"].get("deletionTimestamp"))
 
 
+def tainted_then_shown(
+    suite: Suite, ns: str, pod: str, tainted: Callable[[], bool], what: str
+) -> None:
+    """The fault just injected: ``tainted`` within 10 s, then ``pod`` shows its GPU
+    Unhealthy in its status."""
+    t0 = time.monotonic()
+    wait_for(tainted, 10, what, describe=suite.describe)
+    print(f"tainted after {time.monotonic() - t0:.1f}s", flush=True)
+    wait_for(
+        lambda: pod_health(suite, ns, pod) == {"Unhealthy"},
+        30,
+        f"{pod} to show its GPU Unhealthy",
+        describe=lambda: str(suite.pod(ns, pod)["status"]),
+    )
+
+
 # Long because it is one scenario read top to bottom: each step starts from the last.
 def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     make_suite: MakeSuite, namespace: str
@@ -91,20 +108,13 @@ def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     wait_for(lambda: pod_health(suite, namespace, "p1") == {"Healthy"}, 30, "p1 Healthy")
 
     # Warning: kept from new pods (NoSchedule) within 10 s; p1 runs on, shown Unhealthy.
-    t0 = time.monotonic()
     suite.emulator.set_block_status(block, health="Warning")
-    wait_for(
+    tainted_then_shown(
+        suite,
+        namespace,
+        "p1",
         lambda: pool_taints(suite, block) == {("FabricWarning", "NoSchedule")},
-        10,
         f"{block} tainted FabricWarning",
-        describe=suite.describe,
-    )
-    print(f"tainted after {time.monotonic() - t0:.1f}s", flush=True)
-    wait_for(
-        lambda: pod_health(suite, namespace, "p1") == {"Unhealthy"},
-        30,
-        "p1 to show its GPU Unhealthy",
-        describe=lambda: str(suite.pod(namespace, "p1")["status"]),
     )
     suite_pod(suite, namespace, "p2")
     wait_running(suite, namespace, "p2")
@@ -306,20 +316,13 @@ def test_an_nvml_ecc_fault_taints_the_node_gpu_shows_in_pod_status_and_clears(
     wait_running(suite, namespace, "p2")
     wait_for(lambda: pod_health(suite, namespace, "p2") == {"Healthy"}, 30, "p2 Healthy")
 
-    t0 = time.monotonic()
     set_ecc(suite, "node-1", uuid, 2)
-    wait_for(
+    tainted_then_shown(
+        suite,
+        namespace,
+        "p2",
         lambda: local_taints(suite, "node-1", uuid) == {("EccError", "NoSchedule")},
-        10,
         "the GPU tainted EccError in the node's slice",
-        describe=suite.describe,
-    )
-    print(f"tainted after {time.monotonic() - t0:.1f}s", flush=True)
-    wait_for(
-        lambda: pod_health(suite, namespace, "p2") == {"Unhealthy"},
-        30,
-        "p2 to show its GPU Unhealthy",
-        describe=lambda: str(suite.pod(namespace, "p2")["status"]),
     )
     assert suite.running(namespace, "p2")  # not fatal: it runs on
 
