@@ -37,10 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--await-host-release",
-        action="store_true",
-        default=env("AWAIT_HOST_RELEASE", "").lower() in {"1", "true", "yes"},
+        action=argparse.BooleanOptionalAction,
+        default=env("AWAIT_HOST_RELEASE", "true").lower() not in {"0", "false", "no"},
         help="before a detach, wait for the node's plugin to release the device on its "
-        "host (HostReleased; docs/attach-flow.md) (env AWAIT_HOST_RELEASE=true)",
+        "host (HostReleased; docs/attach-flow.md). Default on; --no-await-host-release "
+        "(env AWAIT_HOST_RELEASE=false) for plugins older than the release step, which "
+        "never answer",
     )
     p.add_argument(
         "--host-release-timeout",

@@ -23,7 +23,7 @@ from api.dra_health.v1 import api_pb2 as health_v1
 from api.dra_health.v1 import api_pb2_grpc as health_v1_grpc
 from api.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from api.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from composable_dra.model.health import Health, HealthReport
+from composable_dra.model.health import Health, HealthReport, remote_key
 from composable_dra.process import logs
 from dra_driver.checkpoint import PreparedDevice
 
@@ -56,7 +56,13 @@ def entries(
         out[(node_pool, name)] = Entry(node_pool, name, report)
     for dev in prepared:
         if dev.remote is not None:
-            continue  # a remote GPU's health is its donor's to judge
+            # Its donor's to judge (donor_health); none said: nothing is claimed for it.
+            remote = states.get(remote_key(dev.pool_name, dev.device_name))
+            if remote is not None:
+                out[(dev.pool_name, dev.device_name)] = Entry(
+                    dev.pool_name, dev.device_name, remote
+                )
+            continue
         report = states.get(dev.local_name) or HealthReport(dev.local_name, Health.UNKNOWN)
         out[(dev.pool_name, dev.device_name)] = Entry(dev.pool_name, dev.device_name, report)
     return [out[k] for k in sorted(out)]

@@ -89,6 +89,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="healthy reads in a row before an unhealthy device is healthy again "
         "(env HEALTH_RECOVER_AFTER)",
     )
+    p.add_argument(
+        "--nvml-health",
+        action="store_true",
+        default=os.environ.get("NVML_HEALTH", "").lower() in {"1", "true", "yes"},
+        help="judge the GPUs' health by NVML (XID, ECC, GPU lost) with another device "
+        "source too, e.g. redfish on a host with the NVIDIA driver (env NVML_HEALTH=true; "
+        "the nvml source always does)",
+    )
     env_flag(
         p,
         "--host-rescan-command",
@@ -414,8 +422,8 @@ def _health_side(
     preparer: Any,
 ) -> tuple[Any, Any]:
     """The health board over the node's health sources (the device source, where it judges
-    health; the manual fence on the node's ComposableResources) and the kubelet's health
-    stream it feeds."""
+    health; the manual fence on the node's ComposableResources; the donors of the remote
+    GPUs prepared here) and the kubelet's health stream it feeds."""
     from dra_driver import health_stream
     from dra_driver.fence_source import FenceSource
     from dra_driver.health_effects import HealthEffects
@@ -423,7 +431,18 @@ def _health_side(
 
     source, resources = inputs
     sources = [source] if hasattr(source, "reports") else []
+    if args.nvml_health and args.device_source != "nvml":
+        from dra_driver.sources.nvml_health import NvmlHealth
+
+        sources.append(NvmlHealth())
     sources.append(FenceSource(resources.items, lambda: watcher.devices))
+    if args.lease_token_file:  # remote GPUs prepared here: their donors' health
+        from dra_driver.claim_reader import ClaimReader
+        from dra_driver.donor_health import DonorHealthSource
+
+        sources.append(
+            DonorHealthSource(args.driver_name, preparer.prepared_claims, ClaimReader(kube))
+        )
 
     def names() -> list[str]:
         return [d.name for d in watcher.devices]

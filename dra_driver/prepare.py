@@ -335,6 +335,11 @@ class Preparer:
             records = list(self._checkpoint.claims.values())
         return [d for r in records for d in r.devices]
 
+    def prepared_claims(self) -> list[ClaimRecord]:
+        """The claims prepared here (the donor health source reads their remote devices)."""
+        with self._lock:
+            return [r for r in self._checkpoint.claims.values() if r.state == "prepared"]
+
     def held(self) -> list[tuple[str, QosProfile | None]]:
         """This node's devices held by a claim, each with the QoS profile its claim
         declared (None: none), for the QoS attributes (``lend_status``)."""

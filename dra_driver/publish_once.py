@@ -220,6 +220,9 @@ class LocalSliceGate:
                 else:
                     source = fresh
                     out, held = self._decide(listed, fresh, published)
+            if held - self.held:  # on their way off the node: never local devices
+                names = [d.name for d in devices if normalize_uuid(d.uuid) in held - self.held]
+                self._log.info("devices held back", why="leaving the node", devices=names)
             self.held = held
             fabric = named_uuids(source)
             # A change of what may be lent matters only for GPUs the slices show.

@@ -71,7 +71,7 @@ class Suite(Workload):
             topology=self.opts.topology,
             workdir=workdir / "emulator",
             extra_args=process_args(workdir / "emulator", fsas) if (fsas := self.opts.fsas) else (),
-            host_state_dir=workdir / "hosts" if self.opts.fake_nvml_hosts else None,
+            host_state_dir=workdir / "hosts",  # every suite: surprise removals are seen
         )
         settings = NodeSettings(
             kube,
@@ -83,6 +83,7 @@ class Suite(Workload):
             self.opts.node_bin_dir,
             self.opts.fake_nvml_hosts,
             self.opts.skip_release_hosts,
+            self.opts.nvml_health_hosts,
         )
         hosts = SuiteNodes(settings, emulator)
         super().__init__(kube, f"fab-{self.suffix}", emulator, hosts, lambda: self.components)

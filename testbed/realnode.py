@@ -258,6 +258,7 @@ class RealNode:
     control_plane: ControlPlane
     workdir: Path
     plugin_args: list[str] = field(default_factory=list)
+    plugin_env: dict[str, str] | None = None  # None: this process's environment
     start_timeout: float = 90.0
     image: str = testimage.IMAGE
     # The systemUUID the kubelet reports. Without DMI (this machine has no
@@ -355,6 +356,7 @@ class RealNode:
             cp.kubeconfig,
             self.workdir / "plugin",
             [f"--metrics-port={self.plugin_metrics_port}", *self.plugin_args],
+            self.plugin_env,
         )
 
     def start_plugin(self, timeout: float = 30.0) -> PluginProcess:
@@ -425,6 +427,7 @@ class RealNode:
                 f"--metrics-port={port}",
                 f"--rolling-update-uid={uid}",
             ],
+            self.plugin_env,
         )
         instance = PluginInstance(process, port)
         self.plugin_instances.append(instance)

@@ -49,6 +49,7 @@ class NodeSettings:
     node_bin_dir: Path | None = None
     fake_nvml_hosts: tuple[str, ...] = ()  # SuiteOptions'
     skip_release_hosts: tuple[str, ...] = ()
+    nvml_health_hosts: tuple[str, ...] = ()
 
 
 class SuiteNodes:
@@ -67,10 +68,7 @@ class SuiteNodes:
         root = s.workdir / name
         kubelet = KubeletEmulator(s.kube, name, root / "kubelet", root / "cdi")
         kubelet.start()
-        if host in s.fake_nvml_hosts:
-            args, env = self.fake_nvml_args(host), self.fake_nvml_env(host)
-        else:
-            args, env = self.plugin_args(root), None
+        args, env = self.plugin_setup(host, root)
         plugin = PluginProcess.beside(kubelet, name, s.kubeconfig, root / "plugin", args, env)
         plugin.start()
         node = SuiteNode(name, host, kubelet, plugin)
@@ -84,18 +82,37 @@ class SuiteNodes:
         if s.control_plane is None or s.node_bin_dir is None:
             raise ValueError("real nodes need Suite(control_plane=...) and node_bin_dir")
         root = s.workdir / f"r-{host}"  # short: unix socket paths are limited
+        args, env = self.plugin_setup(host, root)
         node = RealNode(
             f"{host}-{s.suffix}",
             s.node_bin_dir,
             s.control_plane,
             root / "n",
-            plugin_args=self.plugin_args(root),
+            plugin_args=args,
+            plugin_env=env,
             system_uuid=host_uuid(host),
         )
         self.real[host] = node
         node.start()
         node.start_plugin()
         return node
+
+    def plugin_setup(self, host: str, root: Path) -> tuple[list[str], dict[str, str]]:
+        """The plugin's flags and environment on ``host``: the fake NVML for the hosts in
+        ``fake_nvml_hosts``, else the redfish source; either way the host's release
+        command on the emulator's host state (but for ``skip_release_hosts``), so that
+        every detach of the suite is released first or shows as a surprise removal."""
+        state = self.emulator.host_state_dir
+        if state is None:
+            raise ValueError("the suite's emulator needs its host state directory")
+        if host in self.settings.fake_nvml_hosts:
+            return self.fake_nvml_args(host), fake_nvml.env(state, host)
+        args = self.plugin_args(root)
+        if host not in self.settings.skip_release_hosts:
+            args += fake_nvml.release_args()
+        if host in self.settings.nvml_health_hosts:
+            return [*args, "--nvml-health"], fake_nvml.env(state, host)
+        return args, fake_nvml.release_env(state, host)
 
     def plugin_args(self, root: Path) -> list[str]:
         """The plugin's flags for the redfish device source on this suite's emulator."""
@@ -118,12 +135,6 @@ class SuiteNodes:
         release command unless the host skips it."""
         release = host not in self.settings.skip_release_hosts
         return [*fake_nvml.plugin_args(self.settings.plugin_poll, release), "--no-fsync"]
-
-    def fake_nvml_env(self, host: str) -> dict[str, str]:
-        root = self.emulator.host_state_dir
-        if root is None:
-            raise ValueError("fake NVML hosts need the emulator's host state directory")
-        return fake_nvml.env(root, host)
 
     def wait_registered(self) -> None:
         """Until every emulated node's plugin has registered with its kubelet."""

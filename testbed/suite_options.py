@@ -37,10 +37,14 @@ class SuiteOptions:
     # The Fabric speaks the emulator's Fsas FM API (backend fsas-fm) with this config;
     # with attach_by_model the FM picks the GPU and the Fabric says attachBy model.
     fsas: FsasConfig | None = None
-    # Hosts (emulated nodes) whose plugin reads its GPUs through the fake NVML
-    # (testbed/fake_nvml) over the host state the emulator shares, and releases a GPU
-    # before a detach with the fake's release command, unless the host is also in
-    # ``skip_release_hosts`` (a plugin that skips its release step). Any: the emulator
-    # records surprise removals (fabric_emulator/host_bus.py).
+    # Hosts whose plugin reads its GPUs through the fake NVML (testbed/fake_nvml) over the
+    # host state the emulator shares (the others: the redfish source). Every plugin
+    # releases a GPU before a detach with the fake's release command on that state,
+    # unless its host is in ``skip_release_hosts`` (a plugin that skips its release
+    # step); the emulator records every suite's surprise removals
+    # (fabric_emulator/host_bus.py), asked zero at teardown (tests/e2e/conftest.py).
     fake_nvml_hosts: tuple[str, ...] = ()
+    # Hosts whose plugin keeps the redfish source but judges health by the fake NVML too
+    # (``--nvml-health``): its GPUs' XIDs, ECC errors and loss, set in the host state.
+    nvml_health_hosts: tuple[str, ...] = ()
     skip_release_hosts: tuple[str, ...] = ()

@@ -53,3 +53,9 @@ class HealthReport:
     @property
     def fatal(self) -> bool:
         return self.health is Health.UNHEALTHY and self.reason in FATAL
+
+
+def remote_key(donor: str, device: str) -> str:
+    """A lent GPU's name on its consumer's health board (``dra_driver.donor_health``):
+    ``<donor>/<device>``, never a local device's name, so it taints nothing there."""
+    return f"{donor}/{device}"

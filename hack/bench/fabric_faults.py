@@ -3,7 +3,7 @@
 Starts a local control plane, the fabric emulator (asynchronous tasks), three fake nodes
 on the emulator's hosts with the plugin each (its GPUs through the fake NVML over the
 host state the emulator shares, testbed/fake_nvml, released before each detach: the
-operator runs with --await-host-release), and the operator as its own process. Then
+operator awaits the host release, its default), and the operator as its own process. Then
 OPERATIONS random operations: create a ComposableResource for a free block and a node
 its zone reaches, delete one, or cancel one mid-attach (create it and delete it as soon
 as its attach is under way; every attach request takes --attach-latency seconds to reach

@@ -23,14 +23,25 @@ def plugin_args(poll_interval: float, release: bool = True) -> list[str]:
     """A plugin's flags for the fake NVML: the nvml source and, unless ``release`` is off
     (a plugin that skips its release step), the fake's release command."""
     args = ["--device-source=nvml", f"--poll-interval={poll_interval}"]
-    if release:
-        command = shlex.join([sys.executable, "-m", "testbed.fake_nvml.release"])
-        args.append(f"--host-release-command={command}")
-    return args
+    return [*args, *release_args()] if release else args
+
+
+def release_args() -> list[str]:
+    """The plugin flag for the emulated host's release command (``release.py``), for any
+    device source: a plugin on the redfish source, which knows no processes, releases a
+    GPU by this command alone, and the emulator sees it in the host state."""
+    command = shlex.join([sys.executable, "-m", "testbed.fake_nvml.release"])
+    return [f"--host-release-command={command}"]
+
+
+def release_env(root: Path, host: str) -> dict[str, str]:
+    """The environment the release command needs (this process's, with the repository
+    on its PYTHONPATH and where ``host``'s state is), without the fake NVML."""
+    return {**os.environ, "PYTHONPATH": _REPOSITORY, ROOT_ENV: str(root), HOST_ENV: host}
 
 
 def env(root: Path, host: str) -> dict[str, str]:
     """The environment a plugin process needs to see ``host``'s GPUs through the fake
-    (this process's, with the fake first on its PYTHONPATH)."""
+    (``release_env``, with the fake first on its PYTHONPATH)."""
     path = os.pathsep.join([PYTHONPATH, _REPOSITORY])
-    return {**os.environ, "PYTHONPATH": path, ROOT_ENV: str(root), HOST_ENV: host}
+    return {**release_env(root, host), "PYTHONPATH": path}

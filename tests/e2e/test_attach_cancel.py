@@ -18,6 +18,7 @@ import pytest
 from api.v1alpha1 import API_VERSION
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.k8s.kube import JSON, path
+from composable_dra.model import names
 from composable_operator.fabric_status import ADOPTED
 from dra_driver.device_source import device_name_for
 from testbed import objects
@@ -145,7 +146,24 @@ def test_deleted_after_the_task_completed_but_before_online(
     assert suite.composed() == {block: "node-1"}
     assert resource(suite, name)["status"]["phase"] == "Attaching"  # type: ignore[index]
     delete_resource(suite, name)
+    # The host holds the GPU (attached to it), so the detach asks its plugin first and,
+    # the node being Ready, waits for it (docs/operations.md, Safe detach); the restarted
+    # plugin releases it.
+    wait_for(
+        lambda: release_requested(resource(suite, name)),
+        30,
+        "the detach to ask node-1's host to release the GPU",
+        describe=suite.describe,
+    )
+    plugin_of(suite, "node-1").start()
     assert_back_in_pool(suite, block)
+
+
+def release_requested(r: JSON | None) -> bool:
+    conditions = ((r or {}).get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == names.RELEASE_REQUESTED and c.get("status") == "True" for c in conditions
+    )
 
 
 def attach_followed(make_suite: MakeSuite, name: str) -> tuple[Suite, str]:
@@ -358,9 +376,12 @@ def listed(suite: Suite, host: str, device: str) -> bool:
 
 
 def held_back(suite: Suite, host: str, device: str) -> bool:
-    """Whether ``host``'s plugin kept ``device`` out of its slice for want of a fresh read."""
+    """Whether ``host``'s plugin kept ``device`` out of its slice: for want of a fresh read,
+    or as leaving the node (its resource was seen detaching: with the host release, the
+    plugin looks at the resource while it waits for the detach)."""
     return any(
-        e.get("event") == "devices not added" and device in (e.get("devices") or [])  # type: ignore[operator]
+        e.get("event") in ("devices not added", "devices held back")
+        and device in (e.get("devices") or [])  # type: ignore[operator]
         for e in suite.nodes[host].plugin.process.log_events(current_only=True)
     )
 

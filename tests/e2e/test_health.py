@@ -10,6 +10,8 @@ tolerates the quarantine still gets it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +20,7 @@ from composable_dra.k8s.kube import JSON, NotFound, path
 from composable_dra.model import names
 from composable_dra.model.health_rules import TAINT_KEY
 from composable_dra.model.names import ANN_FENCE, normalize_uuid
+from fabric_emulator import host_bus
 from testbed.harness import Suite, SuiteOptions
 from testbed.objects import create_claim, pod_body
 from testbed.realnode_pods import for_real_node
@@ -77,6 +80,22 @@ def pod_gone(suite: Suite, ns: str, pod: str) -> bool:
     return bool(got["metadata"].get("deletionTimestamp"))
 
 
+def tainted_then_shown(
+    suite: Suite, ns: str, pod: str, tainted: Callable[[], bool], what: str
+) -> None:
+    """The fault just injected: ``tainted`` within 10 s, then ``pod`` shows its GPU
+    Unhealthy in its status."""
+    t0 = time.monotonic()
+    wait_for(tainted, 10, what, describe=suite.describe)
+    print(f"tainted after {time.monotonic() - t0:.1f}s", flush=True)
+    wait_for(
+        lambda: pod_health(suite, ns, pod) == {"Unhealthy"},
+        30,
+        f"{pod} to show its GPU Unhealthy",
+        describe=lambda: str(suite.pod(ns, pod)["status"]),
+    )
+
+
 # Long because it is one scenario read top to bottom: each step starts from the last.
 def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     make_suite: MakeSuite, namespace: str
@@ -89,20 +108,13 @@ def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     wait_for(lambda: pod_health(suite, namespace, "p1") == {"Healthy"}, 30, "p1 Healthy")
 
     # Warning: kept from new pods (NoSchedule) within 10 s; p1 runs on, shown Unhealthy.
-    t0 = time.monotonic()
     suite.emulator.set_block_status(block, health="Warning")
-    wait_for(
+    tainted_then_shown(
+        suite,
+        namespace,
+        "p1",
         lambda: pool_taints(suite, block) == {("FabricWarning", "NoSchedule")},
-        10,
         f"{block} tainted FabricWarning",
-        describe=suite.describe,
-    )
-    print(f"tainted after {time.monotonic() - t0:.1f}s", flush=True)
-    wait_for(
-        lambda: pod_health(suite, namespace, "p1") == {"Unhealthy"},
-        30,
-        "p1 to show its GPU Unhealthy",
-        describe=lambda: str(suite.pod(namespace, "p1")["status"]),
     )
     suite_pod(suite, namespace, "p2")
     wait_running(suite, namespace, "p2")
@@ -190,6 +202,21 @@ def local_taints(suite: Suite, host: str, uuid: str) -> set[tuple[str, str]] | N
     return {(t["value"], t["effect"]) for t in dev.get("taints", []) if t["key"] == TAINT_KEY}
 
 
+def pinned_claim(suite: Suite, ns: str, name: str, dev: JSON, tolerate: str = "") -> None:
+    """A claim for exactly the published device ``dev`` (by its UUID), tolerating the
+    NoSchedule health taint of reason ``tolerate`` when given."""
+    uuid = dev["attributes"]["uuid"]["string"]
+    expression = f'device.attributes["{names.DRIVER}"].uuid == "{uuid}"'
+    exactly: JSON = {
+        "deviceClassName": names.DEVICE_CLASS,
+        "selectors": [{"cel": {"expression": expression}}],
+    }
+    if tolerate:
+        toleration = {"key": TAINT_KEY, "operator": "Equal", "value": tolerate}
+        exactly["tolerations"] = [{**toleration, "effect": "NoSchedule"}]
+    create_claim(suite.kube, ns, name, exactly=exactly)
+
+
 # Long because it is one scenario read top to bottom: each step starts from the last.
 def test_a_gpu_fenced_by_hand_is_quarantined_yet_a_diagnostic_pod_gets_it(
     make_suite: MakeSuite, namespace: str
@@ -228,31 +255,7 @@ def test_a_gpu_fenced_by_hand_is_quarantined_yet_a_diagnostic_pod_gets_it(
     # A diagnostic pod that tolerates the quarantine (and names the GPU) gets it.
     dev = local_device(suite, "node-1", uuid)
     assert dev is not None
-    published_uuid = dev["attributes"]["uuid"]["string"]
-    create_claim(
-        suite.kube,
-        namespace,
-        "diag",
-        exactly={
-            "deviceClassName": names.DEVICE_CLASS,
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": f'device.attributes["{names.DRIVER}"].uuid == '
-                        f'"{published_uuid}"'
-                    }
-                }
-            ],
-            "tolerations": [
-                {
-                    "key": TAINT_KEY,
-                    "operator": "Equal",
-                    "value": "Quarantined",
-                    "effect": "NoSchedule",
-                }
-            ],
-        },
-    )
+    pinned_claim(suite, namespace, "diag", dev, tolerate="Quarantined")
     image = next(iter(suite.real_nodes.values())).image
     diag = for_real_node(pod_body("diag", "diag", command=["sh", "-c", ENV_AND_WAIT]), node, image)
     suite.kube.create(path("v1", "pods", namespace=namespace), diag)
@@ -263,3 +266,67 @@ def test_a_gpu_fenced_by_hand_is_quarantined_yet_a_diagnostic_pod_gets_it(
     suite.kube.merge_patch(cr_path, {"metadata": {"annotations": {ANN_FENCE: None}}})
     wait_for(lambda: local_taints(suite, "node-1", uuid) == set(), 30, "the fence lifted")
     wait_for(lambda: pod_health(suite, namespace, "diag") == {"Healthy"}, 30, "diag Healthy")
+
+
+def host_gpu(suite: Suite, host: str, uuid: str) -> host_bus.HostGpu:
+    root = suite.emulator.host_state_dir
+    assert root is not None
+    (gpu,) = [g for g in host_bus.gpus(root, host) if normalize_uuid(g.uuid) == uuid]
+    return gpu
+
+
+def set_ecc(suite: Suite, host: str, uuid: str, errors: int) -> None:
+    """The GPU's volatile uncorrected (double-bit) ECC counter, as its host's NVML reads it
+    (the fake NVML's shared state; the driver's reload resets it to 0)."""
+    root = suite.emulator.host_state_dir
+    assert root is not None
+    gpu = host_gpu(suite, host, uuid)
+    host_bus.update(root, host, gpu.uuid, lambda g: replace(g, ecc_uncorrected_volatile=errors))
+
+
+# Long because it is one scenario read top to bottom: each step starts from the last.
+def test_an_nvml_ecc_fault_taints_the_node_gpu_shows_in_pod_status_and_clears(
+    make_suite: MakeSuite, namespace: str
+) -> None:
+    """The plugin on the redfish source judges health by the host's NVML too (the fake
+    NVML over the host state, ``--nvml-health``): a double-bit ECC error on a GPU of the
+    node's own slice taints it within 10 s, the pod using it shows it Unhealthy and runs
+    on (not fatal); once the counter is back to 0 the GPU is untainted and Healthy."""
+    suite = make_suite(hosts=("node-1",), real_hosts=("node-1",), nvml_health_hosts=("node-1",))
+    suite_pod(suite, namespace, "p1")
+    pod = wait_running(suite, namespace, "p1")
+    node = pod["spec"]["nodeName"]
+    _, block = block_of(suite, namespace, "p1")
+    (cr,) = [r for r in suite.resources() if r["spec"]["deviceID"] == block]
+    uuid = normalize_uuid(cr["status"]["deviceUUID"])
+    # p1 goes: its GPU, released, is the node's own (its local slice).
+    suite.kube.delete(path("v1", "pods", "p1", namespace=namespace))
+    wait_for(
+        lambda: local_taints(suite, "node-1", uuid) == set(),
+        60,
+        "the released GPU published on the node",
+        describe=suite.describe,
+    )
+    dev = local_device(suite, "node-1", uuid)
+    assert dev is not None
+    pinned_claim(suite, namespace, "p2", dev)
+    image = next(iter(suite.real_nodes.values())).image
+    p2 = for_real_node(pod_body("p2", "p2", command=["sh", "-c", ENV_AND_WAIT]), node, image)
+    suite.kube.create(path("v1", "pods", namespace=namespace), p2)
+    wait_running(suite, namespace, "p2")
+    wait_for(lambda: pod_health(suite, namespace, "p2") == {"Healthy"}, 30, "p2 Healthy")
+
+    set_ecc(suite, "node-1", uuid, 2)
+    tainted_then_shown(
+        suite,
+        namespace,
+        "p2",
+        lambda: local_taints(suite, "node-1", uuid) == {("EccError", "NoSchedule")},
+        "the GPU tainted EccError in the node's slice",
+    )
+    assert suite.running(namespace, "p2")  # not fatal: it runs on
+
+    # The counter is volatile (a driver reload resets it): healthy reads lift the taint.
+    set_ecc(suite, "node-1", uuid, 0)
+    wait_for(lambda: local_taints(suite, "node-1", uuid) == set(), 30, "the taint lifted")
+    wait_for(lambda: pod_health(suite, namespace, "p2") == {"Healthy"}, 30, "p2 Healthy again")

@@ -410,6 +410,21 @@ def test_donor_killed_mid_lease(remote: RemoteSetup) -> None:
         describe=remote.describe,
     )
     assert lost["reason"] == "LeaseLost"
+    # The consumer's plugin reports it through its health seam (the donor source): the
+    # lent GPU's worker is gone with its donor.
+    consumer = remote.consumer_plugin
+    assert consumer is not None
+    wait_for(
+        lambda: any(
+            e.get("event") == "device health changed"
+            and e.get("reason") == "DonorWorkerCrashed"
+            and e.get("source") == "donor"
+            for e in consumer.process.log_events(current_only=True)
+        ),
+        15,
+        "the consumer's plugin to report DonorWorkerCrashed",
+        describe=remote.describe,
+    )
     # The old token opens nothing at the restarted donor.
     with pytest.raises(RemoteGPUError):
         RemoteGPU.from_env(local, timeout=5)

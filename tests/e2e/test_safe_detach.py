@@ -112,7 +112,8 @@ def test_a_detach_waits_for_the_gpus_process_then_releases_and_detaches(
         "the operator to say the release is overdue",
         describe=suite.describe,
     )
-    assert "ReleaseOverdue" in events(suite, name)
+    # The Event follows the condition's write: waited for, not assumed.
+    wait_for(lambda: "ReleaseOverdue" in events(suite, name), 10, "the ReleaseOverdue Event")
     assert suite.emulator.state()["blocks"][block]["system"] == "node-1"
     assert host_bus.gpus(root, "node-1")[0].released is False
 

@@ -506,3 +506,28 @@ def test_no_cluster_role_may_delete_pods_the_vendor_restart_is_namespaced(
         assert not any(a.startswith("--vendor-plugin-namespace") for a in args)
     with pytest.raises(chart.HelmError, match="vendorPluginNamespace"):
         chart.render(values={"vendorPluginNamespace": "../etc"})
+
+
+def test_safe_detach_is_on_by_default_and_the_plugin_s_host_flags_follow_values(
+    default: list[Obj],
+) -> None:
+    args = container(one(default, "Deployment", "-operator"))["args"]
+    assert "--await-host-release" in args and "--host-release-timeout=120" in args
+    plugin = container(one(default, "DaemonSet"))["args"]
+    assert not any(a.startswith("--host-release-command") for a in plugin)
+    for other in ("-scaler", "-pool-publisher"):
+        assert not any(
+            "host-release" in a for a in container(one(default, "Deployment", other))["args"]
+        )
+    command = "sh -c 'echo 1 > /sys/bus/pci/devices/$COMPOSABLE_DRA_PCI_BUS_ID/remove'"
+    objs = chart.render(
+        values={
+            "operator": {"awaitHostRelease": False, "hostReleaseTimeout": 30},
+            "plugin": {"hostReleaseCommand": command, "nvmlHealth": True},
+        }
+    )
+    assert "--nvml-health" in container(one(objs, "DaemonSet"))["args"]
+    assert "--nvml-health" not in plugin
+    args = container(one(objs, "Deployment", "-operator"))["args"]
+    assert "--no-await-host-release" in args and "--host-release-timeout=30" in args
+    assert f"--host-release-command={command}" in container(one(objs, "DaemonSet"))["args"]

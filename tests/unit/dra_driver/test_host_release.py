@@ -115,6 +115,25 @@ def test_unreadable_processes_hold_the_release() -> None:
     assert kube.said() == [("False", "ProcessesUnknown")]
 
 
+def test_a_source_without_a_process_table_is_released_after_the_command(
+    tmp_path: Path,
+) -> None:
+    """The redfish and static sources have no NVML: nothing is waited for, the command
+    runs, and the answer is released (so the operator's default wait always ends)."""
+    marker = tmp_path / "ran"
+    command = f"{sys.executable} -c \"import pathlib; pathlib.Path('{marker}').touch()\""
+    kube = Applies()
+    r = releaser(kube, [], command)
+    r._processes = None
+    r.sync([resource(ASKED)])
+    assert kube.said() == [("True", "Released")] and marker.exists()
+    plain = Applies()
+    bare = releaser(plain, [])
+    bare._processes = None
+    bare.sync([resource(ASKED)])
+    assert plain.said() == [("True", "Released")]
+
+
 def test_nothing_is_done_unasked() -> None:
     kube = Applies()
     r = releaser(kube, [])
