@@ -72,6 +72,32 @@ class NodeMapping(_Model):
     annotation: str | None = Field(default=None, min_length=1, max_length=317)
 
 
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = f"^({labels.DNS_SUBDOMAIN}/)?{_LABEL_NAME}$"
+_LABEL_VALUE = f"^({_LABEL_NAME})?$"
+
+
+class ZoneNodeLabel(_Model):
+    """A node label (key=value) that the admin put on exactly the nodes a zone reaches."""
+
+    key: str = Field(min_length=1, max_length=317, pattern=_LABEL_KEY)
+    value: str = Field(default="true", max_length=63, pattern=_LABEL_VALUE)
+
+    @field_validator("key")
+    @classmethod
+    def _a_label_key(cls, value: str) -> str:
+        if (why := labels.key_problem(value)) is not None:
+            raise ValueError(why)
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _a_label_value(cls, value: str) -> str:
+        if (why := labels.value_problem(value)) is not None:
+            raise ValueError(why)
+        return value
+
+
 class FsasSettings(_Model):
     """What the Fujitsu/Fsas CDI fabric manager needs besides credentials (docs/fabrics.md)."""
 
@@ -273,6 +299,14 @@ class FabricSpec(_Model):
     )
     node_mapping: NodeMapping = Field(default_factory=NodeMapping)
     poll_interval_seconds: int = Field(default=30, ge=5, le=3600)
+    zone_node_labels: dict[str, ZoneNodeLabel] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Zone id -> a node label that exactly the zone's nodes carry. The "
+        "pool publisher then selects the zone's nodes by that one label instead of a list "
+        "of hostnames (far cheaper for kube-scheduler at scale); while the nodes carrying "
+        "it differ from the nodes the zone reaches, it falls back to the hostname list.",
+    )
     operation_timeout_seconds: int = Field(
         default=300, ge=10, le=3600, description="Give up on an attach or detach after this."
     )
