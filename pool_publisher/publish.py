@@ -553,6 +553,24 @@ def fabric_version(fabric: JSON) -> tuple[str, bool]:
     return spec_version(fabric), bool((fabric.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def fabric_view(
+    meta: JSON, spec: FabricSpec, inv: Inventory, nodes: Sequence[JSON], resources: Sequence[JSON]
+) -> FabricView:
+    """What the decisions need of one Fabric (its metadata, spec and inventory)."""
+    name = str(meta["name"])
+    return FabricView(
+        name=name,
+        uid=meta["uid"],
+        inventory=inv,
+        host_nodes=host_nodes(nodes, spec.node_mapping, inv),
+        held=held_blocks(resources, name),
+        vendor=spec.vendor_driver,
+        zone_labels=zone_carriers(
+            nodes, {z: NodeLabel(lb.key, lb.value) for z, lb in spec.zone_node_labels.items()}
+        ),
+    )
+
+
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
     counts: dict[tuple[str, str, str], int] = {}
     for p in pools:
@@ -762,23 +780,11 @@ class PoolPublisher(InformerDriven):
             if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
                 mine = {d for p, d in live if p.startswith(f"{name}/")}
                 inv = with_slots(inv, slot_holds(resources, name), mine)
-            mapping = spec.node_mapping
             if (why := vendor_config_error(spec.vendor_driver)) is not None:
                 PUBLISH_ERRORS.labels("config").inc()
                 log.warning("fabric skipped", fabric=name, error=why)
                 continue
-            view = FabricView(
-                name=name,
-                uid=meta["uid"],
-                inventory=inv,
-                host_nodes=host_nodes(nodes, mapping, inv),
-                held=held_blocks(resources, name),
-                vendor=spec.vendor_driver,
-                zone_labels=zone_carriers(
-                    nodes,
-                    {z: NodeLabel(lb.key, lb.value) for z, lb in spec.zone_node_labels.items()},
-                ),
-            )
+            view = fabric_view(meta, spec, inv, nodes, resources)
             desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,

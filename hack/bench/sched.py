@@ -446,7 +446,7 @@ def pool_burst(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shape_arguments(p, nodes=100)
     p.add_argument("--pods", type=int, default=100, help="pods a burst")
@@ -468,6 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         help="how pool slices select their zone's nodes: one label per zone (the Fabric's "
         "zoneNodeLabels, the bench labels the Nodes) or the fallback hostname list",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arguments()
     args = p.parse_args(argv)
     modes = set(str(args.modes).split(","))
     variants = [window_of(x) for x in str(args.max_free).split(",")] if "pool" in modes else []
