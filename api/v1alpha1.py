@@ -13,7 +13,14 @@ import re
 from typing import Annotated, Any, Literal
 
 import pydantic.dataclasses
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from api import labels
@@ -70,6 +77,27 @@ class NodeMapping(_Model):
         "the node's annotation (named below) holds the host's Id.",
     )
     annotation: str | None = Field(default=None, min_length=1, max_length=317)
+
+
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = f"^({labels.DNS_SUBDOMAIN}/)?{_LABEL_NAME}$"
+_LABEL_VALUE = f"^({_LABEL_NAME})?$"
+
+
+class ZoneNodeLabel(_Model):
+    """A node label (key=value) that the admin put on exactly the nodes a zone reaches."""
+
+    key: str = Field(min_length=1, max_length=317, pattern=_LABEL_KEY)
+    value: str = Field(default="true", max_length=63, pattern=_LABEL_VALUE)
+
+    @field_validator("key", "value")
+    @classmethod
+    def _label_syntax(cls, text: str, info: ValidationInfo) -> str:
+        # The patterns above miss the prefix's 253-character limit; say what is wrong.
+        check = labels.key_problem if info.field_name == "key" else labels.value_problem
+        if (why := check(text)) is not None:
+            raise ValueError(why)
+        return text
 
 
 class FsasSettings(_Model):
@@ -273,6 +301,14 @@ class FabricSpec(_Model):
     )
     node_mapping: NodeMapping = Field(default_factory=NodeMapping)
     poll_interval_seconds: int = Field(default=30, ge=5, le=3600)
+    zone_node_labels: dict[str, ZoneNodeLabel] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Zone id -> a node label that exactly the zone's nodes carry. The "
+        "pool publisher then selects the zone's nodes by that one label instead of a list "
+        "of hostnames (far cheaper for kube-scheduler at scale); while the nodes carrying "
+        "it differ from the nodes the zone reaches, it falls back to the hostname list.",
+    )
     operation_timeout_seconds: int = Field(
         default=300, ge=10, le=3600, description="Give up on an attach or detach after this."
     )

@@ -25,7 +25,7 @@ from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra.k8s import kube_json
 from composable_dra.k8s.events import event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
-from composable_dra.k8s.kept import own_slice_fields
+from composable_dra.k8s.kept import node_labels, own_slice_fields
 from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, NotFound, path
 from composable_dra.model import names
 from composable_dra.model.names import (
@@ -211,6 +211,7 @@ class Scaler(InformerDriven):
         # whose slices are watched from the first pass that needs them.
         self.fabrics = Informer(kube, path(API_VERSION, "fabrics"), wake)
         self.vendor_slices: dict[str, Informer] = {}
+        self.nodes: Informer | None = None  # started by _labelled
         self._pool_driver: dict[str, str] = {}  # vendor fabric -> its driver (quarantines)
         self._refused_warned: set[tuple[str, str | None]] = set()
         self.informers = [
@@ -365,7 +366,7 @@ class Scaler(InformerDriven):
         if not by_fabric:
             self._arrivals.clear()
             return sb.StandbyInputs()
-        zones = sb.zones_of(self.slices.items(), by_fabric)
+        zones = sb.zones_of(self.slices.items(), by_fabric, self._labelled)
         fabric_gpus = [
             (node, local)
             for cr in snap.resources
@@ -408,6 +409,23 @@ class Scaler(InformerDriven):
                 namespace=mode.refused_namespace,
                 allowed=self.config.vendor_plugin_namespace,
             )
+
+    def _labelled(self, key: str, value: str) -> list[str]:
+        """Nodes carrying key=value (a pool selecting its zone by label; standby only):
+        the Node informer starts on first need, and names none until it has synced."""
+        if self.nodes is None:
+            self.nodes = Informer(
+                self.kube, path("v1", "nodes"), self._wake.set, name="nodes", keep=node_labels
+            )
+            self.informers.append(self.nodes)  # stopped with the others
+            self.nodes.start()
+        if not self.nodes.synced.is_set():
+            return []
+        return [
+            str(n["metadata"]["name"])
+            for n in self.nodes.items()
+            if (n["metadata"].get("labels") or {}).get(key) == value
+        ]
 
     def _vendor_slice_items(self, driver: str) -> list[JSON] | None:
         informer = self.vendor_slices.get(driver)

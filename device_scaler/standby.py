@@ -134,10 +134,28 @@ def _hostnames(selector: JSON) -> set[str]:
     return out
 
 
-def zones_of(slices: Iterable[JSON], by_fabric: Mapping[str, StandbyPolicy]) -> tuple[Zone, ...]:
+def label_requirements(selector: JSON) -> list[tuple[str, str]]:
+    """(key, value) of each one-value ``In`` requirement on another label than the
+    hostname: a pool selecting its zone by the Fabric's zoneNodeLabels."""
+    return [
+        (str(req["key"]), str(req["values"][0]))
+        for term in selector.get("nodeSelectorTerms") or []
+        for req in term.get("matchExpressions") or []
+        if req.get("key") != HOSTNAME_LABEL
+        and req.get("operator") == "In"
+        and len(req.get("values") or []) == 1
+    ]
+
+
+def zones_of(
+    slices: Iterable[JSON],
+    by_fabric: Mapping[str, StandbyPolicy],
+    labelled: Callable[[str, str], Iterable[str]] = lambda key, value: (),
+) -> tuple[Zone, ...]:
     """The zones with a standby policy, from our driver's slices: a fabric pool's slices
-    select its nodes (by hostname, which the suite takes as the node's name), and only
-    nodes whose plugin publishes a slice can show a standby GPU as local."""
+    select its nodes (by hostname, which the suite takes as the node's name, or by one
+    label: ``labelled(key, value)`` names the nodes carrying it), and only nodes whose
+    plugin publishes a slice can show a standby GPU as local."""
     plugin_nodes: set[str] = set()
     selected: dict[str, set[str]] = {}
     for sl in slices:
@@ -147,7 +165,10 @@ def zones_of(slices: Iterable[JSON], by_fabric: Mapping[str, StandbyPolicy]) -> 
             continue
         pool = str((spec.get("pool") or {}).get("name", ""))
         if "/" in pool and pool.split("/", 1)[0] in by_fabric and spec.get("nodeSelector"):
-            selected.setdefault(pool, set()).update(_hostnames(spec["nodeSelector"]))
+            nodes = selected.setdefault(pool, set())
+            nodes.update(_hostnames(spec["nodeSelector"]))
+            for key, value in label_requirements(spec["nodeSelector"]):
+                nodes.update(labelled(key, value))
     return tuple(
         Zone(pool, fabric, tuple(sorted(nodes & plugin_nodes)), by_fabric[fabric])
         for pool, nodes in sorted(selected.items())

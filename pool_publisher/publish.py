@@ -47,6 +47,7 @@ from composable_dra.process import logs
 from pool_publisher.class_clash import ClassClashWatch
 from pool_publisher.pool_health import PoolHealth, fence_inventory, health_taints
 from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
+from pool_publisher.zone_select import NodeLabel, node_selector, zone_carriers, zone_label
 
 RESOURCE_API = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -56,7 +57,6 @@ FIELD_MANAGER = "composable-dra-pool-publisher"
 MANAGED_LABEL = f"{names.PREFIX}/managed-by"
 MANAGED_VALUE = "pool-publisher"
 ZONE_LABEL = f"{names.PREFIX}/zone"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 _ATTR_MAX = 64
 _ATTRIBUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -129,6 +129,8 @@ class FabricView:
     host_nodes: Mapping[str, Sequence[str]]  # fabric host id -> node names on it
     held: frozenset[str] = frozenset()  # block ids a live ComposableResource holds
     vendor: VendorDriver | None = None  # vendor-driver mode (docs/operations.md)
+    # zone id -> its node label and the nodes carrying it (zone_select.py)
+    zone_labels: Mapping[str, tuple[NodeLabel, frozenset[str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class PoolSpec:
     devices: tuple[Device, ...]
     allocated: frozenset[str] = frozenset()  # block ids a live allocation names
     vendor: VendorDriver | None = None
+    label: NodeLabel | None = None  # the one label selecting the nodes, else hostnames
 
     @property
     def name(self) -> str:
@@ -258,8 +261,16 @@ def desired_pools(
             free = free[:max_free]
         devices = sorted([*referenced, *free], key=lambda d: d.id)
         allocated = {d.id for d in referenced}
+        label = zone_label(view.zone_labels.get(zone.id), nodes)
         pools[pool] = PoolSpec(
-            view.name, view.uid, zone.id, nodes, tuple(devices), frozenset(allocated), view.vendor
+            view.name,
+            view.uid,
+            zone.id,
+            nodes,
+            tuple(devices),
+            frozenset(allocated),
+            view.vendor,
+            label,
         )
     return pools
 
@@ -330,16 +341,7 @@ def pool_slices(
     if spec.allocated or any(d.fault for d in spec.devices):
         max_per_slice = min(max_per_slice, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
     chunks = [devices[i : i + max_per_slice] for i in range(0, len(devices), max_per_slice)] or [[]]
-    # One term; matchFields allows a single value only, so nodes are matched by hostname.
-    selector = {
-        "nodeSelectorTerms": [
-            {
-                "matchExpressions": [
-                    {"key": HOSTNAME_LABEL, "operator": "In", "values": list(spec.nodes)}
-                ]
-            }
-        ]
-    }
+    selector = node_selector(spec.label, spec.nodes)
     return [
         {
             "apiVersion": RESOURCE_API,
@@ -551,6 +553,24 @@ def fabric_version(fabric: JSON) -> tuple[str, bool]:
     return spec_version(fabric), bool((fabric.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def fabric_view(
+    meta: JSON, spec: FabricSpec, inv: Inventory, nodes: Sequence[JSON], resources: Sequence[JSON]
+) -> FabricView:
+    """What the decisions need of one Fabric (its metadata, spec and inventory)."""
+    name = str(meta["name"])
+    return FabricView(
+        name=name,
+        uid=meta["uid"],
+        inventory=inv,
+        host_nodes=host_nodes(nodes, spec.node_mapping, inv),
+        held=held_blocks(resources, name),
+        vendor=spec.vendor_driver,
+        zone_labels=zone_carriers(
+            nodes, {z: NodeLabel(lb.key, lb.value) for z, lb in spec.zone_node_labels.items()}
+        ),
+    )
+
+
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
     counts: dict[tuple[str, str, str], int] = {}
     for p in pools:
@@ -760,19 +780,11 @@ class PoolPublisher(InformerDriven):
             if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
                 mine = {d for p, d in live if p.startswith(f"{name}/")}
                 inv = with_slots(inv, slot_holds(resources, name), mine)
-            mapping = spec.node_mapping
             if (why := vendor_config_error(spec.vendor_driver)) is not None:
                 PUBLISH_ERRORS.labels("config").inc()
                 log.warning("fabric skipped", fabric=name, error=why)
                 continue
-            view = FabricView(
-                name=name,
-                uid=meta["uid"],
-                inventory=inv,
-                host_nodes=host_nodes(nodes, mapping, inv),
-                held=held_blocks(resources, name),
-                vendor=spec.vendor_driver,
-            )
+            view = fabric_view(meta, spec, inv, nodes, resources)
             desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,

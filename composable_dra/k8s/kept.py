@@ -81,3 +81,9 @@ def own_slice_fields(resource_slice: JSON) -> JSON:
     if (resource_slice.get("spec") or {}).get("nodeName"):
         return slice_uuid_fields(resource_slice)
     return resource_slice
+
+
+def node_labels(node: JSON) -> JSON:
+    """Of a Node, its name and labels: what selecting nodes by label reads."""
+    meta = node.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "resourceVersion", "labels") if k in meta}}

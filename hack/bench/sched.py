@@ -80,6 +80,7 @@ from pool_publisher.publish import (
     published_devices,
 )
 from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
+from pool_publisher.zone_select import NodeLabel
 from testbed import ControlPlane
 from testbed.controlplane import find_binaries
 from testbed.harness import PAUSE_IMAGE, claim_body
@@ -123,8 +124,38 @@ def inventory(nodes: int, zones: int, pool_gpus: int) -> Inventory:
     )
 
 
-def fabric_view(inv: Inventory, node_name: Callable[[str], str]) -> FabricView:
-    return FabricView(FABRIC, "fabric-uid", inv, {h: [node_name(h)] for h in inv.hosts})
+def zone_node_label(zone: str) -> NodeLabel:
+    """The label the bench puts on a zone's Nodes, as an admin would for zoneNodeLabels."""
+    return NodeLabel(f"fabric.bench.composable.dra.io/{zone}", "true")
+
+
+def fabric_view(
+    inv: Inventory, node_name: Callable[[str], str], by_label: bool = True
+) -> FabricView:
+    """The publisher's view; ``by_label``: every zone has a label its nodes carry
+    (``label_zone_nodes``), so the pools select them by it, not by hostname."""
+    zone_labels = {
+        z.id: (zone_node_label(z.id), frozenset(node_name(h) for h in z.hosts))
+        for z in inv.zones.values()
+        if by_label
+    }
+    return FabricView(
+        FABRIC, "fabric-uid", inv, {h: [node_name(h)] for h in inv.hosts}, zone_labels=zone_labels
+    )
+
+
+def label_zone_nodes(kube: Kube, view: FabricView) -> None:
+    """Put each zone's label (``view.zone_labels``) on the zone's Nodes."""
+    wanted: dict[str, dict[str, str]] = {}
+    for label, nodes in view.zone_labels.values():
+        for node in nodes:
+            wanted.setdefault(node, {})[label.key] = label.value
+    parallel(
+        lambda item: kube.merge_patch(
+            path("v1", "nodes", item[0]), {"metadata": {"labels": item[1]}}
+        ),
+        sorted(wanted.items()),
+    )
 
 
 def without_owner(obj: JSON) -> JSON:
@@ -415,7 +446,7 @@ def pool_burst(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_shape_arguments(p, nodes=100)
     p.add_argument("--pods", type=int, default=100, help="pods a burst")
@@ -430,6 +461,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="pool,local", help="pool, local or both (pool bursts first)")
     p.add_argument("--profile", type=int, default=0, help="CPU profile seconds (0: none)")
     p.add_argument("--scheduler-config", type=json.loads, default={})
+    p.add_argument(
+        "--zone-selector",
+        choices=("label", "hostname"),
+        default="label",
+        help="how pool slices select their zone's nodes: one label per zone (the Fabric's "
+        "zoneNodeLabels, the bench labels the Nodes) or the fallback hostname list",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arguments()
     args = p.parse_args(argv)
     modes = set(str(args.modes).split(","))
     variants = [window_of(x) for x in str(args.max_free).split(",")] if "pool" in modes else []
@@ -445,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         "pool_gpus": args.pool_gpus,
         "republish": args.republish,
         "scheduler_config": args.scheduler_config,
+        "zone_selector": args.zone_selector,
     }
     with ControlPlane(
         find_binaries(), workdir=args.workdir / "cp", scheduler_config=args.scheduler_config
@@ -455,8 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         populate(kube, suffix, host_ids(args.nodes), args.gpus_per_node)
         view = fabric_view(
-            inventory(args.nodes, args.zones, args.pool_gpus), lambda h: f"{h}-{suffix}"
+            inventory(args.nodes, args.zones, args.pool_gpus),
+            lambda h: f"{h}-{suffix}",
+            by_label=args.zone_selector == "label",
         )
+        label_zone_nodes(kube, view)
         republisher = Republisher(kube, view)
         out["setup_s"] = round(time.monotonic() - t, 1)
         # Every allocation of every burst, for the republisher.

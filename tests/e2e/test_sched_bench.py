@@ -36,6 +36,7 @@ def test_sched_bench_tiny(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     pool, local = out["bursts"]["pool-auto"], out["bursts"]["local"]
     assert out["scheduler_config"] == {}  # the scheduler's defaults
+    assert out["zone_selector"] == "label"  # the pools select their zone by one label
     assert pool["allocated"] == local["allocated"] == PODS
     assert pool["window"] == max(MIN_WINDOW, 3 + MARGIN)  # 6 claims pending over 2 pools
     assert pool["served_by"] == {"gpu/pool": PODS}

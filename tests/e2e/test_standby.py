@@ -90,9 +90,35 @@ def free_standby(suite: Any, namespace: str) -> set[str]:
     }
 
 
+def select_zone_by_label(suite: Any, pool: str) -> None:
+    """Label the zone's nodes, name the label on the Fabric, and wait for the pool to select
+    by it: the scaler then finds the zone's nodes through their labels."""
+    key = "fabric.e2e.example.com/zone-1"
+    for host in HOSTS:
+        node = path("v1", "nodes", suite.node_of(host))
+        suite.kube.merge_patch(node, {"metadata": {"labels": {key: "true"}}})
+    labels = {"zone-1": {"key": key}}
+    fabric = path(API_VERSION, "fabrics", suite.fabric)
+    suite.kube.merge_patch(fabric, {"spec": {"zoneNodeLabels": labels}})
+    want = [{"key": key, "operator": "In", "values": ["true"]}]
+    wait_for(
+        lambda: (
+            [
+                s["spec"]["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"]
+                for s in suite.pool_slices()
+                if s["spec"]["pool"]["name"] == pool
+            ]
+            == [want]
+        ),
+        30,
+        "the pool selecting its zone by label",
+    )
+
+
 # Long because it is one scenario read top to bottom; its steps share what it built.
+@pytest.mark.parametrize("by_label", [False, True], ids=["hostnames", "zone-label"])
 def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
-    make_suite: MakeSuite, namespace: str
+    make_suite: MakeSuite, namespace: str, by_label: bool
 ) -> None:
     suite = make_suite(hosts=HOSTS, real_hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
     policy = dict(example("Fabric")["spec"]["standby"])
@@ -100,6 +126,8 @@ def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     max_per_zone = int(policy["maxPerZone"])
     pool = f"{suite.fabric}/zone-1"
 
+    if by_label:
+        select_zone_by_label(suite, pool)
     watch = Held()
     informer = Informer(
         suite.kube, path(API_VERSION, "composableresources"), on_event=watch, name="standby"

@@ -157,6 +157,25 @@ def test_zones_are_the_standby_fabrics_pools_on_nodes_with_a_plugin():
     assert (zone.pool, zone.fabric, zone.nodes) == (POOL, "fab", ("node-a", "node-b"))
 
 
+def test_a_zone_selected_by_one_label_is_its_labelled_nodes_with_a_plugin():
+    by_fabric = sb.policies([fabric("fab")])
+    sel = {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone.example/z1", "operator": "In", "values": ["on"]}]}
+        ]
+    }
+    slices = [
+        {"spec": {"pool": {"name": POOL}, "nodeSelector": sel, "devices": []}},
+        node_slice("node-a"),
+        node_slice("node-b"),
+    ]
+    carrying = {("zone.example/z1", "on"): ["node-a", "node-x"]}
+    [zone] = sb.zones_of(slices, by_fabric, lambda k, v: carrying.get((k, v), []))
+    assert zone.nodes == ("node-a",)
+    [unresolved] = sb.zones_of(slices, by_fabric)  # no node labels known: no nodes
+    assert unresolved.nodes == ()
+
+
 def test_arrivals_are_claims_on_pool_devices_or_fabric_attached_gpus_of_the_zone():
     zone = sb.Zone(POOL, "fab", ("node-a", "node-b"), policy())
     on_pool = claim(uid="p", node="node-b")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from composable_dra.model import names
 from hack.bench.sched import (
     Republisher,
     fabric_view,
     free_local_gpus,
     inventory,
+    label_zone_nodes,
     metric_sums,
     per_attempt,
     sched_goals,
@@ -65,6 +68,27 @@ def test_the_bench_publishes_the_pools_as_the_publisher_would() -> None:
     # One slice a pool with the window; the whole zone takes one slice per 128.
     assert len(plan_pools(windowed, [], names.DRIVER).apply) == 4
     assert len(plan_pools(every, [], names.DRIVER).apply) == 4
+
+
+def test_the_bench_pools_select_their_zone_by_the_label_it_puts_on_the_nodes() -> None:
+    view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=40), lambda h: f"{h}-s")
+    labelled: dict[str, dict[str, str]] = {}
+
+    class FakeKube:
+        def merge_patch(self, url: str, body: dict[str, Any]) -> None:
+            labelled[url.rsplit("/", 1)[-1]] = body["metadata"]["labels"]
+
+    label_zone_nodes(FakeKube(), view)  # type: ignore[arg-type]
+    assert len(labelled) == 8 and all(len(v) == 1 for v in labelled.values())
+    for pool in desired_pools(view, set()).values():
+        [sl] = plan_pools({pool.name: pool}, [], names.DRIVER).apply
+        [term] = sl["spec"]["nodeSelector"]["nodeSelectorTerms"]
+        [req] = term["matchExpressions"]
+        carriers = {n for n, got in labelled.items() if got.get(req["key"]) == req["values"][0]}
+        assert carriers == set(pool.nodes)
+    hostnames = fabric_view(inventory(nodes=8, zones=2, pool_gpus=40), str, by_label=False)
+    [pool, _] = desired_pools(hostnames, set()).values()
+    assert pool.label is None
 
 
 def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
