@@ -188,7 +188,7 @@ def test_rendered_chart_passes_server_side_dry_run(
 
 def test_dry_run_refuses_a_broken_object(kube_json: Kube, namespace: str, unique: str) -> None:
     """The dry run above checks something: the server refuses a bad CEL selector."""
-    (dc,) = [o for o in chart.render(release=f"r{unique}") if o["kind"] == "DeviceClass"]
+    dc = next(o for o in chart.render(release=f"r{unique}") if o["kind"] == "DeviceClass")
     dc["metadata"]["name"] = f"broken-{unique}"
     dc["spec"]["selectors"][0]["cel"]["expression"] = "device.driver =="
     with pytest.raises(KubeError) as err:
