@@ -9,10 +9,12 @@ against a claim's selectors on every node it filters (docs/attach-flow.md, Scale
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Iterable
 
 import pytest
 
+from composable_dra.k8s.informer import Informer
+from composable_dra.k8s.kube import JSON, path
 from composable_dra.model import names
 from hack.bench.time_to_gpu import topology
 from pool_publisher.window import MARGIN, MIN_WINDOW
@@ -21,6 +23,7 @@ from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 
 pytestmark = pytest.mark.e2e
+RESOURCE = "resource.k8s.io/v1"
 
 HOSTS = ("node-1", "node-2")  # time_to_gpu.topology's names
 WINDOW = 2
@@ -28,28 +31,43 @@ BLOCKS = 8
 CLAIMS = 5  # more than the window: the pool must be refilled
 
 
-def free_in_pool(suite: Suite) -> set[str]:
+def free_devices(slices: Iterable[JSON]) -> set[str]:
     """Pool devices without the allocated taint."""
     return {
         d["name"]
-        for s in suite.pool_slices()
+        for s in slices
         for d in s["spec"].get("devices") or []
         if not any(t.get("key") == f"{names.PREFIX}/allocated" for t in d.get("taints") or [])
     }
 
 
+def free_in_pool(suite: Suite) -> set[str]:
+    return free_devices(suite.pool_slices())
+
+
 def claims_all_served(suite: Suite, namespace: str, claims: int) -> list[set[str]]:
     """Pods with pool claims at once, every one running on a pool GPU of its own; the free
-    devices the pool offered, sampled while they were scheduled."""
+    devices the pool offered after each write of its slices while they were scheduled
+    (from a watch: a window the scheduler empties within milliseconds is seen too)."""
     seen: list[set[str]] = []
-    stop = threading.Event()
+    latest: dict[str, JSON] = {}
 
-    def sample() -> None:
-        while not stop.wait(0.05):
-            seen.append(free_in_pool(suite))
+    def on_event(kind: str, obj: JSON) -> None:
+        if kind == "DELETED":
+            latest.pop(obj["metadata"]["name"], None)
+        else:
+            latest[obj["metadata"]["name"]] = obj
+        seen.append(free_devices(latest.values()))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    watch = Informer(
+        suite.kube,
+        path(RESOURCE, "resourceslices"),
+        on_event=on_event,
+        name="pool-window",
+        labelSelector=f"{names.LABEL_FABRIC}={suite.fabric}",
+    )
+    watch.start()
+    assert watch.synced.wait(30), "the pool slices were not listed within 30 s"
     pods = [f"p{i}" for i in range(claims)]
     try:
         for p in pods:
@@ -61,8 +79,7 @@ def claims_all_served(suite: Suite, namespace: str, claims: int) -> list[set[str
             describe=suite.describe,
         )
     finally:
-        stop.set()
-        sampler.join(5)
+        watch.stop()
     # Every claim has a fabric pool GPU of its own.
     blocks = set()
     for p in pods:
