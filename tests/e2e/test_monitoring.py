@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from composable_dra.k8s.kube import Kube, path
 from composable_dra.model.names import ANN_FENCE
@@ -104,7 +105,24 @@ def fence_the_attached_gpu(suite: Suite, detached: str, plugin_port: int) -> Non
     [left] = [r for r in suite.resources() if r["metadata"]["name"] != detached]
     fence = {"metadata": {"annotations": {ANN_FENCE: "dashboard test"}}}
     suite.kube.merge_patch(path(API, "composableresources", left["metadata"]["name"]), fence)
-    wait_metric(plugin_port, UNHEALTHY, "the fenced GPU counted", suite.describe)
+    # Quarantined itself: the plugin may count the Warning block already (when it is the
+    # GPU on its node), which says nothing of the fence.
+    wait_for(
+        lambda: quarantined(scrape(plugin_port)) > 0,
+        90,
+        "the fenced GPU counted",
+        describe=suite.describe,
+    )
+
+
+def quarantined(text: str) -> float:
+    """The plugin's devices counted unhealthy for the reason Quarantined (a fence)."""
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == UNHEALTHY and s.labels.get("reason") == "Quarantined"
+    )
 
 
 def lend_run(kube: Kube, cp: ControlPlane, root: Path, unique: str, ns: str) -> Scrapes:

@@ -14,6 +14,7 @@ import pytest
 from composable_dra.k8s.frozen import ReadOnlyError
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Gone, NotFound
+from testbed.wait import wait_for
 
 END = object()  # ends the current watch, as the server's timeout does
 
@@ -246,4 +247,6 @@ def test_a_list_is_read_in_pages_each_cut_to_what_is_kept_before_the_next() -> N
         pages = [i for i, entry in enumerate(log) if entry.startswith("page")]
         assert [log[i + 1 : i + 501].count("keep") for i in pages] == [500, 500, 203]
         assert len(inf.items()) == 1203 and "spec" not in inf.items()[0]
+        # The watch starts after synced is set: wait for it (a loaded machine lags).
+        assert wait_for(lambda: kube.watches, 5, "the watch after the list")
         assert len(seen) == 1203 and kube.watches[:1] == ["10"]
