@@ -229,11 +229,12 @@ def scrape(port: int) -> str:
         return str(resp.read().decode())
 
 
-def total(text: str, name: str) -> float:
-    """The sum of the samples named ``name`` in one scrape (0: none)."""
+def total(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` in one scrape (0: none), of those with
+    ``labels`` where given."""
     return sum(
         s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
-        if s.name == name
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )

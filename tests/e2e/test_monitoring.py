@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from composable_dra.k8s.kube import Kube, path
 from composable_dra.model.names import ANN_FENCE
@@ -108,20 +107,10 @@ def fence_the_attached_gpu(suite: Suite, detached: str, plugin_port: int) -> Non
     # Quarantined itself: the plugin may count the Warning block already (when it is the
     # GPU on its node), which says nothing of the fence.
     wait_for(
-        lambda: quarantined(scrape(plugin_port)) > 0,
+        lambda: total(scrape(plugin_port), UNHEALTHY, reason="Quarantined") > 0,
         90,
         "the fenced GPU counted",
         describe=suite.describe,
-    )
-
-
-def quarantined(text: str) -> float:
-    """The plugin's devices counted unhealthy for the reason Quarantined (a fence)."""
-    return sum(
-        s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == UNHEALTHY and s.labels.get("reason") == "Quarantined"
     )
 
 
