@@ -177,6 +177,14 @@ class ClassClashWatch:
     def check(self) -> list[Clash]:
         return self._reporter.check(self.informer.items())
 
+    def selecting(self, drivers: Iterable[str]) -> set[str]:
+        """The names of the classes whose selectors name one of ``drivers``."""
+        return {
+            str(dc["metadata"]["name"])
+            for dc in self.informer.items()
+            if any(selects_driver(dc, d) for d in drivers)
+        }
+
     def _post(self, clash: Clash) -> None:
         uid = next(
             (

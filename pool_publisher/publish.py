@@ -732,12 +732,12 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
-    def _window(self, claims: list[JSON]) -> int:
-        """This pass's window (pool_publisher/window.py), over the pools of the last plan."""
+    def _window(self, claims: list[JSON], drivers: set[str]) -> int:
+        """This pass's window (pool_publisher/window.py), over the pools of the last plan:
+        the pending claims counted are those whose classes select a pool's driver."""
         pools = len(self._generations)
-        self._window_size = window_size(
-            pending_claims(claims), pools, self._window_size, self.window
-        )
+        pending = pending_claims(claims, self.class_clash.selecting(drivers))
+        self._window_size = window_size(pending, pools, self._window_size, self.window)
         POOL_WINDOW.set(self._window_size)
         return self._window_size
 
@@ -761,7 +761,7 @@ class PoolPublisher(InformerDriven):
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
-        window = self._window(claims)
+        window = self._window(claims, drivers)
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
         fenced = fence.fenced(resources)

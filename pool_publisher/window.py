@@ -12,9 +12,10 @@ is about to pick stays on show).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from composable_dra.k8s.kept import request_classes
 from composable_dra.k8s.kube import JSON
 
 # Measured at 1,000 nodes (docs/attach-flow.md, The scheduler's pace): each free device on
@@ -39,14 +40,16 @@ class WindowPolicy:
         return self.fixed < 0
 
 
-def pending_claims(claims: Iterable[JSON]) -> int:
-    """Claims without an allocation, not being deleted. Any driver's: the kept claims carry
-    no request, so this over-counts (a larger window: slower, never short)."""
+def pending_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> int:
+    """Claims without an allocation, not being deleted, that ask for one of ``classes``
+    (the DeviceClasses that select a pool's driver; None: any claim). Another driver's
+    waiting claims are no demand on the pool: counting them grew the window for nothing."""
     return sum(
         1
         for c in claims
         if not (c.get("status") or {}).get("allocation")
         and not (c.get("metadata") or {}).get("deletionTimestamp")
+        and (classes is None or any(name in classes for name in request_classes(c)))
     )
 
 

@@ -24,10 +24,30 @@ def claim_fields(claim: JSON) -> JSON:
     return {"metadata": identity(claim), "status": status}
 
 
+def request_classes(claim: JSON) -> list[str]:
+    """The DeviceClass names a claim's requests (and their ``firstAvailable`` alternatives)
+    ask for, in order: what tells whose driver an unallocated claim waits for."""
+    out: list[str] = []
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        alternatives = [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]
+        out.extend(str(a["deviceClassName"]) for a in alternatives if a.get("deviceClassName"))
+    return out
+
+
+def claim_request_fields(claim: JSON) -> JSON:
+    """An unallocated claim's request classes in the API's shape (``request_classes`` reads
+    it as it reads a whole claim); nothing for an allocated one: thousands of those."""
+    if (claim.get("status") or {}).get("allocation"):
+        return {}
+    requests = [{"exactly": {"deviceClassName": c}} for c in request_classes(claim)]
+    return {"devices": {"requests": requests}} if requests else {}
+
+
 def claim_binding_fields(claim: JSON) -> JSON:
     """``claim_fields`` and, of results with binding conditions, those conditions and the
     claim's status conditions for their devices (type, status, time): what tells an
-    allocation the scheduler may still hold in flight (composable_dra/k8s/wake.py)."""
+    allocation the scheduler may still hold in flight (composable_dra/k8s/wake.py). An
+    unallocated claim keeps its request classes (``claim_request_fields``)."""
     status = claim.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     keys = ("driver", "pool", "device", "bindingConditions", "bindingFailureConditions")
@@ -53,7 +73,10 @@ def claim_binding_fields(claim: JSON) -> JSON:
     out: JSON = {"allocation": {"devices": {"results": kept}}} if status.get("allocation") else {}
     if devices:
         out["devices"] = devices
-    return {"metadata": identity(claim), "status": out}
+    kept_claim: JSON = {"metadata": identity(claim), "status": out}
+    if spec := claim_request_fields(claim):
+        kept_claim["spec"] = spec
+    return kept_claim
 
 
 def slice_uuid_fields(resource_slice: JSON) -> JSON:

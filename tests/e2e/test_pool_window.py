@@ -14,10 +14,10 @@ from collections.abc import Iterable
 import pytest
 
 from composable_dra.k8s.informer import Informer
-from composable_dra.k8s.kube import JSON, path
+from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.model import names
 from hack.bench.time_to_gpu import topology
-from pool_publisher.window import MARGIN, MIN_WINDOW
+from pool_publisher.window import MARGIN, MIN_WINDOW, pending_claims
 from testbed.harness import Suite
 from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
@@ -43,6 +43,17 @@ def free_devices(slices: Iterable[JSON]) -> set[str]:
 
 def free_in_pool(suite: Suite) -> set[str]:
     return free_devices(suite.pool_slices())
+
+
+def waiting_pool_claims(suite: Suite) -> list[str]:
+    """namespace/name of every claim in the cluster that waits for a class of ours."""
+    ours = {names.DEVICE_CLASS, names.LOCAL_DEVICE_CLASS}
+    claims = suite.kube.get(path(RESOURCE, "resourceclaims")).get("items") or []
+    return [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in claims
+        if pending_claims([c], ours)
+    ]
 
 
 def claims_all_served(suite: Suite, namespace: str, claims: int) -> list[set[str]]:
@@ -107,17 +118,32 @@ def test_more_pool_claims_than_the_window_all_get_a_gpu(
 
 
 def test_the_default_window_grows_with_the_pending_claims(
-    make_suite: MakeSuite, namespace: str
+    make_suite: MakeSuite, kube_json: Kube, namespace: str
 ) -> None:
     # The publisher's default (auto): MIN_WINDOW free devices with nothing pending; more
     # claims at once than that, in one zone, all get a GPU.
     blocks = MIN_WINDOW + MARGIN + 4
+    # A claim of another driver's class waits from before the publisher starts (its first
+    # pass sees it): no demand on the pool, the window stays at its minimum.
+    other = {"name": "gpu", "exactly": {"deviceClassName": "another-vendors-gpu"}}
+    kube_json.create(
+        path(RESOURCE, "resourceclaims", namespace=namespace),
+        {"metadata": {"name": "not-ours"}, "spec": {"devices": {"requests": [other]}}},
+    )
     suite = make_suite(hosts=HOSTS, topology=topology(len(HOSTS), blocks), attach_latency=0)
+    # The control plane is shared: a pool claim another test left waiting (its namespace
+    # still being deleted) is demand this publisher rightly counts. Wait it out first.
+    wait_for(
+        lambda: not waiting_pool_claims(suite),
+        120,
+        "no pool claim of other tests waiting",
+        describe=lambda: str(waiting_pool_claims(suite)),
+    )
     wait_for(
         lambda: len(free_in_pool(suite)) == MIN_WINDOW,
         30,
         "the smallest window",
-        describe=lambda: str(sorted(free_in_pool(suite))),
+        describe=lambda: f"{sorted(free_in_pool(suite))}; waiting: {waiting_pool_claims(suite)}",
     )
     claims = MIN_WINDOW + 2
     seen = claims_all_served(suite, namespace, claims)

@@ -8,6 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from composable_dra.k8s.kept import claim_binding_fields, request_classes
+from composable_dra.k8s.kube import JSON
+from composable_dra.model import names
 from pool_publisher import publish
 from pool_publisher.main import window_arg
 from pool_publisher.window import (
@@ -22,17 +25,58 @@ from pool_publisher.window import (
 AUTO_POLICY = WindowPolicy()
 
 
-def claim(allocated: bool = False, deleting: bool = False) -> dict[str, object]:
+def claim(
+    allocated: bool = False, deleting: bool = False, requests: list[JSON] | None = None
+) -> JSON:
     meta: dict[str, object] = {"name": "c"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status: dict[str, object] = {"allocation": {"devices": {"results": []}}} if allocated else {}
-    return {"metadata": meta, "status": status}
+    return {"metadata": meta, "spec": {"devices": {"requests": requests or []}}, "status": status}
+
+
+def exactly(device_class: str) -> JSON:
+    return {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 1}}
+
+
+def first_available(*classes: str) -> JSON:
+    subs = [{"name": f"s{i}", "deviceClassName": c} for i, c in enumerate(classes)]
+    return {"name": "gpu", "firstAvailable": subs}
 
 
 def test_pending_claims_are_the_unallocated_ones_not_being_deleted() -> None:
     claims = [claim(), claim(), claim(allocated=True), claim(deleting=True)]
     assert pending_claims(claims) == 2
+
+
+def test_only_claims_that_ask_for_a_pool_drivers_class_are_pending_demand() -> None:
+    # Another driver's waiting claims made the window larger than needed (seen in CI: a
+    # claim left waiting by another test's namespace grew the minimum window by one).
+    ours = {"composable-gpu", "composable-gpu-local"}
+    claims = [
+        claim(requests=[exactly("composable-gpu")]),
+        claim(requests=[first_available("composable-gpu-local", "composable-gpu")]),
+        claim(requests=[exactly("other-vendor-gpu")]),
+        claim(requests=[exactly("other-vendor-gpu"), exactly("composable-gpu")]),
+        claim(),
+        claim(allocated=True, requests=[exactly("composable-gpu")]),
+    ]
+    assert pending_claims(claims, ours) == 3
+    assert pending_claims(claims) == 5  # no classes named: any claim
+
+
+def test_the_kept_fields_of_a_claim_count_as_the_whole_claim() -> None:
+    ours = {"composable-gpu"}
+    claims = [
+        claim(requests=[first_available("other", "composable-gpu")]),
+        claim(requests=[exactly("other")]),
+        claim(allocated=True, requests=[exactly("composable-gpu")]),
+    ]
+    kept = [claim_binding_fields(c) for c in claims]
+    assert pending_claims(kept, ours) == pending_claims(claims, ours) == 1
+    # An allocated claim keeps no request: thousands of those sit in the informer.
+    assert "spec" not in kept[2]
+    assert request_classes(kept[0]) == ["other", "composable-gpu"]
 
 
 def test_with_nothing_pending_a_pool_offers_the_minimum() -> None:
@@ -78,13 +122,22 @@ def test_the_flag_takes_auto_zero_or_a_count() -> None:
         window_arg("many")
 
 
-def test_the_publisher_sizes_its_window_over_the_pools_of_its_last_plan() -> None:
+def test_the_publisher_sizes_its_window_over_the_pools_of_its_last_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pub = publish.PoolPublisher(None, None)  # type: ignore[arg-type]  # not started
-    assert pub._window([]) == MIN_WINDOW
+    # The classes whose selectors name the pool's driver (from its DeviceClass informer).
+    monkeypatch.setattr(pub.class_clash, "selecting", lambda drivers: {"composable-gpu"})
+    mine, other = claim(requests=[exactly("composable-gpu")]), claim(requests=[exactly("x")])
+    drivers = {names.DRIVER}
+    assert pub._window([], drivers) == MIN_WINDOW
     # Before its first plan it knows no pool: every pending claim may go to one.
-    assert pub._window([claim()] * 40) == 40 + MARGIN
-    assert pub._window([]) == MIN_WINDOW
+    assert pub._window([mine] * 40 + [other] * 40, drivers) == 40 + MARGIN
+    assert pub._window([], drivers) == MIN_WINDOW
     pub._generations = {f"fab/zone-{i}": 1 for i in range(4)}
-    assert pub._window([claim()] * 40) == 10 + MARGIN
+    assert pub._window([mine] * 40, drivers) == 10 + MARGIN
     assert publish.POOL_WINDOW._value.get() == 10 + MARGIN
-    assert publish.PoolPublisher(None, None, max_free=0)._window([claim()]) == 0  # type: ignore[arg-type]
+    assert (
+        publish.PoolPublisher(None, None, max_free=0)._window([mine], drivers)  # type: ignore[arg-type]
+        == 0
+    )
