@@ -4,7 +4,7 @@ A pipeline stage sends each frame (``frame_bytes`` both ways over the donors' sh
 link) to one of ``n`` remote GPUs, each taking ``compute_s`` per frame. With enough calls
 in flight per GPU to hide the transfer, ``n`` GPUs deliver ``n / compute_s`` frames/s
 until the link carries no more: ``link_bytes_per_s / frame_bytes``. The knee is the first
-count whose demand the link cannot carry (``n × per-GPU FPS > link FPS``); from there on
+count whose demand the link cannot carry (``n x per-GPU FPS > link FPS``); from there on
 another GPU adds nothing. The same rule reads a measured curve: its plateau (the best
 FPS) over its one-GPU FPS.
 """

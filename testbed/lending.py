@@ -49,8 +49,8 @@ def donor_process(
     data_host: str = "127.0.0.1",
 ) -> ComponentProcess:
     """``remote-gpu-donor`` for node ``name``: ``matmul`` allowed over TCP on
-    ``data_host:ports[0]``, its lease API over HTTPS on ``ports[1]`` for the lease controller's and the plugins'
-    service accounts in ``namespace``."""
+    ``data_host:ports[0]``, its lease API over HTTPS on ``ports[1]`` for the lease
+    controller's and the plugins' service accounts in ``namespace``."""
     data_port, api_port = ports
     return ComponentProcess(
         "remote-gpu-donor",

@@ -85,8 +85,10 @@ class ShapedLink:
         port = free_port()
         log = self.workdir / f"iperf3-server-{port}.log"
         server = subprocess.Popen(
-            ["iperf3", "-s", "-1", "-B", self.host_address, "-p", str(port)]
-            + ["--forceflush", "--logfile", str(log)],
+            [
+                *("iperf3", "-s", "-1", "-B", self.host_address, "-p", str(port)),
+                *("--forceflush", "--logfile", str(log)),
+            ],
         )
         try:
             wait_for(

@@ -21,7 +21,7 @@ frame (a Re-ID feature stage's device time; no GPU here, and waiting burns no CP
 two). The JSON says so (``gpu_time``). Frames of 64 KiB (a Re-ID crop) and links of
 20 and 45 Mbit/s put the knee at about 3 and 6: inside 1..8 at both rates.
 
-Goals: every pod ran; |predicted − measured| <= 1 at each rate (``knee_error_<rate>``).
+Goals: every pod ran; |predicted - measured| <= 1 at each rate (``knee_error_<rate>``).
 """
 
 from __future__ import annotations
@@ -94,9 +94,7 @@ def knees(line: dict[str, Any], link_rate: float) -> dict[str, Any]:
     """The model's inputs (each direction shaped alike: the larger of frame and result
     bounds it), its knee and the sweep's."""
     fps = {int(n): float(v) for n, v in line["fps_by_leases"].items()}
-    model = LinkModel(
-        max(line["frame_bytes"], line["result_bytes"]), line["compute_s"], link_rate
-    )
+    model = LinkModel(max(line["frame_bytes"], line["result_bytes"]), line["compute_s"], link_rate)
     predicted, measured = predicted_knee(model, LEASES), measured_knee(fps)
     both = predicted is not None and measured is not None
     return {

@@ -15,11 +15,11 @@ named by its lease, every result right.
 from __future__ import annotations
 
 import copy
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from composable_dra.k8s.kube import JSON, Kube, path
@@ -75,8 +75,10 @@ def on_node(node: str, port: int) -> Callable[[JSON], JSON]:
 
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """The pipeline's metrics: name -> labels -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+    resp = urllib3.PoolManager(retries=False, timeout=5).request(
+        "GET", f"http://127.0.0.1:{port}/metrics"
+    )
+    text = resp.data.decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import urllib3
 
 from remote_gpu import block_wire
 from remote_gpu.block_server import BlockServer, silent
 from remote_gpu.client import Result
-from remote_gpu.workloads.block import Pipeline, work
-
+from remote_gpu.workloads.block import Pipeline, PipelineRefused, work
 
 NOW = [0.0]  # the server's clock, moved by the tests
 
@@ -55,18 +53,18 @@ def test_a_repeated_answer_and_bad_requests_are_refused(served: tuple[BlockServe
     block = Pipeline(url, "block-a")
     assert block.take() is not None
     block.answer(0, (np.zeros(1),))
-    with pytest.raises(urllib.error.HTTPError) as again:
+    with pytest.raises(PipelineRefused) as again:
         block.answer(0, (np.zeros(1),))
-    assert again.value.code == 409
-    with pytest.raises(urllib.error.HTTPError) as bad:
+    assert again.value.status == 409
+    with pytest.raises(PipelineRefused) as bad:
         Pipeline(url, "Not_A_Label").take()
-    assert bad.value.code == 400
-    req = urllib.request.Request(f"{url}/v1/answer?block=b&frame=0", data=b"junk", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as junk:
-        urllib.request.urlopen(req, timeout=5)
-    assert junk.value.code == 400
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        assert b"remote_gpu_pipeline_queue_frames" in resp.read()
+    assert bad.value.status == 400
+    http = urllib3.PoolManager(retries=False, timeout=5)
+    junk = http.request("POST", f"{url}/v1/answer?block=b&frame=0", body=b"junk")
+    assert junk.status == 400 and b"bad_request" in junk.data
+    assert b"remote_gpu_pipeline_queue_frames" in http.request("GET", f"{url}/metrics").data
+    with pytest.raises(ValueError, match="http"):
+        Pipeline("file:///etc/passwd", "b")
 
 
 def test_a_silent_blocks_frames_go_to_another(served: tuple[BlockServer, str]) -> None:
@@ -110,3 +108,43 @@ def test_a_blocks_workers_compute_every_frame(served: tuple[BlockServer, str]) -
         t.join(10)
     assert results == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert block_wire.FRAME_HEADER == "X-Frame"
+
+
+class ReapedOnce(Doubling):
+    """Computes, but the first time the pipeline takes the block for gone meanwhile."""
+
+    def __init__(self, server: BlockServer, block: str) -> None:
+        self.server, self.block, self.reaped = server, block, False
+
+    def invoke(self, name: str, *arrays: np.ndarray) -> Result:
+        if not self.reaped:
+            self.reaped = True
+            assert self.server.frames.lost(self.block) == [0]
+        return super().invoke(name, *arrays)
+
+
+def test_an_answer_not_held_is_dropped_and_the_frame_computed_again(
+    served: tuple[BlockServer, str],
+) -> None:
+    server, url = served
+    server.frames.submit((np.ones(2, dtype=np.float32),))
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=work,
+        args=(ReapedOnce(server, "lease-7"), Pipeline(url, "lease-7"), "matmul", stop),
+        daemon=True,
+    )
+    worker.start()
+    ready = server.frames.ready(10)  # the 409 answer dropped; frame 0 taken and answered again
+    stop.set()
+    worker.join(10)
+    assert [(seq, float(r[0][0])) for seq, (_, r) in ready] == [(0, 2.0)]
+    assert not worker.is_alive()
+
+
+def test_a_refused_take_ends_the_block(served: tuple[BlockServer, str]) -> None:
+    _, url = served
+    stop = threading.Event()
+    with pytest.raises(PipelineRefused) as refused:
+        work(Doubling(), Pipeline(url, "Bad_Name"), "matmul", stop)
+    assert refused.value.status == 400 and stop.is_set()
