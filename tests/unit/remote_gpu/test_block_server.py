@@ -84,6 +84,9 @@ class Doubling:
         assert name == "matmul"
         return (arrays[0] * 2,)
 
+    def close(self) -> None:
+        pass
+
 
 def test_a_blocks_workers_compute_every_frame(served: tuple[BlockServer, str]) -> None:
     server, url = served
