@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from composable_dra.serving.http import HttpServer
 from remote_gpu.block_server import Arrays, BlockServer
 from remote_gpu.metrics import (
     ERRORS,
@@ -84,16 +85,22 @@ class Pipeline:
                 self.done_at.append(time.monotonic())
                 if self.args.frames and sum(self.by_block.values()) >= self.args.frames:
                     self.stop.set()
+                    break
             now = time.monotonic()
             while self.done_at and now - self.done_at[0] > FPS_WINDOW:
                 self.done_at.popleft()
             PIPELINE_FPS.set(len(self.done_at) / FPS_WINDOW)
             self.server.reap()
 
-    def run(self) -> dict[str, Any]:
+    def serve(self) -> HttpServer:
+        """The blocks' server, listening, and the frame source, started."""
         host, port = self.args.listen.rsplit(":", 1)
-        self.server.serve(host, int(port))
+        http = self.server.serve(host, int(port))
         threading.Thread(target=self.source, name="source", daemon=True).start()
+        return http
+
+    def run(self) -> dict[str, Any]:
+        """Results until stopped (``--frames``); what came of them."""
         self.sink()
         return {
             "ok": not self.wrong,
@@ -108,9 +115,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--listen", default="0.0.0.0:7480", help="host:port for blocks and metrics")
     p.add_argument("--fps", type=float, default=20.0, help="frames made per second")
     p.add_argument("--size", type=int, default=64, help="N of the N x N frames")
-    p.add_argument("--in-flight", type=int, default=2, help="frames one block may hold")
-    p.add_argument("--max-queue", type=int, default=256, help="frames waiting, at most")
-    p.add_argument("--silent-after", type=float, default=10.0, help="seconds: a block is gone")
+    blocks = p.add_argument_group("blocks")
+    blocks.add_argument("--in-flight", type=int, default=2, help="frames one block may hold")
+    blocks.add_argument("--max-queue", type=int, default=256, help="frames waiting, at most")
+    blocks.add_argument("--silent-after", type=float, default=10.0, help="s: a block is gone")
     p.add_argument("--frames", type=int, default=0, help="stop after this many results (0: never)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -120,7 +128,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    out = Pipeline(parse(argv)).run()
+    pipeline = Pipeline(parse(argv))
+    pipeline.serve()
+    out = pipeline.run()
     print(json.dumps(out), flush=True)
     return 0 if out["ok"] else 1
 

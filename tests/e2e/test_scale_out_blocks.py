@@ -15,15 +15,14 @@ named by its lease, every result right.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from composable_dra.k8s.kube import JSON, Kube, path
-from testbed import ControlPlane, examples
+from testbed import examples
 from testbed.controlplane import free_port
 from testbed.wait import wait_for
 from tests.e2e.test_remote_gpus import ready_leases
@@ -34,20 +33,6 @@ EXAMPLE = "scale-out-blocks"
 BLOCKS = "reid-blocks"
 GPUS = 4
 FRAMES = 10  # each block's answered frames that count as "it took part"
-
-
-@pytest.fixture
-def donor_of_four(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str, namespace: str
-) -> Iterator[RemoteSetup]:
-    setup = RemoteSetup(kube_json, control_plane, short_tmp, unique, namespace, gpus=GPUS)
-    try:
-        setup.start()
-        yield setup
-    finally:
-        for name in ("reid-pipeline", BLOCKS):  # the pods end before their node's plugin
-            setup.kube.delete(path("apps/v1", "deployments", name, namespace=namespace))
-        setup.close()
 
 
 def on_node(node: str, port: int) -> Callable[[JSON], JSON]:
@@ -107,7 +92,15 @@ def test_blocks_scale_out_and_the_pipeline_spreads_its_frames_over_them(
     donor_of_four: RemoteSetup,
 ) -> None:
     remote = donor_of_four
-    kube, ns, port = remote.kube, remote.ns, free_port()
+    try:
+        scale_out(remote, free_port())
+    finally:  # the pods end before their node's plugin does
+        for name in ("reid-pipeline", BLOCKS):
+            remote.kube.delete(path("apps/v1", "deployments", name, namespace=remote.ns))
+
+
+def scale_out(remote: RemoteSetup, port: int) -> None:
+    kube, ns = remote.kube, remote.ns
     edit = on_node(remote.consumer, port)
     examples.apply(kube, EXAMPLE, ns, edit=edit, skip={"HorizontalPodAutoscaler"})
     [hpa] = [o for o in examples.load(EXAMPLE) if o["kind"] == "HorizontalPodAutoscaler"]
