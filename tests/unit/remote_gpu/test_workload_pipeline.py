@@ -4,6 +4,7 @@ order, a wrong result counted."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class Matmul:
         pass
 
 
-def run_with(blocks: list[Matmul], frames: int) -> dict[str, object]:
+def run_with(blocks: list[Matmul], frames: int) -> dict[str, Any]:
     args = ["--listen", "127.0.0.1:0", "--fps", "200", "--size", "8", "--frames", str(frames)]
     p = pipeline.Pipeline(pipeline.parse(args))
     http = p.serve()
@@ -56,7 +57,7 @@ def test_frames_spread_over_the_blocks_and_every_result_is_checked() -> None:
     meet = threading.Barrier(2)
     out = run_with([Matmul(1, meet=meet), Matmul(2, meet=meet)], 40)
     assert out["ok"] is True and out["frames"] == 40, out
-    assert set(out["by_block"]) == {"lease-1", "lease-2"}  # type: ignore[arg-type]
+    assert set(out["by_block"]) == {"lease-1", "lease-2"}
 
 
 def test_a_wrong_result_fails_the_pipeline() -> None:
