@@ -26,3 +26,15 @@ LINK_ADMITTED = Gauge(
     "remote_gpu_link_admitted_bytes_per_second",
     "Bytes/s the donor's open leases declared (their admitted demand)",
 )
+# A pipeline's own figures (remote_gpu.dispatch, remote_gpu.workloads): what an HPA on
+# the blocks scales by (docs/metrics.md).
+PIPELINE_QUEUE = Gauge("remote_gpu_pipeline_queue_frames", "Frames waiting for a block")
+PIPELINE_FPS = Gauge(
+    "remote_gpu_pipeline_frames_per_second", "Frames/s the pipeline's results came out at"
+)
+PIPELINE_FRAMES = Counter(
+    "remote_gpu_pipeline_frames_total", "Frames answered, by the block that answered", ["block"]
+)
+PIPELINE_DROPPED = Counter(
+    "remote_gpu_pipeline_dropped_frames_total", "Frames dropped: the queue was full"
+)

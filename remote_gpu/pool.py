@@ -48,12 +48,21 @@ def pick(in_flight: Sequence[int], bound: int, start: int) -> int | None:
 
 
 class RemoteGPUPool:
-    def __init__(self, gpus: Sequence[Lease], per_lease: int = 2, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[Lease],
+        per_lease: int = 2,
+        timeout: float = 30.0,
+        owns: bool = True,
+    ) -> None:
+        """``owns=False``: ``close`` leaves the leases open (a pool over some of a pod's
+        leases, as a scale-out sweep makes one per count)."""
         if not gpus or per_lease < 1:
             raise ValueError("a pool needs at least one lease and one call in flight on each")
         self.gpus = list(gpus)
         self.per_lease = per_lease
         self.timeout = timeout
+        self.owns = owns
         self._in_flight = [0] * len(self.gpus)
         self._calls = [0] * len(self.gpus)
         self._next = 0
@@ -151,9 +160,9 @@ class RemoteGPUPool:
             yield fut.result(0)
 
     def close(self) -> None:
-        """Wait for the calls in flight, then close every lease."""
+        """Wait for the calls in flight, then close every lease the pool owns."""
         self._threads.shutdown(wait=True)
-        for g in self.gpus:
+        for g in self.gpus if self.owns else ():
             g.close()
 
     def __enter__(self) -> RemoteGPUPool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import yaml
@@ -15,6 +15,9 @@ _PLURALS = {
     "ResourceClaim": "resourceclaims",
     "Pod": "pods",
     "DeviceClass": "deviceclasses",
+    "Deployment": "deployments",
+    "Service": "services",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
 }
 _CLUSTER_SCOPED = {"DeviceClass"}
 
@@ -24,18 +27,34 @@ def load(name: str) -> list[JSON]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
+def plural_path(obj: JSON, namespace: str, name: str | None = None) -> str:
+    """The API path of ``obj``'s kind in ``namespace`` (of the object ``name``)."""
+    kind = obj["kind"]
+    ns = None if kind in _CLUSTER_SCOPED else namespace
+    return path(obj["apiVersion"], _PLURALS[kind], name, namespace=ns)
+
+
 def apply(
-    kube: Kube, name: str, namespace: str, pod: Callable[[JSON], JSON] | None = None
+    kube: Kube,
+    name: str,
+    namespace: str,
+    pod: Callable[[JSON], JSON] | None = None,
+    edit: Callable[[JSON], JSON] | None = None,
+    skip: Collection[str] = (),
 ) -> list[JSON]:
-    """Create the example's objects in ``namespace`` (each Pod through ``pod`` when given);
-    returns them as created."""
+    """Create the example's objects in ``namespace`` (each Pod through ``pod``, every
+    object through ``edit``, when given; none of the kinds in ``skip``); returns them as
+    created."""
     created = []
     for obj in load(name):
         kind = obj["kind"]
+        if kind in skip:
+            continue
         if kind == "Pod" and pod is not None:
             obj = pod(obj)
-        ns = None if kind in _CLUSTER_SCOPED else namespace
-        created.append(kube.create(path(obj["apiVersion"], _PLURALS[kind], namespace=ns), obj))
+        if edit is not None:
+            obj = edit(obj)
+        created.append(kube.create(plural_path(obj, namespace), obj))
     return created
 
 

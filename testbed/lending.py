@@ -46,10 +46,11 @@ def donor_process(
     namespace: str,
     workdir: Path,
     extra: Sequence[str] = (),
+    data_host: str = "127.0.0.1",
 ) -> ComponentProcess:
-    """``remote-gpu-donor`` for node ``name``: ``matmul`` allowed over TCP on ``ports[0]``,
-    its lease API over HTTPS on ``ports[1]`` for the lease controller's and the plugins'
-    service accounts in ``namespace``."""
+    """``remote-gpu-donor`` for node ``name``: ``matmul`` allowed over TCP on
+    ``data_host:ports[0]``, its lease API over HTTPS on ``ports[1]`` for the lease
+    controller's and the plugins' service accounts in ``namespace``."""
     data_port, api_port = ports
     return ComponentProcess(
         "remote-gpu-donor",
@@ -57,7 +58,7 @@ def donor_process(
             f"--name={name}",
             f"--node-name={name}",
             f"--secret-file={secret}",
-            f"--listen=127.0.0.1:{data_port}",
+            f"--listen={data_host}:{data_port}",
             "--transports=tcp",
             "--allow=matmul=remote_gpu.builtins:matmul",
             *extra,
@@ -130,6 +131,11 @@ class Lab:
     donor_status_interval: float = 0.0
     donor_args: list[str] = field(default_factory=list)  # more flags for each donor
     donor_plugin_args: list[str] = field(default_factory=list)  # and for its plugin
+    data_host: str = "127.0.0.1"  # where the donors' data planes listen (a shaped link's end)
+    # Each donor's GPU names ({i}: the donor, {g}: the GPU). One claim's devices from two
+    # donors need distinct names: the plugin names a claim's CDI devices and token files
+    # by claim UID and device name, not by pool.
+    gpu_name: str = "gpu-{g}"
 
     def __post_init__(self) -> None:
         self.ca = CertificateAuthority(self.root / "pki")
@@ -185,7 +191,12 @@ class Lab:
         write_static_devices(
             plugin.static_file,
             [
-                {"uuid": f"GPU-{name}-{g}", "name": f"gpu-{g}", "model": "A100", "memory": "80Gi"}
+                {
+                    "uuid": f"GPU-{name}-{g}",
+                    "name": self.gpu_name.format(i=i, g=g),
+                    "model": "A100",
+                    "memory": "80Gi",
+                }
                 for g in range(gpus)
             ],
         )
@@ -200,6 +211,7 @@ class Lab:
             self.namespace,
             root / "donor",
             [f"--memory-quota={16 << 20}", *self.donor_args],
+            self.data_host,
         )
         process.start()
         self.donors.append(Donor(name, plugin, kubelet, process, f"https://127.0.0.1:{api_port}"))

@@ -22,7 +22,21 @@ def matmul_claim_and_pod(
     name: str, node: str, args: Sequence[str], device_class: str = DEVICE_CLASS
 ) -> tuple[JSON, JSON]:
     """(ResourceClaim, Pod), both named ``name``; create the claim first."""
-    request = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": REMOTE}}]}
+    command = ["python", "-m", "remote_gpu.workloads.matmul", *args]
+    return remote_claim_and_pod(name, node, command, device_class)
+
+
+def remote_claim_and_pod(
+    name: str, node: str, command: Sequence[str], device_class: str = DEVICE_CLASS, count: int = 1
+) -> tuple[JSON, JSON]:
+    """(ResourceClaim for ``count`` remote GPUs, Pod running ``command`` once with them),
+    both named ``name``; create the claim first."""
+    request: JSON = {
+        "deviceClassName": device_class,
+        "selectors": [{"cel": {"expression": REMOTE}}],
+    }
+    if count != 1:
+        request["count"] = count
     claim: JSON = {
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
@@ -30,8 +44,7 @@ def matmul_claim_and_pod(
     container = {
         "name": "main",
         "image": "composable-dra:latest",
-        "command": ["python", "-m", "remote_gpu.workloads.matmul"],
-        "args": list(args),
+        "command": list(command),
         "resources": {"claims": [{"name": "gpu"}]},
     }
     pod: JSON = {

@@ -24,6 +24,9 @@ products right), ``oversubscribed_links`` = 0, ``leaked_leases`` = 0,
 
     python -m hack.bench.remote_claims --pods 8 --seconds 5
 
+``--scale-out``: instead, a pipeline stage over 1 to 8 leased GPUs behind one shaped link
+at two rates, predicted against measured knee (``hack/bench/scaleout.py``; needs root).
+
 Runs on the development machine (2 vCPUs, load average about 24 from other work, donors
 without a GPU): every pod ran, no link oversubscribed (4 leases on each donor at once,
 its cap), nothing leaked. ``lease_ready_p50_s`` 0.50 (p99 0.56) once the donor reused
@@ -53,6 +56,7 @@ from composable_dra.k8s.kube import JSON, Kube, path  # noqa: E402
 from composable_dra.lending.remote_leases import (  # noqa: E402
     REMOTE_READY,
 )
+from hack.bench import scaleout  # noqa: E402
 from hack.bench.goals import finish, goal  # noqa: E402
 from hack.bench.stats import percentile_or_none  # noqa: E402
 from testbed import ControlPlane  # noqa: E402
@@ -210,12 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="each pod's time of calls")
     p.add_argument("--size", type=int, default=512, help="N x N float32: 512 is 1 MiB")
     p.add_argument("--settle", type=float, default=30.0, help="seconds for leases to close")
+    p.add_argument("--scale-out", action="store_true", help="the scale-out sweep instead")
+    scaleout.add_arguments(p)
     args = p.parse_args(argv)
     from kubernetes import config
 
     workdir = Path(tempfile.mkdtemp(prefix="rclaims-", dir="/tmp"))
     with ControlPlane(find_binaries(), workdir=workdir / "cp") as cp:
         kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        if args.scale_out:
+            return scaleout.run(args, kube, cp, workdir)
         out = run(args, kube, cp, workdir)
     out["workdir"] = str(workdir)
     return finish(

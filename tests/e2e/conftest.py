@@ -188,3 +188,19 @@ def claims_seen() -> Iterator[SeeClaims]:
     yield make
     for seen in made:
         seen.stop()
+
+
+@pytest.fixture
+def donor_of_four(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str, namespace: str
+) -> Iterator[Any]:
+    """A RemoteSetup (tests/e2e/test_remote_lease.py): donor A lending four GPUs, consumer
+    C, the scaler; started, and closed after the test."""
+    from tests.e2e.test_remote_lease import RemoteSetup
+
+    setup = RemoteSetup(kube_json, control_plane, short_tmp, unique, namespace, gpus=4)
+    try:
+        setup.start()
+        yield setup
+    finally:
+        setup.close()

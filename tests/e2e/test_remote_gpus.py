@@ -13,13 +13,11 @@ products over them and checks each. Setup: test_remote_lease's, with four GPUs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from composable_dra.k8s.kube import JSON, Kube, path
-from testbed import ControlPlane, examples
+from composable_dra.k8s.kube import JSON, path
+from testbed import examples
 from testbed.wait import wait_for
 from tests.e2e.conftest import SeeClaims
 from tests.e2e.test_remote_lease import RemoteSetup
@@ -28,18 +26,6 @@ from tests.e2e.test_remote_pod import phase
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("device_class")]
 EXAMPLE = "several-remote-gpus"
 GPUS = 4
-
-
-@pytest.fixture
-def donor_of_four(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str, namespace: str
-) -> Iterator[RemoteSetup]:
-    setup = RemoteSetup(kube_json, control_plane, short_tmp, unique, namespace, gpus=GPUS)
-    try:
-        setup.start()
-        yield setup
-    finally:
-        setup.close()
 
 
 def test_a_container_computes_on_each_of_four_leased_gpus(

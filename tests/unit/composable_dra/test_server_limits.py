@@ -1,8 +1,8 @@
 """Every network server of the suite holds the same limits (composable_dra.serving): the
-donor's lease API and data plane, the fabric emulator (Redfish and Fsas on one server) and
-the metrics endpoint. Each is started through its own entry point with small limits, and
-a peer that sends half a request, or holds too many connections, is cut off while another
-peer is served."""
+donor's lease API and data plane, the fabric emulator (Redfish and Fsas on one server),
+the metrics endpoint and a scale-out pipeline's block server. Each is started through its
+own entry point with small limits, and a peer that sends half a request, or holds too
+many connections, is cut off while another peer is served."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from composable_dra.serving.limits import (
 )
 from fabric_emulator import server as emulator_server
 from fabric_emulator import topology
+from remote_gpu import block_server
 from testbed.wait import wait_for
 from tests.unit.servers import Loop, cut_off
 
@@ -93,11 +94,21 @@ def _data_plane(loop: Loop, tmp: Path) -> tuple[Server, Callable[[], None]]:
     return Server((host, port), b"", greets=True), lambda: loop.run(donor.close())
 
 
+def _block_server(loop: Loop, tmp: Path) -> tuple[Server, Callable[[], None]]:
+    from remote_gpu.block_server import BlockServer
+
+    server = BlockServer(bound=1).serve("127.0.0.1", 0)
+    return Server(
+        ("127.0.0.1", server.port), _get("/metrics")
+    ), lambda: asyncio.run_coroutine_threadsafe(server.cleanup(), server.loop).result(30)
+
+
 SERVERS = {
     "lease_api": _lease_api,
     "emulator": _emulator,
     "metrics": _metrics,
     "data_plane": _data_plane,
+    "block_server": _block_server,
 }
 
 
@@ -108,6 +119,7 @@ def server(
     # The entry points' own limits, made small (absent on a server that has none).
     monkeypatch.setattr(emulator_server, "LIMITS", SMALL, raising=False)
     monkeypatch.setattr(metrics, "LIMITS", SMALL, raising=False)
+    monkeypatch.setattr(block_server, "LIMITS", SMALL, raising=False)
     served, stop = SERVERS[request.param](loop, tmp_path)
     yield served
     stop()

@@ -191,3 +191,12 @@ def test_all_from_env_refuses_a_bad_list_or_none() -> None:
         RemoteGPU.all_from_env({"REMOTE_GPUS": "0,x"})
     with pytest.raises(RemoteGPUError, match="not set"):
         RemoteGPU.all_from_env({})
+
+
+def test_a_pool_that_does_not_own_its_leases_leaves_them_open() -> None:
+    leases = [Held(0), Held(1)]
+    for lease in leases:
+        lease.release(3)
+    with RemoteGPUPool(leases, per_lease=1, owns=False) as pool:
+        assert int(pool.invoke("f", np.array([3]))[0][0]) // 10 == 3
+    assert not any(lease.closed for lease in leases)
