@@ -207,6 +207,36 @@ def bounded(
     """
     if attempts < 1:
         raise ValueError(f"attempts counts from 1, got {attempts}")
+    return _until(fn, stop, tenacity.stop_after_attempt(attempts), retryable, cap, first)
+
+
+def within(
+    fn: Callable[[], T],
+    stop: threading.Event,
+    *,
+    seconds: float,
+    retryable: Callable[[BaseException], bool],
+    cap: float,
+    first: float = 0.2,
+) -> T:
+    """``bounded``, by time: ``fn()`` retried while its error is ``retryable`` and less
+    than ``seconds`` have passed since the first try (a client reconnecting to a donor
+    that restarts). The last try starts within ``seconds + cap``."""
+    if not seconds > 0:
+        raise ValueError(f"need seconds > 0, got {seconds}")
+    # Judged after each failed try: none follows one that ended ``seconds`` after the
+    # first began.
+    return _until(fn, stop, tenacity.stop_after_delay(seconds), retryable, cap, first)
+
+
+def _until(
+    fn: Callable[[], T],
+    stop: threading.Event,
+    rule: tenacity.stop.stop_base,
+    retryable: Callable[[BaseException], bool],
+    cap: float,
+    first: float,
+) -> T:
     failed: list[BaseException] = []
 
     def attempt() -> T:
@@ -224,7 +254,7 @@ def bounded(
     retrying = tenacity.Retrying(
         wait=policy(cap=cap, first=first),
         retry=tenacity.retry_if_exception(lambda exc: _retryable(exc) and retryable(exc)),
-        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_when_event_set(stop),
+        stop=rule | tenacity.stop_when_event_set(stop),
         sleep=sleep,
         reraise=True,
     )
