@@ -87,6 +87,12 @@ class Applied:
     mounts: list[tuple[Path, Path]]  # (host path, where it appears under the root)
 
 
+def on_host(value: str, mounts: Mapping[str, str]) -> str:
+    """A container path as the host sees it, through the mounts (container path -> host
+    path) it lies under; other values unchanged."""
+    return _rewrite(value, {k: Path(v) for k, v in mounts.items()})
+
+
 def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
     """A value that is a mounted container path (or lies under one), as seen from the host."""
     for container_path, host_view in sorted(mounts.items(), key=lambda m: -len(m[0])):

@@ -21,6 +21,7 @@ import pytest
 
 from composable_dra.k8s.kube import JSON, Kube, path
 from testbed.wait import wait_for
+from tests.e2e.conftest import SeeClaims
 from tests.e2e.test_remote_lease import RemoteSetup, condition, device_status, remote
 from tests.e2e.test_remote_pod import container_state, phase, workload_pod
 
@@ -29,13 +30,13 @@ __all__ = ["remote"]  # the fixture this module uses
 RESOURCE = "resource.k8s.io/v1"
 
 
-def claim_lease(kube: Kube, ns: str, name: str) -> tuple[int, str] | None:
-    """The ready lease and the donor instance that opened it, from the claim's status."""
-    claim = kube.get_or_none(path(RESOURCE, "resourceclaims", name, namespace=ns))
-    if condition(claim, "RemoteGPUReady") is None:
+def claim_lease(claim: JSON | None) -> tuple[int, str, str] | None:
+    """The ready lease, the donor instance that opened it and the condition's reason."""
+    ready = condition(claim, "RemoteGPUReady")
+    if ready is None:
         return None
     data = (device_status(claim or {}) or {}).get("data") or {}
-    return int(data["lease"]), str(data["instance"])
+    return int(data["lease"]), str(data["instance"]), str(ready["reason"])
 
 
 def connected(remote: RemoteSetup) -> bool:
@@ -49,8 +50,11 @@ def restart_count(kube: Kube, ns: str, name: str) -> int:
     return int(statuses[0].get("restartCount", -1))
 
 
-def test_a_donor_restart_does_not_strand_the_pod(remote: RemoteSetup) -> None:
+def test_a_donor_restart_does_not_strand_the_pod(
+    remote: RemoteSetup, claims_seen: SeeClaims
+) -> None:
     kube, ns = remote.kube, remote.ns
+    seen = claims_seen(kube, ns)
     # Long enough that the donor goes down and comes back inside the loop.
     args = ["--size", "64", "--calls", "1", "--seconds", "30"]
     pod = workload_pod(kube, ns, "loop", remote.consumer, args)
@@ -60,8 +64,6 @@ def test_a_donor_restart_does_not_strand_the_pod(remote: RemoteSetup) -> None:
         "the workload to run, connected to its lease",
         describe=remote.describe,
     )
-    before = claim_lease(kube, ns, "loop")
-    assert before is not None
     remote.donor_proc.kill()
     remote.start_donor()
     wait_for(
@@ -83,9 +85,13 @@ def test_a_donor_restart_does_not_strand_the_pod(remote: RemoteSetup) -> None:
     # matmul is idempotent: the calls the outage interrupted were retried, none failed.
     assert out["failed_calls"] == 0, out
     print(f"failed calls: {out['failed_calls']}, reconnects: {out['reconnects']}")
-    # The lease was re-opened for the same claim at the restarted donor.
-    after = claim_lease(kube, ns, "loop")
-    assert after is not None and after[1] != before[1], (before, after)
+    # The lease was re-opened for the same claim at the restarted donor (what the claim
+    # said while the pod ran: it is deallocated once the pod is done), and the pod's
+    # process ended on the re-opened lease.
+    leases = [lease for c in seen.versions("loop") if (lease := claim_lease(c)) is not None]
+    before, after = leases[0], leases[-1]
+    assert before[2] == "LeaseOpen" and after[2] == "LeaseReopened", leases
+    assert after[1] != before[1] and after[0] != before[0], leases
     assert out["lease"] == after[0], (out, after)
     kube.delete(path("v1", "pods", "loop", namespace=ns))
     kube.delete(path(RESOURCE, "resourceclaims", "loop", namespace=ns))

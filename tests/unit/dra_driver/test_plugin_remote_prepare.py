@@ -16,6 +16,7 @@ from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimref import InvalidClaimRef
 from dra_driver.prepare import Preparer
 from dra_driver.remote_prepare import RemoteLeases, container_lease_dir, plan_remote
+from testbed.containers import on_host
 from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, claim, gpu
 
 DONOR = "node-d"
@@ -98,14 +99,6 @@ def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
 
 
-def host_path(mounts: dict[str, str], container_path: str) -> Path:
-    """Where a container path lies on the host, through the mount it is under."""
-    for target, source in mounts.items():
-        if container_path == target or container_path.startswith(target + "/"):
-            return Path(source + container_path[len(target) :])
-    raise AssertionError(f"{container_path} is under no mount")
-
-
 def test_prepare_writes_the_lease_directory_and_the_env_from_env_reads(env: Env) -> None:
     ref = env.add(remote_claim("u-1"))
     out = env.preparer.prepare([ref])[ref.uid]
@@ -164,7 +157,7 @@ def test_several_remote_devices_each_get_an_index_and_their_own_token(env: Env) 
     for i in range(3):
         assert got[f"REMOTE_GPU_{i}_ENDPOINT"] == f"10.0.0.4:{7470 + i}"
         assert got[f"REMOTE_GPU_{i}_LEASE"] == str(17 + i)
-        token = json.loads(host_path(mounts, got[f"REMOTE_GPU_{i}_TOKEN_FILE"]).read_text())
+        token = json.loads(Path(on_host(got[f"REMOTE_GPU_{i}_TOKEN_FILE"], mounts)).read_text())
         assert token["lease"] == 17 + i
         assert got[f"REMOTE_GPU_{i}_DIR"] in mounts
     # The first device keeps the names RemoteGPU.from_env() reads.
