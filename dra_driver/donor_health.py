@@ -4,8 +4,9 @@ A lent GPU's health is its donor's: this node cannot see it. The lease controlle
 (``device_scaler/leases.py``) can: it marks the claim's remote device ``RemoteGPUFailed``
 when the donor is unreachable or refuses (``DonorUnreachable``, ``LeaseRefused``) or no
 longer holds the lease and could not open it again (``LeaseLost``: the donor restarted,
-and the lease's worker process with it; a re-open that works is ``RemoteGPUReady``). This source reads that condition on the claims prepared here and reports their
-remote devices through the health seam (``health_sources``), so the kubelet shows it in
+and the lease's worker process with it; a re-open that works is ``RemoteGPUReady``).
+This source reads that condition on the claims prepared here and reports their remote
+devices through the health seam (``health_sources``), so the kubelet shows it in
 the pod's ``allocatedResourcesStatus``. A remote device's state is keyed
 ``<donor>/<device>`` (``model.health.remote_key``): it taints nothing in this node's slice.
 """
