@@ -19,7 +19,7 @@ from typing import Any
 from composable_dra.lending.remote_leases import REMOTE_FAILED
 from composable_dra.model.health import Health, HealthReport, Reason, remote_key
 from dra_driver.checkpoint import ClaimRecord
-from dra_driver.prepare import ClaimNotFound
+from dra_driver.prepared_remote import remote_claims
 
 SOURCE = "donor"
 # The lease controller's failure reasons, as the health reasons users read.
@@ -73,16 +73,7 @@ class DonorHealthSource:
 
     def reports(self) -> list[HealthReport]:
         out: list[HealthReport] = []
-        for record in self._claims():
-            remote = [d for d in record.devices if d.remote is not None]
-            if not remote:
-                continue
-            try:
-                claim = self._read(record.namespace, record.name)
-            except ClaimNotFound:
-                continue  # deleted: its unprepare is on the way
-            if (claim.get("metadata") or {}).get("uid") != record.uid:
-                continue  # another claim by that name: this one is going
-            for d in remote:
+        for record, claim in remote_claims(self._claims(), self._read):
+            for d in (d for d in record.devices if d.remote is not None):
                 out.append(device_report(claim, self._driver, d.pool_name, d.device_name))
         return out

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from composable_dra.process import logs
 from dra_driver import metrics
 from dra_driver.checkpoint import ClaimRecord
-from dra_driver.prepare import ClaimNotFound
+from dra_driver.prepared_remote import ClaimRead, remote_claims
 from dra_driver.remote_prepare import RemoteClaimError, RemotePlanned, stale_leases
 
 log = logs.get(__name__)
@@ -32,7 +31,7 @@ class LeaseRefresher:
         self,
         driver: str,
         claims: Callable[[], Iterable[ClaimRecord]],
-        read: Callable[[str, str], dict[str, Any]],
+        read: ClaimRead,
         refresh: Callable[[str, Sequence[RemotePlanned]], bool],
         interval: float = 2.0,
     ) -> None:
@@ -44,15 +43,7 @@ class LeaseRefresher:
     def refresh_once(self) -> int:
         """One pass; how many leases were refreshed."""
         done = 0
-        for record in self._claims():
-            if not any(d.remote is not None for d in record.devices):
-                continue
-            try:
-                claim = self._read(record.namespace, record.name)
-            except ClaimNotFound:
-                continue  # deleted: its unprepare is on the way
-            if (claim.get("metadata") or {}).get("uid") != record.uid:
-                continue
+        for record, claim in remote_claims(self._claims(), self._read):
             stale = stale_leases(record.devices, claim, self._driver)
             if stale:
                 done += self._apply(record, stale)

@@ -6,7 +6,7 @@ and the consumer's plugin writes the new lease's token and endpoint into the lea
 directory, which the container has mounted (``composable_dra.model.remote_env``). This
 client then connects again on its own: when its connection is lost, the next call (or the
 one that saw it go) re-reads the directory and connects, retrying after the suite's retry
-policy's waits (``composable_dra.k8s.retry.within``) until it succeeds or ``within``
+policy's waits (``composable_dra.k8s.retry.bounded``) until it succeeds or ``within``
 seconds have passed (then :class:`ReconnectFailed`). So a pod rides out a restart in
 about the time the donor takes to come back, plus the controller's resync, the plugin's
 refresh interval and one wait of the policy (at most ``RECONNECT_CAP``).
@@ -80,6 +80,8 @@ class ReconnectingGPU:
         # The first connection is tried once: a lease that never worked (a wrong token,
         # no such donor) is the caller's to hear of at once.
         self._gpu: RemoteGPU | None = connect()
+        # The current connection's: its lease (a re-opened lease has a new id) and transport.
+        self.lease, self.transport = self._gpu.lease, self._gpu.transport
 
     @classmethod
     def from_env(
@@ -117,10 +119,10 @@ class ReconnectingGPU:
                     gpu.close()
             self._gpu = None
             try:
-                fresh = retry.within(
+                fresh = retry.bounded(
                     self._connect,
                     self._stop,
-                    seconds=seconds,
+                    within=seconds,
                     retryable=reconnectable,
                     cap=RECONNECT_CAP,
                     first=RECONNECT_FIRST,
@@ -132,6 +134,7 @@ class ReconnectingGPU:
                     f"no connection to the lease within {self.within:g} s: {exc}"
                 ) from exc
             self._gpu = fresh
+            self.lease, self.transport = fresh.lease, fresh.transport
             if gpu is not None:
                 self.reconnects += 1
                 metrics.RECONNECTS.labels("ok").inc()
@@ -144,18 +147,6 @@ class ReconnectingGPU:
         assert self._gpu is not None
         return self._gpu
 
-    @property
-    def lease(self) -> int:
-        return self.gpu.lease
-
-    @property
-    def transport(self) -> str:
-        return self.gpu.transport
-
-    @property
-    def idempotent(self) -> frozenset[str]:
-        return self.gpu.idempotent
-
     # ---- calls
 
     def invoke(self, name: str, *arrays: np.ndarray) -> Result:
@@ -165,10 +156,10 @@ class ReconnectingGPU:
         connection is lost meanwhile (then ReconnectFailed)."""
         deadline = time.monotonic() + self.within
         try:
-            return retry.within(
+            return retry.bounded(
                 lambda: self._call(name, arrays, deadline),
                 self._stop,
-                seconds=self.within,
+                within=self.within,
                 retryable=lambda exc: isinstance(exc, _Lost),
                 cap=RECONNECT_CAP,
                 first=RECONNECT_FIRST,

@@ -194,39 +194,34 @@ def bounded(
     fn: Callable[[], T],
     stop: threading.Event,
     *,
-    attempts: int,
     retryable: Callable[[BaseException], bool],
     cap: float,
     first: float = 0.2,
+    attempts: int | None = None,
+    within: float | None = None,
 ) -> T:
-    """``fn()``, tried at most ``attempts`` times while its error is ``retryable``, for a
-    call whose caller must hear of a lasting failure (a lease opened at a donor).
+    """``fn()``, tried while its error is ``retryable``, at most ``attempts`` times or, by
+    time, until ``within`` seconds have passed since the first try (the last try starts
+    within ``within + cap``), for a call whose caller must hear of a lasting failure (a
+    lease opened at a donor, a client reconnecting to a donor that restarts).
 
-    Raises the last error itself: one not ``retryable``, the ``attempts``-th, or the one
+    Raises the last error itself: one not ``retryable``, the last one tried, or the one
     before ``stop`` was set (no attempt starts after it).
     """
-    if attempts < 1:
+    if (attempts is None) == (within is None):
+        raise ValueError("give attempts or within, not both")
+    if attempts is not None and attempts < 1:
         raise ValueError(f"attempts counts from 1, got {attempts}")
-    return _until(fn, stop, tenacity.stop_after_attempt(attempts), retryable, cap, first)
-
-
-def within(
-    fn: Callable[[], T],
-    stop: threading.Event,
-    *,
-    seconds: float,
-    retryable: Callable[[BaseException], bool],
-    cap: float,
-    first: float = 0.2,
-) -> T:
-    """``bounded``, by time: ``fn()`` retried while its error is ``retryable`` and less
-    than ``seconds`` have passed since the first try (a client reconnecting to a donor
-    that restarts). The last try starts within ``seconds + cap``."""
-    if not seconds > 0:
-        raise ValueError(f"need seconds > 0, got {seconds}")
-    # Judged after each failed try: none follows one that ended ``seconds`` after the
-    # first began.
-    return _until(fn, stop, tenacity.stop_after_delay(seconds), retryable, cap, first)
+    if within is not None and not within > 0:
+        raise ValueError(f"need within > 0, got {within}")
+    # Judged after each failed try: none follows one that ended ``within`` seconds after
+    # the first began.
+    rule = (
+        tenacity.stop_after_attempt(attempts)
+        if attempts is not None
+        else tenacity.stop_after_delay(within or 0.0)
+    )
+    return _until(fn, stop, rule, retryable, cap, first)
 
 
 def _until(
