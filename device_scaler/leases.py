@@ -222,6 +222,15 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
     return actions
 
 
+def open_failure(retryable: bool, reopen: bool) -> str:
+    """The ``RemoteGPUFailed`` reason of an open that failed: a re-open leaves the running
+    pod's lease lost (the health reason its plugin reports, ``DonorWorkerCrashed``); a
+    first open, the donor unreachable or refusing (the scheduler picks again)."""
+    if reopen:
+        return "LeaseLost"
+    return "DonorUnreachable" if retryable else "LeaseRefused"
+
+
 def condition_entry(
     driver: str, a: RemoteAlloc, ready: bool, reason: str, message: str, data: JSON | None
 ) -> JSON:
@@ -437,11 +446,7 @@ class LeaseController(InformerDriven):
                 self._stop,
             )
         except LeaseAPIError as exc:
-            # A re-open that fails leaves the pod's lease lost (the health reason its
-            # plugin reports); a first open, the scheduler picks again.
-            reason = "DonorUnreachable" if exc.retryable else "LeaseRefused"
-            if action.reopen:
-                reason = "LeaseLost"
+            reason = open_failure(exc.retryable, action.reopen)
             return self._failed(Fail(a, reason, f"donor {a.donor}: {exc.message}"))
         data = {
             "donor": a.donor,

@@ -15,6 +15,7 @@ from device_scaler.leases import (
     condition_entry,
     lending_donors,
     merged_status,
+    open_failure,
     plan,
     remote_allocations,
     with_retries,
@@ -254,3 +255,10 @@ def test_every_close_reason_is_exported_before_any_close() -> None:
         "superseded",
     ):
         assert f'composable_dra_leases_closed_total{{why="{why}"}}' in text
+
+
+def test_a_failed_reopen_is_a_lost_lease_and_a_failed_first_open_says_why() -> None:
+    assert open_failure(retryable=True, reopen=False) == "DonorUnreachable"
+    assert open_failure(retryable=False, reopen=False) == "LeaseRefused"
+    assert open_failure(retryable=True, reopen=True) == "LeaseLost"
+    assert open_failure(retryable=False, reopen=True) == "LeaseLost"
