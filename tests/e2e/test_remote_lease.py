@@ -411,7 +411,9 @@ def test_donor_killed_mid_lease_and_back_reopens_the_lease(remote: RemoteSetup) 
     old_token.write_bytes(Path(local["REMOTE_GPU_TOKEN_FILE"]).read_bytes())
     a = np.ones((8, 8))
     arenas = f"remote-gpu-{int(env['REMOTE_GPU_LEASE']):016x}-*"
-    with RemoteGPU.from_env(local, timeout=5) as gpu:  # one connection: no reconnect
+    # One connection, no reconnect. (A lease's worker may take seconds to start on a
+    # loaded machine: the handshake's deadline allows for it.)
+    with RemoteGPU.from_env(local, timeout=15) as gpu:
         gpu.invoke("matmul", a, a)
         assert list(SHM.glob(arenas))  # the lease's arena, while it serves
         remote.donor_proc.kill()
