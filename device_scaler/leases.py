@@ -54,6 +54,10 @@ LEASES_OPEN = Gauge("composable_dra_leases_open", "Leases open at donors, by don
 LEASE_FAILURES = Counter(
     "composable_dra_lease_failures_total", "RemoteGPUFailed set, by reason", ["reason"]
 )
+LEASES_REOPENED = Counter(
+    "composable_dra_leases_reopened_total",
+    "Leases opened again for the same allocation after their donor restarted",
+)
 LEASES_CLOSED = Counter(
     "composable_dra_leases_closed_total", "Leases the controller closed, by why", ["why"]
 )
@@ -86,6 +90,7 @@ class RemoteAlloc:
     state: str  # "" (no condition yet), "ready" or "failed"
     lease: int | None = None  # from a ready device's data
     instance: str | None = None  # the donor process that opened it, from the data
+    reserved: bool = True  # a pod holds the claim (``status.reservedFor``)
 
 
 def _device_state(
@@ -124,6 +129,7 @@ def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]
             if node is None or not is_node_name(pool):
                 continue  # not a lent device: a node pool's remote device has both
             state, lease, instance = _device_state(claim, driver, pool, device)
+            reserved = bool((claim.get("status") or {}).get("reservedFor"))
             out.append(
                 RemoteAlloc(
                     uid=str(meta.get("uid", "")),
@@ -135,6 +141,7 @@ def remote_allocations(claims: Iterable[JSON], driver: str) -> list[RemoteAlloc]
                     state=state,
                     lease=lease,
                     instance=instance,
+                    reserved=reserved,
                 )
             )
     return out
@@ -158,6 +165,7 @@ def lending_donors(slices: Iterable[JSON], driver: str) -> set[str]:
 @dataclass(frozen=True)
 class Open:
     alloc: RemoteAlloc
+    reopen: bool = False  # the donor restarted and lost the ready lease: open it again
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,9 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
     this controller's last open there); leases of other donors are not judged. A ready
     lease missing from the donor process that opened it was closed by its consumer's
     plugin (the pod ended; the claim, reserved by no pod, is deallocated next) and is
-    left alone. Missing from a restarted donor, it is lost: its pod's token is dead."""
+    left alone. Missing from a restarted donor (another instance), it is re-opened for
+    the same allocation while a pod holds the claim: the pod's plugin collects the new
+    token and its client reconnects."""
     wanted = {(a.donor, a.uid, a.device): a for a in allocs}
     claims = {(a.donor, a.uid) for a in allocs}
     actions: list[Action] = []
@@ -207,11 +217,18 @@ def plan(allocs: Sequence[RemoteAlloc], listed: Mapping[str, LeaseList]) -> list
         elif a.state == "ready" and a.donor in listed:
             now = listed[a.donor]
             held = {i.lease for i in now.items if (i.claim_uid, i.device) == (a.uid, a.device)}
-            if a.lease not in held and a.instance != now.instance:
-                actions.append(
-                    Fail(a, "LeaseLost", f"donor {a.donor} no longer holds lease {a.lease}")
-                )
+            if a.lease not in held and a.instance != now.instance and a.reserved:
+                actions.append(Open(a, reopen=True))
     return actions
+
+
+def open_failure(retryable: bool, reopen: bool) -> str:
+    """The ``RemoteGPUFailed`` reason of an open that failed: a re-open leaves the running
+    pod's lease lost (the health reason its plugin reports, ``DonorWorkerCrashed``); a
+    first open, the donor unreachable or refusing (the scheduler picks again)."""
+    if reopen:
+        return "LeaseLost"
+    return "DonorUnreachable" if retryable else "LeaseRefused"
 
 
 def condition_entry(
@@ -261,6 +278,7 @@ class Outcome:
     message: str
     fields: Mapping[str, object]
     failure: str = ""  # the failure's reason; "" when the lease is ready
+    reopened: bool = False  # a lease its restarted donor lost, open again
 
 
 _T = TypeVar("_T")
@@ -428,7 +446,7 @@ class LeaseController(InformerDriven):
                 self._stop,
             )
         except LeaseAPIError as exc:
-            reason = "DonorUnreachable" if exc.retryable else "LeaseRefused"
+            reason = open_failure(exc.retryable, action.reopen)
             return self._failed(Fail(a, reason, f"donor {a.donor}: {exc.message}"))
         data = {
             "donor": a.donor,
@@ -437,8 +455,10 @@ class LeaseController(InformerDriven):
             "instance": info.instance,
         }
         message = f"lease {info.lease} at donor {a.donor} ({info.endpoint})"
-        entry = condition_entry(self.settings.driver, a, True, "LeaseOpen", message, data)
-        return Outcome(a, entry, message, {"node": a.node, "lease": info.lease})
+        reason = "LeaseReopened" if action.reopen else "LeaseOpen"
+        entry = condition_entry(self.settings.driver, a, True, reason, message, data)
+        fields = {"node": a.node, "lease": info.lease, "reopened": action.reopen}
+        return Outcome(a, entry, message, fields, reopened=action.reopen)
 
     def _failed(self, action: Fail) -> Outcome:
         a = action.alloc
@@ -454,6 +474,8 @@ class LeaseController(InformerDriven):
             a = o.alloc
             if o.failure:
                 LEASE_FAILURES.labels(o.failure).inc()
+            elif o.reopened:
+                LEASES_REOPENED.inc()
             else:
                 seen = self._first_seen.get((a.uid, a.device))
                 if seen is not None:

@@ -36,24 +36,26 @@ class CdiDevice:
 
 @dataclass(frozen=True)
 class RemoteCdiDevice:
-    """A lent GPU as a container sees it: where its donor is, and the lease's token."""
+    """A lent GPU as a container sees it: where its donor is, and the lease's directory
+    (its token and endpoint files)."""
 
     device_name: str
     endpoint: str
     lease: int
-    token_file: str  # on the host
-    container_token_file: str
+    directory: str  # on the host
+    container_directory: str
 
 
 def remote_edits(dev: RemoteCdiDevice, index: int = 0, count: int = 1) -> dict[str, Any]:
     """Remote device ``index`` of the claim's ``count``: what
     ``remote_gpu.client.RemoteGPU.from_env()`` and ``all_from_env()`` read
-    (``composable_dra.model.remote_env``), and its token mounted. The one place that says
-    what a container sees of a lease."""
-    env = remote_env.lease_env(index, count, dev.endpoint, dev.lease, dev.container_token_file)
+    (``composable_dra.model.remote_env``), and the lease's directory mounted (a directory,
+    not its files: files the plugin replaces in it reach a running container). The one
+    place that says what a container sees of a lease."""
+    env = remote_env.lease_env(index, count, dev.endpoint, dev.lease, dev.container_directory)
     mount = {
-        "hostPath": dev.token_file,
-        "containerPath": dev.container_token_file,
+        "hostPath": dev.directory,
+        "containerPath": dev.container_directory,
         "options": ["ro", "bind"],
     }
     return {"env": [f"{k}={v}" for k, v in env.items()], "mounts": [mount]}

@@ -3,9 +3,10 @@
 A lent GPU's health is its donor's: this node cannot see it. The lease controller
 (``device_scaler/leases.py``) can: it marks the claim's remote device ``RemoteGPUFailed``
 when the donor is unreachable or refuses (``DonorUnreachable``, ``LeaseRefused``) or no
-longer holds the lease (``LeaseLost``: the donor restarted, and the lease's worker process
-with it). This source reads that condition on the claims prepared here and reports their
-remote devices through the health seam (``health_sources``), so the kubelet shows it in
+longer holds the lease and could not open it again (``LeaseLost``: the donor restarted,
+and the lease's worker process with it; a re-open that works is ``RemoteGPUReady``).
+This source reads that condition on the claims prepared here and reports their remote
+devices through the health seam (``health_sources``), so the kubelet shows it in
 the pod's ``allocatedResourcesStatus``. A remote device's state is keyed
 ``<donor>/<device>`` (``model.health.remote_key``): it taints nothing in this node's slice.
 """
@@ -18,7 +19,7 @@ from typing import Any
 from composable_dra.lending.remote_leases import REMOTE_FAILED
 from composable_dra.model.health import Health, HealthReport, Reason, remote_key
 from dra_driver.checkpoint import ClaimRecord
-from dra_driver.prepare import ClaimNotFound
+from dra_driver.prepared_remote import remote_claims
 
 SOURCE = "donor"
 # The lease controller's failure reasons, as the health reasons users read.
@@ -72,16 +73,7 @@ class DonorHealthSource:
 
     def reports(self) -> list[HealthReport]:
         out: list[HealthReport] = []
-        for record in self._claims():
-            remote = [d for d in record.devices if d.remote is not None]
-            if not remote:
-                continue
-            try:
-                claim = self._read(record.namespace, record.name)
-            except ClaimNotFound:
-                continue  # deleted: its unprepare is on the way
-            if (claim.get("metadata") or {}).get("uid") != record.uid:
-                continue  # another claim by that name: this one is going
-            for d in remote:
+        for record, claim in remote_claims(self._claims(), self._read):
+            for d in (d for d in record.devices if d.remote is not None):
                 out.append(device_report(claim, self._driver, d.pool_name, d.device_name))
         return out

@@ -30,3 +30,11 @@ RECONCILE_ERRORS = Counter(
     "composable_dra_plugin_slice_reconcile_errors_total",
     "Failed attempts to publish the node's ResourceSlices",
 )
+LEASE_REFRESHES = Counter(
+    "composable_dra_plugin_lease_refreshes_total",
+    "Remote leases of prepared claims whose new credentials were written into their "
+    "directory after the lease controller re-opened them, by result",
+    ["result"],
+)
+for _result in ("ok", "error"):
+    LEASE_REFRESHES.labels(_result)

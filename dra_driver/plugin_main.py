@@ -83,6 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     env_flag(
         p,
+        "--lease-refresh-interval",
+        "1",
+        type=float,
+        help="seconds between reads of the prepared remote GPUs' claims for a lease the "
+        "controller re-opened after its donor restarted (env LEASE_REFRESH_INTERVAL)",
+    )
+    env_flag(
+        p,
         "--health-recover-after",
         "3",
         type=int,
@@ -318,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
         if lend is not None
         else None
     )
+    loops = [p for p in (poller, _lease_refresher(args, kube, preparer)) if p is not None]
     board, feed = _health_side(args, kube, node, (source, resources), watcher, publisher, preparer)
     server = PluginServer(
         preparer,
@@ -334,8 +343,8 @@ def run(args: argparse.Namespace) -> int:
     watcher.start()
     visibility.start()
     publisher.start()
-    if poller is not None:
-        poller.start()
+    for loop in loops:
+        loop.start()
     board.start(args.health_interval)
     server.start()
     log.info(
@@ -352,8 +361,8 @@ def run(args: argparse.Namespace) -> int:
         board.stop()
         watcher.stop()
         visibility.stop()
-        if poller is not None:
-            poller.stop()
+        for loop in loops:
+            loop.stop()
         publisher.stop()
     return 0
 
@@ -479,6 +488,23 @@ def _lease_client(args: argparse.Namespace) -> Any:
     from composable_dra.lending.remote_leases import client_from_args
 
     return client_from_args(args)
+
+
+def _lease_refresher(args: argparse.Namespace, kube: Any, preparer: Any) -> Any:
+    """The loop that writes re-opened leases into the prepared claims' lease directories;
+    None without ``--lease-token-file`` (no remote GPUs here)."""
+    if not args.lease_token_file:
+        return None
+    from dra_driver.claim_reader import ClaimReader
+    from dra_driver.lease_refresh import LeaseRefresher
+
+    return LeaseRefresher(
+        args.driver_name,
+        preparer.prepared_claims,
+        ClaimReader(kube),
+        preparer.refresh_remote,
+        args.lease_refresh_interval,
+    )
 
 
 def _remote_leases(args: argparse.Namespace, client: Any, durable: bool) -> Any:

@@ -27,7 +27,7 @@ from dra_driver.remote_prepare import (
     RemoteClaimError,
     RemoteLeases,
     RemotePlanned,
-    container_token_path,
+    container_lease_dir,
     is_remote,
     plan_remote,
 )
@@ -162,7 +162,7 @@ def build_record(
     remote: Sequence[tuple[RemotePlanned, str]] = (),
 ) -> ClaimRecord:
     """The checkpoint record (state ``preparing``) and CDI spec for a planned claim;
-    ``remote``: its remote devices with their token files."""
+    ``remote``: its remote devices with their lease directories."""
     cdi_devices = [
         cdi.CdiDevice(
             device_name=p.device.name,
@@ -186,16 +186,7 @@ def build_record(
         )
         for p in planned
     ]
-    remote_cdi = [
-        cdi.RemoteCdiDevice(
-            device_name=r.device,
-            endpoint=r.endpoint,
-            lease=r.lease,
-            token_file=token_file,
-            container_token_file=container_token_path(r.device),
-        )
-        for r, token_file in remote
-    ]
+    remote_cdi = [remote_cdi_device(ref.uid, r, directory) for r, directory in remote]
     devices += [
         PreparedDevice(
             request_names=[r.request],
@@ -216,6 +207,53 @@ def build_record(
         devices=devices,
         cdi_spec=cdi.build_spec(ref.uid, cdi_devices, remote_cdi) if devices else {},
     )
+
+
+def remote_cdi_device(claim_uid: str, r: RemotePlanned, directory: str) -> cdi.RemoteCdiDevice:
+    return cdi.RemoteCdiDevice(
+        device_name=r.device,
+        endpoint=r.endpoint,
+        lease=r.lease,
+        directory=directory,
+        container_directory=container_lease_dir(claim_uid, r.device),
+    )
+
+
+def refreshed_record(
+    record: ClaimRecord, stale: Sequence[RemotePlanned], directory: Callable[[str], str]
+) -> ClaimRecord:
+    """``record`` with the re-opened leases of ``stale``: each device's lease and endpoint,
+    and its CDI device's edits (what a container started from now on gets);
+    ``directory(device)``: the device's lease directory on the host."""
+    new = {r.device: r for r in stale}
+    remote = [d for d in record.devices if d.remote is not None]
+    devices = [
+        d.model_copy(
+            update={
+                "remote": RemoteLeaseRecord(
+                    donor=d.pool_name, lease=new[d.device_name].lease,
+                    endpoint=new[d.device_name].endpoint,
+                )
+            }
+        )
+        if d.remote is not None and d.device_name in new
+        else d
+        for d in record.devices
+    ]  # fmt: skip
+    spec = dict(record.cdi_spec)
+    edits = {
+        cdi.cdi_device_name(record.uid, r.device): cdi.remote_edits(
+            remote_cdi_device(record.uid, r, directory(r.device)),
+            next(i for i, d in enumerate(remote) if d.device_name == r.device),
+            len(remote),
+        )
+        for r in stale
+    }
+    spec["devices"] = [
+        {**d, "containerEdits": edits[d["name"]]} if d.get("name") in edits else d
+        for d in spec.get("devices") or []
+    ]
+    return record.model_copy(update={"devices": devices, "cdi_spec": spec})
 
 
 ClaimGetter = Callable[[str, str], dict[str, Any]]
@@ -305,7 +343,7 @@ class Preparer:
         if remote and self._remote is None:
             raise ClaimError("this plugin has no --lease-token-file: no remote GPUs here")
         paths = [
-            (r, str(self._remote.token_path(ref.uid, r.device))) for r in remote if self._remote
+            (r, str(self._remote.lease_dir(ref.uid, r.device))) for r in remote if self._remote
         ]
         record = build_record(ref, planned, paths)
         # Phase one: the devices are reserved before anything is written for them (and a
@@ -328,6 +366,29 @@ class Preparer:
             device=[d.local_name for d in record.devices],
         )
         return record.devices
+
+    def refresh_remote(self, uid: str, stale: Sequence[RemotePlanned]) -> bool:
+        """Collect the re-opened leases' credentials into their directories (which the
+        running containers see) and record them, with the CDI spec's env. False when the
+        claim is no longer prepared here; RemoteClaimError when a donor refuses."""
+        with self._lock, self._checkpoint.exclusive():
+            record = self._checkpoint.get(uid)
+            leases = self._remote
+            if record is None or record.state != "prepared" or leases is None:
+                return False
+            for r in stale:
+                leases.fetch(uid, r)
+            updated = refreshed_record(record, stale, lambda d: str(leases.lease_dir(uid, d)))
+            if updated.cdi_spec:
+                self._cdi.write(uid, updated.cdi_spec)
+            self._checkpoint.put(updated)
+        self._log.info(
+            "remote leases refreshed",
+            claim=f"{record.namespace}/{record.name}",
+            uid=uid,
+            lease=[r.lease for r in stale],
+        )
+        return True
 
     def prepared_devices(self) -> list[PreparedDevice]:
         """Every device of every claim prepared here (the health stream's identities)."""

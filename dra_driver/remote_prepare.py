@@ -1,12 +1,16 @@
-"""Prepare a remote GPU on the consumer node: its lease's credentials, as a token file.
+"""Prepare a remote GPU on the consumer node: its lease's credentials, in a directory.
 
 A claim allocated a donor's ``<gpu>-remote`` device carries, once the lease controller
 opened the lease, ``RemoteGPUReady`` with ``data`` = {donor, endpoint, lease} on that
 device. Prepare asks the donor's lease API for the lease's token (proving this node with
-its pod's projected service-account token, bound to the pod), writes it 0400 under the
-plugin's state directory, and the CDI spec gives the container ``REMOTE_GPU_ENDPOINT``,
-``REMOTE_GPU_LEASE`` and ``REMOTE_GPU_TOKEN_FILE`` (the file mounted read-only): what
-``RemoteGPU.from_env()`` reads. Unprepare removes the file and closes the lease at the donor.
+its pod's projected service-account token, bound to the pod) and writes it (0400) with
+the lease's endpoint into the device's directory under the plugin's state directory,
+``<claim uid>/<device>/``; the CDI spec mounts that directory read-only and gives the
+container ``REMOTE_GPU_DIR``, ``REMOTE_GPU_ENDPOINT``, ``REMOTE_GPU_LEASE`` and
+``REMOTE_GPU_TOKEN_FILE``: what ``RemoteGPU.from_env()`` reads. When the lease controller
+re-opens the lease (its donor restarted), :func:`stale_leases` finds it and the files are
+replaced in the directory, which a running container sees. Unprepare removes the
+directory and closes the lease at the donor.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +32,9 @@ from composable_dra.lending.remote_leases import (
     allocation_node,
     is_node_name,
 )
+from composable_dra.model import remote_env
 from composable_dra.process import logs
+from dra_driver.checkpoint import PreparedDevice
 from dra_driver.claimref import InvalidClaimRef, check_uid
 from dra_driver.fsutil import atomic_write
 
@@ -86,29 +93,65 @@ def plan_remote(claim: dict[str, Any], driver: str, node_name: str) -> list[Remo
     return out
 
 
-def container_token_path(device: str) -> str:
-    return f"{CONTAINER_DIR}/{device}.token"
+def stale_leases(
+    devices: Sequence[PreparedDevice], claim: dict[str, Any], driver: str
+) -> list[RemotePlanned]:
+    """The remote devices prepared here whose claim now names another ready lease (the
+    lease controller re-opened it after its donor restarted), with the new lease. A
+    device whose status has no ready lease (the donor is down, or failed) is not stale:
+    there is nothing newer to fetch."""
+    out: list[RemotePlanned] = []
+    for d in devices:
+        if d.remote is None:
+            continue
+        try:
+            endpoint, lease = _lease_data(claim, driver, d.pool_name, d.device_name)
+        except RemoteClaimError:
+            continue
+        if (endpoint, lease) != (d.remote.endpoint, d.remote.lease):
+            request = d.request_names[0] if d.request_names else ""
+            out.append(RemotePlanned(request, d.pool_name, d.device_name, endpoint, lease))
+    return out
+
+
+def _checked_device(device: str) -> str:
+    if _DEVICE.fullmatch(device) is None:
+        raise InvalidClaimRef(f"device name {device!r} is not a DNS label")
+    return device
+
+
+def container_lease_dir(claim_uid: str, device: str) -> str:
+    """Where the device's lease directory is mounted in the container (per claim: two
+    claims may each have a ``gpu-0-remote``, of different donors)."""
+    return f"{CONTAINER_DIR}/{check_uid(claim_uid)}/{_checked_device(device)}"
 
 
 class RemoteLeases:
-    """Credentials in and out: token files under ``token_dir``, named from checked names."""
+    """Credentials in and out: a directory per claim and device under ``token_dir``,
+    named from checked names."""
 
     def __init__(self, client: LeaseClient, token_dir: Path, durable: bool = True) -> None:
         self.client = client
         self.token_dir = token_dir
         self.durable = durable
 
-    def token_path(self, claim_uid: str, device: str) -> Path:
-        if _DEVICE.fullmatch(device) is None:
-            raise InvalidClaimRef(f"device name {device!r} is not a DNS label")
-        path = self.token_dir / f"{check_uid(claim_uid)}-{device}.token"
-        if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.token_dir):
+    def lease_dir(self, claim_uid: str, device: str) -> Path:
+        """``<token_dir>/<claim uid>/<device>``; InvalidClaimRef for names that would
+        lead elsewhere."""
+        path = self.token_dir / check_uid(claim_uid) / _checked_device(device)
+        top = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        if top != os.path.abspath(self.token_dir):
             raise InvalidClaimRef(f"{claim_uid!r}/{device!r} leads outside {self.token_dir}")
         return path
 
+    def token_path(self, claim_uid: str, device: str) -> Path:
+        return self.lease_dir(claim_uid, device) / remote_env.TOKEN
+
     def fetch(self, claim_uid: str, planned: RemotePlanned) -> Path:
-        """Collect the lease's token from its donor and write it (0400)."""
-        path = self.token_path(claim_uid, planned.device)
+        """Collect the lease's token from its donor and write it (0400) and the lease's
+        endpoint into the device's directory, each replaced by a rename inside it (the
+        token first: a reader pairs them by lease, see ``remote_env``)."""
+        directory = self.lease_dir(claim_uid, planned.device)
         try:
             token = self.client.credentials(planned.donor, planned.lease)
         except LeaseAPIError as exc:
@@ -118,18 +161,25 @@ class RemoteLeases:
         if token.get("lease") != planned.lease:
             raise RemoteClaimError(f"donor {planned.donor} sent another lease's credentials")
         self.token_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write(path, json.dumps(token).encode(), mode=0o400, durable=self.durable)
-        return path
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        body = json.dumps(token).encode()
+        atomic_write(directory / remote_env.TOKEN, body, mode=0o400, durable=self.durable)
+        endpoint = remote_env.endpoint_file(planned.endpoint, planned.lease)
+        atomic_write(directory / remote_env.ENDPOINT, endpoint, mode=0o444, durable=self.durable)
+        return directory
 
     def release(self, claim_uid: str, donors: Sequence[tuple[str, str, int]]) -> None:
         """Remove the token files of (device, donor, lease) and close the leases; a donor
         that cannot be reached is left to the lease controller, which closes the lease
         once the claim is deallocated."""
         for device, donor, lease in donors:
-            self.token_path(claim_uid, device).unlink(missing_ok=True)
+            shutil.rmtree(self.lease_dir(claim_uid, device), ignore_errors=True)
             try:
                 self.client.close(donor, lease)
             except LeaseAPIError as exc:
                 log.warning(
                     "cannot close a lease at its donor", donor=donor, lease=lease, error=str(exc)
                 )
+        claim_dir = self.token_dir / check_uid(claim_uid)
+        if claim_dir.is_dir() and not any(claim_dir.iterdir()):
+            claim_dir.rmdir()

@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -98,6 +98,54 @@ Result = tuple[np.ndarray, ...]
 LARGE = 4 << 20
 _INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 METRICS_INTERVAL = 0.25
+
+
+def lease_files(directory: Path) -> tuple[str, Token]:
+    """(endpoint, token) from a lease's directory (``composable_dra.model.remote_env``);
+    RemoteGPUError while the two do not name one lease (the plugin is replacing them)."""
+    try:
+        raw = (directory / remote_env.ENDPOINT).read_bytes()[:8192]
+    except OSError as exc:
+        raise RemoteGPUError(f"cannot read the lease's endpoint: {exc.strerror}") from None
+    try:
+        endpoint, lease = remote_env.read_endpoint_file(raw)
+    except remote_env.RemoteEnvError as exc:
+        raise RemoteGPUError(str(exc)) from None
+    token = read(directory / remote_env.TOKEN)
+    if token.lease != lease:
+        raise RemoteGPUError("the lease's endpoint and token name different leases")
+    return endpoint, token
+
+
+def env_leases(env: Mapping[str, str]) -> list[remote_env.LeaseVars]:
+    """The variable names of each lease ``env`` describes, in index order."""
+    try:
+        found = remote_env.indexes(env)
+    except remote_env.RemoteEnvError as exc:
+        raise RemoteGPUError(str(exc)) from None
+    if not found:
+        raise RemoteGPUError(f"{remote_env.LIST} and REMOTE_GPU_ENDPOINT are not set")
+    return [remote_env.names(i) for i in found]
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+_G = TypeVar("_G", bound=_Closes)
+
+
+def open_each(open_one: Callable[[remote_env.LeaseVars], _G], leases: list[Any]) -> list[_G]:
+    """``open_one`` of each lease; those opened are closed again when one fails."""
+    opened: list[_G] = []
+    try:
+        for names in leases:
+            opened.append(open_one(names))
+    except BaseException:
+        for gpu in opened:
+            gpu.close()
+        raise
+    return opened
 
 
 def _connect(endpoint: str, timeout: float) -> ClientTransport:
@@ -287,26 +335,20 @@ class RemoteGPU:
         order; one lease where only the unsuffixed variables are set. None opened stays
         open when one fails."""
         env = os.environ if env is None else env
-        try:
-            found = remote_env.indexes(env)
-        except remote_env.RemoteEnvError as exc:
-            raise RemoteGPUError(str(exc)) from None
-        if not found:
-            raise RemoteGPUError(f"{remote_env.LIST} and REMOTE_GPU_ENDPOINT are not set")
-        opened: list[RemoteGPU] = []
-        try:
-            for i in found:
-                opened.append(cls._from_vars(env, remote_env.names(i), **kwargs))
-        except BaseException:
-            for gpu in opened:
-                gpu.close()
-            raise
-        return opened
+        return open_each(lambda names: cls._from_vars(env, names, **kwargs), env_leases(env))
 
     @classmethod
     def _from_vars(
         cls, env: Mapping[str, str], names: remote_env.LeaseVars, **kwargs: Any
     ) -> RemoteGPU:
+        """The lease the variables ``names`` describe: from its directory where the plugin
+        gave one (its files are current: a re-opened lease is written there), else from
+        the endpoint and token file variables."""
+        kwargs.setdefault("transport", env.get("REMOTE_GPU_TRANSPORT", "auto"))
+        directory = env.get(names.directory)
+        if directory:
+            endpoint, token = lease_files(Path(directory))
+            return cls(endpoint, token, **kwargs)
         try:
             endpoint = env[names.endpoint]
             token_path = Path(env[names.token_file])
@@ -316,8 +358,13 @@ class RemoteGPU:
         lease = env.get(names.lease)
         if lease is not None and int(lease) != token.lease:
             raise RemoteGPUError(f"{names.lease} does not match the token's lease")
-        kwargs.setdefault("transport", env.get("REMOTE_GPU_TRANSPORT", "auto"))
         return cls(endpoint, token, **kwargs)
+
+    @property
+    def failed(self) -> bool:
+        """The connection is lost (the donor closed it or went away), not closed here:
+        every later call fails; a new connection is needed."""
+        return self._failure is not None and not self._closed
 
     # ---- handshake
 
@@ -375,6 +422,7 @@ class RemoteGPU:
         self.slot_size = body.slot_size
         self.transport = body.transport
         self.functions = list(body.functions)
+        self.idempotent = frozenset(body.idempotent)
         if body.transport == "shm":
             assert body.arena is not None and body.arena_size is not None  # parse_accept
             ctl = ctl_size(body.credits) if body.ring is not None else 0

@@ -35,7 +35,7 @@ from composable_dra.process import logs
 from composable_dra.serving.accept import Acceptor, listen
 from composable_dra.serving.limits import PER_PEER, Budget, ServerLimits, process_budget
 from composable_dra.serving.token_bucket import TokenBucket
-from remote_gpu import handshake, metrics
+from remote_gpu import handshake, idempotency, metrics
 from remote_gpu.admission import AdmissionController
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import (
@@ -153,6 +153,7 @@ class Donor:
             config.link_bandwidth, functions=config.allow
         )
         self.leases: dict[int, Lease] = {}
+        self._idempotent = idempotency.idempotent_names(config.allow)
         self._server_tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[socket.socket] = []
         self._accept_tasks: list[asyncio.Task[None]] = []
@@ -348,6 +349,7 @@ class Donor:
             transport=wanted,  # type: ignore[arg-type]
             slot_size=arena.slot_size,
             functions=sorted(self.config.allow),
+            idempotent=self._idempotent,
         )
         if wanted == "shm":
             arena.seal(key, lease.id)

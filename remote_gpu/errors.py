@@ -20,6 +20,9 @@ class Code(StrEnum):
     BAD_SEQUENCE = "bad_sequence"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal"
+    # The client's own (no donor sends them): a lost connection (remote_gpu.reconnect).
+    CALL_INTERRUPTED = "call_interrupted"
+    RECONNECT_FAILED = "reconnect_failed"
 
 
 class RemoteGPUError(Exception):
@@ -87,6 +90,17 @@ class FunctionFailed(RemoteGPUError, code=Code.FUNCTION_FAILED): ...
 
 
 class WorkerDied(RemoteGPUError, code=Code.WORKER_DIED): ...
+
+
+class CallInterrupted(RemoteGPUError, code=Code.CALL_INTERRUPTED):
+    """The connection was lost while the call was in flight, and its function is not
+    declared idempotent: it may or may not have run on the donor, so it is not run again.
+    The lease's next call reconnects."""
+
+
+class ReconnectFailed(RemoteGPUError, code=Code.RECONNECT_FAILED):
+    """No new connection to the lease within the client's bound (the donor did not come
+    back, or its lease was not re-opened)."""
 
 
 class Fatal(Exception):

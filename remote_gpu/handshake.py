@@ -63,6 +63,9 @@ class Accept(_Message):
     transport: Literal["shm", "tcp", "ucx"]
     slot_size: int = Field(ge=1, le=1 << 40)
     functions: Annotated[list[Name], Field(max_length=1024)] = []
+    # The functions declared idempotent (``remote_gpu.idempotency``): the client may run
+    # a call of one again after its connection was lost.
+    idempotent: Annotated[list[Name], Field(max_length=1024)] = []
     arena: Annotated[str, StringConstraints(max_length=64)] | None = None
     arena_size: int | None = Field(default=None, ge=1, le=1 << 44)
     ring: RingInfo | None = None

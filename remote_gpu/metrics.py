@@ -13,6 +13,19 @@ LATENCY = Histogram(
     ["side"],
     buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
 )
+# The client's side of a donor restart (remote_gpu.reconnect).
+RECONNECTS = Counter(
+    "remote_gpu_reconnects_total", "Client connections to a lease made again, by result", ["result"]
+)
+CALLS_LOST = Counter(
+    "remote_gpu_calls_lost_total",
+    "Client calls in flight when their connection was lost: retried (idempotent) or failed",
+    ["outcome"],
+)
+for _label in ("ok", "failed"):
+    RECONNECTS.labels(_label)
+for _label in ("retried", "failed"):
+    CALLS_LOST.labels(_label)
 LEASES = Gauge("remote_gpu_leases_held", "Leases held by the donor")
 LEASES_TOTAL = Counter("remote_gpu_leases_opened", "Leases opened", ["transport"])
 ADMISSION_REFUSALS = Counter("remote_gpu_admission_refusals_total", "Leases refused by admission")

@@ -2,7 +2,8 @@
 
 A claim for several remote devices gives the container one lease each
 (``composable_dra.model.remote_env``); ``RemoteGPUPool.from_env()`` opens them all
-(``RemoteGPU.all_from_env``). Each call goes to the lease with the fewest calls in flight
+(``ReconnectingGPU.all_from_env``: each lease connects again on its own after its donor
+restarted, ``remote_gpu.reconnect``). Each call goes to the lease with the fewest calls in flight
 (ties taken in turn), at most ``per_lease`` in flight on each: a lease is never queued
 deeper than its credits, and a slow lease gets fewer calls. ``submit`` waits for a free
 place (``DeadlineExceeded`` after ``timeout``); ``map`` yields results in call order, or
@@ -24,14 +25,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from remote_gpu.client import RemoteGPU, Result
+from remote_gpu.client import Result
 from remote_gpu.errors import DeadlineExceeded
+from remote_gpu.reconnect import RECONNECT_WITHIN, ReconnectingGPU
 
 
 class Lease(Protocol):
-    """What the pool needs of a lease (a ``RemoteGPU``)."""
+    """What the pool needs of a lease (a ``ReconnectingGPU`` or a ``RemoteGPU``)."""
 
-    lease: int
+    @property
+    def lease(self) -> int: ...
 
     def invoke(self, name: str, *arrays: np.ndarray) -> Result: ...
 
@@ -76,12 +79,14 @@ class RemoteGPUPool:
         cls,
         env: Mapping[str, str] | None = None,
         per_lease: int = 2,
+        within: float = RECONNECT_WITHIN,
         **kwargs: Any,
     ) -> RemoteGPUPool:
         """Every lease the container's env describes, opened (``RemoteGPU`` keywords in
-        ``kwargs``)."""
-        gpus = RemoteGPU.all_from_env(env, **kwargs)
-        return cls(gpus, per_lease, kwargs.get("timeout", 30.0))
+        ``kwargs``), each reconnecting within ``within`` seconds: a call's wait allows
+        for that too."""
+        gpus = ReconnectingGPU.all_from_env(env, within, **kwargs)
+        return cls(gpus, per_lease, kwargs.get("timeout", 30.0) + within)
 
     @property
     def leases(self) -> list[int]:

@@ -33,7 +33,6 @@ and must fit (the lease's memory quota).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import select
 import socket
 import time
@@ -46,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from composable_dra.serving.token_bucket import TokenBucket
-from remote_gpu import backends
+from remote_gpu import backends, idempotency
 from remote_gpu.arena import Arena, align
 from remote_gpu.errors import Code, FrameError
 from remote_gpu.errors import Fatal as _Fatal
@@ -108,12 +107,7 @@ class Stats:
 
 def resolve(path: str) -> Callable[..., Any]:
     """Import ``module:function`` (or ``module.function``)."""
-    module, sep, name = path.partition(":")
-    if not sep:
-        module, _, name = path.rpartition(".")
-    obj: Any = importlib.import_module(module)
-    for attr in name.split("."):
-        obj = getattr(obj, attr)
+    obj: Any = idempotency.resolve(path)
     if not callable(obj):
         raise TypeError(f"{path} is not callable")
     return obj  # type: ignore[no-any-return]

@@ -3,10 +3,11 @@
 What a container runtime does with CDI, done on the host instead of in a namespace:
 - the container's env, then the CDI ``containerEdits`` of its devices (spec-wide edits,
   then the device's; a later value of a variable wins, as the CDI library merges them);
-- each CDI mount becomes a symlink at ``<container root>/<containerPath>`` to its
-  ``hostPath`` (a bind mount's view: the same file, not a copy), and every env value that
-  points at a mounted path is rewritten to the path under the root, so a process that
-  opens ``$REMOTE_GPU_TOKEN_FILE`` reads the mounted file;
+- each CDI mount appears at ``<container root>/<containerPath>`` as a bind mount shows
+  its ``hostPath`` (``bind``: a directory by a symlink, a file by a hard link to the
+  inode mounted), and every env value that points at a mounted path is rewritten to the
+  path under the root, so a process that opens ``$REMOTE_GPU_TOKEN_FILE`` reads the
+  mounted file;
 - device nodes are not created (no device exists here); hooks are not run.
 
 The process runs in its container root, in its own session (so a stop reaches its
@@ -26,6 +27,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +87,12 @@ class Applied:
 
     env: dict[str, str]
     mounts: list[tuple[Path, Path]]  # (host path, where it appears under the root)
+
+
+def on_host(value: str, mounts: Mapping[str, str]) -> str:
+    """A container path as the host sees it, through the mounts (container path -> host
+    path) it lies under; other values unchanged."""
+    return _rewrite(value, {k: Path(v) for k, v in mounts.items()})
 
 
 def _rewrite(value: str, mounts: Mapping[str, Path]) -> str:
@@ -175,6 +183,20 @@ def host_env() -> dict[str, str]:
         if name in os.environ:
             env[name] = os.environ[name]
     return env
+
+
+def bind(host: Path, view: Path) -> None:
+    """A bind mount's view of ``host`` at ``view``: a directory by name (a symlink: its
+    entries, new ones too, show through, as in a mounted directory), a file by inode (a
+    hard link: a file later renamed over ``host`` is not seen, as a mounted file's inode
+    stays the one mounted; a copy where the two lie on different filesystems)."""
+    if host.is_dir() or not host.exists():
+        view.symlink_to(host)
+        return
+    try:
+        os.link(host, view)
+    except OSError:
+        shutil.copy2(host, view)
 
 
 def pod_phase(policy: str, exits: Sequence[int | None]) -> str:
@@ -295,7 +317,7 @@ class Containers:
                 view.parent.mkdir(parents=True, exist_ok=True)
                 if view.is_symlink() or view.exists():
                     view.unlink()
-                view.symlink_to(host)
+                bind(host, view)
         with self._lock:
             self._pods[uid] = entry
         for c in containers:

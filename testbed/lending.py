@@ -273,8 +273,9 @@ class Lab:
         return sum(len(client.list(d.node).items) for d in self.donors)
 
     def token_files(self) -> int:
+        """The lease tokens the consumers' plugins hold (one per lease directory)."""
         return sum(
-            len(list((c.plugin.state_dir / "remote-gpu").glob("*.token"))) for c in self.consumers
+            len(list((c.plugin.state_dir / "remote-gpu").glob("*/*/token"))) for c in self.consumers
         )
 
     def nodes(self) -> list[Donor | Consumer]:

@@ -194,19 +194,44 @@ def bounded(
     fn: Callable[[], T],
     stop: threading.Event,
     *,
-    attempts: int,
     retryable: Callable[[BaseException], bool],
     cap: float,
     first: float = 0.2,
+    attempts: int | None = None,
+    within: float | None = None,
 ) -> T:
-    """``fn()``, tried at most ``attempts`` times while its error is ``retryable``, for a
-    call whose caller must hear of a lasting failure (a lease opened at a donor).
+    """``fn()``, tried while its error is ``retryable``, at most ``attempts`` times or, by
+    time, until ``within`` seconds have passed since the first try (the last try starts
+    within ``within + cap``), for a call whose caller must hear of a lasting failure (a
+    lease opened at a donor, a client reconnecting to a donor that restarts).
 
-    Raises the last error itself: one not ``retryable``, the ``attempts``-th, or the one
+    Raises the last error itself: one not ``retryable``, the last one tried, or the one
     before ``stop`` was set (no attempt starts after it).
     """
-    if attempts < 1:
+    if (attempts is None) == (within is None):
+        raise ValueError("give attempts or within, not both")
+    if attempts is not None and attempts < 1:
         raise ValueError(f"attempts counts from 1, got {attempts}")
+    if within is not None and not within > 0:
+        raise ValueError(f"need within > 0, got {within}")
+    # Judged after each failed try: none follows one that ended ``within`` seconds after
+    # the first began.
+    rule = (
+        tenacity.stop_after_attempt(attempts)
+        if attempts is not None
+        else tenacity.stop_after_delay(within or 0.0)
+    )
+    return _until(fn, stop, rule, retryable, cap, first)
+
+
+def _until(
+    fn: Callable[[], T],
+    stop: threading.Event,
+    rule: tenacity.stop.stop_base,
+    retryable: Callable[[BaseException], bool],
+    cap: float,
+    first: float,
+) -> T:
     failed: list[BaseException] = []
 
     def attempt() -> T:
@@ -224,7 +249,7 @@ def bounded(
     retrying = tenacity.Retrying(
         wait=policy(cap=cap, first=first),
         retry=tenacity.retry_if_exception(lambda exc: _retryable(exc) and retryable(exc)),
-        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_when_event_set(stop),
+        stop=rule | tenacity.stop_when_event_set(stop),
         sleep=sleep,
         reraise=True,
     )

@@ -1,7 +1,8 @@
 """A pod's workload on a lent GPU: matrix products on the donor, checked here.
 
 ``python -m remote_gpu.workloads.matmul --size N --calls K`` connects with
-``RemoteGPU.from_env()`` (what the claim's CDI spec injected), multiplies ``K`` pairs of
+``ReconnectingGPU.from_env()`` (what the claim's CDI spec injected; it connects again on
+its own within ``--reconnect-within`` seconds after its donor restarted), multiplies ``K`` pairs of
 random float32 matrices (``N x N`` by ``N x --cols``, square by default) with the
 donor's ``matmul`` and checks each product against numpy here. It prints one JSON line
 (``ok``, ``calls``, ``bytes`` moved both ways, ``seconds`` spent in calls, ``GBps`` of
@@ -11,7 +12,10 @@ should have given is missing. ``--seconds S`` keeps calling for S seconds instea
 least ``--calls`` calls): a steady load. ``--local-fallback``: a claim that may be
 served by a GPU of the pod's own node (no lease in the env) computes here instead, on
 that GPU where a GPU library sees it (``remote_gpu.backends``), and says
-``"where": "local"``. ``--all-leases``: a claim for several remote GPUs; every lease is
+``"where": "local"``. It prints a line with its PID first (``"event": "started"``), and
+the last line adds ``pid``, ``reconnects`` and ``failed_calls``: the calls lost with a
+connection and not run again (a function the donor does not declare idempotent; each is
+counted and the loop goes on). ``--all-leases``: a claim for several remote GPUs; every lease is
 opened (``RemoteGPUPool.from_env()``), the calls are spread over them (one in flight on
 each, results in call order, each product checked) and the line adds ``leases`` and
 ``calls_by_lease``.
@@ -30,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from remote_gpu import backends, builtins
-from remote_gpu.client import RemoteGPU
-from remote_gpu.errors import RemoteGPUError
+from remote_gpu.errors import CallInterrupted, RemoteGPUError
 from remote_gpu.pool import RemoteGPUPool
+from remote_gpu.reconnect import ReconnectingGPU
 
 OK, WRONG, SERVICE_ERROR, NOT_CONFIGURED = 0, 1, 2, 3
 REQUIRED = ("REMOTE_GPU_ENDPOINT", "REMOTE_GPU_TOKEN_FILE")
@@ -87,7 +91,7 @@ def run_pool(pool: RemoteGPUPool, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(
-    gpu: RemoteGPU | Local,
+    gpu: ReconnectingGPU | Local,
     size: int,
     calls: int,
     seconds: float,
@@ -96,13 +100,17 @@ def run(
     cols: int | None = None,
 ) -> dict[str, Any]:
     lefts, b = operands(size, cols, seed)
-    done = moved = 0
+    done = moved = failed = 0
     spent = 0.0
     until = time.monotonic() + seconds
     while done < calls or time.monotonic() < until:
         a = lefts[done % 2]
         start = time.perf_counter()
-        (product,) = gpu.invoke(function, a, b)
+        try:
+            (product,) = gpu.invoke(function, a, b)
+        except CallInterrupted:
+            failed += 1  # lost with its connection, not run again: the next call reconnects
+            continue
         spent += time.perf_counter() - start
         done += 1
         moved += a.nbytes + b.nbytes + product.nbytes
@@ -112,11 +120,13 @@ def run(
                 "calls": done,
                 "bytes": moved,
                 "seconds": spent,
+                "failed_calls": failed,
                 "error": "wrong product",
             }
     return {
         "ok": True,
         "calls": done,
+        "failed_calls": failed,
         "bytes": moved,
         "seconds": round(spent, 6),
         "GBps": round(moved / spent / 1e9, 4) if spent else None,
@@ -134,6 +144,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--function", default="matmul", help="the donor's name for matmul")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--reconnect-within",
+        type=float,
+        default=60.0,
+        help="seconds to connect again after the lease's connection is lost (donor restart)",
+    )
+    parser.add_argument(
         "--all-leases",
         action="store_true",
         help="open every lease of the claim (REMOTE_GPUS) and spread the calls over them",
@@ -146,10 +162,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.size < 1 or args.calls < 1 or args.seconds < 0 or (args.cols or 1) < 1:
         parser.error("--size, --cols and --calls must be positive, --seconds not negative")
+    if not args.reconnect_within > 0:
+        parser.error("--reconnect-within must be positive")
     return args
 
 
-def run_as_asked(gpu: RemoteGPU | Local, args: argparse.Namespace) -> dict[str, Any]:
+def run_as_asked(gpu: ReconnectingGPU | Local, args: argparse.Namespace) -> dict[str, Any]:
     return run(gpu, args.size, args.calls, args.seconds, args.function, args.seed, args.cols)
 
 
@@ -168,16 +186,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.update(ok=False, error=f"not set: {', '.join(missing)}", code="not_configured")
         print(json.dumps(out), flush=True)
         return NOT_CONFIGURED
+    print(json.dumps({"event": "started", "pid": os.getpid()}), flush=True)
+    out["pid"] = os.getpid()
     code = OK
     try:
         if args.all_leases:
-            with RemoteGPUPool.from_env(per_lease=1) as pool:
+            with RemoteGPUPool.from_env(per_lease=1, within=args.reconnect_within) as pool:
                 out.update(where="remote", lease=pool.leases[0])
                 out.update(run_pool(pool, args))
         else:
-            with RemoteGPU.from_env() as gpu:
+            with ReconnectingGPU.from_env(within=args.reconnect_within) as gpu:
                 out.update(where="remote", lease=gpu.lease, transport=gpu.transport)
                 out.update(run_as_asked(gpu, args))
+                out.update(lease=gpu.lease, reconnects=gpu.reconnects)
         code = OK if out["ok"] else WRONG
     except RemoteGPUError as exc:
         out.update(ok=False, error=exc.message, code=str(exc.code))

@@ -241,3 +241,45 @@ def test_bounded_starts_no_attempt_once_stopped() -> None:
 def test_bounded_needs_an_attempt() -> None:
     with pytest.raises(ValueError):
         retry.bounded(lambda: 1, threading.Event(), attempts=0, retryable=_not_lasting, cap=1.0)
+
+
+def test_bounded_by_time_retries_until_success_and_gives_up_after_its_time() -> None:
+    calls: list[float] = []
+
+    def flaky() -> int:
+        calls.append(time.monotonic())
+        if len(calls) < 4:
+            raise _Flaky
+        return 7
+
+    stop = threading.Event()
+    got = retry.bounded(flaky, stop, within=5.0, retryable=_not_lasting, cap=0.01)
+    assert got == 7
+    assert len(calls) == 4
+    calls.clear()
+
+    def failing() -> int:
+        calls.append(time.monotonic())
+        raise _Flaky
+
+    started = time.monotonic()
+    with pytest.raises(_Flaky):
+        retry.bounded(failing, threading.Event(), within=0.3, retryable=_not_lasting, cap=0.05)
+    # Tried again and again, never after the time was up (and one wait of the cap).
+    assert len(calls) > 2 and calls[-1] - started <= 0.3 + 0.05 + 0.05
+    calls.clear()
+    with pytest.raises(_Flaky):  # a lasting error: once
+        retry.bounded(
+            functools.partial(failing_with, True), threading.Event(), within=5.0,
+            retryable=_not_lasting, cap=0.01,
+        )  # fmt: skip
+    with pytest.raises(ValueError):
+        retry.bounded(lambda: 1, threading.Event(), within=0, retryable=_not_lasting, cap=1.0)
+    with pytest.raises(ValueError):  # one bound, not two
+        retry.bounded(
+            lambda: 1, threading.Event(), attempts=2, within=1.0, retryable=_not_lasting, cap=1.0
+        )
+
+
+def failing_with(lasting: bool) -> int:
+    raise _Flaky(lasting)

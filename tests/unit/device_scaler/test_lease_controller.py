@@ -10,12 +10,12 @@ import pytest
 from composable_dra.lending.remote_leases import Code, LeaseAPIError, LeaseInfo, LeaseList
 from device_scaler.leases import (
     Close,
-    Fail,
     Open,
     RemoteAlloc,
     condition_entry,
     lending_donors,
     merged_status,
+    open_failure,
     plan,
     remote_allocations,
     with_retries,
@@ -94,6 +94,10 @@ def test_remote_allocations_reads_state_and_skips_others() -> None:
     ]
     got = {a.uid: (a.state, a.lease) for a in remote_allocations(claims, DRIVER)}
     assert got == {"new": ("", None), "ok": ("ready", 7), "bad": ("failed", None)}
+    # Whether a pod holds the claim: a lost lease is re-opened only then.
+    held = claim("held", **ready(7))
+    held["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    assert [a.reserved for a in remote_allocations([held, claim("ok")], DRIVER)] == [True, False]
     deleting = claim("gone")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert remote_allocations([deleting], DRIVER) == []
@@ -133,24 +137,28 @@ def test_plan_keeps_one_lease_per_device_of_a_claim_with_several() -> None:
     ready = [alloc("s", "ready", 10 + i, device=d, instance="i1") for i, d in enumerate(devices)]
     held = listed(*(info("s", 10 + i, device=d) for i, d in enumerate(devices)))
     assert plan(ready, {"node-a": held}) == []
-    # One device's lease lost in a donor restart: that device fails, not the others.
+    # One device's lease lost in a donor restart: that device's is opened again, not
+    # the others'.
     after = listed(
         info("s", 11, device=devices[1]), info("s", 12, device=devices[2]), instance="i2"
     )
-    assert plan(ready, {"node-a": after}) == [
-        Fail(ready[0], "LeaseLost", "donor node-a no longer holds lease 10")
-    ]
+    assert plan(ready, {"node-a": after}) == [Open(ready[0], reopen=True)]
     # The claim now holds two of them: the third's lease goes.
     closes = plan(ready[1:], {"node-a": held})
     assert closes == [Close("node-a", 10, "claim allocated elsewhere")]
 
 
-def test_plan_fails_a_ready_lease_its_donor_lost_but_judges_only_listed_donors() -> None:
+def test_plan_reopens_a_ready_lease_its_donor_lost_but_judges_only_listed_donors() -> None:
     r = alloc("r", "ready", 3, instance="i1")
-    # The donor restarted (another instance): the lease is lost.
-    assert plan([r], {"node-a": listed(instance="i2")}) == [
-        Fail(r, "LeaseLost", "donor node-a no longer holds lease 3")
-    ]
+    # The donor restarted (another instance): the lease is opened again, for the same
+    # claim, device and consumer (the allocation names this donor's device).
+    assert plan([r], {"node-a": listed(instance="i2")}) == [Open(r, reopen=True)]
+    # Once re-opened, the new lease is the claim's: nothing more to do.
+    reopened = alloc("r", "ready", 1, instance="i2")
+    assert plan([reopened], {"node-a": listed(info("r", 1), instance="i2")}) == []
+    # No pod holds the claim any more (it is deallocated next): not re-opened.
+    idle = alloc("r", "ready", 3, instance="i1", reserved=False)
+    assert plan([idle], {"node-a": listed(instance="i2")}) == []
     # The same donor process closed it (the consumer's pod ended; the claim is
     # deallocated next): nothing to do.
     assert plan([r], {"node-a": listed(instance="i1")}) == []
@@ -247,3 +255,10 @@ def test_every_close_reason_is_exported_before_any_close() -> None:
         "superseded",
     ):
         assert f'composable_dra_leases_closed_total{{why="{why}"}}' in text
+
+
+def test_a_failed_reopen_is_a_lost_lease_and_a_failed_first_open_says_why() -> None:
+    assert open_failure(retryable=True, reopen=False) == "DonorUnreachable"
+    assert open_failure(retryable=False, reopen=False) == "LeaseRefused"
+    assert open_failure(retryable=True, reopen=True) == "LeaseLost"
+    assert open_failure(retryable=False, reopen=True) == "LeaseLost"

@@ -15,7 +15,8 @@ from dra_driver.cdi import CdiWriter, resolve
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimref import InvalidClaimRef
 from dra_driver.prepare import Preparer
-from dra_driver.remote_prepare import RemoteLeases, plan_remote
+from dra_driver.remote_prepare import RemoteLeases, container_lease_dir, plan_remote
+from testbed.containers import on_host
 from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, claim, gpu
 
 DONOR = "node-d"
@@ -98,7 +99,7 @@ def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
 
 
-def test_prepare_writes_the_token_file_and_the_env_from_env_reads(env: Env) -> None:
+def test_prepare_writes_the_lease_directory_and_the_env_from_env_reads(env: Env) -> None:
     ref = env.add(remote_claim("u-1"))
     out = env.preparer.prepare([ref])[ref.uid]
     assert not out.error, out.error
@@ -109,18 +110,27 @@ def test_prepare_writes_the_token_file_and_the_env_from_env_reads(env: Env) -> N
     assert env_vars["REMOTE_GPU_ENDPOINT"] == "10.0.0.4:7470"
     assert env_vars["REMOTE_GPU_LEASE"] == "17"
     assert "NVIDIA_VISIBLE_DEVICES" not in env_vars  # no local GPU
+    # The directory is mounted, not the token file: files replaced in it reach the
+    # container. The token file variable points into it.
     (mount,) = edits["mounts"]
-    assert mount["containerPath"] == env_vars["REMOTE_GPU_TOKEN_FILE"]
-    host = Path(mount["hostPath"])
-    assert host.parent == env.tmp / "state" / "remote-gpu"
+    assert mount["containerPath"] == env_vars["REMOTE_GPU_DIR"]
+    assert mount["containerPath"] == "/var/run/composable-dra/remote-gpu/u-1/gpu-0-remote"
+    assert env_vars["REMOTE_GPU_TOKEN_FILE"] == mount["containerPath"] + "/token"
+    directory = Path(mount["hostPath"])
+    assert directory == env.tmp / "state" / "remote-gpu" / "u-1" / "gpu-0-remote"
+    host = directory / "token"
     assert stat.S_IMODE(host.stat().st_mode) == 0o400
     assert json.loads(host.read_text())["lease"] == 17
+    assert json.loads((directory / "endpoint").read_text()) == {
+        "endpoint": "10.0.0.4:7470",
+        "lease": 17,
+    }
     # Idempotent, also after a restart: the same answer, no second fetch.
     assert env.start().prepare([ref])[ref.uid].devices == out.devices
     assert env.donors.fetched == [(DONOR, 17)]
 
     assert env.preparer.unprepare([ref]) == {ref.uid: ""}
-    assert not host.exists()
+    assert not host.exists() and not directory.parent.exists()
     assert resolve(env.cdi_dir, device.cdi_device_ids[0]) is None
     assert env.donors.closed == [(DONOR, 17)]
 
@@ -147,8 +157,9 @@ def test_several_remote_devices_each_get_an_index_and_their_own_token(env: Env) 
     for i in range(3):
         assert got[f"REMOTE_GPU_{i}_ENDPOINT"] == f"10.0.0.4:{7470 + i}"
         assert got[f"REMOTE_GPU_{i}_LEASE"] == str(17 + i)
-        token = json.loads(Path(mounts[got[f"REMOTE_GPU_{i}_TOKEN_FILE"]]).read_text())
+        token = json.loads(Path(on_host(got[f"REMOTE_GPU_{i}_TOKEN_FILE"], mounts)).read_text())
         assert token["lease"] == 17 + i
+        assert got[f"REMOTE_GPU_{i}_DIR"] in mounts
     # The first device keeps the names RemoteGPU.from_env() reads.
     assert got["REMOTE_GPU_LEASE"] == "17"
     assert got["REMOTE_GPU_TOKEN_FILE"] == got["REMOTE_GPU_0_TOKEN_FILE"]
@@ -184,12 +195,16 @@ def test_a_plugin_without_lease_settings_refuses_remote_devices(tmp_path: Path) 
     assert "--lease-token-file" in preparer.prepare([ref])[ref.uid].error
 
 
-def test_token_paths_come_from_checked_names(tmp_path: Path) -> None:
+def test_lease_paths_come_from_checked_names(tmp_path: Path) -> None:
     remote = RemoteLeases(cast(LeaseClient, FakeDonors()), tmp_path)
-    assert remote.token_path("u-1", "gpu-0-remote") == tmp_path / "u-1-gpu-0-remote.token"
-    for uid, device in (("../x", "gpu-0-remote"), ("u", "../../etc"), ("u", "A/B"), ("u", "")):
+    assert remote.lease_dir("u-1", "gpu-0-remote") == tmp_path / "u-1" / "gpu-0-remote"
+    assert remote.token_path("u-1", "gpu-0-remote") == tmp_path / "u-1" / "gpu-0-remote" / "token"
+    bad = (("../x", "gpu-0-remote"), ("u", "../../etc"), ("u", "A/B"), ("u", ""), ("u/v", "g"))
+    for uid, device in bad:
         with pytest.raises(InvalidClaimRef):
-            remote.token_path(uid, device)
+            remote.lease_dir(uid, device)
+        with pytest.raises(InvalidClaimRef):
+            container_lease_dir(uid, device)
 
 
 def test_plan_remote_skips_local_and_fabric_devices() -> None:

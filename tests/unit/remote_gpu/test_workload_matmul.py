@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from composable_dra.model.remote_env import ENDPOINT, TOKEN, endpoint_file
 from composable_dra.model.remote_env import lease_env as names_for
 from remote_gpu import tokens
 from remote_gpu.donor import DonorConfig
@@ -117,6 +118,14 @@ def test_local_fallback_computes_here_without_a_lease(
     assert out["calls"] == 2
 
 
+def lease_dir(directory: Path, endpoint: str, token: tokens.Token) -> Path:
+    """A lease's directory, as the plugin writes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens.write(directory / TOKEN, token)
+    (directory / ENDPOINT).write_bytes(endpoint_file(endpoint, token.lease))
+    return directory
+
+
 def several_leases(
     donor: Running, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, count: int
 ) -> list[int]:
@@ -124,9 +133,8 @@ def several_leases(
     ids = []
     for i in range(count):
         token = donor.token()
-        path = tmp_path / f"token-{i}"
-        tokens.write(path, token)
-        for k, v in names_for(i, count, donor.endpoint, token.lease, str(path)).items():
+        directory = lease_dir(tmp_path / f"lease-{i}", donor.endpoint, token)
+        for k, v in names_for(i, count, donor.endpoint, token.lease, str(directory)).items():
             monkeypatch.setenv(k, v)
         ids.append(token.lease)
     monkeypatch.setenv("REMOTE_GPU_TRANSPORT", "tcp")

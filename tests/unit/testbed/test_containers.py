@@ -4,6 +4,7 @@ one real process per container for the lifecycle."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from testbed.containers import (
     ContainerError,
     Containers,
     apply_cdi,
+    bind,
     cdi_edits,
     pod_phase,
     under_root,
@@ -230,3 +232,20 @@ def test_names_that_would_make_paths_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ContainerError):
         runner.start(bad, {})
     assert not (tmp_path / "pods").exists() or not any((tmp_path / "pods").iterdir())
+
+
+def test_a_mounted_file_keeps_its_inode_and_a_mounted_directory_shows_new_files(
+    tmp_path: Path,
+) -> None:
+    """As a bind mount: a file renamed over the host path is not seen through a file
+    mount (why the plugin mounts the lease's directory), and is through a directory's."""
+    host_dir, root = tmp_path / "lease", tmp_path / "root"
+    host_dir.mkdir()
+    root.mkdir()
+    (host_dir / "token").write_text("old")
+    bind(host_dir / "token", root / "token")
+    bind(host_dir, root / "dir")
+    (host_dir / "token.tmp").write_text("new")
+    os.replace(host_dir / "token.tmp", host_dir / "token")
+    assert (root / "token").read_text() == "old"
+    assert (root / "dir" / "token").read_text() == "new"
