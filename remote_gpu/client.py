@@ -73,7 +73,7 @@ from remote_gpu.protocol import (
     HEADER_SIZE,
     HELLO_KEY,
     MAX_META,
-    VERSION,
+    SUPPORTED_VERSIONS,
     ArraySpec,
     DType,
     Flags,
@@ -255,7 +255,7 @@ class RemoteGPU:
         credits: int = 4,
         frame_bytes: int = 0,
         target_rate: float = 0.0,
-        versions: tuple[int, ...] = (VERSION,),
+        versions: tuple[int, ...] = tuple(sorted(SUPPORTED_VERSIONS)),
         timeout: float = 30.0,
         views: bool | None = None,
         receiver: bool | None = None,
@@ -422,7 +422,7 @@ class RemoteGPU:
         self.slot_size = body.slot_size
         self.transport = body.transport
         self.functions = list(body.functions)
-        self.idempotent = frozenset(body.idempotent)
+        self.idempotent = frozenset(body.idempotent or ())
         if body.transport == "shm":
             assert body.arena is not None and body.arena_size is not None  # parse_accept
             ctl = ctl_size(body.credits) if body.ring is not None else 0

@@ -349,7 +349,7 @@ class Donor:
             transport=wanted,  # type: ignore[arg-type]
             slot_size=arena.slot_size,
             functions=sorted(self.config.allow),
-            idempotent=self._idempotent,
+            idempotent=self._idempotent if max(common) >= 3 else None,
         )
         if wanted == "shm":
             arena.seal(key, lease.id)

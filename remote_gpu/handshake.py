@@ -65,7 +65,8 @@ class Accept(_Message):
     functions: Annotated[list[Name], Field(max_length=1024)] = []
     # The functions declared idempotent (``remote_gpu.idempotency``): the client may run
     # a call of one again after its connection was lost.
-    idempotent: Annotated[list[Name], Field(max_length=1024)] = []
+    # None (left out of the reply) at version 2.
+    idempotent: Annotated[list[Name], Field(max_length=1024)] | None = None
     arena: Annotated[str, StringConstraints(max_length=64)] | None = None
     arena_size: int | None = Field(default=None, ge=1, le=1 << 44)
     ring: RingInfo | None = None

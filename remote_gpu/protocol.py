@@ -75,8 +75,11 @@ import numpy as np
 from remote_gpu.errors import Code, Fatal, FrameError
 
 MAGIC = b"RGPU"
-VERSION = 2  # 2: challenge-response handshake, sealed arenas, sequence checks
-SUPPORTED_VERSIONS = frozenset({2})
+# 2: challenge-response handshake, sealed arenas, sequence checks; 3: the donor's reply
+# names the functions declared idempotent (a v2 peer's reply model refuses that field, so
+# a donor says it only to a client that speaks 3: donors and clients upgrade in any order).
+VERSION = 3
+SUPPORTED_VERSIONS = frozenset({2, 3})
 MAX_NDIM = 4
 MAX_PARTS = 64
 MAX_META = 64 * 1024

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from composable_dra.model import remote_env
-from remote_gpu import idempotency, tokens
+from remote_gpu import handshake, idempotency, tokens
 from remote_gpu.client import RemoteGPU
 from remote_gpu.donor import DonorConfig
 from remote_gpu.errors import (
@@ -89,6 +89,20 @@ def test_the_donor_names_the_functions_declared_idempotent(donor: Running, tmp_p
         "add",
         "hangs_once",
     ]
+
+
+def test_a_client_of_protocol_2_gets_a_reply_it_can_read(donor: Running) -> None:
+    # Version 3 added the reply's idempotent list; a v2 client's model refuses unknown
+    # fields, so the donor leaves it out at 2 (clients and donors upgrade in any order).
+    with RemoteGPU(donor.endpoint, donor.token(), versions=(2,)) as gpu:
+        assert gpu.version == 2 and gpu.idempotent == frozenset()
+    with RemoteGPU(donor.endpoint, donor.token()) as gpu:
+        assert gpu.version == 3 and gpu.idempotent == {"add", "hangs_once"}
+
+
+def test_the_reply_at_version_2_carries_no_idempotent_field() -> None:
+    accept = handshake.Accept(version=2, donor="d", credits=1, transport="tcp", slot_size=1)
+    assert "idempotent" not in accept.model_dump_json(exclude_none=True)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
