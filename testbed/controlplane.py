@@ -366,8 +366,6 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.stop)
 
-    # -- health and diagnostics ------------------------------------------------------
-
     # -- clients -----------------------------------------------------------------------
 
     def api_client(self) -> ApiClient:
@@ -377,6 +375,8 @@ class ControlPlane:
     def kube(self, pool_size: int | None = None, user_agent: str | None = None) -> Kube:
         """An admin JSON client (composable_dra.k8s.kube); ``Kube.from_config``'s options."""
         return Kube.from_config(str(self.kubeconfig), pool_size=pool_size, user_agent=user_agent)
+
+    # -- health and diagnostics ------------------------------------------------------
 
     def pid(self, name: str) -> int:
         """The process id of one of its binaries (``kube-scheduler``...)."""

@@ -1,9 +1,9 @@
 """What the leader-elected controllers share in ``main``.
 
 Flags for the API server, leader election and metrics (the pool publisher, the scaler
-and the operator); a run loop that waits for the lease, starts the controller, and stops
-on SIGTERM or when the lease is lost (exit 1, so the Deployment restarts a follower that
-may lead again): the pool publisher and the scaler (kopf runs the operator's).
+and the operator). For the pool publisher and the scaler (kopf runs the operator), a run
+loop that waits for the lease, starts the controller, and stops on SIGTERM or when the
+lease is lost (exit 1, so the Deployment restarts a follower that may lead again).
 """
 
 from __future__ import annotations

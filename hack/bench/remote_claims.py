@@ -211,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=512, help="N x N float32: 512 is 1 MiB")
     p.add_argument("--settle", type=float, default=30.0, help="seconds for leases to close")
     args = p.parse_args(argv)
+    from kubernetes import config
 
     workdir = Path(tempfile.mkdtemp(prefix="rclaims-", dir="/tmp"))
     with ControlPlane(find_binaries(), workdir=workdir / "cp") as cp:
-        kube = cp.kube()
+        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
         out = run(args, kube, cp, workdir)
     out["workdir"] = str(workdir)
     return finish(
