@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from composable_dra.process.component import add_common_arguments
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="in-cluster when unset")
-    p.add_argument("--driver-name", default=env("DRIVER_NAME", "gpu.composable.dra.io"))
-    p.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run only while holding the Lease (default on)",
-    )
-    p.add_argument("--leader-elect-namespace", default=env("POD_NAMESPACE", "composable-dra"))
-    p.add_argument("--leader-elect-lease", default="composable-operator")
-    p.add_argument(
-        "--metrics-port", type=int, default=int(env("METRICS_PORT", "8080")), help="0: off"
-    )
+    add_common_arguments(p, lease="composable-operator", metrics_port=8080)
     p.add_argument(
         "--online-poll-seconds",
         type=float,

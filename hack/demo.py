@@ -294,7 +294,7 @@ def start_control_plane(out: Progress, workdir: Path) -> tuple[ControlPlane, Kub
     ):
         cp = ControlPlane(find_binaries(), workdir=workdir / "cp")
         cp.start()
-        kube = Kube.from_config(str(cp.kubeconfig))
+        kube = cp.kube()
         out.line(f"kubeconfig {cp.kubeconfig}")
     return cp, kube
 

@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import config
+from kubernetes.client import ApiClient
 
+from composable_dra.k8s.kube import Kube
 from testbed.pki import CertificateAuthority, KeyPair, write_service_account_key
 from testbed.wait import WaitTimeout, wait_for
 
@@ -362,6 +365,16 @@ class ControlPlane:
         ):
             shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.stop)
+
+    # -- clients -----------------------------------------------------------------------
+
+    def api_client(self) -> ApiClient:
+        """An admin client of the API server, for the kubernetes client's typed APIs."""
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kube(self, pool_size: int | None = None, user_agent: str | None = None) -> Kube:
+        """An admin JSON client (composable_dra.k8s.kube); ``Kube.from_config``'s options."""
+        return Kube.from_config(str(self.kubeconfig), pool_size=pool_size, user_agent=user_agent)
 
     # -- health and diagnostics ------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from testbed import testimage
@@ -315,7 +315,7 @@ class RealNode:
             yaml.safe_dump(kubelet_config(self.workdir, cp.ca.cert_path, free_port(), free_port()))
         )
         kubeconfig = node_kubeconfig(cp, self.name, self.workdir / "kubelet.kubeconfig")
-        admin = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        admin = cp.api_client()
         ensure_node_binding(admin)
 
         self._start_namespace()
@@ -494,7 +494,7 @@ class RealNode:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._registered:
             # Its ResourceSlices are owned by the Node and go with it.
-            admin = config.new_client_from_config(config_file=str(self.control_plane.kubeconfig))
+            admin = self.control_plane.api_client()
             with contextlib.suppress(client.ApiException):
                 client.CoreV1Api(admin).delete_node(self.name)
             self._registered = False

@@ -57,7 +57,6 @@ from composable_dra.fabric.backend import (
     OperationFailedError,
     OperationStatus,
     TransientError,
-    Zone,
 )
 from composable_dra.fabric.fsas_answers import (
     GPU,
@@ -70,6 +69,7 @@ from composable_dra.fabric.fsas_answers import (
     resources_of,
     token_of,
     zone_id,
+    zones_of,
 )
 from composable_dra.fabric.http_answer import parse_json, read_body
 from composable_dra.fabric.http_deadline import DeadlineAdapter, deadline
@@ -298,40 +298,21 @@ class FsasFabricManagerBackend:
             device = device_of(r, machine_id(r) or None, zone_id(r))
             if device is not None:
                 devices[device.id] = device
-        zone_hosts: dict[str, set[str]] = {}
-        for m in machines:
-            zone_hosts.setdefault(zone_id(m), set()).add(machine_id(m))
-        zone_devices: dict[str, set[str]] = {}
-        for d in devices.values():
-            zone_devices.setdefault(d.zone, set()).add(d.id)
-        zones = {
-            z: Zone(z, frozenset(zone_hosts.get(z, ())), frozenset(zone_devices.get(z, ())))
-            for z in zone_hosts.keys() | zone_devices.keys()
-        }
-        return Inventory(hosts=hosts, devices=devices, zones=zones)
+        return Inventory(hosts=hosts, devices=devices, zones=zones_of(machines, devices.values()))
 
     def _counted_inventory(self) -> Inventory:
         """The inventory of an FM that lists free GPUs as counts: the attached ones from
         the machines, then the free counts. In that order: an attach between the reads
         shows up as one GPU fewer, never as one counted twice."""
         machines = self._machines()
-        hosts: dict[str, Host] = {}
-        devices: dict[str, Device] = {}
-        zone_hosts: dict[str, set[str]] = {}
-        for m in machines:
-            mach = machine_id(m)
-            hosts[mach] = self._host(m)
-            zone_hosts.setdefault(zone_id(m), set()).add(mach)
-            for d in machine_devices(m):
-                devices[d.id] = d
+        hosts = {machine_id(m): self._host(m) for m in machines}
+        devices = {d.id: d for m in machines for d in machine_devices(m)}
+        # Each GPU stands in its machine's zone, so every zone has a machine to ask.
+        zones = zones_of(machines, devices.values())
         counts = {
-            (zone, model): self._free_count(min(members), model)
-            for zone, members in zone_hosts.items()
+            (z, model): self._free_count(min(zone.hosts), model)
+            for z, zone in zones.items()
             for model in self.models
-        }
-        zones = {
-            z: Zone(z, frozenset(h), frozenset(d.id for d in devices.values() if d.zone == z))
-            for z, h in zone_hosts.items()
         }
         return Inventory(hosts=hosts, devices=devices, zones=zones, free_counts=counts)
 

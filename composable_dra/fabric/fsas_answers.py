@@ -13,7 +13,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from api.v1alpha1 import DEVICE_ID
@@ -26,6 +26,7 @@ from composable_dra.fabric.backend import (
     InUseError,
     NotFoundError,
     OperationFailedError,
+    Zone,
     status_error,
 )
 from composable_dra.fabric.health import fsas_fault
@@ -175,3 +176,17 @@ def zone_id(item: Mapping[str, Any]) -> str:
     """The zone of a machine or a resource: its fabric (resources reach their fabric's
     machines)."""
     return _text(item.get("fabric_uuid")) or f"fabric-{_text(item.get('fabric_id', ''))}"
+
+
+def zones_of(machines: Iterable[Mapping[str, Any]], devices: Iterable[Device]) -> dict[str, Zone]:
+    """The zones the machines and the GPUs stand in, each with its machines and GPUs."""
+    hosts: dict[str, set[str]] = {}
+    for m in machines:
+        hosts.setdefault(zone_id(m), set()).add(machine_id(m))
+    gpus: dict[str, set[str]] = {}
+    for d in devices:
+        gpus.setdefault(d.zone, set()).add(d.id)
+    return {
+        z: Zone(z, frozenset(hosts.get(z, ())), frozenset(gpus.get(z, ())))
+        for z in sorted(hosts.keys() | gpus.keys())
+    }

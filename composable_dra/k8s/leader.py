@@ -35,10 +35,19 @@ def mark(lease: str, leading: bool) -> None:
 
 def lead(args: argparse.Namespace, lost: threading.Event, api: client.ApiClient | None) -> None:
     """Block until this process leads ``args.leader_elect_lease`` (in
-    ``args.leader_elect_namespace``) when ``args.leader_elect``; without election it leads
-    at once. Either way the leader gauge says so."""
+    ``args.leader_elect_namespace``, with the timings of its ``--leader-elect-*`` flags,
+    ``process.component.add_common_arguments``) when ``args.leader_elect``; without
+    election it leads at once. Either way the leader gauge says so."""
     if args.leader_elect:
-        acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, api=api)
+        acquire(
+            args.leader_elect_lease,
+            args.leader_elect_namespace,
+            lost,
+            lease_duration=args.leader_elect_lease_duration,
+            renew_deadline=args.leader_elect_renew_deadline,
+            retry_period=args.leader_elect_retry_period,
+            api=api,
+        )
     mark(args.leader_elect_lease, not lost.is_set())
 
 

@@ -1,8 +1,9 @@
-"""What the leader-elected controllers (pool publisher, scaler) share in ``main``.
+"""What the leader-elected controllers share in ``main``.
 
-Flags for the API server, leader election and metrics; a run loop that waits for the
-lease, starts the controller, and stops on SIGTERM or when the lease is lost (exit 1, so
-the Deployment restarts a follower that may lead again).
+Flags for the API server, leader election and metrics (the pool publisher, the scaler
+and the operator). For the pool publisher and the scaler (kopf runs the operator), a run
+loop that waits for the lease, starts the controller, and stops on SIGTERM or when the
+lease is lost (exit 1, so the Deployment restarts a follower that may lead again).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class Controller(Protocol):
     def stop(self) -> None: ...
 
 
-def add_common_arguments(p: argparse.ArgumentParser, lease: str) -> None:
+def add_common_arguments(p: argparse.ArgumentParser, lease: str, metrics_port: int = 0) -> None:
     """The flags of a leader-elected cluster controller: API access, the driver's name,
-    leader election, metrics."""
+    leader election, metrics (on ``metrics_port`` unless METRICS_PORT names one)."""
     p.add_argument(
         "--kubeconfig", default=os.environ.get("KUBECONFIG"), help="in-cluster when unset"
     )
@@ -49,7 +50,7 @@ def add_common_arguments(p: argparse.ArgumentParser, lease: str) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("METRICS_PORT", "0") or 0),
+        default=int(os.environ.get("METRICS_PORT") or metrics_port),
         help="0: off",
     )
 
@@ -83,20 +84,9 @@ def run_controller(
         config.load_incluster_config()
     kube = Kube.from_config(args.kubeconfig, user_agent=f"composable-dra/{component}")
     metrics.serve(args.metrics_port)
-    if args.leader_elect:
-        leader.acquire(
-            args.leader_elect_lease,
-            args.leader_elect_namespace,
-            lost,
-            lease_duration=args.leader_elect_lease_duration,
-            renew_deadline=args.leader_elect_renew_deadline,
-            retry_period=args.leader_elect_retry_period,
-            api=kube.api,
-        )
-        if stop.is_set():
-            return 0
-    else:
-        leader.mark(args.leader_elect_lease, True)
+    leader.lead(args, lost, api=kube.api)
+    if stop.is_set():
+        return 0
     controller = make(kube)
     controller.start()
     log.info("started", component=component, leader_elect=args.leader_elect)

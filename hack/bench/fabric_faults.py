@@ -411,7 +411,7 @@ def bench(args: argparse.Namespace, work: Path, procs: list[Any]) -> dict[str, A
         paths = {**paths, "device": "/machines/[^/]+$"}
     rng = random.Random(args.seed)
     with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
-        kube = Kube.from_config(str(cp.kubeconfig))
+        kube = cp.kube()
         install_crds(kube)
         emu_dir = work / "emulator"
         emulator = EmulatorProcess(

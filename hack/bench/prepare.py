@@ -105,7 +105,7 @@ def main() -> int:
     plugin: PluginProcess | None = None
     try:
         with ControlPlane(find_binaries(), workdir=work / "cp") as cp:
-            kube = Kube.from_config(str(cp.kubeconfig))
+            kube = cp.kube()
             node = "bench-node"
             create_node(kube.api, node)
             kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})

@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(
         find_binaries(), workdir=workdir / "cp", extra_apiserver_args=audit, scheduler_config=sched
     ) as cp:
-        kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/scale")
+        kube = cp.kube(pool_size=16, user_agent="bench/scale")
         opts = SuiteOptions(
             hosts=(),
             topology=fabric_topology(args.nodes, args.zones, args.pool_gpus),
@@ -632,9 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         populate(kube, suite.suffix, hosts, args.gpus_per_node)
         setup_s = time.monotonic() - t
         # Its own client: its writes count as the plugins'.
-        plugins = StandInPlugins(
-            Kube.from_config(str(cp.kubeconfig), user_agent="composable-dra/plugin")
-        )
+        plugins = StandInPlugins(cp.kube(user_agent="composable-dra/plugin"))
         plugins.start()
         try:
             suite.start()

@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(
         find_binaries(), workdir=args.workdir / "cp", scheduler_config=args.scheduler_config
     ) as cp:
-        kube = Kube.from_config(str(cp.kubeconfig), pool_size=16, user_agent="bench/sched")
+        kube = cp.kube(pool_size=16, user_agent="bench/sched")
         ensure_device_class(kube)
         suffix = "s"
         t = time.monotonic()

@@ -354,9 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         return standby_bench(args)
 
     with ControlPlane(find_binaries()) as cp:
-        from kubernetes import config
-
-        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        kube = cp.kube()
         workdir = Path(tempfile.mkdtemp(prefix="ttg-", dir="/tmp"))
         opts = SuiteOptions(
             hosts=tuple(f"node-{i + 1}" for i in range(args.hosts)),
@@ -452,9 +450,7 @@ def standby_bench(args: argparse.Namespace) -> int:
     from hack.bench import standby
 
     with ControlPlane(find_binaries()) as cp:
-        from kubernetes import config
-
-        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        kube = cp.kube()
         opts = SuiteOptions(
             hosts=tuple(f"node-{i + 1}" for i in range(args.hosts)),
             topology=topology(args.hosts, args.warmup + 2 * args.burst + 4),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
 from composable_dra.k8s.kube import Kube
 from testbed import ControlPlane
@@ -46,7 +46,7 @@ def control_plane(
 
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    return control_plane.api_client()
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def pytest_runtest_makereport(
 
 
 def _node_names(cp: ControlPlane) -> set[str]:
-    api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+    api = cp.api_client()
     with api:
         return {n.metadata.name for n in client.CoreV1Api(api).list_node().items}
 
@@ -116,7 +116,7 @@ def leaves_no_node(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     leftover = sorted(_node_names(cp) - before)
     if leftover:
-        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        api = cp.api_client()
         with api:
             for name in leftover:
                 client.CoreV1Api(api).delete_node(name)

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import config
 
 from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, path
 from composable_dra.model import names
@@ -144,7 +143,7 @@ def release(kube_json: Kube, namespace: str) -> Iterator[Release]:
 
 def impersonating(cp: ControlPlane, user: str, node: str | None) -> Kube:
     """A client that acts as ``user``, with the node-name extra a bound token carries."""
-    api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+    api = cp.api_client()
     api.set_default_header("Impersonate-User", user)
     if node is not None:
         api.set_default_header("Impersonate-Extra-" + NODE_NAME_KEY.replace("/", "%2f"), node)

@@ -56,3 +56,30 @@ def test_a_process_without_election_leads_at_once_and_says_so() -> None:
     assert _leading("unelected") == 1
     leader.mark("unelected", False)
     assert _leading("unelected") == 0
+
+
+def test_an_elected_process_takes_its_lease_timings_from_its_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    elections: list[_Election] = []
+
+    def election(config: Any) -> _Election:
+        elections.append(_Election(config))
+        return elections[-1]
+
+    monkeypatch.setattr(leaderelection, "LeaderElection", election)
+    args = argparse.Namespace(
+        leader_elect=True,
+        leader_elect_lease="timed",
+        leader_elect_namespace="composable-dra",
+        leader_elect_lease_duration=30,
+        leader_elect_renew_deadline=20,
+        leader_elect_retry_period=4,
+    )
+    lost = threading.Event()
+    leader.lead(args, lost, client.ApiClient(client.Configuration()))
+    config = elections[0].config
+    assert (config.lease_duration, config.renew_deadline, config.retry_period) == (30, 20, 4)
+    assert _leading("timed") == 1
+    lost.set()
+    wait_for(lambda: _leading("timed") == 0, 5, "the gauge to drop to 0")

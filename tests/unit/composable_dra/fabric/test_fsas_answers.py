@@ -175,6 +175,32 @@ def test_machines_and_resources_read_as_devices_or_nothing(machine: Any, resourc
 
 
 @FUZZ
+@given(st.lists(machine, max_size=4), st.lists(resource, max_size=4))
+def test_zones_hold_their_machines_and_gpus_and_nothing_else(
+    machines: list[dict[str, Any]], resources: list[dict[str, Any]]
+) -> None:
+    attached = [d for m in machines for d in answers.machine_devices(m)]
+    free = [d for r in resources if (d := answers.device_of(r, None, answers.zone_id(r)))]
+    zones = answers.zones_of(machines, [*attached, *free])
+    assert list(zones) == sorted(zones)
+    assert {(z.id, h) for z in zones.values() for h in z.hosts} == {
+        (answers.zone_id(m), answers.machine_id(m)) for m in machines
+    }
+    assert {(z.id, d) for z in zones.values() for d in z.devices} == {
+        (d.zone, d.id) for d in [*attached, *free]
+    }
+
+
+def test_a_zone_may_have_only_machines_or_only_gpus() -> None:
+    machines = [{"mach_uuid": "m-1", "fabric_uuid": "a"}, {"mach_uuid": "m-2", "fabric_uuid": "a"}]
+    gpu = b.Device(id="gpu-1", model="A100", zone="b", uuid="", state="free")
+    assert answers.zones_of(machines, [gpu]) == {
+        "a": b.Zone("a", frozenset({"m-1", "m-2"}), frozenset()),
+        "b": b.Zone("b", frozenset(), frozenset({"gpu-1"})),
+    }
+
+
+@FUZZ
 @given(st.integers(min_value=100, max_value=599), bodies, st.text(max_size=30))
 def test_failures_are_typed_errors(status: int, body: Any, retry_after: str) -> None:
     try:
