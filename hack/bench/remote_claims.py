@@ -217,11 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-out", action="store_true", help="the scale-out sweep instead")
     scaleout.add_arguments(p)
     args = p.parse_args(argv)
-    from kubernetes import config
-
     workdir = Path(tempfile.mkdtemp(prefix="rclaims-", dir="/tmp"))
     with ControlPlane(find_binaries(), workdir=workdir / "cp") as cp:
-        kube = Kube(config.new_client_from_config(config_file=str(cp.kubeconfig)))
+        kube = cp.kube()
         if args.scale_out:
             return scaleout.run(args, kube, cp, workdir)
         out = run(args, kube, cp, workdir)
