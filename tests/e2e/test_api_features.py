@@ -1,0 +1,112 @@
+"""What the components find the API server serves, on the default release (v1.37.1, every
+feature on) and on v1.35 (built by hack/control-plane/build.sh with KUBE_VERSION when not
+cached, as any missing binaries are): the probes are real dry-run creates, and a plugin
+asked to lend on v1.35 refuses at start naming the feature gate it lacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from composable_dra.k8s.feature_probe import Probes, detect
+from composable_dra.k8s.features import Feature
+from composable_dra.k8s.kube import Kube, path
+from testbed import ControlPlane
+from testbed.controlplane import RELEASES, find_binaries
+from testbed.nodes import create_node, delete_node
+from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.wait import wait_for
+from tests.e2e.test_plugin import gpu
+
+DRIVER = "gpu.composable.dra.io"
+
+
+def probes_for(node: str) -> Probes:
+    """What the plugin (lending), the pool publisher and the scaler probe, together."""
+    return Probes(DRIVER, node=node, slices=True, partitions=True, taint_rules=True)
+
+
+@pytest.fixture(scope="module")
+def v135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with ControlPlane(find_binaries(version=RELEASES["1.35"]), tmp_path_factory.mktemp("cp")) as cp:
+        yield cp
+
+
+def kube_of(cp: ControlPlane) -> Kube:
+    return Kube.from_config(str(cp.kubeconfig))
+
+
+def test_v137_serves_every_feature_and_stores_nothing(
+    kube_json: Kube, control_plane: ControlPlane, unique: str
+) -> None:
+    node = f"probe-{unique}"
+    create_node(kube_json.api, node)
+    try:
+        found = detect(kube_json, probes_for(node))
+        pool = detect(kube_json, Probes(DRIVER, slices=True))  # the pool publisher's probe
+    finally:
+        delete_node(kube_json.api, node)
+    assert found.present == set(Feature), found.why
+    assert pool.present == {Feature.RESOURCE_V1, Feature.BINDING_CONDITIONS, Feature.DEVICE_TAINTS}
+    assert "v1" in found.versions
+    # Dry runs: no probe object is left behind.
+    slices = kube_json.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
+    rules = kube_json.get(path("resource.k8s.io/v1", "devicetaintrules"))["items"]
+    assert not [o for o in slices + rules if "feature-probe" in o["metadata"]["name"]]
+
+
+def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
+    kube = kube_of(v135)
+    node = f"probe-{unique}"
+    create_node(kube.api, node)
+    try:
+        found = detect(kube, probes_for(node))
+    finally:
+        delete_node(kube.api, node)
+    version = kube.get("/version")["gitVersion"]
+    assert version == RELEASES["1.35"]
+    assert found.present == {Feature.RESOURCE_V1}, found.why
+    assert found.missing(Feature) == [
+        Feature.BINDING_CONDITIONS,
+        Feature.PARTITIONABLE_DEVICES,
+        Feature.DEVICE_TAINTS,
+        Feature.DEVICE_TAINT_RULES,
+    ]
+    assert "dropped the field" in found.why[Feature.BINDING_CONDITIONS]
+    assert "404" in found.why[Feature.DEVICE_TAINT_RULES]
+
+
+def test_v135_lending_plugin_refuses_naming_the_gate(
+    v135: ControlPlane, short_tmp: Path, unique: str
+) -> None:
+    kube = kube_of(v135)
+    node = f"donor-{unique}"
+    create_node(kube.api, node)
+    dirs = short_tmp / "node"
+    plugin = PluginProcess(
+        node=node,
+        kubeconfig=v135.kubeconfig,
+        plugins_registry_dir=dirs / "registry",
+        plugins_dir=dirs / "plugins",
+        cdi_dir=dirs / "cdi",
+        workdir=short_tmp / "plugin",
+        extra_args=["--lend", "--link-gbps=100", "--max-leases=2"],
+    )
+    write_static_devices(plugin.static_file, [gpu(node, 0)])
+    try:
+        plugin.start()
+        wait_for(
+            lambda: not plugin.alive(), 60, "the lending plugin to refuse", describe=plugin.log_tail
+        )
+        code = plugin.stop()
+    finally:
+        plugin.stop()
+        delete_node(kube.api, node)
+    text = plugin.log_path.read_text()
+    assert code != 0, text
+    assert "lending (--lend) needs" in text, text
+    assert "DRAPartitionableDevices" in text and "DRADeviceBindingConditions" in text, text
+    # It wrote nothing before refusing.
+    assert not kube.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
