@@ -84,15 +84,8 @@ def test_v135_lending_plugin_refuses_naming_the_gate(
     kube = kube_of(v135)
     node = f"donor-{unique}"
     create_node(kube.api, node)
-    dirs = short_tmp / "node"
-    plugin = PluginProcess(
-        node=node,
-        kubeconfig=v135.kubeconfig,
-        plugins_registry_dir=dirs / "registry",
-        plugins_dir=dirs / "plugins",
-        cdi_dir=dirs / "cdi",
-        workdir=short_tmp / "plugin",
-        extra_args=["--lend", "--link-gbps=100", "--max-leases=2"],
+    plugin = PluginProcess.standalone(
+        node, v135.kubeconfig, short_tmp, ["--lend", "--link-gbps=100", "--max-leases=2"]
     )
     write_static_devices(plugin.static_file, [gpu(node, 0)])
     try:
