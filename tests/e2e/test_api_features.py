@@ -5,6 +5,7 @@ asked to lend on v1.35 refuses at start naming the feature gate it lacks."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from composable_dra.k8s.feature_probe import Probes, detect
 from composable_dra.k8s.features import Feature
 from composable_dra.k8s.kube import Kube, path
 from testbed import ControlPlane
-from testbed.controlplane import RELEASES, find_binaries
+from testbed.controlplane import RELEASES, find_binaries, free_port
 from testbed.nodes import create_node, delete_node
 from testbed.plugin_process import PluginProcess, write_static_devices
 from testbed.wait import wait_for
@@ -32,6 +33,14 @@ def probes_for(node: str) -> Probes:
 def v135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with ControlPlane(find_binaries(version=RELEASES["1.35"]), tmp_path_factory.mktemp("cp")) as cp:
         yield cp
+
+
+def lending_plugin(node: str, cp: ControlPlane, root: Path, *args: str) -> PluginProcess:
+    """A lending plugin of ``node`` with one GPU and no kubelet (not started)."""
+    lend = ["--lend", "--network-domain=d", "--link-gbps=100", "--max-leases=2", *args]
+    plugin = PluginProcess.standalone(node, cp.kubeconfig, root, lend)
+    write_static_devices(plugin.static_file, [gpu(node, 0)])
+    return plugin
 
 
 def kube_of(cp: ControlPlane) -> Kube:
@@ -55,6 +64,32 @@ def test_v137_serves_every_feature_and_stores_nothing(
     slices = kube_json.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
     rules = kube_json.get(path("resource.k8s.io/v1", "devicetaintrules"))["items"]
     assert not [o for o in slices + rules if "feature-probe" in o["metadata"]["name"]]
+
+
+def test_v137_lending_plugin_says_what_it_uses_in_a_line_and_a_metric(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
+) -> None:
+    node = f"donor-{unique}"
+    create_node(kube_json.api, node)
+    port = free_port()
+    plugin = lending_plugin(node, control_plane, short_tmp, f"--metrics-port={port}")
+    try:
+        plugin.start()
+        wait_for(
+            lambda: plugin.logged("plugin started"), 60, "the plugin", describe=plugin.log_tail
+        )
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    finally:
+        plugin.stop()
+        delete_node(kube_json.api, node)
+    lines = [e for e in plugin.process.log_events() if e.get("event") == "api features"]
+    assert len(lines) == 1, plugin.log_tail()
+    assert lines[0]["missing"] == ""
+    assert lines[0]["uses"] == (
+        "resource-v1,binding-conditions,partitionable-devices,device-taints"
+    )
+    for feature in ("resource-v1", "binding-conditions", "partitionable-devices"):
+        assert f'composable_dra_api_feature{{feature="{feature}"}} 1.0' in metrics.decode()
 
 
 def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
@@ -84,10 +119,7 @@ def test_v135_lending_plugin_refuses_naming_the_gate(
     kube = kube_of(v135)
     node = f"donor-{unique}"
     create_node(kube.api, node)
-    plugin = PluginProcess.standalone(
-        node, v135.kubeconfig, short_tmp, ["--lend", "--link-gbps=100", "--max-leases=2"]
-    )
-    write_static_devices(plugin.static_file, [gpu(node, 0)])
+    plugin = lending_plugin(node, v135, short_tmp)
     try:
         plugin.start()
         wait_for(
@@ -99,6 +131,9 @@ def test_v135_lending_plugin_refuses_naming_the_gate(
         delete_node(kube.api, node)
     text = plugin.log_path.read_text()
     assert code != 0, text
+    (line,) = [e for e in plugin.process.log_events() if e.get("event") == "api features"]
+    assert line["uses"] == "resource-v1", text
+    assert line["missing"] == "binding-conditions,partitionable-devices,device-taints", text
     assert "lending (--lend) needs" in text, text
     assert "DRAPartitionableDevices" in text and "DRADeviceBindingConditions" in text, text
     # It wrote nothing before refusing.
