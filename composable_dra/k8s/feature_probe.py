@@ -9,6 +9,7 @@ publisher ResourceSlices, the scaler DeviceTaintRules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,7 @@ def detect(kube: Any, probes: Probes) -> f.ApiFeatures:
             f"it serves {f.GROUP} versions [{', '.join(versions)}]",
         )
     }
-    for feature, outcome in _probe_all(kube, probes, f.VERSION in versions).items():
-        results[feature] = outcome
+    results.update(_probe_all(kube, probes, f.VERSION in versions))
     return f.ApiFeatures(
         versions=versions,
         probed=frozenset(results),
@@ -89,37 +89,46 @@ def check_at_start(
     return found
 
 
-def _probe_all(kube: Any, probes: Probes, served: bool) -> dict[f.Feature, tuple[bool, str]]:
-    wanted: list[tuple[list[f.Feature], str, dict[str, Any]]] = []
+# A probe: the plural it is created in, its body, and what its answer shows (None: refused).
+Probe = tuple[str, dict[str, Any], Callable[[Any], dict[f.Feature, bool]]]
+
+
+def _wanted(probes: Probes) -> list[Probe]:
+    out: list[Probe] = []
+    node = probes.node
     if probes.slices:
-        pool = probes.node or f.PROBE_NAME
-        placement = {"nodeName": probes.node} if probes.node else {"allNodes": True}
-        feats = [f.Feature.BINDING_CONDITIONS, f.Feature.DEVICE_TAINTS]
-        wanted.append((feats, "resourceslices", f.slice_probe(probes.driver, pool, placement)))
-    if probes.partitions and probes.node:
-        body = f.partition_probe(probes.driver, probes.node)
-        wanted.append(([f.Feature.PARTITIONABLE_DEVICES], "resourceslices", body))
+        placement = {"nodeName": node} if node else {"allNodes": True}
+        body = f.slice_probe(probes.driver, node or f.PROBE_NAME, placement)
+        out.append(("resourceslices", body, f.slice_features))
+    if probes.partitions and node:
+        out.append(
+            (
+                "resourceslices",
+                f.partition_probe(probes.driver, node),
+                lambda a: {f.Feature.PARTITIONABLE_DEVICES: f.partition_kept(a, node)},
+            )
+        )
     if probes.taint_rules:
-        body = f.taint_rule_probe(probes.driver)
-        wanted.append(([f.Feature.DEVICE_TAINT_RULES], "devicetaintrules", body))
-    out: dict[f.Feature, tuple[bool, str]] = {}
-    for feats, plural, body in wanted:
-        if not served:
-            out.update({k: (False, f"{f.GROUP}/{f.VERSION} is not served") for k in feats})
-            continue
-        answer, refused = _dry_run(kube, plural, body)
-        kept = _kept(feats, answer, probes.node)
-        for k in feats:
-            out[k] = (kept[k], refused or "the API server dropped the field (feature gate off)")
+        out.append(
+            (
+                "devicetaintrules",
+                f.taint_rule_probe(probes.driver),
+                lambda a: {f.Feature.DEVICE_TAINT_RULES: f.taint_rule_kept(a)},
+            )
+        )
     return out
 
 
-def _kept(feats: list[f.Feature], answer: Any, node: str | None) -> dict[f.Feature, bool]:
-    if f.Feature.DEVICE_TAINT_RULES in feats:
-        return {f.Feature.DEVICE_TAINT_RULES: f.taint_rule_kept(answer)}
-    if f.Feature.PARTITIONABLE_DEVICES in feats:
-        return {f.Feature.PARTITIONABLE_DEVICES: f.partition_kept(answer, node or "")}
-    return f.slice_features(answer)
+def _probe_all(kube: Any, probes: Probes, served: bool) -> dict[f.Feature, tuple[bool, str]]:
+    out: dict[f.Feature, tuple[bool, str]] = {}
+    for plural, body, read in _wanted(probes):
+        if not served:
+            out.update({k: (False, f"{f.GROUP}/{f.VERSION} is not served") for k in read(None)})
+            continue
+        answer, refused = _dry_run(kube, plural, body)
+        for k, kept in read(answer).items():
+            out[k] = (kept, refused or "the API server dropped the field (feature gate off)")
+    return out
 
 
 def _discovery(kube: Any) -> Any:

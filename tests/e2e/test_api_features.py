@@ -18,6 +18,7 @@ from testbed import ControlPlane
 from testbed.controlplane import RELEASES, find_binaries, free_port
 from testbed.nodes import create_node, delete_node
 from testbed.plugin_process import PluginProcess, write_static_devices
+from testbed.process import ComponentProcess
 from testbed.wait import wait_for
 from tests.e2e.test_plugin import gpu
 
@@ -41,6 +42,29 @@ def lending_plugin(node: str, cp: ControlPlane, root: Path, *args: str) -> Plugi
     plugin = PluginProcess.standalone(node, cp.kubeconfig, root, lend)
     write_static_devices(plugin.static_file, [gpu(node, 0)])
     return plugin
+
+
+def reported(cp: ControlPlane, component: str, root: Path) -> dict[str, object]:
+    """The one "api features" line of ``component`` (pool-publisher, scaler) started
+    against ``cp``; it is stopped after."""
+    args = [f"--kubeconfig={cp.kubeconfig}", "--no-leader-elect"]
+    proc = ComponentProcess(component, args, root / component).start()
+
+    def line() -> list[dict[str, object]]:
+        return [e for e in proc.log_events() if e.get("event") == "api features"]
+
+    try:
+        wait_for(line, 60, f"the {component}'s api features", describe=proc.log_tail)
+        wait_for(
+            lambda: any(e.get("event") == "started" for e in proc.log_events()),
+            30,
+            f"the {component} to start",
+            describe=proc.log_tail,
+        )
+    finally:
+        proc.stop()
+    (found,) = line()
+    return found
 
 
 def kube_of(cp: ControlPlane) -> Kube:
@@ -90,6 +114,31 @@ def test_v137_lending_plugin_says_what_it_uses_in_a_line_and_a_metric(
     )
     for feature in ("resource-v1", "binding-conditions", "partitionable-devices"):
         assert f'composable_dra_api_feature{{feature="{feature}"}} 1.0' in metrics.decode()
+
+
+@pytest.mark.parametrize(
+    ("component", "v137", "v135_missing"),
+    [
+        (
+            "pool-publisher",
+            "resource-v1,binding-conditions,device-taints",
+            "binding-conditions,device-taints",
+        ),
+        ("scaler", "resource-v1,device-taint-rules", "device-taint-rules"),
+    ],
+)
+def test_the_controllers_report_what_they_write_and_start_anyway_on_v135(
+    control_plane: ControlPlane,
+    v135: ControlPlane,
+    short_tmp: Path,
+    component: str,
+    v137: str,
+    v135_missing: str,
+) -> None:
+    new = reported(control_plane, component, short_tmp / "v137")
+    assert (new["uses"], new["missing"]) == (v137, "")
+    old = reported(v135, component, short_tmp / "v135")
+    assert (old["uses"], old["missing"]) == ("resource-v1", v135_missing)
 
 
 def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
