@@ -65,6 +65,8 @@ def _namespace(value: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from composable_dra.k8s.feature_probe import Probes, check_at_start
+    from composable_dra.process import logs
     from device_scaler.decide import ScalerSettings
     from device_scaler.leases import Together
     from device_scaler.scaler import Scaler, ScalerConfig
@@ -78,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def make(kube: Any) -> Any:
+        # Its quarantine writes DeviceTaintRules: say whether this server serves them.
+        probes = Probes(args.driver_name, taint_rules=True)
+        check_at_start(kube, probes, [], logs.get("scaler"), "scaler")
         scaler = Scaler(
             kube,
             ScalerConfig(

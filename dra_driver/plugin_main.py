@@ -306,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
     )
     lend = lend_policy(args, node)
+    _check_api(args, kube, lend is not None, log)
     publisher = SlicePublisher(
         kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
     )
@@ -365,6 +366,16 @@ def run(args: argparse.Namespace) -> int:
             loop.stop()
         publisher.stop()
     return 0
+
+
+def _check_api(args: argparse.Namespace, kube: Any, lending: bool, log: Any) -> None:
+    """What the API server serves of what this plugin writes (its slices' taints and, when
+    lending, per-device slices with binding conditions): one log line and the metric;
+    SystemExit naming what is missing when lending is asked of a server without it."""
+    from composable_dra.k8s.feature_probe import Probes, check_at_start
+
+    probes = Probes(args.driver_name, node=args.node_name, slices=True, partitions=lending)
+    check_at_start(kube, probes, ["lending (--lend)"] if lending else [], log, "plugin")
 
 
 def _device_side(

@@ -42,9 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from composable_dra.fabric.registry import Fabrics
+    from composable_dra.k8s.feature_probe import Probes, check_at_start
+    from composable_dra.process import logs
     from pool_publisher.publish import PoolPublisher
 
     def make(kube: Any) -> PoolPublisher:
+        # Its pools carry binding conditions and health taints: say whether they survive.
+        probes = Probes(args.driver_name, slices=True)
+        check_at_start(kube, probes, [], logs.get("pool-publisher"), "pool-publisher")
         return PoolPublisher(
             kube,
             Fabrics(kube),

@@ -48,17 +48,32 @@ def free_port() -> int:
         return port
 
 
+# The supported releases besides the default (the one hack/control-plane/kubernetes/go.mod
+# pins): the newest patch of each minor the module proxy serves. The build scripts build
+# any of them with KUBE_VERSION, once, cached by version.
+RELEASES = {"1.35": "v1.35.8", "1.36": "v1.36.5"}
+
+
 def cached_build(
-    env_var: str, script: str, binaries: Sequence[str], bin_dir: str | os.PathLike[str] | None
+    env_var: str,
+    script: str,
+    binaries: Sequence[str],
+    bin_dir: str | os.PathLike[str] | None,
+    version: str | None = None,
 ) -> Path:
     """The directory named by ``bin_dir`` or $``env_var``, or else the one the build script
     ``hack/<script>`` prints last (it builds what is missing, cached by version), checked to
-    hold every one of ``binaries``. RuntimeError names what failed."""
-    if bin_dir is None:
+    hold every one of ``binaries``. With ``version``, that Kubernetes release is built
+    (KUBE_VERSION) and $``env_var``, which names the default's, is not read. RuntimeError
+    names what failed."""
+    if bin_dir is None and version is None:
         bin_dir = os.environ.get(env_var)
     if bin_dir is None:
         path = Path(__file__).resolve().parents[1] / "hack" / script
-        out = subprocess.run(["bash", str(path)], stdout=subprocess.PIPE, text=True, check=False)
+        env = {**os.environ, "KUBE_VERSION": version} if version else None
+        out = subprocess.run(
+            ["bash", str(path)], stdout=subprocess.PIPE, text=True, check=False, env=env
+        )
         if out.returncode != 0:
             raise RuntimeError(f"{path} failed (exit {out.returncode}); see its output")
         bin_dir = out.stdout.strip().splitlines()[-1]
@@ -69,10 +84,13 @@ def cached_build(
     return found
 
 
-def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The directory holding the control plane binaries: KUBE_BIN_DIR or the build script."""
+def find_binaries(
+    bin_dir: str | os.PathLike[str] | None = None, version: str | None = None
+) -> Path:
+    """The directory holding the control plane binaries: KUBE_BIN_DIR or the build script;
+    with ``version`` (e.g. RELEASES["1.35"]), that release's, built once if need be."""
     try:
-        return cached_build("KUBE_BIN_DIR", "control-plane/build.sh", BINARIES, bin_dir)
+        return cached_build("KUBE_BIN_DIR", "control-plane/build.sh", BINARIES, bin_dir, version)
     except RuntimeError as exc:
         raise ControlPlaneError(f"control plane: {exc}") from exc
 

@@ -93,6 +93,22 @@ class PluginProcess:
             env=env,
         )
 
+    @classmethod
+    def standalone(
+        cls, node: str, kubeconfig: Path, root: Path, extra_args: Sequence[str] = ()
+    ) -> PluginProcess:
+        """The plugin of ``node`` with no kubelet beside it: its kubelet directories and its
+        own under ``root`` (not started)."""
+        return cls(
+            node=node,
+            kubeconfig=kubeconfig,
+            plugins_registry_dir=root / "registry",
+            plugins_dir=root / "plugins",
+            cdi_dir=root / "cdi",
+            workdir=root / "plugin",
+            extra_args=list(extra_args),
+        )
+
     @property
     def log_path(self) -> Path:
         return self.process.log_path

@@ -119,14 +119,8 @@ def main() -> int:
                         },
                     },
                 )
-            plugin = PluginProcess(
-                node=node,
-                kubeconfig=cp.kubeconfig,
-                plugins_registry_dir=work / "registry",
-                plugins_dir=work / "plugins",
-                cdi_dir=work / "cdi",
-                workdir=work / "plugin",
-                extra_args=["--no-fsync"] if args.no_fsync else [],
+            plugin = PluginProcess.standalone(
+                node, cp.kubeconfig, work, ["--no-fsync"] if args.no_fsync else []
             )
             write_static_devices(
                 plugin.static_file,
