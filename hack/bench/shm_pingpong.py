@@ -58,6 +58,7 @@ class PingPong:
             raise RuntimeError("the ping-pong peer did not start")
         mine.recv()
         self._posted = 0
+        self.last = np.empty(0, np.uint8)  # the latest result copied out
 
     def _wait(self, answered: int) -> None:
         counters = self._counters
