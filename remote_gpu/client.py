@@ -34,10 +34,11 @@ copies. The lease's worker writes into a slot only while it serves a request the
 a slot that views pin gets no request.
 
 On the rings a call costs no system call while the worker is busy or spinning (see
-``ring``); ``submit`` first reads the replies that are there already; and the client
-adds up its calls, bytes and latencies and hands them to the metrics every
-``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric update takes a
-lock).
+``ring``), and a caller waiting for a reply watches the ring for ``spin`` seconds
+(yielding its CPU between looks) before it sleeps on the doorbell; ``submit`` first
+reads the replies that are there already; and the client adds up its calls, bytes and
+latencies and hands them to the metrics every ``METRICS_INTERVAL`` seconds or 256 calls,
+and on ``close`` (a metric update takes a lock).
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ Result = tuple[np.ndarray, ...]
 LARGE = 4 << 20
 _INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 METRICS_INTERVAL = 0.25
+# On the rings, how long (seconds) a caller waiting for a reply watches the ring before
+# it sleeps on the doorbell (yielding its CPU between looks: ``Ring.wait``).
+SPIN = 250e-6
 
 
 def _connect(endpoint: str, timeout: float) -> ClientTransport:
@@ -211,9 +215,11 @@ class RemoteGPU:
         timeout: float = 30.0,
         views: bool | None = None,
         receiver: bool | None = None,
+        spin: float = SPIN,
     ) -> None:
         self.lease = token.lease
         self.timeout = timeout
+        self.spin = spin
         self.views = views
         self._tr = _connect(endpoint, timeout)
         self._seq = itertools.count(1)
@@ -724,7 +730,8 @@ class RemoteGPU:
             if left is not None and left <= 0:
                 return False
             control = self._tr.fileno()
-            ring.wait(left, *([] if control is None else [control]))
+            spin = self.spin if left is None else min(self.spin, left)
+            ring.wait(left, *([] if control is None else [control]), spin=spin)
 
     def _read_reply(self, src: _Source) -> None:
         head = unpack(src.recv_header(), self._key, MAX_META)

@@ -359,3 +359,30 @@ def test_close_unmaps_the_arena_unless_views_are_held(donor: Running) -> None:
     assert _is_view(kept, gpu)
     gpu.close()
     assert kept.tolist() == [0, 1, 2, 3]  # still mapped: the view holds the mapping
+
+
+def test_a_caller_that_spins_takes_its_reply_without_a_doorbell(donor: Running) -> None:
+    """A caller watching the ring for longer than the reply takes never says it may sleep,
+    so the worker never rings its doorbell; one that does not spin sleeps on it."""
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=10.0) as gpu:
+        ring = gpu._ring
+        assert ring is not None
+        for i in range(50):
+            assert gpu.invoke("echo", np.array([i]))[0][0] == i
+        with pytest.raises(BlockingIOError):
+            os.read(ring._in_fd, 1)  # not one byte: the worker never rang
+        assert ring._counters[ring._asleep] == 0
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=0.0) as gpu:
+        ring = gpu._ring
+        assert ring is not None
+        asleep: list[bool] = []
+        wait = ring.wait
+
+        def watched(timeout: float | None, *others: int, spin: float = 0.0) -> list[int]:
+            asleep.append(spin == 0.0)
+            return wait(timeout, *others, spin=spin)
+
+        ring.wait = watched  # type: ignore[method-assign]
+        for i in range(20):
+            assert gpu.invoke("echo", np.array([i]))[0][0] == i
+        assert asleep and all(asleep)
