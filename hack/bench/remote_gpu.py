@@ -1,35 +1,36 @@
-"""Benchmark of the remote GPU data plane. The last line printed is JSON.
+"""Benchmark of the remote GPU data plane, against ceilings nobody here wrote. The last
+line printed is JSON; it exits non-zero when a goal is missed, and with 2 (before it
+starts anything) when ``iperf3`` or ``sockperf`` is missing (``hack/bench/ceilings.py``).
 
-1. Throughput of ``echo`` at 64 KiB, 1 MiB and 8 MiB over TCP and shared memory, with the
-   raw-socket and memcpy ceilings measured in the same run. Every client starts from an
-   ordinary numpy array in its own memory. TCP sends it and receives the result into a
-   new array. Shared memory copies it into the lease's arena, and the result comes back
-   as a view of the arena (``shm``: the client's default, no copy back) or copied out of
-   it (``shm_copies``: ``views=False``). Before measuring, every client echoes random
-   bytes and the bench checks that they come back equal. The raw socket echoes the same
-   sizes at the same in-flight depth with the same socket options; every connection is
-   warmed up and kept; the measurements are interleaved in rounds (raw, tcp, shm, shm
-   copies, memcpy), and the ratios are medians of the per-round ratios, so that the
-   shared machine's drift hits both sides of a ratio alike.
-2. Round-trip p50/p99 of small frames.
-3. The feature-extraction experiment: a 66 ms stage, 0.92 MB frames, N = 1..8 workers
-   (one lease each): unshaped, then inside a private network namespace whose loopback is
-   shaped by ``tc tbf``, where admission control predicts the knee from the measured
-   bandwidth and the knee is then measured.
-All figures are medians of repeated runs.
+1. Throughput of ``echo`` at 64 KiB, 1 MiB and 8 MiB over TCP and shared memory. Every
+   client starts from an ordinary numpy array in its own memory. TCP sends it and
+   receives the result into a new array. Shared memory copies it into the lease's arena,
+   and the result comes back as a view of the arena (``shm``: the client's default, no
+   copy back) or copied out of it (``shm_copies``: ``views=False``). Before measuring,
+   every client echoes random bytes and the bench checks that they come back equal.
+   Beside them, in the same rounds: the TCP ceiling, ``iperf3 --bidir`` at the same
+   write size (the rate per direction: an echo moves its bytes both ways; iperf3 takes
+   writes of 1 MiB at most, so 8 MiB has none); the shared-memory ceiling, a raw
+   ping-pong through an arena of the same geometry with the same copies in and out and
+   no protocol (``shm_pingpong.py``); memcpy; and the floor of Python itself, a bare
+   Python socket echo at the same depth and socket options (``python_socket``: no
+   frames, no MACs). Every connection is warmed up and kept; the measurements are
+   interleaved in ``ROUNDS`` rounds (3), and each ratio is the median of the per-round
+   ratios, so that the shared machine's drift hits both sides of a ratio alike.
+2. Calls per second of sequential 4 KiB echoes over TCP against ``sockperf ping-pong
+   --tcp`` with 4 KiB messages (``calls_vs_ceiling_4kib``) and a bare Python socket
+   ping-pong, interleaved likewise.
+3. Round-trip p50/p99 of small frames over TCP and shared memory (medians of 3 runs).
+4. Unless ``--data-plane``: the feature-extraction experiment: a 66 ms stage, 0.92 MB
+   frames, N = 1..8 workers (one lease each): unshaped, then inside a private network
+   namespace whose loopback is shaped by ``tc tbf``, where admission control predicts
+   the knee from the measured bandwidth and the knee is then measured.
 
-One run on the development machine (2 vCPUs shared with other work, 7 rounds), at 1 MiB:
-TCP 1.82 GB/s (0.88 of the raw socket's 2.00), shared memory 9.86 GB/s (5.8 times TCP),
-shared memory with results copied out 4.33 GB/s (2.7 times), memcpy 23.4 GB/s. Before
-the shared-memory fast path, on the same machine: TCP 1.47, shared memory (copies) 3.54
-(2.6 times), with views 6.45 (4.5 times). What bounds shared memory at 1 MiB: a call costs
-the client about 95 us on a quiet machine, of which about 62 us copy the argument into a
-slot that is no longer in the cache (16-17 GB/s, where memcpy between cache-resident
-buffers reaches 24) and about 33 us are Python (submit, parsing and checking the reply's
-MACed frames, the future; 22-23 us a call at 64 bytes, where they were 55-60). The
-worker is off the critical path (about 20 us a call, on the other CPU). A shared-memory
-round lasts about 25 ms, so a single preemption by another task shows in it: the 1 MiB
-ratio ranged from 5.2 to 5.8 over runs on a quiet machine.
+Goals (issue 31, item 4): ``tcp_vs_ceiling_64kib`` and ``tcp_vs_ceiling_1mib`` >= 0.8,
+``calls_vs_ceiling_4kib`` >= 0.8, ``shm_vs_pingpong_1mib`` >= 0.8, ``rtt_small_shm``
+p50 <= 100 us; with the admission part, ``fps_4_workers`` >= 55 and the knee within one
+worker. Figures from the development machine, and what bounds them: docs/architecture.md
+(The remote-GPU fallback, "The data plane against its ceilings").
 """
 
 from __future__ import annotations
@@ -250,6 +251,18 @@ def _measure(measure: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
     return runs
 
 
+# The throughput ratios reported: name -> (measurement, the one it is divided by).
+RATIOS = {
+    "tcp_vs_ceiling": ("tcp", "iperf3"),
+    "python_socket_vs_ceiling": ("python_socket", "iperf3"),
+    "tcp_vs_python_socket": ("tcp", "python_socket"),
+    "shm_vs_tcp": ("shm", "tcp"),
+    "shm_copies_vs_tcp": ("shm_copies", "tcp"),
+    "shm_vs_pingpong": ("shm_copies", "pingpong"),  # the same copies in and out
+    "shm_vs_memcpy": ("shm", "memcpy"),
+}
+
+
 def throughput(
     donor: DonorProcess, ceilings: Ceilings, pingpong: PingPong, label: str, size: int
 ) -> dict[str, float]:
@@ -280,15 +293,7 @@ def throughput(
             gpu.close()
         raw.close()
     out = {f"{k}_GBps_{label}": round(statistics.median(v) / 1e9, 3) for k, v in runs.items()}
-    for x, y, name in (
-        ("tcp", "iperf3", "tcp_vs_ceiling"),
-        ("python_socket", "iperf3", "python_socket_vs_ceiling"),
-        ("tcp", "python_socket", "tcp_vs_python_socket"),
-        ("shm", "tcp", "shm_vs_tcp"),
-        ("shm_copies", "tcp", "shm_copies_vs_tcp"),
-        ("shm_copies", "pingpong", "shm_vs_pingpong"),
-        ("shm", "memcpy", "shm_vs_memcpy"),
-    ):
+    for name, (x, y) in RATIOS.items():
         if x in runs and y in runs:
             out[f"{name}_{label}"] = _median_ratio(runs, x, y)
     return out

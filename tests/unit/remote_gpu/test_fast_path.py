@@ -291,29 +291,33 @@ def test_threads_share_a_ring_client(donor: Running) -> None:
     assert not errors, errors
 
 
-def test_client_metrics_count_every_ring_call(donor: Running) -> None:
-    """Ring clients add up calls, bytes and latencies and hand them to the metrics now
-    and then and when they close: none is lost."""
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_client_metrics_count_every_call(donor: Running, transport: str) -> None:
+    """Clients add up calls, bytes and latencies and hand them to the metrics now and then
+    and when they close: none is lost."""
     from prometheus_client import REGISTRY
 
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
+    def moved(direction: str) -> float:
+        return sample(
+            "remote_gpu_bytes_total", side="client", direction=direction, transport=transport
+        )
+
     calls = sample("remote_gpu_invocations_total", side="client")
     latencies = sample("remote_gpu_invoke_seconds_count", side="client")
-    out = sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm")
-    back = sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm")
-    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
-        for _ in range(700):
+    out, back = moved("out"), moved("in")
+    with RemoteGPU(donor.endpoint, donor.token(), transport=transport) as gpu:
+        for _ in range(600):
             gpu.invoke("echo", np.zeros(100, dtype=np.uint8))
+        futures = [gpu.submit("echo", np.zeros(100, dtype=np.uint8)) for _ in range(100)]
+        for f in futures:
+            f.result(10)
     assert sample("remote_gpu_invocations_total", side="client") - calls == 700
     assert sample("remote_gpu_invoke_seconds_count", side="client") - latencies == 700
-    assert sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm") == (
-        out + 70_000
-    )
-    assert sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm") == (
-        back + 70_000
-    )
+    assert moved("out") == out + 70_000
+    assert moved("in") == back + 70_000
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
