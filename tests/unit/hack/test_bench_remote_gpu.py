@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from hack.bench.ceilings import MissingTool, parse_iperf3, parse_sockperf, parse
 from hack.bench.goals import all_met
 from hack.bench.remote_gpu import goals
 from hack.bench.shm_pingpong import PingPong
+from testbed.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "hack" / "bench" / "remote_gpu.py"
@@ -144,3 +146,37 @@ def test_shm_pingpong_moves_the_bytes_there_and_back() -> None:
     finally:
         pp.close()
     assert not pp.arena.path.exists()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # exited; its new parent has yet to reap it
+
+
+def test_the_pingpong_peer_stops_when_the_bench_dies_without_closing() -> None:
+    script = (
+        "import os, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from hack.bench.shm_pingpong import PingPong\n"
+        "pp = PingPong(1 << 20, 2)\n"
+        "print(pp._proc.pid, pp.arena.path, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    # The peer inherits stdout: read the one line, not up to EOF (which it would hold).
+    bench = subprocess.Popen(
+        [sys.executable, "-c", script, str(ROOT)], stdout=subprocess.PIPE, text=True
+    )
+    assert bench.stdout is not None
+    with bench.stdout:
+        pid_text, arena_text = bench.stdout.readline().split()
+    assert bench.wait(30) == 0
+    pid, arena = int(pid_text), Path(arena_text)
+    try:
+        wait_for(lambda: _gone(pid), 30, "the orphaned ping-pong peer to exit", 0.05)
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)  # leave no spinner behind, even on failure
+        for path in (arena, *arena.parent.glob(arena.name + ".*")):
+            path.unlink(missing_ok=True)
