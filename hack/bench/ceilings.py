@@ -1,8 +1,9 @@
 """Loopback ceilings for the remote GPU data plane, from tools nobody here wrote.
 
-- ``iperf3 --bidir``: TCP throughput at a given write size, both ways at once, as an echo
-  moves its bytes. The ceiling is the rate per direction (the mean of the two), which is
-  what an echo of that size achieves when it moves ``size`` bytes each way per call.
+- ``iperf3``: loopback TCP throughput at a given write size, one stream, one way. An echo
+  moves its bytes both ways, so this is a ceiling it cannot beat per direction (``iperf3
+  --bidir``, single-threaded in bookworm's 3.12, was beaten 2.7-3.2 times by a bare
+  Python socket echo on the development machine: no ceiling).
 - ``sockperf ping-pong --tcp``: round trips per second of a message of a given size, one
   in flight (the server sends each message back), as sequential calls make them.
 
@@ -76,19 +77,17 @@ def parse_version(name: str, text: str) -> str:
 
 
 def parse_iperf3(report: str) -> float:
-    """Bytes per second per direction (the mean of both) of an ``iperf3 --bidir -J``
-    report; ValueError for a report of a failed run or without both directions."""
+    """Bytes per second received in an ``iperf3 -J`` report; ValueError for a report of a
+    failed run or without the receiver's sum."""
     data = json.loads(report)
     if not isinstance(data, dict) or data.get("error"):
         raise ValueError(f"iperf3 failed: {data.get('error') if isinstance(data, dict) else data}")
     end = data.get("end", {})
     try:
-        rates = [
-            float(end[k]["bits_per_second"]) for k in ("sum_received", "sum_received_bidir_reverse")
-        ]
+        bits = float(end["sum_received"]["bits_per_second"])
     except (KeyError, TypeError, ValueError):
-        raise ValueError("iperf3 report lacks the two directions' received sums") from None
-    return sum(rates) / len(rates) / 8
+        raise ValueError("iperf3 report lacks the receiver's sum") from None
+    return bits / 8
 
 
 _VALID = re.compile(
@@ -175,9 +174,9 @@ class Ceilings:
             raise
 
     def tcp_bytes_per_s(self, size: int) -> float:
-        """iperf3's loopback rate per direction, both ways at once, writes of ``size``."""
+        """iperf3's loopback rate, one stream one way, writes of ``size``."""
         cmd = [self.tools["iperf3"].path, "-c", "127.0.0.1", "-p", str(self.iperf3.port)]
-        cmd += ["-l", str(size), "-t", str(self.seconds), "--bidir", "-J"]
+        cmd += ["-l", str(size), "-t", str(self.seconds), "-J"]
         return parse_iperf3(_run(cmd, self.seconds))
 
     def round_trips_per_s(self, size: int) -> float:

@@ -8,9 +8,9 @@ starts anything) when ``iperf3`` or ``sockperf`` is missing (``hack/bench/ceilin
    and the result comes back as a view of the arena (``shm``: the client's default, no
    copy back) or copied out of it (``shm_copies``: ``views=False``). Before measuring,
    every client echoes random bytes and the bench checks that they come back equal.
-   Beside them, in the same rounds: the TCP ceiling, ``iperf3 --bidir`` at the same
-   write size (the rate per direction: an echo moves its bytes both ways; iperf3 takes
-   writes of 1 MiB at most, so 8 MiB has none); the shared-memory ceiling, a raw
+   Beside them, in the same rounds: the TCP ceiling, ``iperf3`` at the same write size
+   (one stream, one way: an echo cannot beat it per direction; iperf3 takes writes of 1
+   MiB at most, so 8 MiB has none); the shared-memory ceiling, a raw
    ping-pong through an arena of the same geometry with the same copies in and out and
    no protocol (``shm_pingpong.py``); memcpy; and the floor of Python itself, a bare
    Python socket echo at the same depth and socket options (``python_socket``: no

@@ -35,7 +35,7 @@ def _peer(path: str, size: int, slots: int, slot_size: int, ready: Connection) -
         if posted == answered:
             os.sched_yield()
             idle += 1
-            if idle % 4096 == 0 and os.getppid() != parent:
+            if idle % 64 == 0 and os.getppid() != parent:
                 break  # the bench died without saying stop: spin no longer
             continue
         answered = posted  # echo: the arguments are the results, in place

@@ -68,14 +68,11 @@ def _iperf3(**end: Any) -> str:
     return json.dumps({"start": {"version": "iperf 3.12"}, "end": end})
 
 
-def test_iperf3_ceiling_is_the_rate_per_direction() -> None:
-    report = _iperf3(
-        sum_received={"bits_per_second": 8e9},
-        sum_received_bidir_reverse={"bits_per_second": 16e9},
-    )
-    assert parse_iperf3(report) == pytest.approx(1.5e9)  # bytes/s, the mean of both ways
-    with pytest.raises(ValueError, match="two directions"):
-        parse_iperf3(_iperf3(sum_received={"bits_per_second": 8e9}))  # not --bidir
+def test_iperf3_ceiling_is_the_rate_received() -> None:
+    report = _iperf3(sum_sent={"bits_per_second": 9e9}, sum_received={"bits_per_second": 8e9})
+    assert parse_iperf3(report) == pytest.approx(1e9)  # bytes/s, as the receiver counted
+    with pytest.raises(ValueError, match="receiver's sum"):
+        parse_iperf3(_iperf3(sum_sent={"bits_per_second": 8e9}))
     with pytest.raises(ValueError, match="iperf3 failed: unable to connect"):
         parse_iperf3(json.dumps({"error": "unable to connect to server"}))
 
