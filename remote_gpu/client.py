@@ -34,10 +34,11 @@ copies. The lease's worker writes into a slot only while it serves a request the
 a slot that views pin gets no request.
 
 On the rings a call costs no system call while the worker is busy or spinning (see
-``ring``); ``submit`` first reads the replies that are there already; and the client
-adds up its calls, bytes and latencies and hands them to the metrics every
-``METRICS_INTERVAL`` seconds or 256 calls, and on ``close`` (a metric update takes a
-lock).
+``ring``), and a caller waiting for a reply watches the ring for ``spin`` seconds
+(yielding its CPU between looks) before it sleeps on the doorbell; ``submit`` first
+reads the replies that are there already; and the client adds up its calls, bytes and
+latencies and hands them to the metrics every ``METRICS_INTERVAL`` seconds or 256 calls,
+and on ``close`` (a metric update takes a lock).
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ Result = tuple[np.ndarray, ...]
 LARGE = 4 << 20
 _INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 METRICS_INTERVAL = 0.25
+# On the rings, how long (seconds) a caller waiting for a reply watches the ring before
+# it sleeps on the doorbell (yielding its CPU between looks: ``Ring.wait``).
+SPIN = 250e-6
 
 
 def lease_files(directory: Path) -> tuple[str, Token]:
@@ -259,9 +263,11 @@ class RemoteGPU:
         timeout: float = 30.0,
         views: bool | None = None,
         receiver: bool | None = None,
+        spin: float = SPIN,
     ) -> None:
         self.lease = token.lease
         self.timeout = timeout
+        self.spin = spin
         self.views = views
         self._tr = _connect(endpoint, timeout)
         self._seq = itertools.count(1)
@@ -310,8 +316,8 @@ class RemoteGPU:
         self._m_in = metrics.BYTES.labels("client", "in", self.transport)
         self._m_latency = metrics.LATENCY.labels("client")
         self._m_calls = metrics.INVOCATIONS.labels("client")
-        # On the rings, calls, latencies and bytes are noted here and added to the metrics
-        # every METRICS_INTERVAL seconds and on close: a metric update costs a lock.
+        # Calls, latencies and bytes are noted here and added to the metrics every
+        # METRICS_INTERVAL seconds or 256 calls and on close: a metric update costs a lock.
         self._out = self._in = 0
         self._latencies: list[float] = []
         self._flush_at = 0.0
@@ -489,6 +495,7 @@ class RemoteGPU:
                     self._ring.post([bytes(b) for f in frames for b in f if b is not None])
                 else:
                     self._tr.send_frames(frames, self._drain)
+                self._out += sum(a.nbytes for a in arrs)
         except OSError as exc:
             self._pending.pop(seq, None)
             self._release(slot)
@@ -498,7 +505,6 @@ class RemoteGPU:
             self._release(slot)
             self._fail(exc)
             raise
-        self._m_out.inc(sum(a.nbytes for a in arrs))
         return fut
 
     def _submit_ring(self, name: str, arrays: tuple[np.ndarray, ...]) -> Future[Result]:
@@ -772,7 +778,8 @@ class RemoteGPU:
             if left is not None and left <= 0:
                 return False
             control = self._tr.fileno()
-            ring.wait(left, *([] if control is None else [control]))
+            spin = self.spin if left is None else min(self.spin, left)
+            ring.wait(left, *([] if control is None else [control]), spin=spin)
 
     def _read_reply(self, src: _Source) -> None:
         head = unpack(src.recv_header(), self._key, MAX_META)
@@ -805,9 +812,8 @@ class RemoteGPU:
             self._viewed.append(slot)
         del pin
         if head.op == Op.RESULT:
-            self._m_latency.observe(time.perf_counter() - start)
-            self._m_calls.inc()
-            self._m_in.inc(sum(a.nbytes for a in arrays))
+            self._in += sum(a.nbytes for a in arrays)
+            self._note_call(start)
             fut.set_result(arrays)
         elif head.op == Op.ERROR:
             err = handshake.parse_error(meta)
@@ -862,17 +868,25 @@ class RemoteGPU:
                 out.append(a)
             self._free.append(slot)
             arrays = tuple(out)
+        self._note_call(start)
+        fut.set_result(arrays)
+
+    def _note_call(self, start: float) -> None:
+        """Note a call's latency (under the read lock); flush the notes when due."""
         now = time.perf_counter()
         latencies = self._latencies
         latencies.append(now - start)
         if now >= self._flush_at or len(latencies) >= 256:
             self._flush_metrics(now)
-        fut.set_result(arrays)
 
     def _flush_metrics(self, now: float) -> None:
-        """Add the calls, latencies and bytes counted since the last flush to the metrics."""
-        with self._send_lock:
+        """Add the calls, latencies and bytes counted since the last flush to the metrics.
+        The bytes sent are counted under the send lock: taken here only if free (a sender
+        that reads a reply while it waits to send holds it), else they wait a flush."""
+        out = 0
+        if self._send_lock.acquire(blocking=False):
             out, self._out = self._out, 0
+            self._send_lock.release()
         latencies, self._latencies = self._latencies, []
         got, self._in = self._in, 0
         self._m_out.inc(out)
@@ -886,7 +900,7 @@ class RemoteGPU:
         h = unpack(src.recv_header(), self._key, self.slot_size)  # results fit their slot
         if h.seq != head.seq or h.part == 0 or h.op != head.op:
             raise FrameError("array frame out of sequence")
-        if h.flags & Flags.SHM:
+        if h.flags is Flags.SHM:  # identity: unpack gives one of two members
             if self.arena is None or slot < 0:
                 raise FrameError("SHM result without a slot")
             base = self.arena.slot_base(slot)
@@ -957,8 +971,8 @@ class RemoteGPU:
         if self._receiver is not None:
             self._receiver.join(self.timeout)
         self._fail(RemoteGPUError("client closed"))
+        self._flush_metrics(time.perf_counter())
         if self._ring is not None:
-            self._flush_metrics(time.perf_counter())
             self._ring.close()
         if self.arena is not None:
             # Unmapped now unless the caller still holds result views (then once they go).

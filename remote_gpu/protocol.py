@@ -436,7 +436,7 @@ def place_array(
     if (h.op, h.seq, h.part, h.parts, h.lease) != (Op.INVOKE, seq, part, head.parts, lease):
         raise Fatal(Code.BAD_FRAME, "array frame out of sequence", seq)
     end = base + size
-    if h.flags & Flags.SHM:
+    if h.flags is Flags.SHM:  # identity: unpack gives one of two members, cheaper than &
         if not shm:
             raise Fatal(Code.BAD_FRAME, "SHM frame on a stream transport", seq)
         if not (base <= h.offset and h.offset + h.length <= end):

@@ -25,7 +25,7 @@ Doorbells: a side about to sleep raises its flag, looks at the counter again, dr
 own FIFO, looks once more and only then waits in ``poll``; it lowers the flag when it
 wakes. After posting, a side writes a byte to the other side's FIFO (never blocking: a
 full FIFO already means "wake up") only if the other side's flag is up, so a call costs
-no system call while both sides are busy (or the worker spins, ``wait``). No wake-up is
+no system call while both sides are busy (or spin, ``wait``). No wake-up is
 lost: each side stores (the counter; the flag), then a full fence, then loads (the
 other's flag; the counter), so at least one of them sees the other's store: either the
 sleeper sees the message and does not sleep, or the poster sees the flag and rings.
@@ -56,10 +56,7 @@ ENTRY = 8192
 # u64 indices, a cache line apart: the counters, then the flags "may be asleep".
 _REQUESTS, _RESPONSES, _WORKER_ASLEEP, _CLIENT_ASLEEP = 0, 8, 16, 24
 _FENCE = threading.Lock()
-# ``wait``: a gap this long between two looks at the counter means the spinner lost its
-# CPU to another task; it then sleeps instead of spinning for _BACKOFF seconds.
-_PREEMPTED = 200e-6
-_BACKOFF = 0.005
+_yield = os.sched_yield  # between two looks of a spinning ``wait``
 _LENGTH = struct.Struct("<I")
 
 
@@ -110,7 +107,6 @@ class Ring:
         # A fresh arena's counters are zero; the other side may have posted already.
         self.posted = 0
         self.taken = 0
-        self._calm_after = 0.0  # when ``wait`` may spin again (see there)
 
     # ---- sending
 
@@ -151,30 +147,26 @@ class Ring:
     def wait(self, timeout: float | None, *others: int, spin: float = 0.0) -> list[int]:
         """Sleep until a message is ready or one of ``others`` is readable.
 
-        With ``spin``, first watch the counter for that many seconds: a message that
-        comes meanwhile costs neither side a wake-up (which, between the vCPUs of a
-        virtual machine, can cost the waker tens of microseconds). But if this side lost
-        its CPU to another task while it spun, it does not spin for the next ``_BACKOFF``
-        seconds: the CPU is wanted, maybe by the peer. Returns the readable ``others``;
-        an empty list means a message may be ready (or the time ran out: check
-        ``ready()``).
+        With ``spin``, first watch the counter for up to that many seconds: a message
+        that comes meanwhile costs neither side a wake-up (which, between the vCPUs of a
+        virtual machine, can cost the waker tens of microseconds, and on a busy machine
+        a wait for a CPU). Between two looks the spinner yields its CPU
+        (``sched_yield``), so that whoever else wants it, maybe the peer, runs first: on
+        an idle CPU a look costs a microsecond, on a busy one the spinner only waits its
+        turn. Returns the readable ``others``; an empty list means a message may be
+        ready (or the time ran out: check ``ready()``).
         """
         if self.ready():
             return []
-        if spin > 0 and (now := _clock()) >= self._calm_after:
-            until = now + spin
+        if spin > 0:
+            until = _clock() + spin
             counters, i, taken = self._counters, self._in_i, self.taken
-            last = now
-            while now < until:
+            while True:
                 if counters[i] != taken:
                     return []
-                now = _clock()
-                if now - last > _PREEMPTED:
-                    # Another task took this CPU while we spun: spinning now only delays
-                    # whoever shares it (maybe the peer). Sleep instead for a while.
-                    self._calm_after = now + _BACKOFF
+                if _clock() >= until:
                     break
-                last = now
+                _yield()
         counters = self._counters
         counters[self._asleep] = 1
         try:

@@ -288,7 +288,7 @@ class DirectServer:
             offset = place_array(
                 h, head, part, self.session.lease, shm, base, cursor, arena.slot_size
             )
-            if not h.flags & Flags.SHM:
+            if h.flags is not Flags.SHM:
                 self.reader.read_into(arena.view(offset, h.length))
                 cursor = align(offset + h.length)
             specs.append((int(h.dtype), h.shape, offset, h.length))

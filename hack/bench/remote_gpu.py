@@ -1,39 +1,41 @@
-"""Benchmark of the remote GPU data plane. The last line printed is JSON.
+"""Benchmark of the remote GPU data plane, against ceilings nobody here wrote. The last
+line printed is JSON; it exits non-zero when a goal is missed, and with 2 (before it
+starts anything) when ``iperf3`` or ``sockperf`` is missing (``hack/bench/ceilings.py``).
 
-1. Throughput of ``echo`` at 64 KiB, 1 MiB and 8 MiB over TCP and shared memory, with the
-   raw-socket and memcpy ceilings measured in the same run. Every client starts from an
-   ordinary numpy array in its own memory. TCP sends it and receives the result into a
-   new array. Shared memory copies it into the lease's arena, and the result comes back
-   as a view of the arena (``shm``: the client's default, no copy back) or copied out of
-   it (``shm_copies``: ``views=False``). Before measuring, every client echoes random
-   bytes and the bench checks that they come back equal. The raw socket echoes the same
-   sizes at the same in-flight depth with the same socket options; every connection is
-   warmed up and kept; the measurements are interleaved in rounds (raw, tcp, shm, shm
-   copies, memcpy), and the ratios are medians of the per-round ratios, so that the
-   shared machine's drift hits both sides of a ratio alike.
-2. Round-trip p50/p99 of small frames.
-3. The feature-extraction experiment: a 66 ms stage, 0.92 MB frames, N = 1..8 workers
-   (one lease each): unshaped, then inside a private network namespace whose loopback is
-   shaped by ``tc tbf``, where admission control predicts the knee from the measured
-   bandwidth and the knee is then measured.
-All figures are medians of repeated runs.
+1. Throughput of ``echo`` at 64 KiB, 1 MiB and 8 MiB over TCP and shared memory. Every
+   client starts from an ordinary numpy array in its own memory. TCP sends it and
+   receives the result into a new array. Shared memory copies it into the lease's arena,
+   and the result comes back as a view of the arena (``shm``: the client's default, no
+   copy back) or copied out of it (``shm_copies``: ``views=False``). Before measuring,
+   every client echoes random bytes and the bench checks that they come back equal.
+   Beside them, in the same rounds: the TCP ceiling, ``iperf3`` at the same write size
+   (one stream, one way: an echo cannot beat it per direction; iperf3 takes writes of 1
+   MiB at most, so 8 MiB has none); the shared-memory ceiling, a raw
+   ping-pong through an arena of the same geometry with the same copies in and out and
+   no protocol (``shm_pingpong.py``); memcpy; and the floor of Python itself, a bare
+   Python socket echo at the same depth and socket options (``python_socket``: no
+   frames, no MACs). Every connection is warmed up and kept; the measurements are
+   interleaved in ``ROUNDS`` rounds (3), and each ratio is the median of the per-round
+   ratios, so that the shared machine's drift hits both sides of a ratio alike.
+2. Calls per second of sequential 4 KiB echoes over TCP against ``sockperf ping-pong
+   --tcp`` with 4 KiB messages (``calls_vs_ceiling_4kib``) and a bare Python socket
+   ping-pong, interleaved likewise.
+3. Round-trip p50/p99 of small frames over TCP and shared memory (medians of 3 runs).
+4. Unless ``--data-plane``: the feature-extraction experiment: a 66 ms stage, 0.92 MB
+   frames, N = 1..8 workers (one lease each): unshaped, then inside a private network
+   namespace whose loopback is shaped by ``tc tbf``, where admission control predicts
+   the knee from the measured bandwidth and the knee is then measured.
 
-One run on the development machine (2 vCPUs shared with other work, 7 rounds), at 1 MiB:
-TCP 1.82 GB/s (0.88 of the raw socket's 2.00), shared memory 9.86 GB/s (5.8 times TCP),
-shared memory with results copied out 4.33 GB/s (2.7 times), memcpy 23.4 GB/s. Before
-the shared-memory fast path, on the same machine: TCP 1.47, shared memory (copies) 3.54
-(2.6 times), with views 6.45 (4.5 times). What bounds shared memory at 1 MiB: a call costs
-the client about 95 us on a quiet machine, of which about 62 us copy the argument into a
-slot that is no longer in the cache (16-17 GB/s, where memcpy between cache-resident
-buffers reaches 24) and about 33 us are Python (submit, parsing and checking the reply's
-MACed frames, the future; 22-23 us a call at 64 bytes, where they were 55-60). The
-worker is off the critical path (about 20 us a call, on the other CPU). A shared-memory
-round lasts about 25 ms, so a single preemption by another task shows in it: the 1 MiB
-ratio ranged from 5.2 to 5.8 over runs on a quiet machine.
+Goals (issue 31, item 4): ``tcp_vs_ceiling_64kib`` and ``tcp_vs_ceiling_1mib`` >= 0.8,
+``calls_vs_ceiling_4kib`` >= 0.8, ``shm_vs_pingpong_1mib`` >= 0.8, ``rtt_small_shm``
+p50 <= 100 us; with the admission part, ``fps_4_workers`` >= 55 and the knee within one
+worker. Figures from the development machine, and what bounds them: docs/architecture.md
+(The remote-GPU fallback, "The data plane against its ceilings").
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -43,7 +45,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +55,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from hack.bench.ceilings import IPERF3_MAX_WRITE, Ceilings, MissingTool, Tool, require  # noqa: E402
 from hack.bench.goals import finish, goal  # noqa: E402
+from hack.bench.shm_pingpong import PingPong  # noqa: E402
 from hack.bench.stats import percentile  # noqa: E402
 from remote_gpu import tokens  # noqa: E402
 from remote_gpu.admission import measure_bandwidth  # noqa: E402
@@ -62,11 +68,12 @@ from testbed.process import donor_argv  # noqa: E402
 
 SECRET = b"benchmark-secret-0123456789abcdef"
 SIZES = {"64kib": 64 << 10, "1mib": 1 << 20, "8mib": 8 << 20}
+SMALL = ("4kib", 4 << 10)  # the request/response rate's message size
 CREDITS = 4
+QUOTA = 72 << 20
 FRAME_BYTES = 920_000
 STAGE_S = 0.066
-REPS = 3
-ROUNDS = int(os.environ.get("REMOTE_GPU_BENCH_ROUNDS", "7"))
+ROUNDS = int(os.environ.get("REMOTE_GPU_BENCH_ROUNDS", "3"))
 _lease = iter(range(1, 1 << 30))
 
 
@@ -88,7 +95,7 @@ class DonorProcess:
             secret,
             self.endpoint,
             "--memory-quota",
-            str(72 << 20),
+            str(QUOTA),
             "--credits",
             str(CREDITS),
             "--allow",
@@ -156,7 +163,8 @@ def _raw_echo_server(listener: socket.socket, size: int) -> None:
 
 
 class RawEcho:
-    """Echo over a plain TCP socket, same depth and options: the socket ceiling."""
+    """Echo over a plain Python TCP socket, same depth and options: the floor of what
+    Python itself costs (no frames, no MACs), not a ceiling (see ``ceilings``)."""
 
     def __init__(self, size: int) -> None:
         import multiprocessing as mp
@@ -195,6 +203,17 @@ class RawEcho:
         t.join()
         return n * size / (time.perf_counter() - start)
 
+    def ping_pong(self, n: int) -> float:
+        """Round trips per second, one in flight: a bare Python socket ping-pong."""
+        size, c, back = self.size, self.sock, self.back
+        start = time.perf_counter()
+        for _ in range(n):
+            c.sendall(self.data)
+            got = 0
+            while got < size:
+                got += c.recv_into(back[got:])
+        return n / (time.perf_counter() - start)
+
     def close(self) -> None:
         self.sock.close()
         self.server.join(10)
@@ -218,7 +237,35 @@ def check_round_trip(gpu: RemoteGPU, size: int) -> None:
         raise RuntimeError(f"{gpu.transport} echo of {size} bytes came back different")
 
 
-def throughput(donor: DonorProcess, label: str, size: int) -> dict[str, float]:
+def _median_ratio(runs: dict[str, list[float]], x: str, y: str) -> float:
+    """The median of the per-round ratios x/y: drift of the shared machine hits both."""
+    return round(statistics.median(p / q for p, q in zip(runs[x], runs[y], strict=True)), 3)
+
+
+def _measure(measure: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """``ROUNDS`` rounds of every measurement, interleaved."""
+    runs: dict[str, list[float]] = {k: [] for k in measure}
+    for _ in range(ROUNDS):
+        for name, rate in measure.items():
+            runs[name].append(rate())
+    return runs
+
+
+# The throughput ratios reported: name -> (measurement, the one it is divided by).
+RATIOS = {
+    "tcp_vs_ceiling": ("tcp", "iperf3"),
+    "python_socket_vs_ceiling": ("python_socket", "iperf3"),
+    "tcp_vs_python_socket": ("tcp", "python_socket"),
+    "shm_vs_tcp": ("shm", "tcp"),
+    "shm_copies_vs_tcp": ("shm_copies", "tcp"),
+    "shm_vs_pingpong": ("shm_copies", "pingpong"),  # the same copies in and out
+    "shm_vs_memcpy": ("shm", "memcpy"),
+}
+
+
+def throughput(
+    donor: DonorProcess, ceilings: Ceilings, pingpong: PingPong, label: str, size: int
+) -> dict[str, float]:
     a = np.ones(size, dtype=np.uint8)
     raw = RawEcho(size)
     gpus = {
@@ -226,54 +273,88 @@ def throughput(donor: DonorProcess, label: str, size: int) -> dict[str, float]:
         "shm": donor.client(transport="shm", credits=CREDITS),
         "shm_copies": donor.client(transport="shm", credits=CREDITS, views=False),
     }
-    runs: dict[str, list[float]] = {k: [] for k in ("raw", *gpus, "memcpy")}
+    n = count_for(size)
+    measure: dict[str, Callable[[], float]] = {
+        **({"iperf3": partial(ceilings.tcp_bytes_per_s, size)} if size <= IPERF3_MAX_WRITE else {}),
+        "python_socket": raw.rate,
+        **{name: partial(gpu_rate, gpu, a) for name, gpu in gpus.items()},
+        "pingpong": lambda: pingpong.rate(a, n, CREDITS),
+        "memcpy": lambda: memcpy_rate(size),
+    }
     try:
         for gpu in gpus.values():  # warm up
             check_round_trip(gpu, size)
-            for _ in range(max(4, count_for(size) // 8)):
+            for _ in range(max(4, n // 8)):
                 gpu.invoke("echo", a)
-        for _ in range(ROUNDS):
-            runs["raw"].append(raw.rate())
-            for name, gpu in gpus.items():
-                runs[name].append(gpu_rate(gpu, a))
-            runs["memcpy"].append(memcpy_rate(size))
+        pingpong.rate(a, max(4, n // 8), CREDITS)
+        runs = _measure(measure)
     finally:
         for gpu in gpus.values():
             gpu.close()
         raw.close()
+    out = {f"{k}_GBps_{label}": round(statistics.median(v) / 1e9, 3) for k, v in runs.items()}
+    for name, (x, y) in RATIOS.items():
+        if x in runs and y in runs:
+            out[f"{name}_{label}"] = _median_ratio(runs, x, y)
+    return out
 
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
 
-    def ratio(x: str, y: str) -> float:
-        return round(med([p / q for p, q in zip(runs[x], runs[y], strict=True)]), 3)
+def calls(donor: DonorProcess, ceilings: Ceilings, seconds: float = 1.0) -> dict[str, float]:
+    """Sequential calls per second of ``SMALL`` echoes over TCP, against sockperf's TCP
+    ping-pong rate and a bare Python socket ping-pong, interleaved in rounds."""
+    label, size = SMALL
+    a = np.ones(size, dtype=np.uint8)
+    raw = RawEcho(size)
+    gpu = donor.client(transport="tcp")
 
-    return {
-        f"tcp_GBps_{label}": round(med(runs["tcp"]) / 1e9, 3),
-        f"raw_socket_GBps_{label}": round(med(runs["raw"]) / 1e9, 3),
-        f"shm_GBps_{label}": round(med(runs["shm"]) / 1e9, 3),
-        f"shm_copies_GBps_{label}": round(med(runs["shm_copies"]) / 1e9, 3),
-        f"memcpy_GBps_{label}": round(med(runs["memcpy"]) / 1e9, 3),
-        f"tcp_vs_raw_{label}": ratio("tcp", "raw"),
-        f"shm_vs_tcp_{label}": ratio("shm", "tcp"),
-        f"shm_copies_vs_tcp_{label}": ratio("shm_copies", "tcp"),
-        f"shm_vs_memcpy_{label}": ratio("shm", "memcpy"),
+    def tcp_rate() -> float:
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            gpu.invoke("echo", a)
+            n += 1
+        return n / elapsed
+
+    try:
+        check_round_trip(gpu, size)
+        for _ in range(200):
+            gpu.invoke("echo", a)
+        raw.ping_pong(200)
+        runs = _measure(
+            {
+                "sockperf": lambda: ceilings.round_trips_per_s(size),
+                "python_socket": lambda: raw.ping_pong(2000),
+                "tcp": tcp_rate,
+            }
+        )
+    finally:
+        gpu.close()
+        raw.close()
+    out: dict[str, float] = {
+        f"{k}_calls_per_s_{label}": round(statistics.median(v)) for k, v in runs.items()
     }
+    out[f"calls_vs_ceiling_{label}"] = _median_ratio(runs, "tcp", "sockperf")
+    out[f"python_socket_vs_ceiling_{label}"] = _median_ratio(runs, "python_socket", "sockperf")
+    return out
 
 
 def round_trips(donor: DonorProcess, transport: str, n: int = 2000) -> dict[str, float]:
+    """p50 and p99 of small echoes, one in flight: the medians over ``ROUNDS`` runs."""
     a = np.arange(16, dtype=np.float32)
+    p50s, p99s = [], []
     with donor.client(transport=transport) as gpu:
         for _ in range(50):
             gpu.invoke("echo", a)
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            gpu.invoke("echo", a)
-            samples.append(time.perf_counter() - t0)
+        for _ in range(ROUNDS):
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                gpu.invoke("echo", a)
+                samples.append(time.perf_counter() - t0)
+            p50s.append(percentile(samples, 0.5))
+            p99s.append(percentile(samples, 0.99))
     return {
-        "p50_us": round(percentile(samples, 0.5) * 1e6, 1),
-        "p99_us": round(percentile(samples, 0.99) * 1e6, 1),
+        "p50_us": round(statistics.median(p50s) * 1e6, 1),
+        "p99_us": round(statistics.median(p99s) * 1e6, 1),
     }
 
 
@@ -376,26 +457,30 @@ def shaped_part(rate_mbit: int) -> dict[str, object]:
     }
 
 
-def main() -> int:
-    from composable_dra.process import logs
-
-    logs.configure("bench", "warning", "json")
-    if len(sys.argv) > 2 and sys.argv[1] == "--shaped":
-        print(json.dumps(shaped_part(int(sys.argv[2]))))
-        return 0
-    out: dict[str, object] = {}
-    donor = DonorProcess()
+def data_plane(donor: DonorProcess, tools: dict[str, Tool]) -> dict[str, object]:
+    """Throughput, call rate and round trips, each with its ceiling measured beside it."""
+    out: dict[str, object] = {
+        "rounds": ROUNDS,
+        "ceiling_tools": {t.name: t.describe() for t in tools.values()},
+    }
+    ceilings = Ceilings(tools)
+    pingpong = PingPong(QUOTA, CREDITS)
     try:
-        out["rounds"] = ROUNDS
         for label, size in SIZES.items():
-            out.update(throughput(donor, label, size))
-        out["rtt_small_tcp"] = round_trips(donor, "tcp")
-        out["rtt_small_shm"] = round_trips(donor, "shm")
-        curve = fps_sweep(donor)
-        out["fps_unshaped"] = curve
-        out["fps_4_workers"] = curve[4]
+            out.update(throughput(donor, ceilings, pingpong, label, size))
+        out.update(calls(donor, ceilings))
     finally:
-        donor.stop()
+        pingpong.close()
+        ceilings.close()
+    out["rtt_small_tcp"] = round_trips(donor, "tcp")
+    out["rtt_small_shm"] = round_trips(donor, "shm")
+    return out
+
+
+def admission(donor: DonorProcess) -> dict[str, object]:
+    """The feature-extraction sweep unshaped, then shaped in a private network namespace."""
+    curve = fps_sweep(donor)
+    out: dict[str, object] = {"fps_unshaped": curve, "fps_4_workers": curve[4]}
     rate = int(os.environ.get("REMOTE_GPU_BENCH_TBF_MBIT", "360"))
     shaped = subprocess.run(
         ["unshare", "-rn", sys.executable, __file__, "--shaped", str(rate)],
@@ -408,18 +493,57 @@ def main() -> int:
         out.update(json.loads(shaped.stdout.strip().splitlines()[-1]))
     else:
         out["shaped_error"] = shaped.stderr.strip().splitlines()[-1:]
-    knee_p, knee_m = out.get("fps_knee_predicted"), out.get("fps_knee_workers")
-    goals = {
-        "tcp_vs_raw_1mib": goal(_num(out.get("tcp_vs_raw_1mib")), floor=0.8),
-        "shm_vs_tcp_1mib": goal(_num(out.get("shm_vs_tcp_1mib")), floor=5),
-        "fps_4_workers": goal(_num(out.get("fps_4_workers")), floor=55),
-        # How far admission control's predicted knee is from the measured one, in workers.
-        "knee_error_workers": goal(
-            abs(knee_p - knee_m) if isinstance(knee_p, int) and isinstance(knee_m, int) else None,
-            ceiling=1,
+    return out
+
+
+def goals(out: dict[str, object], with_admission: bool) -> dict[str, dict[str, object]]:
+    """Item 4's goals against the measured ceilings, and (the full run) admission's."""
+    rtt = out.get("rtt_small_shm")
+    found = {
+        "tcp_vs_ceiling_64kib": goal(_num(out.get("tcp_vs_ceiling_64kib")), floor=0.8),
+        "tcp_vs_ceiling_1mib": goal(_num(out.get("tcp_vs_ceiling_1mib")), floor=0.8),
+        "calls_vs_ceiling_4kib": goal(_num(out.get("calls_vs_ceiling_4kib")), floor=0.8),
+        "shm_vs_pingpong_1mib": goal(_num(out.get("shm_vs_pingpong_1mib")), floor=0.8),
+        "rtt_small_shm": goal(
+            _num(rtt.get("p50_us")) if isinstance(rtt, dict) else None, ceiling=100
         ),
     }
-    return finish(out, goals)
+    if with_admission:
+        knee_p, knee_m = out.get("fps_knee_predicted"), out.get("fps_knee_workers")
+        found["fps_4_workers"] = goal(_num(out.get("fps_4_workers")), floor=55)
+        # How far admission control's predicted knee is from the measured one, in workers.
+        found["knee_error_workers"] = goal(
+            abs(knee_p - knee_m) if isinstance(knee_p, int) and isinstance(knee_m, int) else None,
+            ceiling=1,
+        )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    from composable_dra.process import logs
+
+    parser = argparse.ArgumentParser(description="The remote GPU data plane's benchmark.")
+    parser.add_argument("--data-plane", action="store_true", help="skip the admission sweeps")
+    parser.add_argument("--shaped", type=int, metavar="MBIT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logs.configure("bench", "warning", "json")
+    if args.shaped is not None:
+        print(json.dumps(shaped_part(args.shaped)))
+        return 0
+    try:
+        tools = require()  # before anything starts
+    except MissingTool as exc:
+        print(f"remote_gpu bench: {exc}", file=sys.stderr)
+        print(json.dumps({"error": str(exc), "goals_met": False}), flush=True)
+        return 2
+    donor = DonorProcess()
+    try:
+        out = data_plane(donor, tools)
+        if not args.data_plane:
+            out.update(admission(donor))
+    finally:
+        donor.stop()
+    return finish(out, goals(out, with_admission=not args.data_plane))
 
 
 def _num(value: object) -> float | None:

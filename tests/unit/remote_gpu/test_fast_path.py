@@ -291,29 +291,33 @@ def test_threads_share_a_ring_client(donor: Running) -> None:
     assert not errors, errors
 
 
-def test_client_metrics_count_every_ring_call(donor: Running) -> None:
-    """Ring clients add up calls, bytes and latencies and hand them to the metrics now
-    and then and when they close: none is lost."""
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_client_metrics_count_every_call(donor: Running, transport: str) -> None:
+    """Clients add up calls, bytes and latencies and hand them to the metrics now and then
+    and when they close: none is lost."""
     from prometheus_client import REGISTRY
 
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
+    def moved(direction: str) -> float:
+        return sample(
+            "remote_gpu_bytes_total", side="client", direction=direction, transport=transport
+        )
+
     calls = sample("remote_gpu_invocations_total", side="client")
     latencies = sample("remote_gpu_invoke_seconds_count", side="client")
-    out = sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm")
-    back = sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm")
-    with RemoteGPU(donor.endpoint, donor.token(), transport="shm") as gpu:
-        for _ in range(700):
+    out, back = moved("out"), moved("in")
+    with RemoteGPU(donor.endpoint, donor.token(), transport=transport) as gpu:
+        for _ in range(600):
             gpu.invoke("echo", np.zeros(100, dtype=np.uint8))
+        futures = [gpu.submit("echo", np.zeros(100, dtype=np.uint8)) for _ in range(100)]
+        for f in futures:
+            f.result(10)
     assert sample("remote_gpu_invocations_total", side="client") - calls == 700
     assert sample("remote_gpu_invoke_seconds_count", side="client") - latencies == 700
-    assert sample("remote_gpu_bytes_total", side="client", direction="out", transport="shm") == (
-        out + 70_000
-    )
-    assert sample("remote_gpu_bytes_total", side="client", direction="in", transport="shm") == (
-        back + 70_000
-    )
+    assert moved("out") == out + 70_000
+    assert moved("in") == back + 70_000
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
@@ -359,3 +363,30 @@ def test_close_unmaps_the_arena_unless_views_are_held(donor: Running) -> None:
     assert _is_view(kept, gpu)
     gpu.close()
     assert kept.tolist() == [0, 1, 2, 3]  # still mapped: the view holds the mapping
+
+
+def test_a_caller_that_spins_takes_its_reply_without_a_doorbell(donor: Running) -> None:
+    """A caller watching the ring for longer than the reply takes never says it may sleep,
+    so the worker never rings its doorbell; one that does not spin sleeps on it."""
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=10.0) as gpu:
+        ring = gpu._ring
+        assert ring is not None
+        for i in range(50):
+            assert gpu.invoke("echo", np.array([i]))[0][0] == i
+        with pytest.raises(BlockingIOError):
+            os.read(ring._in_fd, 1)  # not one byte: the worker never rang
+        assert ring._counters[ring._asleep] == 0
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=0.0) as gpu:
+        ring = gpu._ring
+        assert ring is not None
+        asleep: list[bool] = []
+        wait = ring.wait
+
+        def watched(timeout: float | None, *others: int, spin: float = 0.0) -> list[int]:
+            asleep.append(spin == 0.0)
+            return wait(timeout, *others, spin=spin)
+
+        ring.wait = watched  # type: ignore[method-assign]
+        for i in range(20):
+            assert gpu.invoke("echo", np.array([i]))[0][0] == i
+        assert asleep and all(asleep)

@@ -108,23 +108,39 @@ def test_the_sleeper_raises_its_flag_and_lowers_it_on_waking(rings: tuple[Ring, 
     assert worker.take() == b"wake up"
 
 
-def test_a_spinner_that_loses_its_cpu_stops_spinning_for_a_while(
+def test_a_spinner_yields_its_cpu_between_looks_and_sleeps_after_spin(
     rings: tuple[Ring, Ring], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A gap between two looks at the counter longer than ``_PREEMPTED`` (as when the
-    scheduler ran another task meanwhile) turns spinning off for ``_BACKOFF``."""
-    _, worker = rings
-    clock = iter([0.0, 0.0, 0.001] + [0.002 + i * 1e-7 for i in range(100)])
-    monkeypatch.setattr(ring_module, "_clock", lambda: next(clock))
-    worker.wait(0.0, spin=0.01)
-    assert worker._calm_after == pytest.approx(0.001 + ring_module._BACKOFF)
-    looks = 0
+    """While it spins, ``wait`` gives its CPU away between two looks at the counter (on a
+    busy machine the peer may need that CPU to answer), and after ``spin`` seconds it
+    raises its flag and sleeps; a message posted meanwhile ends the spin, no sleep."""
+    client, worker = rings
+    now = 0.0
+    yields = 0
 
-    def counting() -> float:
-        nonlocal looks
-        looks += 1
-        return 0.002
+    def clock() -> float:
+        return now
 
-    monkeypatch.setattr(ring_module, "_clock", counting)
-    worker.wait(0.0, spin=0.01)
-    assert looks == 1  # it looked at the clock once and did not spin
+    def yield_cpu() -> None:
+        nonlocal now, yields
+        yields += 1
+        now += 1e-4
+        assert not worker._counters[worker._asleep]  # spinning, not asleep
+
+    monkeypatch.setattr(ring_module, "_clock", clock)
+    monkeypatch.setattr(ring_module, "_yield", yield_cpu)
+    assert worker.wait(0.0, spin=0.001) == []
+    assert yields == 10  # 1 ms of looks, 0.1 ms apart, then the (timed-out) sleep
+    assert not worker.ready()
+
+    def post_on_third() -> None:
+        nonlocal yields
+        yields += 1
+        if yields == 3:
+            client.post(b"meanwhile")
+
+    yields = 0
+    monkeypatch.setattr(ring_module, "_yield", post_on_third)
+    assert worker.wait(10.0, spin=1.0) == []  # the clock stands still: only the post ends it
+    assert yields == 3 and worker.ready()
+    assert worker.take() == b"meanwhile"
