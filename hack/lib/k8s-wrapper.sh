@@ -20,6 +20,8 @@ kube_version() {
 # when it pins VERSION; otherwise a wrapper generated (once, cached by version) from
 # k8s.io/kubernetes@VERSION's go.mod, whose ./staging replaces become the published
 # k8s.io/* v0.MINOR.PATCH modules (replaces do not apply to dependents).
+# cache_root comes from hack/lib/build.sh, sourced first.
+# shellcheck disable=SC2154
 kube_module_dir() {
   local pinned=$1 version=$2 dir gomod staging tmpdir
   if [[ $(module_version "$pinned/go.mod" k8s.io/kubernetes) == "$version" ]]; then
