@@ -39,7 +39,7 @@ class RemoteCdiDevice:
     """A lent GPU as a container sees it: where its donor is, and the lease's directory
     (its token and endpoint files)."""
 
-    device_name: str
+    name: str  # the CDI device's (``remote_key.RemoteKey.cdi_name``)
     endpoint: str
     lease: int
     directory: str  # on the host
@@ -65,9 +65,13 @@ def cdi_device_name(claim_uid: str, device_name: str) -> str:
     return f"{claim_uid}-{device_name}"
 
 
-def cdi_device_id(claim_uid: str, device_name: str) -> str:
+def qualified(name: str) -> str:
     """The fully qualified CDI device ID that NodePrepareResources returns."""
-    return f"{KIND}={cdi_device_name(claim_uid, device_name)}"
+    return f"{KIND}={name}"
+
+
+def cdi_device_id(claim_uid: str, device_name: str) -> str:
+    return qualified(cdi_device_name(claim_uid, device_name))
 
 
 def spec_file_name(claim_uid: str) -> str:
@@ -107,7 +111,7 @@ def build_spec(
     for index, rdev in enumerate(remote):
         spec_devices.append(
             {
-                "name": cdi_device_name(claim_uid, rdev.device_name),
+                "name": rdev.name,
                 "containerEdits": remote_edits(rdev, index, len(remote)),
             }
         )

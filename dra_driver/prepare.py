@@ -23,6 +23,7 @@ from composable_dra.process import logs
 from dra_driver import cdi, claimref, metrics
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice, RemoteLeaseRecord
 from dra_driver.device_source import DeviceInfo
+from dra_driver.remote_key import RemoteKey, recorded_key
 from dra_driver.remote_prepare import (
     RemoteClaimError,
     RemoteLeases,
@@ -162,7 +163,8 @@ def build_record(
     remote: Sequence[tuple[RemotePlanned, str]] = (),
 ) -> ClaimRecord:
     """The checkpoint record (state ``preparing``) and CDI spec for a planned claim;
-    ``remote``: its remote devices with their lease directories."""
+    ``remote``: its remote devices with their lease directories (``remote_key``'s
+    layout: by pool and device)."""
     cdi_devices = [
         cdi.CdiDevice(
             device_name=p.device.name,
@@ -186,7 +188,7 @@ def build_record(
         )
         for p in planned
     ]
-    remote_cdi = [remote_cdi_device(ref.uid, r, directory) for r, directory in remote]
+    remote_cdi = [remote_cdi_device(_key(ref.uid, r), r, directory) for r, directory in remote]
     devices += [
         PreparedDevice(
             request_names=[r.request],
@@ -194,7 +196,7 @@ def build_record(
             device_name=r.device,
             local_name=r.device,
             uuid="",
-            cdi_device_ids=[cdi.cdi_device_id(ref.uid, r.device)],
+            cdi_device_ids=[_key(ref.uid, r).cdi_id()],
             remote=RemoteLeaseRecord(donor=r.donor, lease=r.lease, endpoint=r.endpoint),
         )
         for r, _ in remote
@@ -209,42 +211,52 @@ def build_record(
     )
 
 
-def remote_cdi_device(claim_uid: str, r: RemotePlanned, directory: str) -> cdi.RemoteCdiDevice:
+def _key(claim_uid: str, r: RemotePlanned) -> RemoteKey:
+    """The key a device prepared now gets: by its pool and name."""
+    return RemoteKey(claim_uid, r.donor, r.device)
+
+
+def remote_cdi_device(key: RemoteKey, r: RemotePlanned, directory: str) -> cdi.RemoteCdiDevice:
     return cdi.RemoteCdiDevice(
-        device_name=r.device,
+        name=key.cdi_name(),
         endpoint=r.endpoint,
         lease=r.lease,
         directory=directory,
-        container_directory=container_lease_dir(claim_uid, r.device),
+        container_directory=container_lease_dir(key),
     )
 
 
+def recorded_keys(record: ClaimRecord) -> dict[tuple[str, str], RemoteKey]:
+    """(pool, device) -> the key each remote device of ``record`` was prepared under."""
+    return {
+        (d.pool_name, d.device_name): recorded_key(record.uid, d)
+        for d in record.devices
+        if d.remote is not None
+    }
+
+
 def refreshed_record(
-    record: ClaimRecord, stale: Sequence[RemotePlanned], directory: Callable[[str], str]
+    record: ClaimRecord, stale: Sequence[RemotePlanned], directory: Callable[[RemoteKey], str]
 ) -> ClaimRecord:
     """``record`` with the re-opened leases of ``stale``: each device's lease and endpoint,
     and its CDI device's edits (what a container started from now on gets);
-    ``directory(device)``: the device's lease directory on the host."""
-    new = {r.device: r for r in stale}
-    remote = [d for d in record.devices if d.remote is not None]
+    ``directory(key)``: the device's lease directory on the host."""
+    new = {(r.donor, r.device): r for r in stale}
+    remote = [(d.pool_name, d.device_name) for d in record.devices if d.remote is not None]
     devices = [
-        d.model_copy(
-            update={
-                "remote": RemoteLeaseRecord(
-                    donor=d.pool_name, lease=new[d.device_name].lease,
-                    endpoint=new[d.device_name].endpoint,
-                )
-            }
-        )
-        if d.remote is not None and d.device_name in new
+        d.model_copy(update={"remote": RemoteLeaseRecord(
+            donor=d.pool_name, lease=r.lease, endpoint=r.endpoint
+        )})
+        if d.remote is not None and (r := new.get((d.pool_name, d.device_name)))
         else d
         for d in record.devices
     ]  # fmt: skip
+    keys = recorded_keys(record)
     spec = dict(record.cdi_spec)
     edits = {
-        cdi.cdi_device_name(record.uid, r.device): cdi.remote_edits(
-            remote_cdi_device(record.uid, r, directory(r.device)),
-            next(i for i, d in enumerate(remote) if d.device_name == r.device),
+        keys[r.donor, r.device].cdi_name(): cdi.remote_edits(
+            remote_cdi_device(keys[r.donor, r.device], r, directory(keys[r.donor, r.device])),
+            remote.index((r.donor, r.device)),
             len(remote),
         )
         for r in stale
@@ -342,9 +354,7 @@ class Preparer:
             raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         if remote and self._remote is None:
             raise ClaimError("this plugin has no --lease-token-file: no remote GPUs here")
-        paths = [
-            (r, str(self._remote.lease_dir(ref.uid, r.device))) for r in remote if self._remote
-        ]
+        paths = [(r, str(self._remote.lease_dir(_key(ref.uid, r)))) for r in remote if self._remote]
         record = build_record(ref, planned, paths)
         # Phase one: the devices are reserved before anything is written for them (and a
         # crash from here on leaves a record whose unprepare removes the token files).
@@ -352,7 +362,7 @@ class Preparer:
         for r in remote:
             assert self._remote is not None
             try:
-                self._remote.fetch(ref.uid, r)
+                self._remote.fetch(_key(ref.uid, r), r)
             except RemoteClaimError as exc:
                 raise ClaimError(f"claim {ref.namespace}/{ref.name}: {exc}") from None
         if record.cdi_spec:
@@ -376,9 +386,10 @@ class Preparer:
             leases = self._remote
             if record is None or record.state != "prepared" or leases is None:
                 return False
+            keys = recorded_keys(record)
             for r in stale:
-                leases.fetch(uid, r)
-            updated = refreshed_record(record, stale, lambda d: str(leases.lease_dir(uid, d)))
+                leases.fetch(keys[r.donor, r.device], r)
+            updated = refreshed_record(record, stale, lambda k: str(leases.lease_dir(k)))
             if updated.cdi_spec:
                 self._cdi.write(uid, updated.cdi_spec)
             self._checkpoint.put(updated)
@@ -447,9 +458,9 @@ class Preparer:
         """Token files gone and leases closed at their donors, before the record goes."""
         record = self._checkpoint.get(ref.uid)
         held = [
-            (d.device_name, d.remote.donor, d.remote.lease)
+            (recorded_key(ref.uid, d), d.remote.donor, d.remote.lease)
             for d in (record.devices if record else [])
             if d.remote is not None
         ]
         if held and self._remote is not None:
-            self._remote.release(ref.uid, held)
+            self._remote.release(held)

@@ -5,19 +5,20 @@ opened the lease, ``RemoteGPUReady`` with ``data`` = {donor, endpoint, lease} on
 device. Prepare asks the donor's lease API for the lease's token (proving this node with
 its pod's projected service-account token, bound to the pod) and writes it (0400) with
 the lease's endpoint into the device's directory under the plugin's state directory,
-``<claim uid>/<device>/``; the CDI spec mounts that directory read-only and gives the
-container ``REMOTE_GPU_DIR``, ``REMOTE_GPU_ENDPOINT``, ``REMOTE_GPU_LEASE`` and
-``REMOTE_GPU_TOKEN_FILE``: what ``RemoteGPU.from_env()`` reads. When the lease controller
-re-opens the lease (its donor restarted), :func:`stale_leases` finds it and the files are
-replaced in the directory, which a running container sees. Unprepare removes the
+``<claim uid>/<pool>/<device>/`` (``remote_key``: two donors lend the same device names);
+the CDI spec mounts that directory read-only and gives the container ``REMOTE_GPU_DIR``,
+``REMOTE_GPU_ENDPOINT``, ``REMOTE_GPU_LEASE`` and ``REMOTE_GPU_TOKEN_FILE``: what
+``RemoteGPU.from_env()`` reads. When the lease controller re-opens the lease (its donor
+restarted), :func:`stale_leases` finds it and the files are replaced in the directory,
+which a running container sees. Unprepare removes the
 directory and closes the lease at the donor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,13 +36,13 @@ from composable_dra.lending.remote_leases import (
 from composable_dra.model import remote_env
 from composable_dra.process import logs
 from dra_driver.checkpoint import PreparedDevice
-from dra_driver.claimref import InvalidClaimRef, check_uid
+from dra_driver.claimref import InvalidClaimRef
 from dra_driver.fsutil import atomic_write
+from dra_driver.remote_key import RemoteKey
 
 log = logs.get(__name__)
 
 CONTAINER_DIR = "/var/run/composable-dra/remote-gpu"
-_DEVICE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class RemoteClaimError(Exception):
@@ -114,44 +115,37 @@ def stale_leases(
     return out
 
 
-def _checked_device(device: str) -> str:
-    if _DEVICE.fullmatch(device) is None:
-        raise InvalidClaimRef(f"device name {device!r} is not a DNS label")
-    return device
-
-
-def container_lease_dir(claim_uid: str, device: str) -> str:
-    """Where the device's lease directory is mounted in the container (per claim: two
-    claims may each have a ``gpu-0-remote``, of different donors)."""
-    return f"{CONTAINER_DIR}/{check_uid(claim_uid)}/{_checked_device(device)}"
+def container_lease_dir(key: RemoteKey) -> str:
+    """Where the device's lease directory is mounted in the container (per claim and
+    pool: two claims, or two donors of one claim, may each have a ``gpu-0-remote``)."""
+    return "/".join((CONTAINER_DIR, *key.parts()))
 
 
 class RemoteLeases:
-    """Credentials in and out: a directory per claim and device under ``token_dir``,
-    named from checked names."""
+    """Credentials in and out: a directory per claim, pool and device under
+    ``token_dir``, named from checked names."""
 
     def __init__(self, client: LeaseClient, token_dir: Path, durable: bool = True) -> None:
         self.client = client
         self.token_dir = token_dir
         self.durable = durable
 
-    def lease_dir(self, claim_uid: str, device: str) -> Path:
-        """``<token_dir>/<claim uid>/<device>``; InvalidClaimRef for names that would
-        lead elsewhere."""
-        path = self.token_dir / check_uid(claim_uid) / _checked_device(device)
-        top = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-        if top != os.path.abspath(self.token_dir):
-            raise InvalidClaimRef(f"{claim_uid!r}/{device!r} leads outside {self.token_dir}")
+    def lease_dir(self, key: RemoteKey) -> Path:
+        """``<token_dir>/<claim uid>/<pool>/<device>``; InvalidClaimRef for names that
+        would lead elsewhere."""
+        path = self.token_dir.joinpath(*key.parts())
+        if os.path.abspath(path) != os.path.join(os.path.abspath(self.token_dir), *key.parts()):
+            raise InvalidClaimRef(f"{key} leads outside {self.token_dir}")
         return path
 
-    def token_path(self, claim_uid: str, device: str) -> Path:
-        return self.lease_dir(claim_uid, device) / remote_env.TOKEN
+    def token_path(self, key: RemoteKey) -> Path:
+        return self.lease_dir(key) / remote_env.TOKEN
 
-    def fetch(self, claim_uid: str, planned: RemotePlanned) -> Path:
+    def fetch(self, key: RemoteKey, planned: RemotePlanned) -> Path:
         """Collect the lease's token from its donor and write it (0400) and the lease's
         endpoint into the device's directory, each replaced by a rename inside it (the
         token first: a reader pairs them by lease, see ``remote_env``)."""
-        directory = self.lease_dir(claim_uid, planned.device)
+        directory = self.lease_dir(key)
         try:
             token = self.client.credentials(planned.donor, planned.lease)
         except LeaseAPIError as exc:
@@ -168,18 +162,28 @@ class RemoteLeases:
         atomic_write(directory / remote_env.ENDPOINT, endpoint, mode=0o444, durable=self.durable)
         return directory
 
-    def release(self, claim_uid: str, donors: Sequence[tuple[str, str, int]]) -> None:
-        """Remove the token files of (device, donor, lease) and close the leases; a donor
+    def release(self, held: Sequence[tuple[RemoteKey, str, int]]) -> None:
+        """Remove the token files of (key, donor, lease) and close the leases; a donor
         that cannot be reached is left to the lease controller, which closes the lease
         once the claim is deallocated."""
-        for device, donor, lease in donors:
-            shutil.rmtree(self.lease_dir(claim_uid, device), ignore_errors=True)
+        for key, donor, lease in held:
+            directory = self.lease_dir(key)
+            shutil.rmtree(directory, ignore_errors=True)
+            self._prune(directory.parent)
             try:
                 self.client.close(donor, lease)
             except LeaseAPIError as exc:
                 log.warning(
                     "cannot close a lease at its donor", donor=donor, lease=lease, error=str(exc)
                 )
-        claim_dir = self.token_dir / check_uid(claim_uid)
-        if claim_dir.is_dir() and not any(claim_dir.iterdir()):
-            claim_dir.rmdir()
+
+    def _prune(self, directory: Path) -> None:
+        """Remove ``directory`` and its parents below ``token_dir`` while they are empty
+        (the pool's, then the claim's)."""
+        top = os.path.abspath(self.token_dir)
+        while os.path.abspath(directory).startswith(top + os.sep):
+            with contextlib.suppress(OSError):  # not empty (or gone): leave it
+                directory.rmdir()
+            if directory.exists():
+                return
+            directory = directory.parent

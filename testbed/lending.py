@@ -132,10 +132,6 @@ class Lab:
     donor_args: list[str] = field(default_factory=list)  # more flags for each donor
     donor_plugin_args: list[str] = field(default_factory=list)  # and for its plugin
     data_host: str = "127.0.0.1"  # where the donors' data planes listen (a shaped link's end)
-    # Each donor's GPU names ({i}: the donor, {g}: the GPU). One claim's devices from two
-    # donors need distinct names: the plugin names a claim's CDI devices and token files
-    # by claim UID and device name, not by pool.
-    gpu_name: str = "gpu-{g}"
 
     def __post_init__(self) -> None:
         self.ca = CertificateAuthority(self.root / "pki")
@@ -193,7 +189,7 @@ class Lab:
             [
                 {
                     "uuid": f"GPU-{name}-{g}",
-                    "name": self.gpu_name.format(i=i, g=g),
+                    "name": f"gpu-{g}",  # every donor's: the plugin keys them by pool
                     "model": "A100",
                     "memory": "80Gi",
                 }
@@ -275,7 +271,7 @@ class Lab:
     def token_files(self) -> int:
         """The lease tokens the consumers' plugins hold (one per lease directory)."""
         return sum(
-            len(list((c.plugin.state_dir / "remote-gpu").glob("*/*/token"))) for c in self.consumers
+            len(list((c.plugin.state_dir / "remote-gpu").rglob("token"))) for c in self.consumers
         )
 
     def nodes(self) -> list[Donor | Consumer]:

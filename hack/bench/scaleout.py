@@ -123,7 +123,6 @@ def run(args: argparse.Namespace, kube: Kube, cp: ControlPlane, workdir: Path) -
     link = ShapedLink(workdir).start()
     lab = Lab(kube, cp, workdir, namespace=NAMESPACE, domain="bench-scaleout")
     lab.donor_args, lab.data_host = [STAGE], link.host_address
-    lab.gpu_name = "d{i}-gpu-{g}"  # one claim holds both donors' GPUs
     out: dict[str, Any] = {"leases": LEASES, "gpu_time": "modelled: 66 ms wait per frame"}
     try:
         lab.start(DONORS, GPUS, GPUS, 1)

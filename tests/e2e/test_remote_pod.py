@@ -109,7 +109,7 @@ def test_the_donor_killed_mid_lease_fails_the_pod_with_a_typed_error(
     token_dir = remote.consumer_plugin.state_dir / "remote-gpu" if remote.consumer_plugin else None
     assert token_dir is not None
     wait_for(
-        lambda: not list(token_dir.glob("*/*/token")),
+        lambda: not list(token_dir.rglob("token")),
         60,
         "the consumer's token file to go",
         describe=remote.describe,

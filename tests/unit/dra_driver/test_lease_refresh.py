@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -12,9 +13,19 @@ from prometheus_client import REGISTRY
 from dra_driver.cdi import resolve
 from dra_driver.lease_refresh import LeaseRefresher
 from dra_driver.prepare import ClaimNotFound
+from dra_driver.remote_key import RemoteKey
 from dra_driver.remote_prepare import RemotePlanned, stale_leases
+from testbed.containers import on_host
 from tests.unit.dra_driver.plugin_fixtures import DRIVER
-from tests.unit.dra_driver.test_plugin_remote_prepare import DONOR, Env, env, remote_claim
+from tests.unit.dra_driver.test_plugin_remote_prepare import (
+    DONOR,
+    OTHER,
+    Env,
+    container_env,
+    env,
+    remote_claim,
+    two_donor_claim,
+)
 
 __all__ = ["env"]  # the fixture
 
@@ -50,9 +61,9 @@ def test_a_reopened_lease_is_written_into_the_directory_the_container_has(env: E
     obj = remote_claim("u-2")
     ref = env.add(obj)
     (device,) = env.preparer.prepare([ref])[ref.uid].devices
-    directory = env.remote.lease_dir(ref.uid, "gpu-0-remote")
+    directory = env.remote.lease_dir(RemoteKey(ref.uid, DONOR, "gpu-0-remote"))
     # What a bind mount of the token file would have kept: the old inode.
-    pinned = directory.parent / "pinned"
+    pinned = directory.parent.parent / "pinned"
     os.link(directory / "token", pinned)
     refresher = LeaseRefresher(
         DRIVER,
@@ -100,7 +111,7 @@ def test_a_donor_refusing_the_new_credentials_is_tried_again(env: Env) -> None:
     before = refreshes("error")
     assert refresher.refresh_once() == 0
     assert refreshes("error") == before + 1
-    token = env.remote.lease_dir(ref.uid, "gpu-0-remote") / "token"
+    token = env.remote.lease_dir(RemoteKey(ref.uid, DONOR, "gpu-0-remote")) / "token"
     assert json.loads(token.read_text())["lease"] == 17  # the old files stay
     env.donors.down = False
     assert refresher.refresh_once() == 1
@@ -122,3 +133,31 @@ def test_a_deleted_or_replaced_claim_is_left_to_unprepare(env: Env) -> None:
     replaced = LeaseRefresher(DRIVER, claims, lambda ns, name: other, env.preparer.refresh_remote)
     assert replaced.refresh_once() == 0
     assert env.donors.fetched == [(DONOR, 17)]
+
+
+def test_a_reopened_lease_of_one_donor_leaves_the_other_donors_same_named_device(
+    env: Env,
+) -> None:
+    obj = two_donor_claim("u-5")
+    ref = env.add(obj)
+    devices = env.preparer.prepare([ref])[ref.uid].devices
+    refresher = LeaseRefresher(
+        DRIVER,
+        env.preparer.prepared_claims,
+        lambda ns, name: env.claims[(ns, name)],
+        env.preparer.refresh_remote,
+    )
+    obj["status"]["devices"][1]["data"].update(lease=44, endpoint="10.0.0.6:7000")
+    assert refresher.refresh_once() == 1
+    ids = [i for d in devices for i in d.cdi_device_ids]
+    got, mounts = container_env(env, ids)
+    by_endpoint = {got[f"REMOTE_GPU_{i}_ENDPOINT"]: i for i in range(2)}
+    assert set(by_endpoint) == {"10.0.0.4:7470", "10.0.0.6:7000"}
+    for endpoint, lease in (("10.0.0.4:7470", 17), ("10.0.0.6:7000", 44)):
+        i = by_endpoint[endpoint]
+        assert got[f"REMOTE_GPU_{i}_LEASE"] == str(lease)
+        token = json.loads(Path(on_host(got[f"REMOTE_GPU_{i}_TOKEN_FILE"], mounts)).read_text())
+        assert token["lease"] == lease
+    assert env.donors.fetched == [(DONOR, 17), (OTHER, 30), (OTHER, 44)]
+    assert env.preparer.unprepare([ref]) == {ref.uid: ""}
+    assert sorted(env.donors.closed) == [(DONOR, 17), (OTHER, 44)]

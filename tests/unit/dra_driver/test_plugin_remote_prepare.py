@@ -15,6 +15,7 @@ from dra_driver.cdi import CdiWriter, resolve
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimref import InvalidClaimRef
 from dra_driver.prepare import Preparer
+from dra_driver.remote_key import RemoteKey
 from dra_driver.remote_prepare import RemoteLeases, container_lease_dir, plan_remote
 from testbed.containers import on_host
 from tests.unit.dra_driver.plugin_fixtures import DRIVER, NODE, claim, gpu
@@ -114,10 +115,10 @@ def test_prepare_writes_the_lease_directory_and_the_env_from_env_reads(env: Env)
     # container. The token file variable points into it.
     (mount,) = edits["mounts"]
     assert mount["containerPath"] == env_vars["REMOTE_GPU_DIR"]
-    assert mount["containerPath"] == "/var/run/composable-dra/remote-gpu/u-1/gpu-0-remote"
+    assert mount["containerPath"] == f"/var/run/composable-dra/remote-gpu/u-1/{DONOR}/gpu-0-remote"
     assert env_vars["REMOTE_GPU_TOKEN_FILE"] == mount["containerPath"] + "/token"
     directory = Path(mount["hostPath"])
-    assert directory == env.tmp / "state" / "remote-gpu" / "u-1" / "gpu-0-remote"
+    assert directory == env.tmp / "state" / "remote-gpu" / "u-1" / DONOR / "gpu-0-remote"
     host = directory / "token"
     assert stat.S_IMODE(host.stat().st_mode) == 0o400
     assert json.loads(host.read_text())["lease"] == 17
@@ -130,7 +131,7 @@ def test_prepare_writes_the_lease_directory_and_the_env_from_env_reads(env: Env)
     assert env.donors.fetched == [(DONOR, 17)]
 
     assert env.preparer.unprepare([ref]) == {ref.uid: ""}
-    assert not host.exists() and not directory.parent.exists()
+    assert not host.exists() and not directory.parent.parent.exists()
     assert resolve(env.cdi_dir, device.cdi_device_ids[0]) is None
     assert env.donors.closed == [(DONOR, 17)]
 
@@ -197,14 +198,22 @@ def test_a_plugin_without_lease_settings_refuses_remote_devices(tmp_path: Path) 
 
 def test_lease_paths_come_from_checked_names(tmp_path: Path) -> None:
     remote = RemoteLeases(cast(LeaseClient, FakeDonors()), tmp_path)
-    assert remote.lease_dir("u-1", "gpu-0-remote") == tmp_path / "u-1" / "gpu-0-remote"
-    assert remote.token_path("u-1", "gpu-0-remote") == tmp_path / "u-1" / "gpu-0-remote" / "token"
-    bad = (("../x", "gpu-0-remote"), ("u", "../../etc"), ("u", "A/B"), ("u", ""), ("u/v", "g"))
-    for uid, device in bad:
+    key = RemoteKey("u-1", "node-d.z", "gpu-0-remote")
+    assert remote.lease_dir(key) == tmp_path / "u-1" / "node-d.z" / "gpu-0-remote"
+    assert remote.token_path(key) == tmp_path / "u-1" / "node-d.z" / "gpu-0-remote" / "token"
+    assert container_lease_dir(key).endswith("/u-1/node-d.z/gpu-0-remote")
+    legacy = RemoteKey("u-1", None, "gpu-0-remote")
+    assert remote.lease_dir(legacy) == tmp_path / "u-1" / "gpu-0-remote"
+    bad = [("../x", "n", "gpu-0-remote"), ("u", "n", "../../etc"), ("u", "n", "A/B")]
+    bad += [("u", "n", ""), ("u/v", "n", "g"), ("u", "..", "g"), ("u", "a/b", "g")]
+    bad += [("u", "", "g"), ("u", "A", "g"), ("u", "a_b", "g"), ("u", "x" * 254, "g")]
+    for uid, pool, device in bad:
         with pytest.raises(InvalidClaimRef):
-            remote.lease_dir(uid, device)
+            remote.lease_dir(RemoteKey(uid, pool, device))
         with pytest.raises(InvalidClaimRef):
-            container_lease_dir(uid, device)
+            container_lease_dir(RemoteKey(uid, pool, device))
+        with pytest.raises(InvalidClaimRef):
+            RemoteKey(uid, pool, device).cdi_name()
 
 
 def test_plan_remote_skips_local_and_fabric_devices() -> None:
@@ -215,3 +224,48 @@ def test_plan_remote_skips_local_and_fabric_devices() -> None:
     ]
     (planned,) = plan_remote(obj, DRIVER, NODE)
     assert (planned.donor, planned.device, planned.lease) == (DONOR, "gpu-0-remote", 17)
+
+
+def two_donor_claim(uid: str) -> dict[str, Any]:
+    """A claim holding ``gpu-0-remote`` of two donors: the name every donor lends."""
+    obj = remote_claim(uid)
+    (result,) = obj["status"]["allocation"]["devices"]["results"]
+    (status,) = obj["status"]["devices"]
+    obj["status"]["allocation"]["devices"]["results"].append({**result, "pool": OTHER})
+    data = {"donor": OTHER, "endpoint": "10.0.0.5:7470", "lease": 30}
+    obj["status"]["devices"].append({**status, "pool": OTHER, "data": data})
+    return obj
+
+
+OTHER = "node-e.zone-1"  # a node name may hold dots
+
+
+def test_two_donors_same_device_name_get_their_own_cdi_device_directory_and_index(
+    env: Env,
+) -> None:
+    ref = env.add(two_donor_claim("u-7"))
+    out = env.preparer.prepare([ref])[ref.uid]
+    assert not out.error, out.error
+    ids = [i for d in out.devices for i in d.cdi_device_ids]
+    assert len(set(ids)) == 2, ids
+    got, mounts = container_env(env, ids)
+    assert got["REMOTE_GPUS"] == "0,1"
+    assert {got["REMOTE_GPU_0_ENDPOINT"], got["REMOTE_GPU_1_ENDPOINT"]} == {
+        "10.0.0.4:7470",
+        "10.0.0.5:7470",
+    }
+    assert len(set(mounts.values())) == 2 and len(mounts) == 2
+    for i in range(2):
+        token = json.loads(Path(on_host(got[f"REMOTE_GPU_{i}_TOKEN_FILE"], mounts)).read_text())
+        assert token["lease"] == int(got[f"REMOTE_GPU_{i}_LEASE"])
+    base = env.tmp / "state" / "remote-gpu" / "u-7"
+    assert sorted(mounts.values()) == sorted(
+        str(base / pool / "gpu-0-remote") for pool in (DONOR, OTHER)
+    )
+    assert sorted(mounts) == sorted(
+        f"/var/run/composable-dra/remote-gpu/u-7/{pool}/gpu-0-remote" for pool in (DONOR, OTHER)
+    )
+    assert env.preparer.unprepare([ref]) == {ref.uid: ""}
+    assert sorted(env.donors.closed) == [(DONOR, 17), (OTHER, 30)]
+    assert not base.exists()
+    assert not any(resolve(env.cdi_dir, i) for i in ids)
