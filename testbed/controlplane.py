@@ -261,7 +261,9 @@ class ControlPlane:
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd}",
-                "--bind-address=127.0.0.1",
+                # Every address: real nodes reach it from their own network namespaces
+                # (testbed.node_network); it still advertises loopback, so no endpoint.
+                "--bind-address=0.0.0.0",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={certs.serving.cert}",
