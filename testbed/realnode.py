@@ -362,7 +362,9 @@ class RealNode:
             str(self.bin_dir / "kubelet"),
             f"--config={kubelet_yaml}",
             f"--kubeconfig={kubeconfig}",
-            f"--root-dir={self.kubelet_root}",
+            # Its own directory, bind-mounted there: a plugin pod's socket paths under
+            # it stay short (unix sockets: 108 bytes) and are the ones the pod names.
+            "--root-dir=/var/lib/kubelet",
             f"--cert-dir={self.kubelet_root / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={self.network.node_ip}",

@@ -2,8 +2,8 @@
 
 A real node here has a pod network of its own (testbed.node_network) and no registry: a
 pod runs from the local test image, pinned to its node, in the pod network (it is not
-moved to the host network). Everything else (claims, commands, environment) stays as
-written.
+moved to the host network), with the node's resolver (there is no cluster DNS).
+Everything else (claims, commands, environment) stays as written.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def for_real_node(pod: JSON, node: str | None, image: str) -> JSON:
             **(spec.get("nodeSelector") or {}),
             "kubernetes.io/hostname": node,
         }
+    # No cluster DNS here: the node's resolver, and no MissingClusterDNS Warning.
+    spec.setdefault("dnsPolicy", "Default")
     # The test image's shell does not exit on SIGTERM while it waits on a child.
     spec["terminationGracePeriodSeconds"] = 1
     for container in spec.get("containers", []):

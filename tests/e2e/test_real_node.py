@@ -38,6 +38,7 @@ def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON
     (pod,) = [d for d in docs if d["kind"] == "Pod"]
     spec = pod["spec"]
     spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    spec["dnsPolicy"] = "Default"  # no cluster DNS on the test nodes
     spec["terminationGracePeriodSeconds"] = 1
     (container,) = spec["containers"]
     container["image"] = image

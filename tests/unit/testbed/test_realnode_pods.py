@@ -12,6 +12,8 @@ def test_example_pod_keeps_its_claims_and_command() -> None:
     spec = out["spec"]
     # The node has a pod network: the pod stays out of the host network.
     assert "hostNetwork" not in spec
+    # No cluster DNS on the test nodes: the node's resolver, no Warning.
+    assert spec["dnsPolicy"] == "Default"
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
     (container,) = spec["containers"]
     assert container["image"] == "img:1"
