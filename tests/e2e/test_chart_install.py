@@ -14,6 +14,7 @@ plugin, so the chart's pods get their service accounts' tokens, as in a cluster.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from testbed import chart
 from testbed.controlplane import ControlPlane, find_binaries
 from testbed.product_image import ProductImage, find_product_image
 from testbed.realnode import RealNode
+from testbed.realnodes import started_nodes
 from testbed.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -48,23 +50,9 @@ def nodes(
     sa_control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path, unique: str
 ) -> Iterator[list[RealNode]]:
     image = find_product_image()
-    made = [
-        RealNode(
-            f"c{i}-{unique}",
-            node_bin_dir,
-            sa_control_plane,
-            short_tmp / f"n{i}",
-            images=[image.archive],
-        )
-        for i in (1, 2)
-    ]
-    try:
-        for node in made:
-            node.start()
+    names_ = [f"c{i}-{unique}" for i in (1, 2)]
+    with started_nodes(sa_control_plane, node_bin_dir, short_tmp, names_, [image.archive]) as made:
         yield made
-    finally:
-        for node in made:
-            node.stop()
 
 
 def pods_of(kube: Kube, component: str) -> list[JSON]:
@@ -162,7 +150,7 @@ def test_helm_install_runs_every_component_as_the_charts_pods(
 
     for node in nodes:
         wait_for(
-            lambda node=node: plugin_registered(node, kube),
+            functools.partial(plugin_registered, node, kube),
             240,
             f"the chart's plugin pod on {node.name} to register and publish",
             interval=0.5,

@@ -11,7 +11,6 @@ lands in that node's CDI directory (where its containerd reads specs), not in th
 from __future__ import annotations
 
 import ipaddress
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from composable_dra.k8s.kube import JSON, Kube, path
 from testbed.controlplane import ControlPlane
 from testbed.product_image import ProductImage, find_product_image
 from testbed.realnode import RealNode
-from testbed.realnodes import wait_output, wait_running
+from testbed.realnodes import started_nodes, wait_output, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -54,25 +53,10 @@ def two_nodes(
     unique: str,
     product_image: ProductImage,
 ) -> Iterator[list[RealNode]]:
-    nodes = [
-        RealNode(
-            f"net{i}-{unique}",
-            node_bin_dir,
-            control_plane,
-            short_tmp / f"n{i}",
-            images=[product_image.archive],
-        )
-        for i in (1, 2)
-    ]
-    try:
-        for node in nodes:
-            t0 = time.monotonic()
-            node.start()
-            print(f"node {node.name} up with the product image in {time.monotonic() - t0:.1f}s")
+    names_ = [f"net{i}-{unique}" for i in (1, 2)]
+    archive = [product_image.archive]
+    with started_nodes(control_plane, node_bin_dir, short_tmp, names_, archive) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def probe_pod(node: str, image: str) -> JSON:
