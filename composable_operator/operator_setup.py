@@ -3,7 +3,10 @@ it logs in (kopf's own login functions, so that refreshed credentials are picked
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -48,5 +51,20 @@ def login(in_cluster: bool, **kwargs: Any) -> kopf.ConnectionInfo | None:
     """kopf's own logins: kopf calls this again whenever the API server refuses the
     credentials, so a rotated service-account token (or kubeconfig) is read afresh."""
     if in_cluster:
-        return kopf.login_with_service_account(**kwargs)
+        info = kopf.login_with_service_account(**kwargs)
+        server = service_server(os.environ)
+        if info is None or server is None:
+            return info
+        return dataclasses.replace(info, server=server)
     return kopf.login_with_kubeconfig(**kwargs)  # KUBECONFIG, as the caller set it
+
+
+def service_server(env: Mapping[str, str]) -> str | None:
+    """The API server's URL from the address the kubelet gives every pod, as client-go's
+    and the kubernetes client's in-cluster configs take it. kopf's own login names
+    ``kubernetes.default.svc``, which only cluster DNS resolves: the operator alone
+    needed it, and a node without it left the operator retrying forever."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

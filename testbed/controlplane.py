@@ -184,6 +184,10 @@ class ControlPlane:
     # Merged into the KubeSchedulerConfiguration (e.g. percentageOfNodesToScore, profiles).
     scheduler_config: dict[str, Any] = field(default_factory=dict)
     start_timeout: float = 120.0
+    # The ServiceAccount admission plugin: pods get their service account's token mounted,
+    # as workloads installed by the chart need. Off by default: it refuses pods in a
+    # namespace whose default service account the controller has not made yet.
+    service_account_admission: bool = False
 
     def __post_init__(self) -> None:
         self._owns_workdir = self.workdir is None
@@ -282,7 +286,9 @@ class ControlPlane:
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd}",
-                "--bind-address=127.0.0.1",
+                # Every address: real nodes reach it from their own network namespaces
+                # (testbed.node_network); it still advertises loopback, so no endpoint.
+                "--bind-address=0.0.0.0",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={certs.serving.cert}",
@@ -301,7 +307,7 @@ class ControlPlane:
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                f"--disable-admission-plugins={','.join(self._disabled_admission())}",
                 "--endpoint-reconciler-type=none",  # loopback is no valid endpoint address
                 "--allow-privileged=true",
                 "--profiling=false",
@@ -311,6 +317,10 @@ class ControlPlane:
             ],
         )
         self._wait_http("kube-apiserver", f"{self.server}/readyz", certs.admin)
+
+    def _disabled_admission(self) -> list[str]:
+        off = ["TaintNodesByCondition"]
+        return off if self.service_account_admission else ["ServiceAccount", *off]
 
     def _start_controllers(self) -> None:
         """The controller manager and the scheduler, both healthy."""

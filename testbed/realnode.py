@@ -1,12 +1,19 @@
 """A real node: containerd v2 and the upstream kubelet, with our kubelet plugin beside them.
 
-containerd and the kubelet run in a mount namespace of their own (``unshare -m``): the
-kubelet bind-mounts its ``--root-dir`` onto itself and always serves
-``/var/lib/kubelet/device-plugins/kubelet.sock``, so each node gets a private bind mount
-there, and every mount they make vanishes with the namespace. Everything else lives under
-the node's work directory (keep it short: unix socket paths are limited to 108 bytes).
-Our plugin runs in the host namespace on the same directories, as a DaemonSet pod with
-host paths would. The binaries come from ``hack/node/build.sh`` (``NODE_BIN_DIR``).
+containerd and the kubelet run in a mount and a network namespace of their own
+(``unshare -m -n``). In the mount namespace the host paths that a node's pods name in
+hostPath volumes are the node's own, bind-mounted from its work directory:
+``/var/lib/kubelet`` (the kubelet's ``--root-dir``, so a DaemonSet's
+``/var/lib/kubelet/plugins_registry`` is the directory this kubelet watches),
+``/var/run/cdi`` (where containerd reads CDI specs), ``/var/lib/composable-dra`` (the
+plugin's state), ``/var/lib/cni`` and ``/run/containerd``; every mount they make
+vanishes with the namespace. The network namespace (``testbed.node_network``) has the
+node's address, a bridge CNI network for its pods and a route to the API server, so pods
+run in a pod network of their own, as in a cluster. Everything else lives under the
+node's work directory (keep it short: unix socket paths are limited to 108 bytes). Our
+plugin as a process runs in the host namespaces on the same directories, as a DaemonSet
+pod with host paths would; the chart's plugin runs as a pod on the node. The binaries
+come from ``hack/node/build.sh`` (``NODE_BIN_DIR``).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from testbed import testimage
+from testbed import node_network, testimage
 from testbed.controlplane import (
     BinaryProcess,
     ControlPlane,
@@ -40,11 +47,30 @@ from testbed.controlplane import (
 from testbed.plugin_process import PluginProcess
 from testbed.wait import WaitTimeout, wait_for
 
-NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "loopback")
+NODE_BINARIES = (
+    "kubelet",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "loopback",
+    "bridge",
+    "host-local",
+    "portmap",
+)
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for CRI (kubelet) containers
 # The bootstrap ClusterRole for kubelets; RBAC alone (no Node authorizer here) grants it
 # to every node's credentials through this binding.
 _NODE_BINDING = "composable-dra-local-nodes"
+
+
+# The node's own copies of host directories (under its work directory's host/), by where
+# they are bind-mounted in its mount namespace.
+_PRIVATE_DIRS = {
+    "var-log-containers": "/var/log/containers",
+    "run-containerd": "/run/containerd",
+    "var-lib-cni": "/var/lib/cni",
+    "var-lib-composable-dra": "/var/lib/composable-dra",
+}
 
 
 class RealNodeError(RuntimeError):
@@ -64,7 +90,8 @@ def find_node_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def containerd_config(workdir: Path, bin_dir: Path, cdi_dir: Path, sandbox_image: str) -> str:
     """containerd's config (v3): its own directories and socket, CDI from the plugin's
-    directory, runc through the v2 shim with cgroupfs, no NRI (its socket is host-wide)."""
+    directory, runc through the v2 shim with cgroupfs, no NRI (its socket is host-wide),
+    pod network namespaces pinned under its state directory (not the host's /run/netns)."""
     d = workdir / "containerd"
     return f"""\
 version = 3
@@ -88,6 +115,7 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
 [plugins.'io.containerd.cri.v1.runtime']
   # Without CAP_SYS_RESOURCE runc cannot lower its own oom_score_adj.
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   cdi_spec_dirs = ['{cdi_dir}']
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd]
@@ -110,13 +138,16 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
 """
 
 
-def kubelet_config(workdir: Path, ca_file: Path, port: int, healthz_port: int) -> dict[str, Any]:
-    """The KubeletConfiguration for a machine with cgroup v1 and no CAP_SYS_RESOURCE."""
+def kubelet_config(
+    workdir: Path, ca_file: Path, port: int, healthz_port: int, address: str = "127.0.0.1"
+) -> dict[str, Any]:
+    """The KubeletConfiguration for a machine with cgroup v1 and no CAP_SYS_RESOURCE;
+    ``address``: where it serves (the node's address, for the API server's logs and exec)."""
     socket = f"unix://{workdir / 'containerd' / 'containerd.sock'}"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": address,
         "port": port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -148,16 +179,19 @@ def kubelet_config(workdir: Path, ca_file: Path, port: int, healthz_port: int) -
     }
 
 
-def node_kubeconfig(cp: ControlPlane, node: str, path: Path, key_name: str = "node") -> Path:
+def node_kubeconfig(
+    cp: ControlPlane, node: str, path: Path, key_name: str = "node", server: str | None = None
+) -> Path:
     """A kubeconfig at ``path`` with the node's own client certificate
     (``system:node:<node>``, group ``system:nodes``; ``<key_name>-<node>`` in the control
     plane's PKI directory): what its kubelet uses, and what the Node authorizer and
-    NodeRestriction judge."""
+    NodeRestriction judge. ``server``: the API server's URL as the node reaches it (the
+    control plane's own by default)."""
     assert cp.ca is not None
     pair = cp.ca.issue(
         f"{key_name}-{node}", f"system:node:{node}", organizations=("system:nodes",), client=True
     )
-    _write_kubeconfig(path, cp.server, cp.ca.cert_path, pair.cert, pair.key)
+    _write_kubeconfig(path, server or cp.server, cp.ca.cert_path, pair.cert, pair.key)
     return path
 
 
@@ -265,6 +299,8 @@ class RealNode:
     # /sys/class/dmi) the kubelet reports the machine ID, so the node's namespace gets
     # its own /etc/machine-id; None keeps the host's.
     system_uuid: str | None = None
+    # More image archives to import into the node's containerd (the product's image).
+    images: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -284,6 +320,7 @@ class RealNode:
         self.plugin_metrics_port = 0
         # More instances of the plugin beside self.plugin (a rolling update's new pods).
         self.plugin_instances: list[PluginInstance] = []
+        self.network: node_network.NodeAddresses | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -302,23 +339,11 @@ class RealNode:
         assert cp.ca is not None, "the control plane is not started"
         for d in (self.kubelet_root, self.cdi_dir, self.pod_logs_dir, self.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "cni").mkdir(exist_ok=True)
-        (self.workdir / "cni" / "10-loopback.conflist").write_text(
-            '{"cniVersion": "1.0.0", "name": "lo", "plugins": [{"type": "loopback"}]}\n'
-        )
-        ctr_config = self.workdir / "containerd.toml"
-        ctr_config.write_text(
-            containerd_config(self.workdir, self.bin_dir, self.cdi_dir, self.image)
-        )
-        kubelet_yaml = self.workdir / "kubelet.yaml"
-        kubelet_yaml.write_text(
-            yaml.safe_dump(kubelet_config(self.workdir, cp.ca.cert_path, free_port(), free_port()))
-        )
-        kubeconfig = node_kubeconfig(cp, self.name, self.workdir / "kubelet.kubeconfig")
         admin = cp.api_client()
         ensure_node_binding(admin)
-
         self._start_namespace()
+        ctr_config, kubelet_yaml, kubeconfig = self._write_configs()
+        assert self.network is not None
         self._spawn("containerd", [str(self.bin_dir / "containerd"), f"--config={ctr_config}"])
         wait_for(
             lambda: self.ctr("version", check=False).returncode == 0,
@@ -330,14 +355,19 @@ class RealNode:
         archive = testimage.build(self.workdir / "image.tar", self.image)
         self.ctr("images", "import", str(archive))
         archive.unlink()
+        for extra in self.images:
+            self.import_image(extra)
         self._registered = True
         self._kubelet_argv = [
             str(self.bin_dir / "kubelet"),
             f"--config={kubelet_yaml}",
             f"--kubeconfig={kubeconfig}",
-            f"--root-dir={self.kubelet_root}",
+            # Its own directory, bind-mounted there: a plugin pod's socket paths under
+            # it stay short (unix sockets: 108 bytes) and are the ones the pod names.
+            "--root-dir=/var/lib/kubelet",
             f"--cert-dir={self.kubelet_root / 'pki'}",
             f"--hostname-override={self.name}",
+            f"--node-ip={self.network.node_ip}",
             "--v=2",
         ]
         self._spawn("kubelet", self._kubelet_argv)
@@ -358,6 +388,37 @@ class RealNode:
             [f"--metrics-port={self.plugin_metrics_port}", *self.plugin_args],
             self.plugin_env,
         )
+
+    def _write_configs(self) -> tuple[Path, Path, Path]:
+        """containerd's and the kubelet's configurations, the kubelet's kubeconfig and the
+        node's CNI network, for the network the namespace was given."""
+        cp = self.control_plane
+        assert cp.ca is not None and self.network is not None
+        cni = self.workdir / "cni"
+        cni.mkdir(exist_ok=True)
+        (cni / "10-pods.conflist").write_text(
+            node_network.cni_conflist(self.network, self.workdir / "cni-ipam")
+        )
+        ctr_config = self.workdir / "containerd.toml"
+        ctr_config.write_text(
+            containerd_config(self.workdir, self.bin_dir, self.cdi_dir, self.image)
+        )
+        kubelet_yaml = self.workdir / "kubelet.yaml"
+        body = kubelet_config(
+            self.workdir, cp.ca.cert_path, free_port(), free_port(), self.network.node_ip
+        )
+        kubelet_yaml.write_text(yaml.safe_dump(body))
+        # Through the kubernetes Service's address, as a node's pods reach it too.
+        server = f"https://{node_network.API_SERVICE_IP}:{node_network.API_SERVICE_PORT}"
+        kubeconfig = node_kubeconfig(
+            cp, self.name, self.workdir / "kubelet.kubeconfig", server=server
+        )
+        return ctr_config, kubelet_yaml, kubeconfig
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI or Docker archive into this node's containerd (CRI namespace),
+        under the name its index gives it, as `ctr -n k8s.io images import` does."""
+        self.ctr("images", "import", str(archive), timeout=300)
 
     def start_plugin(self, timeout: float = 30.0) -> PluginProcess:
         """Start our plugin for this node (after its static devices file is written) and
@@ -502,7 +563,9 @@ class RealNode:
 
     # -- containers --------------------------------------------------------------------
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd (CRI namespace), in its namespace."""
         out = subprocess.run(
             [
@@ -514,7 +577,7 @@ class RealNode:
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
             check=False,
         )
         if check and out.returncode != 0:
@@ -554,11 +617,13 @@ class RealNode:
     # -- processes ---------------------------------------------------------------------
 
     def _start_namespace(self) -> None:
-        """A sleeping process that holds the node's mount namespace, with its bind mounts."""
-        # Host paths the kubelet and the shims use whatever their flags say; the empty
-        # mount points stay behind on the host.
+        """A sleeping process that holds the node's mount and network namespaces, with
+        its bind mounts and its network (testbed.node_network)."""
+        # Host paths the kubelet, the shims and the CNI plugins use whatever their flags
+        # say, and those a DaemonSet's hostPath volumes name; the empty mount points stay
+        # behind on the host.
         private = self.workdir / "host"
-        for d in ("var-lib-kubelet", "var-log-containers", "run-containerd"):
+        for d in _PRIVATE_DIRS:
             (private / d).mkdir(parents=True, exist_ok=True)
         ready = self.workdir / "namespace-ready"
         machine_id = ""
@@ -568,12 +633,15 @@ class RealNode:
             for target in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
                 if Path(target).is_file():
                     machine_id += f'mount --bind "$1/machine-id" {target}; '
+        binds = {
+            **{target: f'"$1/{d}"' for d, target in _PRIVATE_DIRS.items()},
+            "/var/lib/kubelet": f"'{self.kubelet_root}'",
+            "/var/run/cdi": f"'{self.cdi_dir}'",
+        }
         script = (
-            "set -e; mkdir -p /var/lib/kubelet /var/log/containers /run/containerd; "
-            'mount --bind "$1/var-lib-kubelet" /var/lib/kubelet; '
-            'mount --bind "$1/var-log-containers" /var/log/containers; '
-            'mount --bind "$1/run-containerd" /run/containerd; '
-            f'{machine_id}touch "$2"; exec sleep infinity'
+            f"set -e; mkdir -p {' '.join(binds)}; "
+            + "".join(f"mount --bind {src} {target}; " for target, src in binds.items())
+            + f'{machine_id}touch "$2"; exec sleep infinity'
         )
         log = self.logs_dir / "namespace.log"
         with log.open("ab") as out:
@@ -581,6 +649,7 @@ class RealNode:
                 [
                     "unshare",
                     "--mount",
+                    "--net",
                     "--propagation=private",
                     "--",
                     "sh",
@@ -607,10 +676,15 @@ class RealNode:
         except WaitTimeout as exc:
             raise RealNodeError(str(exc)) from exc.__cause__
         self._ns = _mount_ns(holder.pid)
+        try:
+            self.network = node_network.attach(holder.pid, self.control_plane.api_port)
+        except node_network.NodeNetworkError as exc:
+            raise RealNodeError(f"the network of {self.name}: {exc}") from exc
 
     def _nsenter(self) -> list[str]:
         assert self._holder is not None, "the node's namespace is not up"
-        return ["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", "--"]
+        ns = f"/proc/{self._holder.pid}/ns"
+        return ["nsenter", f"--mount={ns}/mnt", f"--net={ns}/net", "--"]
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}

@@ -8,8 +8,10 @@ on real kubelets and on kubelet emulators.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from composable_dra.k8s.kube import JSON, Kube, NotFound, path
 from composable_dra.model import names
 from dra_driver.cdi import resolve
+from testbed.controlplane import ControlPlane
 from testbed.harness import Suite
 from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION
 from testbed.objects import create_claim, pod_body
@@ -36,6 +39,25 @@ def node_binaries() -> Path:
     if os.geteuid() != 0 and os.environ.get("CI") != "true":
         pytest.skip("a real node needs root (mount namespaces, runc); CI=true runs it")
     return find_node_binaries()
+
+
+@contextlib.contextmanager
+def started_nodes(
+    cp: ControlPlane, bin_dir: Path, workdir: Path, names_: Sequence[str], images: Sequence[Path]
+) -> Iterator[list[RealNode]]:
+    """Real nodes ``names_`` (each in ``workdir/<name>``, with ``images`` imported),
+    started in turn, each start's time printed; all stopped at the end, and the ones
+    already started when a start fails."""
+    made = [RealNode(n, bin_dir, cp, workdir / n, images=list(images)) for n in names_]
+    try:
+        for node in made:
+            t0 = time.monotonic()
+            node.start()
+            print(f"node {node.name} up in {time.monotonic() - t0:.1f}s", flush=True)
+        yield made
+    finally:
+        for node in made:
+            node.stop()
 
 
 def node_slices(kube: Kube, node: str) -> list[JSON]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) what a real node needs: the upstream kubelet, containerd v2 with its
-# runc shim and ctr, and the CNI loopback plugin, all from source through the Go module
+# runc shim and ctr, and upstream's reference CNI plugins (loopback, bridge, host-local,
+# portmap), all from source through the Go module
 # proxy; install Debian's runc where it is missing. The binaries are cached by version
 # outside the work tree; the last line printed is the directory that holds them. The
 # kubelet is $KUBE_VERSION's (e.g. v1.35.8), by default the version kubelet/go.mod pins.
@@ -20,7 +21,7 @@ cni_version=$(module_version "$here/cni/go.mod" github.com/containernetworking/p
   exit 1
 }
 out="$cache_root/node/kubelet-${k8s_version}_containerd-${containerd_version}_cni-${cni_version}"
-binaries=(kubelet containerd containerd-shim-runc-v2 ctr loopback)
+binaries=(kubelet containerd containerd-shim-runc-v2 ctr loopback bridge host-local portmap)
 
 # runc is a C/Go program with its own release cycle; Debian's package is the simplest
 # source, and containerd finds it on PATH.
@@ -46,8 +47,10 @@ for b in "${missing[@]}"; do
       (cd "$here/containerd" && nice -n 10 go build -tags "$containerd_tags" -ldflags "-s -w $containerd_stamp" \
         -o "$tmp/$b" "github.com/containerd/containerd/v2/cmd/$b")
       ;;
-    loopback)
-      (cd "$here/cni" && nice -n 10 go build -ldflags "-s -w" -o "$tmp/$b" github.com/containernetworking/plugins/plugins/main/loopback)
+    loopback | bridge | host-local | portmap)
+      # The same `tool` directives name each plugin's package in hack/node/cni/go.mod.
+      pkg=$(grep -oE "github.com/containernetworking/plugins/plugins/[a-z]+/$b\$" "$here/cni/go.mod")
+      (cd "$here/cni" && nice -n 10 go build -ldflags "-s -w" -o "$tmp/$b" "$pkg")
       ;;
   esac
   mv "$tmp/$b" "$out/$b"

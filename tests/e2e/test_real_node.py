@@ -29,16 +29,16 @@ EXAMPLE = "plugin-static"
 
 def example_objects(node: str, image: str) -> tuple[list[JSON], list[JSON], JSON]:
     """The example's DeviceClass and claim template as they are, its static devices, and
-    its pod adapted to a real node: the local image, the host network (only the loopback
-    CNI plugin is installed), pinned to the node, printing its whole environment."""
+    its pod adapted to a real node: the local image, pinned to the node, printing its whole
+    environment (in the node's pod network)."""
     docs = examples.load(EXAMPLE)
     kept = [d for d in docs if d["kind"] in ("DeviceClass", "ResourceClaimTemplate")]
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
     devices: list[JSON] = yaml.safe_load(cm["data"]["devices.yaml"])["devices"]
     (pod,) = [d for d in docs if d["kind"] == "Pod"]
     spec = pod["spec"]
-    spec["hostNetwork"] = True
     spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    spec["dnsPolicy"] = "Default"  # no cluster DNS on the test nodes
     spec["terminationGracePeriodSeconds"] = 1
     (container,) = spec["containers"]
     container["image"] = image

@@ -3,6 +3,7 @@ rotated token is used the next time kopf logs in (kopf does when a token is refu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import kopf
@@ -62,3 +63,52 @@ def test_kopf_keeps_no_diff_base_and_no_handler_needs_one() -> None:
     patch = kopf.Patch()
     storage.store(body=body, patch=patch, essence=storage.build(body=body))
     assert not patch and storage.fetch(body=body) is None
+
+
+def service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod's service account files, where kopf reads them."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("tok")
+    real_exists = os.path.exists
+    monkeypatch.setattr(
+        "kopf._core.intents.piggybacking.os.path.exists",
+        lambda p: real_exists(str(p).replace(SA_DIR, str(sa))),
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda p, *a, **k: real_open(str(p).replace(SA_DIR, str(sa)), *a, **k),
+    )
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "server"),
+    [
+        ("10.0.0.1", "443", "https://10.0.0.1:443"),
+        ("fd00::1", "6443", "https://[fd00::1]:6443"),
+    ],
+)
+def test_in_cluster_it_reaches_the_api_server_where_the_kubelet_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str, port: str, server: str
+) -> None:
+    # As client-go and the kubernetes client do: KUBERNETES_SERVICE_HOST and _PORT, not
+    # the DNS name kopf's own login names (a node without cluster DNS cannot resolve it).
+    service_account(tmp_path, monkeypatch)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    info = login(True, settings=kopf.OperatorSettings())
+    assert info is not None and (info.server, info.token) == (server, "tok")
+
+
+def test_in_cluster_without_the_service_env_it_keeps_kopfs_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service_account(tmp_path, monkeypatch)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    info = login(True, settings=kopf.OperatorSettings())
+    assert info is not None and info.server == "https://kubernetes.default.svc"

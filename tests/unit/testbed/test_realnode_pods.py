@@ -10,7 +10,10 @@ def test_example_pod_keeps_its_claims_and_command() -> None:
     (pod,) = [d for d in examples.load("shared-claim") if d["metadata"]["name"] == "shared-gpu-a"]
     out = for_real_node(pod, "n1", "img:1")
     spec = out["spec"]
-    assert spec["hostNetwork"] is True
+    # The node has a pod network: the pod stays out of the host network.
+    assert "hostNetwork" not in spec
+    # No cluster DNS on the test nodes: the node's resolver, no Warning.
+    assert spec["dnsPolicy"] == "Default"
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
     (container,) = spec["containers"]
     assert container["image"] == "img:1"
