@@ -33,7 +33,9 @@ def _run(*argv: str) -> None:
 class ShapedLink:
     workdir: Path
     tag: str = field(default_factory=lambda: str(os.getpid() % 100_000))
-    subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)  # 10.231.<subnet>.0/30
+    # 10.233.<subnet>.0/30: not the real nodes' transfer networks (10.231/16) or pod
+    # networks (10.232/16, testbed/node_network.py), which may be up on the same host.
+    subnet: int = field(default_factory=lambda: 1 + os.getpid() % 250)
 
     @property
     def namespace(self) -> str:
@@ -42,7 +44,7 @@ class ShapedLink:
     @property
     def host_address(self) -> str:
         """Where the donors listen: the host's end of the link."""
-        return f"10.231.{self.subnet}.1"
+        return f"10.233.{self.subnet}.1"
 
     @property
     def _ends(self) -> tuple[str, str]:
@@ -64,7 +66,7 @@ class ShapedLink:
         _run("ip", "link", "set", inner, "netns", self.namespace)
         _run("ip", "addr", "add", f"{self.host_address}/30", "dev", host)
         _run("ip", "link", "set", host, "up")
-        inner_address = f"10.231.{self.subnet}.2/30"
+        inner_address = f"10.233.{self.subnet}.2/30"
         _run("ip", "-n", self.namespace, "addr", "add", inner_address, "dev", inner)
         _run("ip", "-n", self.namespace, "link", "set", inner, "up")
         return self
