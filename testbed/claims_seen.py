@@ -12,6 +12,7 @@ relists on 410 Gone; each version it hears of is recorded here (read-only object
 from __future__ import annotations
 
 import threading
+import time
 
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, path
@@ -29,6 +30,8 @@ class ClaimsSeen:
         self.kube = kube
         self._lock = threading.Lock()
         self._versions: dict[str, list[JSON]] = {}
+        self._events = 0  # of any claim: for a failure message, whether the watch is alive
+        self._last_event = time.monotonic()
         self._informer = Informer(kube, self.url, on_event=self._on_event, name="claims-seen")
         self._informer.start()
         # Its end, as before the Informer: a test that forgets it leaves no watch behind.
@@ -44,6 +47,9 @@ class ClaimsSeen:
         self._informer.stop()
 
     def _on_event(self, kind: str, obj: JSON) -> None:
+        with self._lock:
+            self._events += 1
+            self._last_event = time.monotonic()
         if kind in ("ADDED", "MODIFIED"):
             with self._lock:
                 self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
@@ -61,7 +67,12 @@ class ClaimsSeen:
         """For a failure message: the versions of ``name`` seen (the watch's failures are
         in the informer's log)."""
         phases = [bool((c.get("status") or {}).get("allocation")) for c in self.versions(name)]
-        return f"claim {name}: versions seen, allocated or not: {phases}"
+        with self._lock:
+            events, quiet = self._events, time.monotonic() - self._last_event
+        return (
+            f"claim {name}: versions seen, allocated or not: {phases}; "
+            f"{events} events of the namespace's claims, the last {quiet:.1f}s ago"
+        )
 
     def wait_allocated(self, name: str, what: str, timeout: float = 30) -> JSON:
         """The last version of ``name`` with an allocation, once the watch has seen one."""
