@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, path
@@ -27,6 +28,7 @@ class ClaimsSeen:
 
     def __init__(self, kube: Kube, namespace: str, timeout: int = 300) -> None:
         self.url = path(RESOURCE, "resourceclaims", namespace=namespace)
+        self.namespace = namespace
         self.kube = kube
         self._lock = threading.Lock()
         self._versions: dict[str, list[JSON]] = {}
@@ -53,6 +55,41 @@ class ClaimsSeen:
         if kind in ("ADDED", "MODIFIED"):
             with self._lock:
                 self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
+
+    def _record(self, obj: JSON) -> None:
+        """A version read with a GET, unless the watch has recorded it already."""
+        name, rv = obj["metadata"]["name"], obj["metadata"].get("resourceVersion")
+        with self._lock:
+            known = self._versions.setdefault(name, [])
+            if all(v["metadata"].get("resourceVersion") != rv for v in known):
+                known.append(obj)
+
+    def wait_pod_ended(
+        self, pod: str, timeout: float, describe: Callable[[], str] | None = None
+    ) -> JSON:
+        """Pod ``pod`` (of this namespace) once it has ended, Succeeded or Failed.
+
+        Each poll also reads the pod's claims and records an allocated one: a templated
+        claim is deleted as its pod ends, and once (CI) the watch had delivered nothing
+        past a claim's creation 35 s later, with no watch error, so the watch alone may
+        miss a short pod's allocation.
+        """
+        url = path("v1", "pods", pod, namespace=self.namespace)
+
+        def ended() -> JSON | None:
+            found = self.kube.get_or_none(url) or {}
+            status = found.get("status") or {}
+            for claim in status.get("resourceClaimStatuses") or []:
+                name = claim.get("resourceClaimName")
+                got = name and self.kube.get_or_none(
+                    path(RESOURCE, "resourceclaims", name, namespace=self.namespace)
+                )
+                if got and (got.get("status") or {}).get("allocation"):
+                    self._record(got)
+            return found if status.get("phase") in ("Succeeded", "Failed") else None
+
+        done: JSON = wait_for(ended, timeout, f"pod {pod} to end", describe=describe)
+        return done
 
     def versions(self, name: str) -> list[JSON]:
         with self._lock:

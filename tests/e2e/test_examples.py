@@ -116,10 +116,6 @@ def test_one_claim_shared_by_two_pods(make_suite: MakeSuite, namespace: str) -> 
     assert set(suite.composed()) == {result["device"]}
 
 
-def finished(suite: Suite, namespace: str, name: str) -> bool:
-    return suite.pod(namespace, name).get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-
 def test_prefer_local_pool_remote(
     make_suite: MakeSuite, namespace: str, claims_seen: SeeClaims
 ) -> None:
@@ -132,10 +128,7 @@ def test_prefer_local_pool_remote(
     seen = claims_seen(suite.kube, namespace)
     examples.apply(suite.kube, "prefer-local-pool-remote", namespace)
     [name] = examples.pods("prefer-local-pool-remote")
-    wait_for(
-        lambda: finished(suite, namespace, name), 120, f"{name} to finish", describe=suite.describe
-    )
-    pod = suite.pod(namespace, name)
+    pod = seen.wait_pod_ended(name, 120, describe=suite.describe)
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     claim = seen.wait_allocated(claim_name, "the claim's allocation seen")
     [result] = claim["status"]["allocation"]["devices"]["results"]

@@ -22,7 +22,6 @@ import pytest
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending import netaware, remote_leases
 from testbed import ControlPlane, examples
-from testbed.claims_seen import ClaimsSeen
 from testbed.lending import CONTROLLER_SA, Lab
 from testbed.remote_pods import DEVICE_CLASS, DRIVER, REMOTE, matmul_claim_and_pod
 from testbed.wait import wait_for
@@ -176,36 +175,6 @@ def wait_phase(lab: Lab, name: str, phases: tuple[str, ...], timeout: float = 12
     return found
 
 
-def run_to_end(lab: Lab, seen: ClaimsSeen, name: str) -> JSON:
-    """Wait for pod ``name`` to succeed; its claim as allocated.
-
-    The claim is read on every poll while the pod runs, besides the watch's record: a
-    templated claim is deleted once its pod ends, and once (CI, stop 34) the watch had
-    delivered nothing past the claim's creation 35 s later, with no watch error logged.
-    """
-    kube, ns = lab.kube, lab.namespace
-    read: list[JSON] = []
-
-    def ended() -> str | None:
-        pod = kube.get_or_none(path("v1", "pods", name, namespace=ns)) or {}
-        status = pod.get("status") or {}
-        for claim_status in status.get("resourceClaimStatuses") or []:
-            url = path(RESOURCE, "resourceclaims", claim_status["resourceClaimName"], namespace=ns)
-            claim = kube.get_or_none(url) or {}
-            if (claim.get("status") or {}).get("allocation"):
-                read.append(claim)
-        now = str(status.get("phase", ""))
-        return now if now in ("Succeeded", "Failed") else None
-
-    assert wait_for(ended, 120, f"pod {name} to end", describe=lab.describe) == "Succeeded"
-    pod = kube.get(path("v1", "pods", name, namespace=ns))
-    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    watched = seen.allocated(claim_name)
-    if watched is None and read:
-        return read[-1]
-    return watched or seen.wait_allocated(claim_name, f"the allocation of {name}'s claim")
-
-
 def end(lab: Lab, name: str) -> None:
     """Delete a workload's pod and claim (its lease closes)."""
     kube, ns = lab.kube, lab.namespace
@@ -233,7 +202,10 @@ def test_a_busy_donors_devices_are_tainted_and_only_insensitive_claims_get_one(
     seen = claims_seen(kube, ns)
     apply_example(kube, ns, on_node(lab.consumers[0].node))
     [insensitive] = examples.pods(EXAMPLE)
-    claim = run_to_end(lab, seen, insensitive)
+    pod = seen.wait_pod_ended(insensitive, 120, describe=lab.describe)
+    assert pod["status"]["phase"] == "Succeeded"
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = seen.wait_allocated(claim_name, "the example claim's allocation")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == donor and result["device"].endswith("-remote"), result
     wait_unschedulable(kube, ns, "sensitive")

@@ -57,13 +57,7 @@ def test_a_container_computes_on_each_of_four_leased_gpus(
 
     examples.apply(kube, EXAMPLE, ns, on_consumer)
     [name] = examples.pods(EXAMPLE)
-    wait_for(
-        lambda: phase(kube, ns, name) in ("Succeeded", "Failed"),
-        180,
-        "the workload pod to finish",
-        describe=remote.describe,
-    )
-    pod = kube.get(path("v1", "pods", name, namespace=ns))
+    pod = seen.wait_pod_ended(name, 180, describe=remote.describe)
     assert remote.consumer_kubelet is not None
     log = remote.consumer_kubelet.container_log(pod["metadata"]["uid"], "main")
     assert phase(kube, ns, name) == "Succeeded", log
@@ -131,12 +125,7 @@ def test_one_claim_computes_on_same_named_gpus_of_two_donors(
     )
     kube.create(path(RESOURCE, "resourceclaims", namespace=ns), claim)
     kube.create(path("v1", "pods", namespace=ns), pod)
-    wait_for(
-        lambda: phase(kube, ns, "two-donors") in ("Succeeded", "Failed"),
-        180,
-        "the two-donor pod to finish",
-        describe=lab.describe,
-    )
+    seen.wait_pod_ended("two-donors", 180, describe=lab.describe)
     uid = kube.get(path("v1", "pods", "two-donors", namespace=ns))["metadata"]["uid"]
     lines = consumer.kubelet.container_log(uid, "main").strip().splitlines()
     allocated = seen.wait_allocated("two-donors", "the claim's allocation seen")
