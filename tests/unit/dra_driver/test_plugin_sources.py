@@ -243,7 +243,8 @@ class FakeRedfish:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
+        # No access log: a request answered as its test ends logged to a closed capture.
+        self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
