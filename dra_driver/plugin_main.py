@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,16 +265,17 @@ def _make_source(args: argparse.Namespace, node: dict[str, Any]) -> Any:
     if args.device_source == "redfish":
         if not args.redfish_endpoint:
             raise SystemExit("--redfish-endpoint is required with --device-source redfish")
-        from dra_driver.sources.redfish import RedfishSource, load_credentials
+        from dra_driver.sources.redfish import QUICK, RedfishSource, load_credentials
 
         system_uuid = ((node.get("status") or {}).get("nodeInfo") or {}).get("systemUUID")
         if not system_uuid:
             raise SystemExit(f"node {args.node_name} reports no systemUUID")
+        ca = args.redfish_ca_file
         return RedfishSource(
             args.redfish_endpoint,
             system_uuid,
             credentials=load_credentials(args.redfish_credentials_file),
-            ca_file=args.redfish_ca_file,
+            connection=replace(QUICK, ca_file=str(ca) if ca else None),
             **kw,
         )
     from dra_driver.sources.nvml import NvmlSource

@@ -7,6 +7,8 @@ pool slots and the plugin's Redfish device source.
   (paged) Redfish collection;
 - ``fsas`` and ``fsas_answers``: the Fsas fabric manager's backend and its answers;
   ``slots``: pool slots for a fabric that picks the device at attach;
+- ``connection``: how every client of a fabric manager connects (TLS trust, time limit,
+  pool size);
 - ``http_answer``, ``http_deadline``, ``retry_after`` and ``bounded_json``: a fabric's
   HTTP answers read within bounds (``bounded_json`` also serves the fabric emulator).
 """

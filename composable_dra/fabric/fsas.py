@@ -42,7 +42,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import certifi
 import requests
 
 from composable_dra.fabric.backend import (
@@ -58,6 +57,7 @@ from composable_dra.fabric.backend import (
     OperationStatus,
     TransientError,
 )
+from composable_dra.fabric.connection import DEFAULT, Connection
 from composable_dra.fabric.fsas_answers import (
     GPU,
     device_of,
@@ -128,14 +128,11 @@ class FsasFabricManagerBackend:
         *,
         tenant_uuid: str,
         realm: str,
-        ca_file: str | None = None,
-        insecure_skip_tls_verify: bool = False,
-        timeout: float = 15.0,
+        connection: Connection = DEFAULT,
         session: requests.Session | None = None,
         clock: Callable[[], float] = time.monotonic,
         attach_by_model: bool = False,
         models: tuple[str, ...] = (),
-        connections: int = 10,
     ) -> None:
         # attach_by_model: the FM picks the GPU (DevicePicker; docs/fabrics.md). Free
         # capacity is then read as counts of ``models``, attached GPUs from the machines.
@@ -147,16 +144,14 @@ class FsasFabricManagerBackend:
             f"id_manager/realms/{segment(realm, 'realm')}/protocol/openid-connect/token"
         )
         self._creds = credentials
-        self._timeout = timeout
+        self._timeout = connection.timeout
         if session is None:
             session = requests.Session()
             for scheme in ("https://", "http://"):  # one connection per concurrent call
-                session.mount(scheme, DeadlineAdapter(pool_maxsize=connections))
+                session.mount(scheme, DeadlineAdapter(pool_maxsize=connection.connections))
         self._http = session
         # Given with each request: a session's own verify loses to REQUESTS_CA_BUNDLE.
-        self._verify: bool | str = (
-            False if insecure_skip_tls_verify else (ca_file or certifi.where())
-        )
+        self._verify: bool | str = connection.ca_bundle() or False
         self._http.verify = self._verify
         self._clock = clock
         self._lock = threading.Lock()  # guards the token

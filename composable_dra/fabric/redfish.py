@@ -25,7 +25,6 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import certifi
 import redfish
 from redfish.rest.v1 import RetriesExhaustedError
 from requests.adapters import HTTPAdapter
@@ -50,13 +49,11 @@ from composable_dra.fabric.backend import (
     Zone,
     status_error,
 )
+from composable_dra.fabric.connection import DEFAULT, Connection
 from composable_dra.fabric.health import redfish_fault
 from composable_dra.fabric.retry_after import busy_wait, poll_hint
 
 ROOT = "/redfish/v1"
-# Connections kept open to one fabric: requests' default; a caller making concurrent
-# calls (the operator: one per I/O thread) passes its own count.
-DEFAULT_CONNECTIONS = 10
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
 _DEVICE_ID = re.compile(DEVICE_ID)
 
@@ -168,27 +165,23 @@ class RedfishCompositionBackend:
         username: str,
         password: str,
         *,
-        ca_file: str | None = None,
-        insecure_skip_tls_verify: bool = False,
-        timeout: float = 15.0,
-        connections: int = DEFAULT_CONNECTIONS,
+        connection: Connection = DEFAULT,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
-        cafile = None if insecure_skip_tls_verify else (ca_file or certifi.where())
         self._client = redfish.redfish_client(
             base_url=self.endpoint,
             username=username,
             password=password,
-            cafile=cafile,
-            timeout=timeout,
+            cafile=connection.ca_bundle(),
+            timeout=connection.timeout,
             max_retry=0,
             check_connectivity=False,
-            https_adapter=HTTPAdapter(pool_maxsize=connections),
+            https_adapter=HTTPAdapter(pool_maxsize=connection.connections),
         )
         # The client mounts its adapter for https only; an http endpoint (the emulator, a
         # manager behind a TLS-terminating proxy) gets the same pool, or concurrent calls
         # beyond requests' 10 each open and drop a connection ("Connection pool is full").
-        self._client._session.mount("http://", HTTPAdapter(pool_maxsize=connections))
+        self._client._session.mount("http://", HTTPAdapter(pool_maxsize=connection.connections))
         self._lock = threading.Lock()  # guards logging in (the session's state)
         self._session_epoch = 0
         # The readers are looked up at each read, so that a test may wrap them.

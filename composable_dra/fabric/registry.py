@@ -13,8 +13,9 @@ from typing import Any, Protocol
 from api.labels import DNS_SUBDOMAIN_RE
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping
 from composable_dra.fabric.backend import FabricBackend, Host, host_by_uuid
+from composable_dra.fabric.connection import DEFAULT_CONNECTIONS, Connection
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
-from composable_dra.fabric.redfish import DEFAULT_CONNECTIONS, RedfishCompositionBackend
+from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend
 from composable_dra.k8s.kube import JSON, Kube, NotFound, path
 from composable_dra.model.names import normalize_uuid
@@ -133,6 +134,11 @@ class BackendFactory(Protocol):
     ) -> FabricBackend: ...
 
 
+def _connection(spec: FabricSpec, ca_file: str | None, connections: int) -> Connection:
+    """The Fabric's TLS settings, with the CA written out, and the process's pool size."""
+    return Connection(ca_file, spec.insecure_skip_tls_verify, connections=connections)
+
+
 def _redfish(
     backend: type[RedfishCompositionBackend] | type[RedfishZonesBackend],
 ) -> BackendFactory:
@@ -148,9 +154,7 @@ def _redfish(
             spec.endpoint,
             creds["username"],
             creds["password"],
-            ca_file=ca_file,
-            insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
-            connections=connections,
+            connection=_connection(spec, ca_file, connections),
         )
 
     return make
@@ -174,11 +178,9 @@ def _fsas(
         ),
         tenant_uuid=spec.fsas.tenant_uuid,
         realm=spec.fsas.realm,
-        ca_file=ca_file,
-        insecure_skip_tls_verify=spec.insecure_skip_tls_verify,
+        connection=_connection(spec, ca_file, connections),
         attach_by_model=by_model,
         models=tuple(spec.fsas.models),
-        connections=connections,
     )
 
 

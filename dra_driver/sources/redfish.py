@@ -18,11 +18,14 @@ import yaml
 
 from composable_dra.fabric import health as fabric_health
 from composable_dra.fabric import members
+from composable_dra.fabric.connection import Connection
 from composable_dra.fabric.health import redfish_fault
 from composable_dra.model.health import HealthReport, Reason
 from dra_driver.device_source import DeviceInfo, device_name_for
 
 _MiB = 2**20
+# The source's default: verified against the system bundle, each read within 5 s.
+QUICK = Connection(timeout=5.0)
 
 
 class RedfishError(RuntimeError):
@@ -98,23 +101,19 @@ class RedfishSource:
         endpoint: str,
         system_uuid: str,
         credentials: RedfishCredentials | None = None,
-        ca_file: Path | None = None,
+        connection: Connection = QUICK,
         poll_interval: float = 2.0,
-        timeout: float = 5.0,
     ) -> None:
-        import certifi
         import redfish
 
         # The library logs request headers (the Authorization header among them) at debug.
         logging.getLogger("redfish").setLevel(logging.WARNING)
-        # The library skips verification unless given a CA file: hand it the system bundle.
-        cafile = str(ca_file) if ca_file else certifi.where()
         self.poll_interval = poll_interval
         self.system_uuid = system_uuid.lower()
         self._client: Any = redfish.redfish_client(
             base_url=endpoint,
-            cafile=cafile,
-            timeout=timeout,
+            cafile=connection.ca_bundle(),
+            timeout=connection.timeout,
             max_retry=1,
             check_connectivity=False,
         )

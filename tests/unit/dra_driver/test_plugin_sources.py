@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
+from redfish.rest.v1 import RetriesExhaustedError
 
+from dra_driver import plugin_main
 from dra_driver.device_source import DeviceInfo, SourceWatcher, device_name_for, is_dns_label
 from dra_driver.sources.nvml import NvmlSource
 from dra_driver.sources.redfish import (
@@ -25,6 +29,7 @@ from dra_driver.sources.redfish import (
     load_credentials,
 )
 from dra_driver.sources.static import StaticSource, parse_static
+from testbed.pki import CertificateAuthority
 
 
 def test_device_names_are_dns_labels() -> None:
@@ -181,7 +186,8 @@ def processor(pid: str, ptype: str, uuid: str | None, **extra: Any) -> dict[str,
 class FakeRedfish:
     """Just the resources the source reads, served by aiohttp on a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.processors: dict[str, dict[str, Any]] = {
             "cpu0": processor("cpu0", "CPU", "cpu-uuid"),
             "gpu0": processor(
@@ -237,12 +243,13 @@ class FakeRedfish:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
+        # No access log: a request answered as its test ends logged to a closed capture.
+        self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.tls)
         self._loop.run_until_complete(site.start())
         self._ready.set()
         self._loop.run_forever()
@@ -285,6 +292,47 @@ def test_redfish_source_lists_gpus_of_this_host(fabric: FakeRedfish) -> None:
     fabric.processors["gpu7"] = processor("gpu7", "GPU", "GPU-7777")
     assert [d.uuid for d in src.list_devices()] == ["GPU-2222", "GPU-7777"]
     src.close()
+
+
+@pytest.fixture
+def tls_fabric(tmp_path: Path) -> Iterator[tuple[FakeRedfish, Path]]:
+    """The fake behind TLS, its certificate signed by a CA no system bundle holds."""
+    ca = CertificateAuthority(tmp_path / "pki")
+    pair = ca.issue("fabric", "fabric", ips=("127.0.0.1",), server=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pair.cert, pair.key)
+    f = FakeRedfish(tls)
+    f.start()
+    yield f, ca.cert_path
+    f.stop()
+
+
+def test_the_plugins_redfish_source_verifies_tls_with_its_ca_file(
+    tls_fabric: tuple[FakeRedfish, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--redfish-ca-file reaches the source; without it the system bundle is used, and a
+    manager that no CA there signed is not trusted (the DMTF client would not check)."""
+    fabric, ca = tls_fabric
+    monkeypatch.delenv("REDFISH_USERNAME", raising=False)
+    node = {"status": {"nodeInfo": {"systemUUID": SYSTEM_UUID}}}
+
+    def source(ca_file: Path | None) -> Any:
+        return plugin_main._make_source(
+            argparse.Namespace(
+                poll_interval=None,
+                device_source="redfish",
+                redfish_endpoint=f"https://127.0.0.1:{fabric.port}",
+                redfish_credentials_file=None,
+                redfish_ca_file=ca_file,
+                node_name="node-b",
+            ),
+            node,
+        )
+
+    assert [d.uuid for d in source(ca).list_devices()] == ["GPU-1111", "GPU-2222"]
+    with pytest.raises(RetriesExhaustedError) as untrusted:
+        source(None).list_devices()
+    assert "CERTIFICATE_VERIFY_FAILED" in repr(untrusted.value.__cause__)
 
 
 def test_redfish_unknown_host(fabric: FakeRedfish) -> None:

@@ -17,6 +17,7 @@ import certifi
 import pytest
 
 from composable_dra.fabric import backend as b
+from composable_dra.fabric.connection import Connection
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import MAX_ANSWER
 from testbed.pki import CertificateAuthority
@@ -163,7 +164,7 @@ def test_a_trickled_answer_ends_at_the_calls_deadline(wire: Wire, headers_too: b
     """requests' timeout bounds each read: trickled, a 1 s call took as long as the FM
     liked (here 6 s or more)."""
     wire.answers[MACHINES_PATH] = trickle(NO_MACHINES.ljust(60), 0.1, headers_too)
-    backend = fm(wire.url, timeout=1.0)
+    backend = fm(wire.url, connection=Connection(timeout=1.0))
     started = time.monotonic()
     with pytest.raises(b.TransientError, match="time limit"):
         backend.hosts()
@@ -182,7 +183,7 @@ def test_a_silent_answer_ends_at_the_calls_deadline(wire: Wire) -> None:
         h.server.stop.wait(30)
 
     wire.answers[MACHINES_PATH] = silent
-    backend = fm(wire.url, timeout=1.0)
+    backend = fm(wire.url, connection=Connection(timeout=1.0))
     started = time.monotonic()
     with pytest.raises(b.TransientError):
         backend.hosts()
@@ -304,6 +305,6 @@ def test_the_fabrics_ca_wins_over_requests_ca_bundle(
     monkeypatch.setenv("CURL_CA_BUNDLE", certifi.where())
     with Wire(tls) as fabric:
         fabric.answers[MACHINES_PATH] = answer(200, NO_MACHINES)
-        assert fm(fabric.url, ca_file=str(ca)).hosts() == {}
+        assert fm(fabric.url, connection=Connection(ca_file=str(ca))).hosts() == {}
         with pytest.raises(b.TransientError):  # and without it, the FM is not trusted
             fm(fabric.url).hosts()

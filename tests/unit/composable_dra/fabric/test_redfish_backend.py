@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from composable_dra.fabric import backend as b
+from composable_dra.fabric.connection import Connection
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.model.health import Reason
 from fabric_emulator.testing import EmulatorProcess
@@ -140,7 +141,9 @@ def _pool_full_warnings(
     emu.add_fault(
         {"kind": "latency", "method": "GET", "path": "ResourceBlocks/gpu-1$", "latency": 0.3}
     )
-    backend = RedfishCompositionBackend(emu.url, "admin", "admin", connections=connections)
+    backend = RedfishCompositionBackend(
+        emu.url, "admin", "admin", connection=Connection(connections=connections)
+    )
     try:
         backend.device("gpu-2")  # log in first: the calls below only read
         start = threading.Barrier(calls)
