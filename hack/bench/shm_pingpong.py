@@ -24,11 +24,12 @@ from remote_gpu.arena import PAGE, Arena
 _POSTED, _ANSWERED, _STOP = 0, 8, 16  # u64 indices, a cache line apart
 
 
-def _peer(path: str, size: int, slots: int, slot_size: int, ready: Connection) -> None:
+def _peer(path: str, size: int, slots: int, slot_size: int, ready: Connection, parent: int) -> None:
+    # ``parent``: the bench's pid, as it gave it. Read here with getppid, it would be init's
+    # where the bench had already exited (it may, once ready), and the peer would spin on.
     arena = Arena.attach(path, size, slots, slot_size)
     counters = arena.view(arena.ctl_offset, 256).cast("Q")
     ready.send(True)
-    parent = os.getppid()
     answered = idle = 0
     while not counters[_STOP]:
         posted = counters[_POSTED]
@@ -54,7 +55,9 @@ class PingPong:
         a = self.arena
         mine, theirs = mp.Pipe()
         self._proc = mp.get_context("fork").Process(
-            target=_peer, args=(str(a.path), a.size, a.slots, a.slot_size, theirs), daemon=True
+            target=_peer,
+            args=(str(a.path), a.size, a.slots, a.slot_size, theirs, os.getpid()),
+            daemon=True,
         )
         self._proc.start()
         if not mine.poll(30):
