@@ -1,0 +1,236 @@
+"""The installed chart's lifecycle on a real node (kubelet v1.37.1, containerd, runc; the
+product image imported): `helm uninstall`, `helm upgrade` and the CRDs' upgrade step as
+users run them (docs/operations.md, Upgrading the release and Uninstalling).
+
+- uninstall: refused by the chart's pre-delete hook while a pod holds one of the plugin's
+  GPUs (the hook says why, the release and everything in it stay); once the pod is gone it
+  drains while the operator still runs, and leaves no ComposableResource (so no
+  finalizer), no ResourceSlice of the driver, no Lease, no pod and no hook object.
+- upgrade to a second tag of the image: the plugin DaemonSet's seamless roll (both pods'
+  registration sockets in the kubelet's log, pods started all through the roll prepared,
+  the new pod preparing), a pod holding its GPU running on, each Lease held by a new pod.
+- CRDs: `helm upgrade` leaves them as they were; the documented server-side apply of the
+  chart's crds/ brings a new field in.
+
+The control plane is this file's own, with the ServiceAccount admission plugin, as
+tests/e2e/test_chart_install.py has it. The times from each helm command to its end state
+are printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
+from testbed import chart
+from testbed.controlplane import ControlPlane
+from testbed.objects import create_claim, create_resource, pod_body
+from testbed.product_image import ProductImage, find_product_image
+from testbed.realnode import RealNode
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import ENV_AND_WAIT, gone, started_nodes, wait_running
+from testbed.wait import wait_for
+from tests.e2e.test_chart_install import (
+    CONTROLLERS,
+    NAMESPACE,
+    RELEASE,
+    VALUES,
+    leaders,
+    plugin_registered,
+    pods_of,
+    running,
+    sa_control_plane,
+)
+
+pytestmark = pytest.mark.e2e
+__all__ = ["sa_control_plane"]  # the module's control plane, a fixture of this file too
+
+HOOK = f"{RELEASE}-composable-dra-uninstall-drain"
+CR = "composable.dra.io/v1alpha1"
+
+
+@pytest.fixture
+def node(sa_control_plane: ControlPlane, node_bin_dir: Path, short_tmp: Path) -> Iterator[RealNode]:
+    image = find_product_image()
+    name = f"l-{uuid.uuid4().hex[:6]}"
+    with started_nodes(sa_control_plane, node_bin_dir, short_tmp, [name], [image.archive]) as made:
+        yield made[0]
+
+
+def admin(cp: ControlPlane) -> Kube:
+    return Kube.from_config(str(cp.kubeconfig), user_agent="composable-dra/test-chart-lifecycle")
+
+
+def helm(cp: ControlPlane, verb: str, *args: str) -> str:
+    """helm ``verb`` of the test's release, in its namespace, on this control plane."""
+    return chart.helm(
+        verb, RELEASE, *args, "--namespace", NAMESPACE, "--kubeconfig", str(cp.kubeconfig)
+    )
+
+
+def install(cp: ControlPlane, image: ProductImage, *values: str) -> None:
+    helm(
+        cp,
+        "install",
+        str(chart.CHART),
+        "--create-namespace",
+        "--values",
+        str(VALUES),
+        "--set",
+        f"image.tag={image.tag}",
+        *values,
+    )
+
+
+def wait_installed(kube: Kube, node: RealNode) -> dict[str, str]:
+    """Until the node's plugin pod registered and published, and each controller leads;
+    the leading pods by component."""
+    wait_for(
+        functools.partial(plugin_registered, node, kube),
+        180,
+        f"the chart's plugin pod on {node.name} to register and publish",
+        interval=0.5,
+        describe=node.logs_tail,
+    )
+
+    def all_lead() -> dict[str, str] | None:
+        got = leaders(kube)
+        return got if len(got) == len(CONTROLLERS) else None
+
+    held: dict[str, str] = wait_for(all_lead, 180, "each controller to lead", interval=0.5)
+    return held
+
+
+@pytest.fixture
+def work(sa_control_plane: ControlPlane) -> Iterator[str]:
+    """A namespace for the test's pods, deleted afterwards."""
+    kube = admin(sa_control_plane)
+    name = f"w-{uuid.uuid4().hex[:6]}"
+    kube.create(path("v1", "namespaces"), {"metadata": {"name": name}})
+    yield name
+    kube.delete(path("v1", "namespaces", name))
+
+
+def gpu_pod(kube: Kube, node: RealNode, ns: str, name: str) -> JSON:
+    """A claim for one of our GPUs and a pod on ``node`` that holds it."""
+    create_claim(kube, ns, name)
+    pod = pod_body(name, name, command=["sh", "-c", ENV_AND_WAIT])
+    created: JSON = kube.create(
+        path("v1", "pods", namespace=ns), for_real_node(pod, node.name, node.image)
+    )
+    return created
+
+
+def delete_pod(kube: Kube, ns: str, name: str) -> None:
+    """Delete the pod and its claim, and wait until the claim is gone (deallocated)."""
+    kube.delete(path("v1", "pods", name, namespace=ns))
+    claim = path("resource.k8s.io/v1", "resourceclaims", name, namespace=ns)
+    kube.delete(claim)
+    wait_for(gone(kube, claim), 60, f"claim {ns}/{name} to go", interval=0.3)
+
+
+def leftovers(kube: Kube) -> list[str]:
+    """What an uninstall must not leave: the suite's objects (and so their finalizers),
+    the driver's ResourceSlices, a Lease holder, the components' pods, the hook's objects."""
+    left = [
+        f"{plural}/{o['metadata']['name']} finalizers={o['metadata'].get('finalizers')}"
+        for plural in ("composableresources", "composabilityrequests", "fabrics")
+        for o in kube.get(path(CR, plural))["items"]
+    ]
+    slices = kube.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
+    left += [
+        f"slice {s['metadata']['name']}" for s in slices if s["spec"]["driver"] == names.DRIVER
+    ]
+    leases = kube.get(path("coordination.k8s.io/v1", "leases", namespace=NAMESPACE))["items"]
+    left += [f"lease {x['metadata']['name']}: {x['spec']}" for x in leases]
+    pods = kube.get(path("v1", "pods", namespace=NAMESPACE))["items"]
+    left += [f"pod {p['metadata']['name']}" for p in pods]
+    rbac = "rbac.authorization.k8s.io/v1"
+    for kind, ns in (
+        ("clusterroles", None),
+        ("clusterrolebindings", None),
+        ("roles", NAMESPACE),
+        ("rolebindings", NAMESPACE),
+    ):
+        if kube.get_or_none(path(rbac, kind, HOOK, namespace=ns)) is not None:
+            left.append(f"{kind}/{HOOK}")
+    return left
+
+
+def hook_message(kube: Kube) -> str:
+    """What the failed hook's container said (its termination message: the log's end)."""
+    pods = kube.get(path("v1", "pods", namespace=NAMESPACE), labelSelector=f"job-name={HOOK}")
+    (pod,) = pods["items"]
+    (status,) = pod["status"]["containerStatuses"]
+    terminated = status["state"]["terminated"]
+    assert terminated["exitCode"] == 3, terminated
+    return str(terminated.get("message", "")).strip()
+
+
+# Long because it is one scenario read top to bottom: refused, then drained.
+def test_helm_uninstall_is_refused_while_a_pod_holds_a_gpu_then_leaves_nothing(
+    node: RealNode, sa_control_plane: ControlPlane, work: str
+) -> None:
+    cp = sa_control_plane
+    kube = admin(cp)
+    image = find_product_image()
+    install(cp, image)
+    wait_installed(kube, node)
+    gpu_pod(kube, node, work, "holder")
+    wait_running(kube, node, work, "holder")
+    # A resource of a fabric that is not there: the operator puts its finalizer on it.
+    create_resource(kube, "orphan-1", "no-such-fabric", "block-1", node.name)
+    orphan = path(CR, "composableresources", "orphan-1")
+    wait_for(
+        lambda: names.FINALIZER in (kube.get(orphan)["metadata"].get("finalizers") or []),
+        60,
+        "the operator's finalizer on the resource",
+        interval=0.3,
+    )
+
+    # Refused: helm prints the hook's reason and removes nothing.
+    with pytest.raises(chart.HelmError) as refused:
+        helm(cp, "uninstall", "--timeout", "3m")
+    print(f"helm uninstall refused:\n{refused.value}")
+    assert f"job {HOOK} failed: BackoffLimitExceeded" in str(refused.value)
+    # Helm prints the hook's log where the API server reaches the kubelets (pods/log; not
+    # on this local cluster); the pod's termination message says the same.
+    message = hook_message(kube)
+    assert message.startswith(
+        "refusing to uninstall: 1 ResourceClaim(s) hold GPUs of gpu.composable.dra.io: "
+        f"{work}/holder (pods holder). Delete those pods"
+    ), message
+    status = json.loads(helm(cp, "status", "--output", "json"))
+    assert status["info"]["status"] == "uninstalling"
+    assert kube.get(path("v1", "pods", "holder", namespace=work))["status"]["phase"] == "Running"
+    assert kube.get_or_none(orphan) is not None
+    assert all(len(running(pods_of(kube, c))) == 1 for c in (*CONTROLLERS, "plugin"))
+
+    # The pod gone, the same command drains and uninstalls.
+    delete_pod(kube, work, "holder")
+    t0 = time.monotonic()
+    helm(cp, "uninstall", "--timeout", "4m")
+    uninstalled_s = time.monotonic() - t0
+    clean: list[str] = []
+
+    def nothing_left() -> bool:
+        node.check_alive()
+        clean[:] = leftovers(kube)
+        return not clean
+
+    wait_for(
+        nothing_left, 120, "nothing of the release left", interval=0.5, describe=lambda: str(clean)
+    )
+    clean_s = time.monotonic() - t0
+    print(f"helm uninstall (hook included): {uninstalled_s:.1f}s; -> nothing left: {clean_s:.1f}s")
+    # The operator, still running during the drain, let the resource go (and said so).
+    events = kube.get(path("v1", "events"), fieldSelector="reason=FabricGone")["items"]
+    assert [e["involvedObject"]["name"] for e in events] == ["orphan-1"]
