@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.model import names
@@ -234,3 +235,120 @@ def test_helm_uninstall_is_refused_while_a_pod_holds_a_gpu_then_leaves_nothing(
     # The operator, still running during the drain, let the resource go (and said so).
     events = kube.get(path("v1", "events"), fieldSelector="reason=FabricGone")["items"]
     assert [e["involvedObject"]["name"] for e in events] == ["orphan-1"]
+
+
+def static_devices(count: int) -> str:
+    """``count`` static GPUs for every node, the chart's default one first (the one
+    ``plugin_registered`` looks for)."""
+    default = yaml.safe_load((chart.CHART / "values.yaml").read_text())["plugin"]["static"]
+    devices = list(default["devices"])
+    devices += [
+        {**devices[0], "uuid": f"GPU-00000000-life-0000-0000-00000000000{i}"}
+        for i in range(1, count)
+    ]
+    return f"plugin.static.devices={json.dumps(devices)}"
+
+
+def rolled(kube: Kube, old_plugin: str, old_leaders: dict[str, str]) -> dict[str, str] | None:
+    """The new leaders by component, once the roll is over: the plugin DaemonSet and each
+    Deployment updated and available with none of their old pods left, and each Lease held
+    by a new pod."""
+    ds = kube.get(
+        path("apps/v1", "daemonsets", f"{RELEASE}-composable-dra-plugin", namespace=NAMESPACE)
+    )
+    s = ds["status"]
+    want = s.get("desiredNumberScheduled", -1)
+    if not want == s.get("updatedNumberScheduled") == s.get("numberAvailable"):
+        return None
+    plugins = pods_of(kube, "plugin")
+    if len(plugins) != want or any(p["metadata"]["uid"] == old_plugin for p in plugins):
+        return None
+    for component in CONTROLLERS:
+        name = f"{RELEASE}-composable-dra-{component}"
+        d = kube.get(path("apps/v1", "deployments", name, namespace=NAMESPACE))
+        s, replicas = d["status"], d["spec"]["replicas"]
+        if (
+            not replicas
+            == s.get("updatedReplicas")
+            == s.get("availableReplicas")
+            == s.get("replicas")
+        ):
+            return None
+    held = leaders(kube)
+    new = {c: pod for c, pod in held.items() if pod not in old_leaders.values()}
+    return new if len(new) == len(CONTROLLERS) else None
+
+
+def kubelet_lines(node: RealNode, *needles: str) -> list[str]:
+    log = (node.logs_dir / "kubelet.log").read_text(errors="replace")
+    return [line for line in log.splitlines() if any(n in line for n in needles)]
+
+
+# Long because it is one scenario read top to bottom: install, roll, check, uninstall.
+def test_helm_upgrade_rolls_the_plugin_seamlessly_and_hands_leadership_over(
+    node: RealNode, sa_control_plane: ControlPlane, work: str
+) -> None:
+    cp = sa_control_plane
+    kube = admin(cp)
+    image = find_product_image()
+    install(cp, image, "--set-json", static_devices(3))
+    old_leaders = wait_installed(kube, node)
+    (old_plugin,) = running(pods_of(kube, "plugin"))
+    old_uid = old_plugin["metadata"]["uid"]
+    holder = gpu_pod(kube, node, work, "holder")
+    wait_running(kube, node, work, "holder")
+
+    # The same image under a second tag, as a release's next image would be imported.
+    repository = image.ref.rpartition(":")[0]
+    second = f"{image.tag}-next"
+    node.ctr("images", "tag", image.ref, f"{repository}:{second}")
+    t0 = time.monotonic()
+    helm(cp, "upgrade", str(chart.CHART), "--reuse-values", "--set", f"image.tag={second}")
+    # Pods started one after another all through the roll: each is prepared and runs.
+    started: list[str] = []
+    new_leaders = None
+    while new_leaders is None:
+        name = f"roll-{len(started)}"
+        gpu_pod(kube, node, work, name)
+        wait_running(kube, node, work, name)
+        started.append(name)
+        delete_pod(kube, work, name)
+        new_leaders = rolled(kube, old_uid, old_leaders)
+        assert time.monotonic() - t0 < 180, "the roll did not end within 3 minutes"
+    rolled_s = time.monotonic() - t0
+    (new_plugin,) = running(pods_of(kube, "plugin"))
+    new_uid = new_plugin["metadata"]["uid"]
+    gpu_pod(kube, node, work, "after")
+    wait_running(kube, node, work, "after")
+    print(
+        f"helm upgrade -> roll complete (plugin, 3 Deployments, 3 Leases): {rolled_s:.1f}s; "
+        f"{len(started)} pods started during the roll; leaders {old_leaders} -> {new_leaders}"
+    )
+
+    # The kubelet registered both pods' sockets, and the new pod prepares.
+    registrations = kubelet_lines(node, f"{old_uid}-reg.sock", f"{new_uid}-reg.sock")
+    print("\n".join(registrations[-6:]))
+    assert any(old_uid in line for line in registrations)
+    assert any(new_uid in line for line in registrations)
+    new_log = node.container_log(NAMESPACE, new_plugin["metadata"]["name"], "plugin")
+    assert "registered with the kubelet" in new_log
+    assert f'"claim": "{work}/after"' in new_log or f'"claim":"{work}/after"' in new_log, new_log[
+        -2000:
+    ]
+    assert new_plugin["spec"]["containers"][0]["image"] == f"{repository}:{second}"
+
+    # The pod that held its GPU all along runs on, never restarted; no prepare failed.
+    got = kube.get(path("v1", "pods", "holder", namespace=work))
+    assert got["metadata"]["uid"] == holder["metadata"]["uid"]
+    assert got["status"]["phase"] == "Running"
+    assert got["status"]["containerStatuses"][0]["restartCount"] == 0
+    events = kube.get(path("v1", "events", namespace=work))["items"]
+    warnings = [f"{e['reason']}: {e['message']}" for e in events if e.get("type") == "Warning"]
+    assert not warnings, warnings
+
+    for name in ("holder", "after"):
+        delete_pod(kube, work, name)
+    t1 = time.monotonic()
+    helm(cp, "uninstall", "--timeout", "4m")
+    wait_for(lambda: not leftovers(kube), 120, "nothing of the release left", interval=0.5)
+    print(f"helm uninstall -> nothing left: {time.monotonic() - t1:.1f}s")
