@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
 from composable_dra.model import names
 from testbed import chart
 from testbed.controlplane import ControlPlane
@@ -352,3 +354,64 @@ def test_helm_upgrade_rolls_the_plugin_seamlessly_and_hands_leadership_over(
     helm(cp, "uninstall", "--timeout", "4m")
     wait_for(lambda: not leftovers(kube), 120, "nothing of the release left", interval=0.5)
     print(f"helm uninstall -> nothing left: {time.monotonic() - t1:.1f}s")
+
+
+def apply_crds(kube: Kube, directory: Path) -> None:
+    """The documented step before `helm upgrade`: `kubectl apply --server-side
+    --force-conflicts -f <chart>/crds/`, as the request kubectl makes (server-side apply,
+    field manager kubectl, conflicts forced), then each CRD established."""
+    crds = "apiextensions.k8s.io/v1"
+    for manifest in sorted(directory.glob("*.yaml")):
+        crd = yaml.safe_load(manifest.read_text())
+        where = path(crds, "customresourcedefinitions", crd["metadata"]["name"])
+        kube.apply(where, crd, "kubectl", force=True)
+
+        def established(where: str = where) -> bool:
+            conditions = kube.get(where).get("status", {}).get("conditions", [])
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_for(established, 30, f"{manifest.name} established", interval=0.2)
+
+
+def test_crds_change_by_the_documented_step_never_by_helm_upgrade(
+    sa_control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """No node: the CRDs are the API server's business only (the chart's pods stay
+    Pending, and the release goes with --no-hooks, whose Jobs could not run)."""
+    cp = sa_control_plane
+    kube = admin(cp)
+    install(cp, find_product_image())
+    # The chart's next version: a new optional field in a CRD of its crds/.
+    upgraded = tmp_path / "composable-dra"
+    shutil.copytree(chart.CHART, upgraded)
+    changed = upgraded / "crds" / "composable.dra.io_composabilityrequests.yaml"
+    crd = yaml.safe_load(changed.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["note"] = {"type": "string", "maxLength": 256}
+    changed.write_text(yaml.safe_dump(crd, sort_keys=False))
+    requests = path(CR, "composabilityrequests")
+    body: JSON = {
+        "apiVersion": CR,
+        "kind": "ComposabilityRequest",
+        "metadata": {"name": "noted"},
+        "spec": {"fabric": "f", "model": "A100", "size": 0, "note": "from the next chart"},
+    }
+
+    def create() -> JSON:
+        return kube.request("POST", requests, body=body, query={"fieldValidation": "Strict"})
+
+    helm(cp, "upgrade", str(upgraded), "--reuse-values")
+    with pytest.raises(KubeError, match=re.escape('unknown field "spec.note"')):
+        create()  # helm upgrade left the CRD as it was
+    t0 = time.monotonic()
+    apply_crds(kube, upgraded / "crds")
+    created = wait_for(create, 30, "the new field to be accepted", interval=0.2)
+    print(f"CRDs applied -> the new field accepted: {time.monotonic() - t0:.1f}s")
+    assert created["spec"]["note"] == "from the next chart"
+    assert (
+        kube.get(path(CR, "composabilityrequests", "noted"))["spec"]["note"] == body["spec"]["note"]
+    )
+
+    kube.delete(path(CR, "composabilityrequests", "noted"))
+    apply_crds(kube, chart.CHART / "crds")  # the file's other tests see the chart's own
+    helm(cp, "uninstall", "--no-hooks")
