@@ -122,6 +122,17 @@ def work(sa_control_plane: ControlPlane) -> Iterator[str]:
     kube.delete(path("v1", "namespaces", name))
 
 
+def installed(
+    cp: ControlPlane, node: RealNode, *values: str
+) -> tuple[Kube, ProductImage, dict[str, str]]:
+    """The chart installed with ``values`` and up on ``node``: an admin client, the image,
+    the leading pods by component."""
+    kube = admin(cp)
+    image = find_product_image()
+    install(cp, image, *values)
+    return kube, image, wait_installed(kube, node)
+
+
 def gpu_pod(kube: Kube, node: RealNode, ns: str, name: str) -> JSON:
     """A claim for one of our GPUs and a pod on ``node`` that holds it."""
     create_claim(kube, ns, name)
@@ -183,10 +194,7 @@ def test_helm_uninstall_is_refused_while_a_pod_holds_a_gpu_then_leaves_nothing(
     node: RealNode, sa_control_plane: ControlPlane, work: str
 ) -> None:
     cp = sa_control_plane
-    kube = admin(cp)
-    image = find_product_image()
-    install(cp, image)
-    wait_installed(kube, node)
+    kube, _, _ = installed(cp, node)
     gpu_pod(kube, node, work, "holder")
     wait_running(kube, node, work, "holder")
     # A resource of a fabric that is not there: the operator puts its finalizer on it.
@@ -291,10 +299,7 @@ def test_helm_upgrade_rolls_the_plugin_seamlessly_and_hands_leadership_over(
     node: RealNode, sa_control_plane: ControlPlane, work: str
 ) -> None:
     cp = sa_control_plane
-    kube = admin(cp)
-    image = find_product_image()
-    install(cp, image, "--set-json", static_devices(3))
-    old_leaders = wait_installed(kube, node)
+    kube, image, old_leaders = installed(cp, node, "--set-json", static_devices(3))
     (old_plugin,) = running(pods_of(kube, "plugin"))
     old_uid = old_plugin["metadata"]["uid"]
     holder = gpu_pod(kube, node, work, "holder")
