@@ -17,7 +17,12 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from composable_dra import __version__
-from composable_dra.commands import migrate_cohdi, qos_selector
+from composable_dra.commands import (
+    migrate_cohdi,
+    qos_selector,
+    uninstall_drain,
+    uninstall_leases,
+)
 from composable_dra.process import logs
 from composable_dra_cli import arenas
 from composable_operator import main as operator_main
@@ -62,6 +67,15 @@ COMPONENTS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "migrate-cohdi": (
         lambda: migrate_cohdi,
         "Convert CoHDI ComposabilityRequests (YAML) into this suite's",
+    ),
+    "uninstall-drain": (
+        lambda: uninstall_drain,
+        "Before helm uninstall (the chart's pre-delete hook): refuse while a claim holds a "
+        "GPU, else hand every GPU back and remove the suite's objects",
+    ),
+    "uninstall-leases": (
+        lambda: uninstall_leases,
+        "After helm uninstall (the chart's post-delete hook): delete the controllers' Leases",
     ),
 }
 

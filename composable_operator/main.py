@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     kube = Kube.from_config(
         args.kubeconfig, pool_size=args.io_threads, user_agent="composable-dra/operator"
     )
-    leader.lead(args, lost, api=kube.api)
+    held = leader.lead(args, lost, api=kube.api)
     # One connection per I/O thread: each makes at most one fabric call at a time.
     fabrics = Fabrics(kube, connections=args.io_threads)
     settings = controller.ControllerSettings(
@@ -128,4 +128,5 @@ def run(args: argparse.Namespace) -> int:
     if lost.is_set():
         log.error("lost leadership; exiting so that a fresh process can compete again")
         return 1
+    leader.release(held)  # the work has stopped: a follower may start at once
     return 0

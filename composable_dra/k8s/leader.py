@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import uuid
+from typing import Any
 
 from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
@@ -33,13 +34,17 @@ def mark(lease: str, leading: bool) -> None:
     LEADING.labels(lease).set(1 if leading else 0)
 
 
-def lead(args: argparse.Namespace, lost: threading.Event, api: client.ApiClient | None) -> None:
+def lead(
+    args: argparse.Namespace, lost: threading.Event, api: client.ApiClient | None
+) -> Releasable | None:
     """Block until this process leads ``args.leader_elect_lease`` (in
     ``args.leader_elect_namespace``, with the timings of its ``--leader-elect-*`` flags,
     ``process.component.add_common_arguments``) when ``args.leader_elect``; without
-    election it leads at once. Either way the leader gauge says so."""
+    election it leads at once. Either way the leader gauge says so. Returns the lock to
+    ``release`` at a clean stop (None without election)."""
+    held = None
     if args.leader_elect:
-        acquire(
+        held = acquire(
             args.leader_elect_lease,
             args.leader_elect_namespace,
             lost,
@@ -49,6 +54,7 @@ def lead(args: argparse.Namespace, lost: threading.Event, api: client.ApiClient 
             api=api,
         )
     mark(args.leader_elect_lease, not lost.is_set())
+    return held
 
 
 def default_identity() -> str:
@@ -67,6 +73,65 @@ def lease_lock(
     return lock
 
 
+def holds(holder: str | None, identity: str) -> bool:
+    """Whether a Lease whose holderIdentity is ``holder`` is held by ``identity``."""
+    return bool(holder) and holder == identity
+
+
+class Releasable:
+    """The elector's lock, which this process can give up at a clean stop.
+
+    The official elector has no release (client-go's ReleaseOnCancel) and cannot be
+    stopped: once released, this lock refuses its renewals, and the Lease's holder is
+    cleared, so that a follower takes it at its next try rather than after the lease
+    duration, and an uninstalled release leaves no holder naming a pod that is gone.
+    """
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.name: str = lock.name
+        self.namespace: str = lock.namespace
+        self.identity: str = lock.identity
+        self.released = threading.Event()
+
+    def get(self, name: str, namespace: str) -> Any:
+        return self.lock.get(name, namespace)
+
+    def create(self, name: str, namespace: str, election_record: Any) -> bool:
+        return not self.released.is_set() and bool(
+            self.lock.create(name, namespace, election_record)
+        )
+
+    def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+        return not self.released.is_set() and bool(
+            self.lock.update(name, namespace, updated_record)
+        )
+
+    def release(self) -> bool:
+        """Stop renewing; clear the Lease's holder if it is still this process. A failure
+        is logged, not raised: the lease then expires after its duration."""
+        self.released.set()
+        where = f"{self.namespace}/{self.name}"
+        try:
+            lease = self.lock.api_instance.read_namespaced_lease(self.name, self.namespace)
+            if not holds(lease.spec.holder_identity, self.identity):
+                return False
+            lease.spec.holder_identity = None  # resourceVersion kept: a newer write wins
+            self.lock.api_instance.replace_namespaced_lease(self.name, self.namespace, lease)
+        except client.ApiException as exc:
+            log.warning("could not release the lease", lease=where, status=exc.status)
+            return False
+        mark(self.name, False)
+        log.info("released the lease", lease=where, identity=self.identity)
+        return True
+
+
+def release(held: Releasable | None) -> None:
+    """At a clean stop, after the work stopped: give up what ``lead`` returned, if any."""
+    if held is not None:
+        held.release()
+
+
 def acquire(
     lease: str,
     namespace: str,
@@ -76,8 +141,9 @@ def acquire(
     renew_deadline: int = 10,
     retry_period: int = 2,
     api: client.ApiClient | None = None,
-) -> None:
-    """Block until this process leads; set ``lost`` if it stops leading later.
+) -> Releasable:
+    """Block until this process leads; set ``lost`` if it stops leading later. Returns
+    the lock, whose ``release`` gives the lease up at a clean stop.
 
     The kubernetes client must be configured globally (config.load_*) before calling;
     ``api``: the component's client (``Kube.api``), so that its renewals name it.
@@ -98,8 +164,9 @@ def acquire(
         mark(lease, False)
         lost.set()
 
+    lock = Releasable(lease_lock(lease, namespace, me, api))
     config = electionconfig.Config(
-        lease_lock(lease, namespace, me, api),
+        lock,
         lease_duration=lease_duration,
         renew_deadline=renew_deadline,
         retry_period=retry_period,
@@ -113,4 +180,5 @@ def acquire(
     log.info("waiting for leadership", lease=f"{namespace}/{lease}", identity=me)
     while not leading.wait(1.0):
         if lost.is_set():
-            return
+            return lock
+    return lock

@@ -84,7 +84,7 @@ def run_controller(
         config.load_incluster_config()
     kube = Kube.from_config(args.kubeconfig, user_agent=f"composable-dra/{component}")
     metrics.serve(args.metrics_port)
-    leader.lead(args, lost, api=kube.api)
+    held = leader.lead(args, lost, api=kube.api)
     if stop.is_set():
         return 0
     controller = make(kube)
@@ -96,4 +96,5 @@ def run_controller(
             controller.stop()
             return 1
     controller.stop()
+    leader.release(held)  # the work has stopped: a follower may start at once
     return 0

@@ -230,6 +230,7 @@ class Access:
 G = "composable.dra.io"
 R = "resource.k8s.io"
 D = names.DRIVER
+LEASE = "composable-dra-scaler"
 
 
 def no_secrets_nor_leases(namespace: str) -> list[Access]:
@@ -347,6 +348,36 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("get", "secrets", namespace="kube-system"),
             Access("list", "secrets"),
             Access("delete", "nodes"),
+        ],
+    ),
+    # helm uninstall's pre-delete hook (it exists only while the hook runs).
+    "uninstall-drain": (
+        [
+            Access("list", "resourceclaims", R),
+            Access("list", "composabilityrequests", G),
+            Access("delete", "composabilityrequests", G),
+            Access("list", "composableresources", G),
+            Access("delete", "composableresources", G),
+            Access("list", "fabrics", G),
+            Access("delete", "fabrics", G),
+            Access("patch", "fabrics", G),
+            # post-delete: the controllers' Leases, by name
+            Access("delete", "leases", "coordination.k8s.io", namespace="@", name=LEASE),
+        ],
+        [
+            Access("delete", "leases", "coordination.k8s.io", namespace="@", name="other"),
+            Access("delete", "leases", "coordination.k8s.io", namespace="kube-system", name=LEASE),
+            Access("get", "resourceclaims", R, namespace="team-a"),
+            Access("delete", "resourceclaims", R, namespace="team-a"),
+            Access("delete", "pods", namespace="team-a"),
+            Access("create", "composableresources", G),
+            Access("patch", "composableresources", G),  # no finalizer removed by hand
+            Access("update", "composableresources", G, "status"),
+            Access("create", "fabrics", G),
+            Access("update", "fabrics", G, "status"),
+            Access("delete", "resourceslices", R),
+            Access("delete", "customresourcedefinitions", "apiextensions.k8s.io"),
+            *no_secrets_nor_leases("@"),
         ],
     ),
 }

@@ -83,3 +83,70 @@ def test_an_elected_process_takes_its_lease_timings_from_its_flags(
     assert _leading("timed") == 1
     lost.set()
     wait_for(lambda: _leading("timed") == 0, 5, "the gauge to drop to 0")
+
+
+class _Leases:
+    """The coordination API as the lock calls it: one Lease, its holder and version."""
+
+    def __init__(self, holder: str | None) -> None:
+        self.lease = client.V1Lease(
+            metadata=client.V1ObjectMeta(name="scaler", resource_version="7"),
+            spec=client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=15),
+        )
+        self.replaced: list[client.V1Lease] = []
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> client.V1Lease:
+        return self.lease
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: client.V1Lease) -> None:
+        self.replaced.append(body)
+
+
+class _Lock:
+    """The official LeaseLock's surface, counting the renewals that reach it."""
+
+    def __init__(self, api: _Leases) -> None:
+        self.name, self.namespace, self.identity = "scaler", "composable-dra", "pod-a_1"
+        self.api_instance = api
+        self.updates = 0
+
+    def get(self, name: str, namespace: str) -> tuple[bool, None]:
+        return True, None
+
+    def create(self, name: str, namespace: str, election_record: object) -> bool:
+        self.updates += 1
+        return True
+
+    def update(self, name: str, namespace: str, updated_record: object) -> bool:
+        self.updates += 1
+        return True
+
+
+def test_a_released_lease_names_no_holder_and_is_never_renewed_again() -> None:
+    api = _Leases("pod-a_1")
+    lock = _Lock(api)
+    held = leader.Releasable(lock)
+    assert held.update("scaler", "composable-dra", object())
+    assert held.release()
+    (replaced,) = api.replaced
+    assert replaced.spec.holder_identity is None
+    assert replaced.metadata.resource_version == "7"  # a renewal in flight wins
+    # The elector's thread, which cannot be stopped, may try again: refused here.
+    assert not held.update("scaler", "composable-dra", object())
+    assert not held.create("scaler", "composable-dra", object())
+    assert lock.updates == 1
+
+
+def test_a_lease_another_process_holds_is_left_alone_at_release() -> None:
+    api = _Leases("pod-b_2")
+    assert not leader.Releasable(_Lock(api)).release()
+    assert api.replaced == []
+    assert not leader.holds(None, "pod-a_1") and not leader.holds("", "")
+    assert leader.holds("pod-a_1", "pod-a_1")
+
+
+def test_a_process_without_election_has_no_lease_to_release() -> None:
+    args = argparse.Namespace(leader_elect=False, leader_elect_lease="unelected-2")
+    held = leader.lead(args, threading.Event(), None)
+    assert held is None
+    leader.release(held)  # nothing to give up

@@ -14,6 +14,7 @@ import pytest
 from composable_dra.lending.remote_leases import DONORS_AUDIENCE
 from composable_dra.model import names
 from composable_dra.model.device_classes import device_classes
+from composable_dra_cli import build_parser
 from testbed import chart
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
@@ -258,9 +259,56 @@ def test_controllers_are_leader_elected(default: list[Obj]) -> None:
 def test_one_service_account_per_component(default: list[Obj]) -> None:
     sas = {o["metadata"]["name"] for o in by_kind(default, "ServiceAccount")}
     workloads = by_kind(default, "Deployment") + by_kind(default, "DaemonSet")
+    workloads += by_kind(default, "Job")  # the uninstall hooks', one account for both
     used = [w["spec"]["template"]["spec"]["serviceAccountName"] for w in workloads]
-    assert sorted(used) == sorted(sas)
-    assert len(set(used)) == 4
+    assert sorted(set(used)) == sorted(sas)
+    assert len(set(used)) == 5
+
+
+def test_the_uninstall_hook_drains_before_helm_deletes_and_only_then_exists(
+    default: list[Obj],
+) -> None:
+    every = [o for o in default if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+    hooks = [o for o in every if "pre-delete" in o["metadata"]["annotations"]["helm.sh/hook"]]
+    kinds = sorted(o["kind"] for o in hooks)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    for o in every:
+        notes = o["metadata"]["annotations"]
+        assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        # The account and its role first, then the Job that uses them.
+        assert int(notes["helm.sh/hook-weight"]) == (0 if o["kind"] == "Job" else -10)
+    (job,) = by_kind(hooks, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 300
+    c = container(job)
+    assert c["args"][-3:] == [
+        "uninstall-drain",
+        "--driver-name=gpu.composable.dra.io",
+        "--timeout=240",
+    ]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    (role,) = by_kind(hooks, "ClusterRole")
+    verbs = {
+        (r["apiGroups"][0], res, v)
+        for r in role["rules"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
+    cr = "composable.dra.io"
+    assert verbs == {
+        ("resource.k8s.io", "resourceclaims", "list"),
+        *(
+            (cr, k, v)
+            for k in ("composabilityrequests", "composableresources", "fabrics")
+            for v in ("list", "delete")
+        ),
+        (cr, "fabrics", "patch"),
+    }
+    post = [o for o in every if "post-delete" in o["metadata"]["annotations"]["helm.sh/hook"]]
+    assert sorted(o["kind"] for o in post) == ["Job", "Role", "RoleBinding", "ServiceAccount"]
+    off = chart.render(values={"uninstall": {"drain": False}})
+    assert not [o for o in off if "uninstall" in o["metadata"]["name"]]
 
 
 def test_no_component_reads_secrets_cluster_wide(everything: list[Obj]) -> None:
@@ -531,3 +579,26 @@ def test_safe_detach_is_on_by_default_and_the_plugin_s_host_flags_follow_values(
     args = container(one(objs, "Deployment", "-operator"))["args"]
     assert "--no-await-host-release" in args and "--host-release-timeout=30" in args
     assert f"--host-release-command={command}" in container(one(objs, "DaemonSet"))["args"]
+
+
+def test_the_post_delete_hook_deletes_exactly_the_controllers_leases(default: list[Obj]) -> None:
+    (job,) = [j for j in by_kind(default, "Job") if j["metadata"]["name"].endswith("-leases")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    args = container(job)["args"]
+    leases = args[args.index("--namespace=composable-dra") + 1 :]
+    # The names the components lead with (their --leader-elect-lease defaults).
+    parser = build_parser()
+    defaults = {
+        parser.parse_args([cmd]).leader_elect_lease
+        for cmd in ("pool-publisher", "scaler", "operator")
+    }
+    assert set(leases) == defaults
+    (role,) = [r for r in by_kind(default, "Role") if r["metadata"]["name"].endswith("-drain")]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": leases,
+            "verbs": ["delete"],
+        }
+    ]
