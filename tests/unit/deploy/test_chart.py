@@ -320,6 +320,26 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     assert len(emu_secret["stringData"]["admin-token"]) == 32
 
 
+def test_a_fixed_emulator_address_is_what_the_components_reach() -> None:
+    """With emulator.clusterIP the Service gets that address and the Fabric and the
+    plugin reach the emulator by it, not by a DNS name a cluster without DNS cannot
+    resolve; a value that is no address is refused by the schema."""
+    values = {
+        "emulator": {"enabled": True, "clusterIP": "10.0.0.80"},
+        "fabric": {"create": True, "credentials": {"create": True}},
+        "plugin": {"deviceSource": "redfish"},
+    }
+    objs = chart.render(values=values)
+    assert one(objs, "Service", "-fabric-emulator")["spec"]["clusterIP"] == "10.0.0.80"
+    assert one(objs, "Fabric")["spec"]["endpoint"] == "http://10.0.0.80:8000"
+    plugin = container(one(objs, "DaemonSet", "-plugin"))
+    assert "--redfish-endpoint=http://10.0.0.80:8000" in plugin["args"]
+    six = chart.render(values={**values, "emulator": {"enabled": True, "clusterIP": "fd00::50"}})
+    assert one(six, "Fabric")["spec"]["endpoint"] == "http://[fd00::50]:8000"
+    with pytest.raises(chart.HelmError, match="schema"):
+        chart.render(values={"emulator": {"enabled": True, "clusterIP": "emulator"}})
+
+
 def test_extra_args_follow_the_subcommand() -> None:
     objs = chart.render(values={"scaler": {"extraArgs": ["--no-removal-duration=60"]}})
     args = container(one(objs, "Deployment", "-scaler"))["args"]
