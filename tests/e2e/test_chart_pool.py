@@ -28,24 +28,21 @@ from testbed import chart_cluster as cc
 from testbed import examples
 from testbed.cluster_view import CR_API
 from testbed.controlplane import ControlPlane
-from testbed.product_image import ProductImage, find_product_image
+from testbed.product_image import ProductImage
 from testbed.realnode import RealNode
 from testbed.realnode_pods import for_real_node
 from testbed.realnodes import printed_gpus, started_nodes
 from testbed.testimage import IMAGE
 from testbed.wait import wait_for
 from tests.e2e.test_chart_install import NAMESPACE, RELEASE, VALUES, sa_control_plane
+from tests.e2e.test_real_node_network import product_image
 
 pytestmark = pytest.mark.e2e
 HOSTS = ("node-1", "node-2")  # zone-1 of the emulator's built-in topology reaches both
 WORKLOADS = "pool-demo"
-__all__ = ["sa_control_plane"]  # the fixture, shared with test_chart_install
-
-
-@pytest.fixture(scope="module")
-def product_image() -> ProductImage:
-    """Found (or built) once: the image the nodes import is the one the chart names."""
-    return find_product_image()
+# Fixtures shared with those tests: found (or built) once, the image the nodes import is
+# the one the chart names.
+__all__ = ["product_image", "sa_control_plane"]
 
 
 @pytest.fixture
