@@ -15,6 +15,11 @@ process runs matmul on the donor and checks the products. It prints a JSON summa
 its last line, with ``remote``: the donor, the lease, the transport and whether the
 products were right.
 
+With --chart (root, real nodes only) the product is installed by its Helm chart instead
+(hack/demo_chart.py): every component and the fabric emulator are the chart's pods on three
+real nodes, and the same steps run on it; the JSON's ``installed_by`` says which
+(``"helm"``, else ``"process"``).
+
 The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
 at once with --teardown.
 """
