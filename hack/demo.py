@@ -16,7 +16,7 @@ its last line, with ``remote``: the donor, the lease, the transport and whether 
 products were right.
 
 With --chart (root, real nodes only) the product is installed by its Helm chart instead
-(hack/demo_chart.py): every component and the fabric emulator are the chart's pods on three
+(testbed/chart_cluster.py): every component and the fabric emulator are the chart's pods on three
 real nodes, and the same steps run on it; the JSON's ``installed_by`` says which
 (``"helm"``, else ``"process"``).
 
@@ -45,8 +45,8 @@ from typing import Any, Protocol
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending.remote_leases import REMOTE_READY
 from composable_dra.process import logs
-from hack.demo_chart import chart_suite
 from testbed import ControlPlane, examples
+from testbed.chart_cluster import demo_suite, workload_namespace
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
 from testbed.lending import Lab
@@ -64,7 +64,7 @@ RESOURCE = "resource.k8s.io/v1"
 
 class Cluster(Protocol):
     """What the demo reads of its cluster: testbed.harness.Suite (each component a
-    process) or hack.demo_chart.ChartSuite (the chart's pods)."""
+    process) or testbed.chart_cluster.ChartSuite (the chart's pods)."""
 
     kube: Kube
 
@@ -437,7 +437,7 @@ def cluster(
                 "scaler Deployments and the fabric emulator, all the chart's pods"
             ):
                 chart = stack.enter_context(
-                    chart_suite(
+                    demo_suite(
                         cp, cp.kube(), node_bin_dir, workdir / "nodes", args.idle_seconds, out.line
                     )
                 )
@@ -481,9 +481,7 @@ def demo_steps(
     watcher = Watcher(suite, out)
     lab: Lab | None = None
     try:
-        suite.kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
-        default_sa = path("v1", "serviceaccounts", "default", namespace=NAMESPACE)
-        wait_for(lambda: suite.kube.get_or_none(default_sa), 60, "the demo namespace's account")
+        workload_namespace(suite.kube, NAMESPACE)
         watcher.start()
         pods = apply_examples(out, suite, watcher, real)
         summary |= examples_summary(suite, watcher, pods)

@@ -15,6 +15,7 @@ from composable_dra.lending.remote_leases import DONORS_AUDIENCE
 from composable_dra.model import names
 from composable_dra.model.device_classes import device_classes
 from testbed import chart
+from testbed import chart_cluster as cc
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
 KIND_VALUES = chart.ROOT / "hack" / "kind" / "values.yaml"
@@ -366,6 +367,20 @@ def test_kind_values_render() -> None:
     assert "--device-source=redfish" in args
     assert one(objs, "Fabric")
     assert one(objs, "Deployment", "-fabric-emulator")
+
+
+def test_the_local_cluster_pool_values_render() -> None:
+    """testbed's values for the chart on real nodes with its emulator (test_chart_pool,
+    the demo's --chart): the emulator at its fixed address, a Fabric for it, the plugin
+    reading it, the image never pulled."""
+    objs = chart.render(values_files=[cc.VALUES, cc.POOL_VALUES])
+    url = f"http://{cc.emulator_address()}:8000"
+    assert one(objs, "Fabric")["spec"]["endpoint"] == url
+    plugin = container(one(objs, "DaemonSet", "-plugin"))
+    assert {"--device-source=redfish", f"--redfish-endpoint={url}"} <= set(plugin["args"])
+    assert plugin["imagePullPolicy"] == "Never"
+    svc = one(objs, "Service", "-fabric-emulator")
+    assert svc["metadata"]["name"] == cc.EMULATOR
 
 
 def test_paths_exist() -> None:
