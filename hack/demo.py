@@ -15,6 +15,11 @@ process runs matmul on the donor and checks the products. It prints a JSON summa
 its last line, with ``remote``: the donor, the lease, the transport and whether the
 products were right.
 
+With --chart (root, real nodes only) the product is installed by its Helm chart instead
+(testbed/chart_cluster.py): every component and the fabric emulator are the chart's pods on three
+real nodes, and the same steps run on it; the JSON's ``installed_by`` says which
+(``"helm"``, else ``"process"``).
+
 The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
 at once with --teardown.
 """
@@ -22,6 +27,7 @@ at once with --teardown.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,19 +37,20 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending.remote_leases import REMOTE_READY
 from composable_dra.process import logs
 from testbed import ControlPlane, examples
+from testbed.chart_cluster import demo_suite, workload_namespace
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
 from testbed.lending import Lab
-from testbed.realnode import RealNodeError, find_node_binaries
+from testbed.realnode import RealNode, RealNodeError, find_node_binaries
 from testbed.realnode_pods import for_real_node
 from testbed.remote_pods import matmul_claim_and_pod
 from testbed.testimage import IMAGE
@@ -53,6 +60,26 @@ EXAMPLES = ("pool-only", "prefer-local-fallback-pool", "two-gpus", "shared-claim
 NAMESPACE = "demo"
 REMOTE_NAMESPACE = "demo-remote"
 RESOURCE = "resource.k8s.io/v1"
+
+
+class Cluster(Protocol):
+    """What the demo reads of its cluster: testbed.harness.Suite (each component a
+    process) or testbed.chart_cluster.ChartSuite (the chart's pods)."""
+
+    kube: Kube
+
+    @property
+    def real_nodes(self) -> dict[str, RealNode]: ...
+
+    def resources(self) -> list[JSON]: ...
+
+    def pool_slices(self) -> list[JSON]: ...
+
+    def pod(self, namespace: str, name: str) -> JSON: ...
+
+    def running(self, namespace: str, name: str) -> bool: ...
+
+    def describe(self) -> str: ...
 
 
 class Progress:
@@ -75,7 +102,7 @@ class Progress:
 class Watcher:
     """Prints claims, ComposableResources and pods as their state changes (polled)."""
 
-    def __init__(self, suite: Suite, out: Progress) -> None:
+    def __init__(self, suite: Cluster, out: Progress) -> None:
         self.suite, self.out = suite, out
         self.seen: dict[str, str] = {}
         self.running_at: dict[str, float] = {}
@@ -161,7 +188,7 @@ class Watcher:
             self._report(f"pod/{name}", f"{phase}/{node}", f"pod {name}: {phase} (node {node})")
 
 
-def pool_summary(suite: Suite) -> list[str]:
+def pool_summary(suite: Cluster) -> list[str]:
     lines = []
     for s in suite.pool_slices():
         spec = s["spec"]
@@ -194,7 +221,7 @@ def real_node_binaries(choice: str) -> tuple[Path | None, str]:
     return None, reason
 
 
-def containers_ran(suite: Suite, pods: list[str]) -> int:
+def containers_ran(suite: Cluster, pods: list[str]) -> int:
     """Pods whose container a real runtime started (containerd), not an emulator."""
     count = 0
     for name in pods:
@@ -203,7 +230,7 @@ def containers_ran(suite: Suite, pods: list[str]) -> int:
     return count
 
 
-def container_output(suite: Suite, pod: str) -> str:
+def container_output(suite: Cluster, pod: str) -> str:
     node = suite.pod(NAMESPACE, pod)["spec"].get("nodeName")
     real = next((r for r in suite.real_nodes.values() if r.name == node), None)
     if real is None:
@@ -212,12 +239,13 @@ def container_output(suite: Suite, pod: str) -> str:
     return " | ".join(real.container_log(NAMESPACE, pod, container).split("\n")[:2]).strip()
 
 
-def remote_lease(suite: Suite, lab: Lab, out: Progress) -> dict[str, Any]:
+def remote_lease(stop_scaler: Callable[[], None], lab: Lab, out: Progress) -> dict[str, Any]:
     """One remote lease, shown: a pod on a GPU-less node runs matmul on a donor's GPU."""
     # One scaler at a time: the lab's scaler (pool path and lease controller) takes over.
-    if suite.scaler is not None:
-        suite.scaler.stop()
+    stop_scaler()
     lab.start(donors=1, gpus=1, max_leases=2, consumers=1)
+    default_sa = path("v1", "serviceaccounts", "default", namespace=REMOTE_NAMESPACE)
+    wait_for(lambda: lab.kube.get_or_none(default_sa), 60, "the remote namespace's account")
     donor, consumer = lab.donors[0], lab.consumers[0]
     out.line(
         f"donor {donor.node} lends 1 GPU (lease API {donor.api_url}); {consumer.node} has none"
@@ -285,14 +313,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="real kubelets with containerd and runc, kubelet emulators, or real where the "
         "machine allows it (default)",
     )
+    parser.add_argument(
+        "--chart",
+        action="store_true",
+        help="install the product with its Helm chart on three real nodes (root), every "
+        "component and the fabric emulator a pod, instead of each component as a process",
+    )
     return parser.parse_args(argv)
 
 
-def start_control_plane(out: Progress, workdir: Path) -> tuple[ControlPlane, Kube]:
+def start_control_plane(out: Progress, workdir: Path, chart: bool) -> tuple[ControlPlane, Kube]:
     with out.stage(
         "control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler v1.37"
     ):
-        cp = ControlPlane(find_binaries(), workdir=workdir / "cp")
+        # The chart's pods need their service accounts' tokens, as in a cluster.
+        cp = ControlPlane(find_binaries(), workdir=workdir / "cp", service_account_admission=chart)
         cp.start()
         kube = cp.kube()
         out.line(f"kubeconfig {cp.kubeconfig}")
@@ -316,7 +351,7 @@ def start_suite(out: Progress, suite: Suite, nodes: str, real: bool, why: str) -
         out.line("no node has a GPU of its own: every GPU below is attached from the pool")
 
 
-def apply_examples(out: Progress, suite: Suite, watcher: Watcher, real: bool) -> list[str]:
+def apply_examples(out: Progress, suite: Cluster, watcher: Watcher, real: bool) -> list[str]:
     """The examples applied, and their pods running; the pods' names."""
     with out.stage(f"applying deploy/examples: {', '.join(EXAMPLES)}"):
         pods = []
@@ -338,7 +373,7 @@ def apply_examples(out: Progress, suite: Suite, watcher: Watcher, real: bool) ->
     return pods
 
 
-def examples_summary(suite: Suite, watcher: Watcher, pods: list[str]) -> dict[str, Any]:
+def examples_summary(suite: Cluster, watcher: Watcher, pods: list[str]) -> dict[str, Any]:
     times = [
         watcher.running_at[p] - watcher.created_at[p]
         for p in pods
@@ -351,7 +386,7 @@ def examples_summary(suite: Suite, watcher: Watcher, pods: list[str]) -> dict[st
     }
 
 
-def release_idle(out: Progress, suite: Suite, idle_seconds: float) -> None:
+def release_idle(out: Progress, suite: Cluster, idle_seconds: float) -> None:
     with out.stage(
         f"releasing gpu-from-pool: its GPU stays on the node as an idle local "
         f"GPU, then goes back to the pool after {idle_seconds:.0f}s idle"
@@ -383,40 +418,70 @@ def wait_for_signal() -> None:
     stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logs.configure("demo", "warning")
-    out = Progress()
-    node_bin_dir, why = real_node_binaries(args.nodes)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    real = node_bin_dir is not None
-    summary: dict[str, Any] = {
-        "pods_running": 0,
-        "time_to_gpu_s": None,
-        "attaches": 0,
-        "detaches": 0,
-        "kubelet": "v1.37.1" if real else "emulator",
-        "containers_ran": 0,
-    }
-    cp, kube = start_control_plane(out, workdir)
-    suite = Suite(
-        kube,
-        cp.kubeconfig,
-        workdir / "suite",
-        SuiteOptions(
-            no_removal=args.idle_seconds,
-            real_hosts=SuiteOptions().hosts if real else (),
-            node_bin_dir=node_bin_dir,
-        ),
-        suffix="demo",
-        control_plane=cp,
-    )
+@contextmanager
+def cluster(
+    args: argparse.Namespace,
+    out: Progress,
+    cp: ControlPlane,
+    workdir: Path,
+    real: tuple[Path | None, str],
+) -> Iterator[tuple[Cluster, Callable[[], None]]]:
+    """The cluster the demo runs on, started, and how to stop its scaler; stopped at the end."""
+    node_bin_dir, why = real
+    with contextlib.ExitStack() as stack:
+        if args.chart:
+            assert node_bin_dir is not None
+            with out.stage(
+                "the product installed by its Helm chart on 3 real nodes (kubelet v1.37.1 + "
+                "containerd + runc): the plugin DaemonSet, the operator, pool publisher and "
+                "scaler Deployments and the fabric emulator, all the chart's pods"
+            ):
+                chart = stack.enter_context(
+                    demo_suite(
+                        cp, cp.kube(), node_bin_dir, workdir / "nodes", args.idle_seconds, out.line
+                    )
+                )
+                for line in pool_summary(chart):
+                    out.line(line)
+            yield chart, chart.stop_scaler
+            return
+        suite = Suite(
+            cp.kube(),
+            cp.kubeconfig,
+            workdir / "suite",
+            SuiteOptions(
+                no_removal=args.idle_seconds,
+                real_hosts=SuiteOptions().hosts if node_bin_dir else (),
+                node_bin_dir=node_bin_dir,
+            ),
+            suffix="demo",
+            control_plane=cp,
+        )
+        stack.callback(suite.stop)
+        start_suite(out, suite, args.nodes, node_bin_dir is not None, why)
+
+        def stop_scaler() -> None:
+            if suite.scaler is not None:
+                suite.scaler.stop()
+
+        yield suite, stop_scaler
+
+
+def demo_steps(
+    args: argparse.Namespace,
+    out: Progress,
+    cp: ControlPlane,
+    workdir: Path,
+    suite: Cluster,
+    stop_scaler: Callable[[], None],
+    summary: dict[str, Any],
+) -> int:
+    """The examples, the release, the remote lease; the summary printed; the exit code."""
+    real = summary["kubelet"] != "emulator"
     watcher = Watcher(suite, out)
     lab: Lab | None = None
     try:
-        start_suite(out, suite, args.nodes, real, why)
-        kube.create(path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+        workload_namespace(suite.kube, NAMESPACE)
         watcher.start()
         pods = apply_examples(out, suite, watcher, real)
         summary |= examples_summary(suite, watcher, pods)
@@ -434,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
             "over the network (donor and borrower: kubelet emulators; the scaler now also "
             "runs the lease controller)"
         ):
-            lab = Lab(kube, cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-")
-            summary["remote"] = remote_lease(suite, lab, out)
+            lab = Lab(
+                cp.kube(), cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-"
+            )
+            summary["remote"] = remote_lease(stop_scaler, lab, out)
         if not args.teardown:
             say_it_stays_up(cp, workdir)
         print(json.dumps(summary), flush=True)
@@ -447,7 +514,32 @@ def main(argv: list[str] | None = None) -> int:
         watcher.stop()
         if lab is not None:
             lab.stop()
-        suite.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.configure("demo", "warning")
+    out = Progress()
+    if args.chart and args.nodes == "emulator":
+        raise SystemExit("--chart installs on real nodes: not with --nodes=emulator")
+    real = real_node_binaries("real" if args.chart else args.nodes)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdra-demo-", dir="/tmp"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "pods_running": 0,
+        "time_to_gpu_s": None,
+        "attaches": 0,
+        "detaches": 0,
+        "kubelet": "v1.37.1" if real[0] is not None else "emulator",
+        "containers_ran": 0,
+        # Each component as its own process, or the chart's pods (--chart).
+        "installed_by": "helm" if args.chart else "process",
+    }
+    cp, _ = start_control_plane(out, workdir, args.chart)
+    try:
+        with cluster(args, out, cp, workdir, real) as (suite, stop_scaler):
+            return demo_steps(args, out, cp, workdir, suite, stop_scaler, summary)
+    finally:
         cp.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

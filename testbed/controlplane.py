@@ -171,6 +171,7 @@ class _Certificates:
     serving: KeyPair
     admin: KeyPair
     proxy: KeyPair
+    kubelet_client: KeyPair
 
 
 @dataclass
@@ -252,10 +253,18 @@ class ControlPlane:
         # Front-proxy (aggregation) settings: without them the controller manager and the
         # scheduler complain, every few seconds, that the request-header CA is missing.
         proxy = ca.issue("front-proxy-client", "front-proxy-client", client=True)
+        # What the API server shows a kubelet (which trusts this CA) to read a pod's log
+        # or exec in it, as kubeadm's apiserver-kubelet-client: real nodes refuse anonymous.
+        kubelet_client = ca.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            organizations=("system:masters",),
+            client=True,
+        )
         write_service_account_key(pki / "sa.key")
         self.api_port = free_port()
         self._write_kubeconfig(admin)
-        return _Certificates(pki, serving, admin, proxy)
+        return _Certificates(pki, serving, admin, proxy, kubelet_client)
 
     def _start_etcd(self) -> str:
         """etcd, healthy; its client URL."""
@@ -301,6 +310,10 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={certs.proxy.cert}",
                 f"--proxy-client-key-file={certs.proxy.key}",
+                f"--kubelet-client-certificate={certs.kubelet_client.cert}",
+                f"--kubelet-client-key={certs.kubelet_client.key}",
+                # Node names resolve nowhere here; a real node's InternalIP is reachable.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",

@@ -11,7 +11,9 @@ Pods reach the API server as in a cluster, at the ``kubernetes`` Service's addre
 namespace sends it to the host's end of the veth pair, where the API server listens. That
 rule is what kube-proxy would write for this one Service; kube-proxy itself would need
 the Service's endpoints, which the local API server does not publish (it advertises the
-loopback address, no valid endpoint), and the product's pods talk to no other Service.
+loopback address, no valid endpoint). Other Services a test needs (the chart's fabric
+emulator) are routed by ``testbed.service_routes``. The host routes each node's pod
+network to the node, so pods of two nodes reach each other.
 """
 
 from __future__ import annotations
@@ -142,13 +144,31 @@ def attach(holder_pid: int, api_port: int) -> NodeAddresses:
     raise NodeNetworkError(f"no free node network slot (all {MAX_SLOTS} host links in use)")
 
 
-def _configure(addrs: NodeAddresses, holder_pid: int, peer: str, api_port: int) -> None:
-    host = [
-        ["ip", "addr", "add", f"{addrs.host_ip}/{addrs.link.prefixlen}", "dev", addrs.host_link],
-        ["ip", "link", "set", addrs.host_link, "up"],
+def host_link_commands(addrs: NodeAddresses) -> list[list[str]]:
+    """The host's end of the node's link, up with its address."""
+    link = addrs.host_link
+    return [
+        ["ip", "addr", "add", f"{addrs.host_ip}/{addrs.link.prefixlen}", "dev", link],
+        ["ip", "link", "set", link, "up"],
     ]
+
+
+def host_route_commands(addrs: NodeAddresses) -> list[list[str]]:
+    """Once the node's end is up: a route to the node's pod network through the node, and
+    forwarding on this link only (not the host-wide ``ip_forward``), so that pods of two
+    nodes reach each other through the host, as a cluster's pod network lets them. Both
+    go with the link."""
+    link = addrs.host_link
+    return [
+        ["ip", "route", "add", addrs.pod_cidr, "via", addrs.node_ip, "dev", link],
+        ["sysctl", "-q", "-w", f"net.ipv4.conf.{link}.forwarding=1"],
+    ]
+
+
+def _configure(addrs: NodeAddresses, holder_pid: int, peer: str, api_port: int) -> None:
     enter = ["nsenter", f"--net=/proc/{holder_pid}/ns/net", "--"]
-    for argv in [*host, *([*enter, *c] for c in inside_commands(addrs, peer, api_port))]:
+    inside = [[*enter, *c] for c in inside_commands(addrs, peer, api_port)]
+    for argv in [*host_link_commands(addrs), *inside, *host_route_commands(addrs)]:
         out = _run(argv)
         if out.returncode != 0:
             raise NodeNetworkError(f"{' '.join(argv)}: {out.stderr.strip()}")

@@ -584,6 +584,16 @@ class RealNode:
             raise RealNodeError(f"ctr {' '.join(args)} failed: {out.stderr.strip()}")
         return out
 
+    def in_namespace(self, argv: list[str], timeout: float = 30) -> str:
+        """Run ``argv`` in the node's mount and network namespaces; its output, or
+        RealNodeError when it fails."""
+        out = subprocess.run(
+            [*self._nsenter(), *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if out.returncode != 0:
+            raise RealNodeError(f"{' '.join(argv)} on {self.name}: {out.stderr.strip()}")
+        return out.stdout
+
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """The container's output from the kubelet's log file (CRI format stripped)."""
         files = sorted(self.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log"))

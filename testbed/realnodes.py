@@ -43,12 +43,22 @@ def node_binaries() -> Path:
 
 @contextlib.contextmanager
 def started_nodes(
-    cp: ControlPlane, bin_dir: Path, workdir: Path, names_: Sequence[str], images: Sequence[Path]
+    cp: ControlPlane,
+    bin_dir: Path,
+    workdir: Path,
+    names_: Sequence[str],
+    images: Sequence[Path],
+    system_uuids: Sequence[str] = (),
 ) -> Iterator[list[RealNode]]:
-    """Real nodes ``names_`` (each in ``workdir/<name>``, with ``images`` imported),
-    started in turn, each start's time printed; all stopped at the end, and the ones
-    already started when a start fails."""
-    made = [RealNode(n, bin_dir, cp, workdir / n, images=list(images)) for n in names_]
+    """Real nodes ``names_`` (each in ``workdir/<name>``, with ``images`` imported; the
+    systemUUIDs ``system_uuids`` in turn where given, e.g. fabric hosts'), started in turn,
+    each start's time printed; all stopped at the end, and the ones already started when a
+    start fails."""
+    uuids = [*system_uuids, *[None] * (len(names_) - len(system_uuids))]
+    made = [
+        RealNode(n, bin_dir, cp, workdir / n, system_uuid=u, images=list(images))
+        for n, u in zip(names_, uuids, strict=True)
+    ]
     try:
         for node in made:
             t0 = time.monotonic()

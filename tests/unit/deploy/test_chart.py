@@ -16,6 +16,7 @@ from composable_dra.model import names
 from composable_dra.model.device_classes import device_classes
 from composable_dra_cli import build_parser
 from testbed import chart
+from testbed import chart_cluster as cc
 
 ALL_ENABLED = chart.CHART / "ci" / "all-enabled-values.yaml"
 KIND_VALUES = chart.ROOT / "hack" / "kind" / "values.yaml"
@@ -368,6 +369,26 @@ def test_everything_enabled(everything: list[Obj]) -> None:
     assert len(emu_secret["stringData"]["admin-token"]) == 32
 
 
+def test_a_fixed_emulator_address_is_what_the_components_reach() -> None:
+    """With emulator.clusterIP the Service gets that address and the Fabric and the
+    plugin reach the emulator by it, not by a DNS name a cluster without DNS cannot
+    resolve; a value that is no address is refused by the schema."""
+    values = {
+        "emulator": {"enabled": True, "clusterIP": "10.0.0.80"},
+        "fabric": {"create": True, "credentials": {"create": True}},
+        "plugin": {"deviceSource": "redfish"},
+    }
+    objs = chart.render(values=values)
+    assert one(objs, "Service", "-fabric-emulator")["spec"]["clusterIP"] == "10.0.0.80"
+    assert one(objs, "Fabric")["spec"]["endpoint"] == "http://10.0.0.80:8000"
+    plugin = container(one(objs, "DaemonSet", "-plugin"))
+    assert "--redfish-endpoint=http://10.0.0.80:8000" in plugin["args"]
+    six = chart.render(values={**values, "emulator": {"enabled": True, "clusterIP": "fd00::50"}})
+    assert one(six, "Fabric")["spec"]["endpoint"] == "http://[fd00::50]:8000"
+    with pytest.raises(chart.HelmError, match="schema"):
+        chart.render(values={"emulator": {"enabled": True, "clusterIP": "emulator"}})
+
+
 def test_extra_args_follow_the_subcommand() -> None:
     objs = chart.render(values={"scaler": {"extraArgs": ["--no-removal-duration=60"]}})
     args = container(one(objs, "Deployment", "-scaler"))["args"]
@@ -394,6 +415,20 @@ def test_kind_values_render() -> None:
     assert "--device-source=redfish" in args
     assert one(objs, "Fabric")
     assert one(objs, "Deployment", "-fabric-emulator")
+
+
+def test_the_local_cluster_pool_values_render() -> None:
+    """testbed's values for the chart on real nodes with its emulator (test_chart_pool,
+    the demo's --chart): the emulator at its fixed address, a Fabric for it, the plugin
+    reading it, the image never pulled."""
+    objs = chart.render(values_files=[cc.VALUES, cc.POOL_VALUES])
+    url = f"http://{cc.emulator_address()}:8000"
+    assert one(objs, "Fabric")["spec"]["endpoint"] == url
+    plugin = container(one(objs, "DaemonSet", "-plugin"))
+    assert {"--device-source=redfish", f"--redfish-endpoint={url}"} <= set(plugin["args"])
+    assert plugin["imagePullPolicy"] == "Never"
+    svc = one(objs, "Service", "-fabric-emulator")
+    assert svc["metadata"]["name"] == cc.EMULATOR
 
 
 def test_paths_exist() -> None:

@@ -13,6 +13,8 @@ from testbed.node_network import (
     MAX_SLOTS,
     NodeAddresses,
     cni_conflist,
+    host_link_commands,
+    host_route_commands,
     inside_commands,
 )
 
@@ -63,3 +65,13 @@ def test_the_api_service_address_leads_to_the_host_end_of_the_link() -> None:
         assert c[c.index("-d") + 1] == API_SERVICE_IP
         assert c[c.index("--dport") + 1] == "443"
         assert c[-1] == f"{a.host_ip}:6443"
+
+
+def test_the_host_routes_the_node_pod_network_and_forwards_on_its_link_only() -> None:
+    a = NodeAddresses(4)
+    link = host_link_commands(a)
+    assert ["ip", "link", "set", a.host_link, "up"] in link
+    route, forwarding = host_route_commands(a)
+    assert route == ["ip", "route", "add", a.pod_cidr, "via", a.node_ip, "dev", a.host_link]
+    # The link's own forwarding, not the host-wide net.ipv4.ip_forward.
+    assert forwarding[-1] == f"net.ipv4.conf.{a.host_link}.forwarding=1"

@@ -54,8 +54,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "system:serviceaccount:%s:%s" .root.Release.Namespace (include "cdra.name" .) -}}
 {{- end -}}
 
+{{/* The emulator's Service: its fixed address where emulator.clusterIP sets one, else its DNS name. */}}
 {{- define "cdra.emulatorURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "cdra.name" (dict "root" . "component" "fabric-emulator")) .Release.Namespace (int .Values.emulator.port) -}}
+{{- $e := .Values.emulator -}}
+{{- if $e.clusterIP -}}
+{{- if contains ":" $e.clusterIP -}}
+{{- printf "http://[%s]:%d" $e.clusterIP (int $e.port) -}}
+{{- else -}}
+{{- printf "http://%s:%d" $e.clusterIP (int $e.port) -}}
+{{- end -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%d" (include "cdra.name" (dict "root" . "component" "fabric-emulator")) .Release.Namespace (int $e.port) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The fabric manager's URL: explicit, else the emulator's when it is installed. */}}
