@@ -24,6 +24,7 @@ from testbed.harness import Suite
 from testbed.objects import create_claim
 from testbed.plugin_process import PluginProcess
 from testbed.realnode import RealNode, find_node_binaries
+from testbed.realnode_pods import ENV_AND_WAIT as ENV_AND_WAIT  # tests import it from here
 from testbed.wait import wait_for
 from testbed.workload import scenario_pod
 

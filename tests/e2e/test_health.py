@@ -23,8 +23,8 @@ from composable_dra.model.names import ANN_FENCE, normalize_uuid
 from fabric_emulator import host_bus
 from testbed.harness import Suite, SuiteOptions
 from testbed.objects import create_claim, pod_body
-from testbed.realnode_pods import ENV_AND_WAIT, for_real_node
-from testbed.realnodes import describe_nodes, suite_pod
+from testbed.realnode_pods import for_real_node
+from testbed.realnodes import ENV_AND_WAIT, describe_nodes, suite_pod
 from testbed.wait import holds_for, wait_for
 from tests.e2e.conftest import MakeSuite
 
