@@ -12,6 +12,9 @@ import copy
 
 from composable_dra.k8s.kube import JSON
 
+# A real container's command: print the environment (the CDI edits), then wait.
+ENV_AND_WAIT = "env; exec sleep 3600"
+
 
 def for_real_node(pod: JSON, node: str | None, image: str) -> JSON:
     """A copy of ``pod`` that runs on the real node ``node`` (on whichever node the scheduler

@@ -21,16 +21,14 @@ from composable_dra.model import names
 from dra_driver.cdi import resolve
 from testbed.controlplane import ControlPlane
 from testbed.harness import Suite
-from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION
-from testbed.objects import create_claim, pod_body
+from testbed.objects import create_claim
 from testbed.plugin_process import PluginProcess
 from testbed.realnode import RealNode, find_node_binaries
-from testbed.realnode_pods import for_real_node
+from testbed.realnode_pods import ENV_AND_WAIT as ENV_AND_WAIT  # tests import it from here
 from testbed.wait import wait_for
+from testbed.workload import scenario_pod
 
 RESOURCE = "resource.k8s.io/v1"
-# A real container's command: print the environment (the CDI edits), then wait.
-ENV_AND_WAIT = "env; exec sleep 3600"
 
 
 def node_binaries() -> Path:
@@ -138,8 +136,8 @@ def gone(kube: Kube, obj_path: str) -> Callable[[], bool]:
 def pod_with_claim(kube: Kube, node: RealNode, namespace: str, name: str) -> None:
     """A claim for one GPU and a pod on ``node`` using it, printing its environment."""
     create_claim(kube, namespace, name)
-    pod = pod_body(name, name, command=["sh", "-c", ENV_AND_WAIT])
-    kube.create(path("v1", "pods", namespace=namespace), for_real_node(pod, node.name, node.image))
+    pod = scenario_pod(name, name, node=node.name, run_seconds=None, real_image=node.image)
+    kube.create(path("v1", "pods", namespace=namespace), pod)
 
 
 # -- suites whose nodes may be real ----------------------------------------------------------
@@ -151,30 +149,16 @@ def suite_pod(
     name: str,
     node: str | None = None,
     run_seconds: float | None = None,
-    claim: JSON | None = None,
 ) -> JSON:
-    """``Suite.create_pod`` (its own claim: ``claim``'s body, named like the pod, or one for
-    a GPU, local ones first), made to run on real nodes
-    where the suite has any, wherever the scheduler puts the pod: the test image in the
-    host network, a container that prints its environment and waits (``run_seconds``:
-    exits then, never restarted, as the emulator's run annotation does, which it keeps for
-    the suite's emulated nodes)."""
-    if claim is None:
-        suite.create_claim(namespace, name)
-    else:
-        body = {**claim, "metadata": {"name": name}}
-        suite.kube.create(path(RESOURCE, "resourceclaims", namespace=namespace), body)
-    if not suite.real_nodes:
-        return suite.create_pod(namespace, name, claim=name, node=node, run_seconds=run_seconds)
-    wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
-    image = next(iter(suite.real_nodes.values())).image
-    pod = suite.on_own_nodes(
-        for_real_node(pod_body(name, name, command=["sh", "-c", wait]), node, image)
-    )
-    if run_seconds is not None:
-        pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
-        pod["spec"]["restartPolicy"] = "Never"
-    return suite.kube.create(path("v1", "pods", namespace=namespace), pod)
+    """``Suite.create_pod`` (its own claim for a GPU, local ones first), made to run on real
+    nodes where the suite has any, wherever the scheduler puts the pod (``create_pod``
+    makes it real only on a real node it names): ``scenario_pod``'s real container, which
+    exits after ``run_seconds`` as the emulator's run annotation does."""
+    suite.create_claim(namespace, name)
+    real = next(iter(suite.real_nodes.values()), None)  # the nodes share the test image
+    image = real.image if real is not None else None
+    pod = scenario_pod(name, name, node=node, run_seconds=run_seconds, real_image=image)
+    return suite.kube.create(path("v1", "pods", namespace=namespace), suite.on_own_nodes(pod))
 
 
 def wait_succeeded(suite: Suite, namespace: str, pod: str, timeout: float = 90) -> None:

@@ -8,7 +8,7 @@ from testbed import examples
 from testbed.cluster_view import ClusterView
 from testbed.kubelet_emulator import RUN_SECONDS_ANNOTATION
 from testbed.objects import HOSTNAME, RESOURCE, pod_body
-from testbed.realnode_pods import for_real_node
+from testbed.realnode_pods import ENV_AND_WAIT, for_real_node
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 _CLAIM_PLURALS = {
@@ -37,6 +37,27 @@ def claim_body(name: str, local_first: bool = True) -> JSON:
     return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
 
 
+def scenario_pod(
+    name: str, claim: str, *, node: str | None, run_seconds: float | None, real_image: str | None
+) -> JSON:
+    """A scenario's pod using ``claim``, on ``node`` when given (else where the scheduler
+    puts it); each caller says all three, which differ between them. For emulated nodes the
+    pause image; with ``real_image``, made to run on a real node: a container of that image
+    that prints its environment (the CDI edits) and waits. ``run_seconds``: it exits then,
+    never restarted (the kubelet emulator reads the annotation; a real container sleeps
+    that long)."""
+    if real_image is None:
+        pod = pod_body(name, claim, node=node, image=PAUSE_IMAGE)
+        pod["spec"]["terminationGracePeriodSeconds"] = 0
+    else:
+        wait = ENV_AND_WAIT if run_seconds is None else f"env; exec sleep {run_seconds}"
+        pod = for_real_node(pod_body(name, claim, command=["sh", "-c", wait]), node, real_image)
+    if run_seconds is not None:
+        pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
+        pod["spec"]["restartPolicy"] = "Never"
+    return pod
+
+
 class Workload(ClusterView):
     """The cluster view, and what a scenario creates in it."""
 
@@ -58,21 +79,21 @@ class Workload(ClusterView):
         own_nodes: bool = True,
     ) -> JSON:
         """A pod with its own claim (named like the pod unless given), on this suite's nodes
-        unless ``own_nodes`` is False (nodes a bench made itself)."""
+        unless ``own_nodes`` is False (nodes a bench made itself); made to run there when
+        ``node`` is a real one (``scenario_pod``)."""
         claim_name = claim or name
         if claim is None:
             self.create_claim(namespace, claim_name, local_first)
-        pod = pod_body(name, claim_name, node=node or None, image=PAUSE_IMAGE)
+        real = self.hosts.real_named(node)
+        pod = scenario_pod(
+            name,
+            claim_name,
+            node=node or None,
+            run_seconds=run_seconds,
+            real_image=real.image if real is not None else None,
+        )
         if own_nodes:
             pod = self.on_own_nodes(pod)
-        pod["spec"]["terminationGracePeriodSeconds"] = 0
-        if run_seconds is not None:
-            pod["metadata"]["annotations"] = {RUN_SECONDS_ANNOTATION: str(run_seconds)}
-        real = self.hosts.real_named(node)
-        if real is not None:
-            # A real container: it prints its environment (the CDI edits) and waits.
-            pod = for_real_node(pod, real.name, real.image)
-            pod["spec"]["containers"][0]["command"] = ["sh", "-c", "env; exec sleep 3600"]
         return self.kube.create(path("v1", "pods", namespace=namespace), pod)
 
     def apply_example(self, name: str, namespace: str, host: str) -> list[str]:

@@ -79,22 +79,6 @@ class OperationFailedError(FabricError):
     retryable = True
 
 
-def status_error(status: int, message: str, retry_after: float | None) -> FabricError:
-    """The typed error an HTTP status alone says (when the answer's body said nothing
-    more precise): the one reading of statuses that every HTTP backend shares."""
-    if status in (401, 403):
-        return AuthError(message)
-    if status == 404:
-        return NotFoundError(message)
-    if status == 409:
-        return InUseError(message)
-    if status in (429, 503):
-        return BusyError(message, retry_after=retry_after)
-    if status >= 500:
-        return TransientError(message)
-    return OperationFailedError(message)
-
-
 @dataclass(frozen=True, slots=True)  # thousands per inventory read
 class Host:
     """A fabric host (Redfish ComputerSystem) that a node runs on."""

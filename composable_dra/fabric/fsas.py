@@ -73,6 +73,7 @@ from composable_dra.fabric.fsas_answers import (
 )
 from composable_dra.fabric.http_answer import parse_json, read_body
 from composable_dra.fabric.http_deadline import DeadlineAdapter, deadline
+from composable_dra.fabric.relogin import once_more_after_401
 from composable_dra.process import logs
 
 log = logs.get(__name__)
@@ -232,23 +233,21 @@ class FsasFabricManagerBackend:
         url = f"{self.endpoint}/{path}"
         what = f"{method} {url}"
         params = {"tenant_uuid": self.tenant, **(query or {})}
-        token = self._bearer()
-        for attempt in (1, 2):
-            status, answer, headers = self._exchange(
-                method,
-                url,
-                what,
-                params=params,
-                json=body,
-                headers={"Authorization": f"Bearer {token}"},
-            )
-            if status == 401 and attempt == 1:
-                token = self._bearer(stale=token)  # expired early or revoked: renew, once
-                continue
-            if 300 <= status < 400:
-                raise BadAnswerError(f"{what}: HTTP {status}, a redirect: not followed")
-            return status, answer, headers
-        raise AuthError(f"{what}: still unauthorized with a new token")
+
+        def send() -> tuple[int, tuple[int, Any, Mapping[str, str]], str]:
+            token = self._bearer()
+            bearer = {"Authorization": f"Bearer {token}"}
+            answer = self._exchange(method, url, what, params=params, json=body, headers=bearer)
+            return answer[0], answer, token
+
+        # A token expired early or revoked: renewed, once (relogin.py).
+        status, answer, headers = once_more_after_401(send, self._renew, what)
+        if 300 <= status < 400:
+            raise BadAnswerError(f"{what}: HTTP {status}, a redirect: not followed")
+        return status, answer, headers
+
+    def _renew(self, stale: str) -> None:
+        self._bearer(stale=stale)
 
     def _get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         status, body, headers = self._call("GET", path, query=query)

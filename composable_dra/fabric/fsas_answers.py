@@ -27,11 +27,10 @@ from composable_dra.fabric.backend import (
     NotFoundError,
     OperationFailedError,
     Zone,
-    status_error,
 )
 from composable_dra.fabric.health import fsas_fault
 from composable_dra.fabric.http_answer import parse_json
-from composable_dra.fabric.retry_after import busy_wait
+from composable_dra.fabric.http_errors import Codes, answer_error
 
 GPU = "gpu"
 # A token is kept at most this long, whatever lifetime its answer claims (a 401 renews
@@ -43,7 +42,7 @@ _DEVICE_ID = re.compile(DEVICE_ID)
 _HEALTHY = ("0", "1")
 _TEXT = 300  # characters of the FM's own message kept in an error
 # FM error codes (detail.code) whose meaning the status alone does not carry.
-_CODE_ERRORS: dict[str, type[FabricError]] = {
+_CODE_ERRORS: Codes = {
     "E_RESOURCE_IN_USE": InUseError,
     "E_INSUFFICIENT_RESOURCES": InsufficientError,
     "E_NOT_FOUND": NotFoundError,
@@ -58,11 +57,8 @@ def error_for(status: int, body: Any, headers: Mapping[str, str], what: str) -> 
     text = detail.get("message") if isinstance(detail, dict) else None
     if not isinstance(text, str):
         text = json.dumps(text) if text is not None else "no details"
-    message = f"{what}: HTTP {status}: {code + ': ' if code else ''}{text[:_TEXT]}"
-    retry_after = busy_wait(status, headers, what)
-    if code in _CODE_ERRORS:
-        return _CODE_ERRORS[code](message, retry_after=retry_after)
-    return status_error(status, message, retry_after)
+    said = f"{code + ': ' if code else ''}{text[:_TEXT]}"
+    return answer_error(status, headers, what, said, [code], _CODE_ERRORS)
 
 
 def _seconds(value: Any) -> float | None:

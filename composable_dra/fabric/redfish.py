@@ -47,11 +47,12 @@ from composable_dra.fabric.backend import (
     OperationStatus,
     TransientError,
     Zone,
-    status_error,
 )
 from composable_dra.fabric.connection import DEFAULT, Connection
 from composable_dra.fabric.health import redfish_fault
-from composable_dra.fabric.retry_after import busy_wait, poll_hint
+from composable_dra.fabric.http_errors import Codes, answer_error
+from composable_dra.fabric.relogin import once_more_after_401
+from composable_dra.fabric.retry_after import poll_hint
 
 ROOT = "/redfish/v1"
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
@@ -74,7 +75,7 @@ T = TypeVar("T")
 logging.getLogger("redfish").setLevel(logging.WARNING)
 _STATE: dict[str, DeviceState] = {"Unused": "free", "Composed": "attached"}
 # MessageId suffix -> error type, for 4xx answers whose status code alone is ambiguous.
-_MESSAGE_ERRORS: dict[str, type[FabricError]] = {
+_MESSAGE_ERRORS: Codes = {
     "ResourceBlockInUse": InUseError,
     "ResourceInUse": InUseError,
     "ResourceNotFound": NotFoundError,
@@ -106,13 +107,8 @@ def _describe(body: Any, fallback: str) -> str:
 
 def error_for(status: int, body: Any, headers: dict[str, str], what: str) -> FabricError:
     """The typed error for a failed Redfish response."""
-    message = f"{what}: HTTP {status}: {_describe(body, 'no details')}"
-    retry_after = busy_wait(status, headers, what)
-    for info in _messages(body):
-        suffix = str(info.get("MessageId", "")).rsplit(".", 1)[-1]
-        if suffix in _MESSAGE_ERRORS:
-            return _MESSAGE_ERRORS[suffix](message, retry_after=retry_after)
-    return status_error(status, message, retry_after)
+    ids = (str(info.get("MessageId", "")).rsplit(".", 1)[-1] for info in _messages(body))
+    return answer_error(status, headers, what, _describe(body, "no details"), ids, _MESSAGE_ERRORS)
 
 
 def _id(uri: str) -> str:
@@ -197,36 +193,41 @@ class RedfishCompositionBackend:
     def _call(
         self, method: str, uri: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, Any, dict[str, str]]:
-        for attempt in (1, 2):
-            try:
-                # Logging in is serialised; requests then run concurrently on the session
-                # (its connection pool is thread-safe), so one slow call does not hold up
-                # the others.
-                with self._lock:
-                    if not self._logged_in:
-                        self._client.login(auth="session")
-                        self._logged_in = True
-                    session = self._session_epoch
-                resp = self._request(method, uri, body, headers)
-            except RetriesExhaustedError as exc:
-                cause = exc.__cause__ or exc
-                raise TransientError(f"{method} {uri}: {type(cause).__name__}: {cause}") from exc
-            except redfish.rest.v1.InvalidCredentialsError as exc:
-                self._forget_session()
-                raise AuthError(f"login to {self.endpoint} refused") from exc
-            except redfish.rest.v1.ServerDownOrUnreachableError as exc:
-                self._forget_session()
-                raise TransientError(f"{self.endpoint} unreachable: {exc}") from exc
-            if resp.status == 401 and attempt == 1:
-                self._forget_session(session)  # the session expired: log in again, once
-                continue
-            answered = {k.lower(): v for k, v in resp.getheaders()}
-            try:
-                payload = resp.dict
-            except Exception:
-                payload = None
-            return resp.status, payload, answered
-        raise AuthError(f"{method} {uri}: still unauthorized after logging in again")
+        # An expired session: logged in again, once (relogin.py).
+        resp = once_more_after_401(
+            lambda: self._send(method, uri, body, headers), self._forget_session, f"{method} {uri}"
+        )
+        answered = {k.lower(): v for k, v in resp.getheaders()}
+        try:
+            payload = resp.dict
+        except Exception:
+            payload = None
+        return resp.status, payload, answered
+
+    def _send(
+        self, method: str, uri: str, body: Any, headers: dict[str, str] | None
+    ) -> tuple[int, Any, int]:
+        """One request, logged in first where needed: its status, the response and the
+        session (its epoch) it went with."""
+        try:
+            # Logging in is serialised; requests then run concurrently on the session (its
+            # connection pool is thread-safe), so one slow call does not hold up the others.
+            with self._lock:
+                if not self._logged_in:
+                    self._client.login(auth="session")
+                    self._logged_in = True
+                session = self._session_epoch
+            resp = self._request(method, uri, body, headers)
+        except RetriesExhaustedError as exc:
+            cause = exc.__cause__ or exc
+            raise TransientError(f"{method} {uri}: {type(cause).__name__}: {cause}") from exc
+        except redfish.rest.v1.InvalidCredentialsError as exc:
+            self._forget_session()
+            raise AuthError(f"login to {self.endpoint} refused") from exc
+        except redfish.rest.v1.ServerDownOrUnreachableError as exc:
+            self._forget_session()
+            raise TransientError(f"{self.endpoint} unreachable: {exc}") from exc
+        return resp.status, resp, session
 
     def _forget_session(self, epoch: int | None = None) -> None:
         """Log in again on the next call (once, however many calls saw the 401)."""

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from composable_dra.fabric import backend as b
 from composable_dra.fabric.connection import Connection
@@ -185,3 +186,24 @@ def test_a_block_status_set_in_the_emulator_is_the_device_fault(
     emu.set_block_status("gpu-1")  # OK again
     assert fabric.inventory().devices["gpu-1"].fault is None
     assert fabric.inventory().devices["gpu-2"].fault is None
+
+
+def _sessions(emu: EmulatorProcess) -> list[str]:
+    answer = requests.get(
+        f"{emu.url}/redfish/v1/SessionService/Sessions", auth=("admin", "admin"), timeout=10
+    )
+    answer.raise_for_status()
+    return [m["@odata.id"] for m in answer.json()["Members"]]
+
+
+def test_an_expired_session_logs_in_again_and_repeats_the_request_once(
+    fabric: RedfishCompositionBackend, emu: EmulatorProcess
+) -> None:
+    others = set(_sessions(emu))  # other tests' backends, if any are still open
+    assert fabric.hosts()
+    (first,) = set(_sessions(emu)) - others
+    # The service forgets the session (it expired, or the manager restarted).
+    requests.delete(f"{emu.url}{first}", auth=("admin", "admin"), timeout=10).raise_for_status()
+    assert fabric.device("gpu-1") is not None  # answered: a 401, a login, the same request
+    (second,) = set(_sessions(emu)) - others
+    assert second != first
