@@ -200,6 +200,7 @@ def delete_pod_and_claim(kube: Kube, ns: str, name: str) -> None:
     wait_for(lambda: get_claim(kube, ns, name) is None, 60, f"claim {name} to go")
 
 
+@pytest.mark.versions("1.36")
 def test_donor_publishes_remote_devices_with_counters(
     kube_json: Kube, cluster: Cluster, device_class: str
 ) -> None:
@@ -245,6 +246,7 @@ def test_donor_publishes_remote_devices_with_counters(
     assert len(published) == 2, published
 
 
+@pytest.mark.versions("1.36")
 def test_one_gpu_is_never_local_and_remote_at_once(
     kube_json: Kube, cluster: Cluster, device_class: str, namespace: str
 ) -> None:
