@@ -82,7 +82,6 @@ def assert_attached(suite: Suite, pod: JSON, claim: JSON) -> list[JSON]:
     return results
 
 
-@pytest.mark.versions("1.36")
 def test_prefer_local_fallback_pool(make_suite: MakeSuite, namespace: str) -> None:
     suite, pods = run_example(make_suite, "prefer-local-fallback-pool", namespace)
     pod = pods["gpu-prefer-local"]

@@ -240,10 +240,14 @@ def test_donor_publishes_remote_devices_with_counters(
 
     after = wait_for(grown, 30, "the third GPU to be lent")
     assert {s["spec"]["pool"]["generation"] for s in after} == {generation + 1}
-    published = [
-        e for e in cluster.plugin.process.log_events() if e.get("event") == "slices published"
-    ]
-    assert len(published) == 2, published
+    plugin = cluster.plugin
+
+    def published() -> list[JSON]:
+        return [e for e in plugin.process.log_events() if e.get("event") == "slices published"]
+
+    # The line follows the write that the slices above show: wait for it, then no more.
+    wait_for(lambda: len(published()) >= 2, 10, "the plugin's second 'slices published'")
+    assert len(published()) == 2, published()
 
 
 @pytest.mark.versions("1.36")
