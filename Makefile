@@ -6,6 +6,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+JUNIT_DIR ?= build/junit
 
 .PHONY: demo test lint unit e2e bench control-plane node vendor-plugin promtool image install protos fmt clean
 
@@ -46,13 +47,20 @@ demo: install
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
 	KUBE_BIN_DIR=$$dir $(PY) -m hack.demo $(DEMO_ARGS)
 
-## test: every test: lint and types, unit tests, end-to-end tests on a real control plane
+## test: every test: lint and types, unit tests, end-to-end tests on a real control plane,
+## then each older Kubernetes release's subset, then the support matrix against the results
 # promtool is built (or found cached) before the tests: a cold build takes longer than
 # one test may (the dashboard and alert tests would build it themselves otherwise).
+# Each run writes JUnit XML to $(JUNIT_DIR)/<release>.xml; hack/support_matrix.py checks
+# docs/operations.md's support matrix against them (docs/operations.md, Support matrix).
 test: lint
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \
 	bash hack/promtool.sh >/dev/null; \
-	KUBE_BIN_DIR=$$dir $(PY) -m pytest $(PYTEST_ARGS)
+	rm -rf $(JUNIT_DIR); \
+	release=$$($(PY) -c 'from testbed.versions import run_release; print(run_release())'); \
+	KUBE_BIN_DIR=$$dir $(PY) -m pytest $(PYTEST_ARGS) --junitxml=$(JUNIT_DIR)/$$release.xml; \
+	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) bash hack/versions-test.sh; \
+	$(PY) -m hack.support_matrix $(JUNIT_DIR) docs/operations.md
 
 unit: install
 	@bash hack/promtool.sh >/dev/null

@@ -147,7 +147,10 @@ class Detacher:
         observation = DetachObservation(
             device=device,
             host=host,
-            tainted=len(rules) >= len(refs) > 0 or (bool(rules) and not refs),
+            # No DeviceTaintRules served (v1.35, v1.36): nothing to wait for (taints.py).
+            tainted=not self.taints.served
+            or len(rules) >= len(refs) > 0
+            or (bool(rules) and not refs),
             referencing_claims=referencing_claims(results, self.reads.driver, refs),
             force=spec.force_detach,
             attach=in_flight,

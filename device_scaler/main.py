@@ -66,6 +66,7 @@ def _namespace(value: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from composable_dra.k8s.feature_probe import Probes, check_at_start
+    from composable_dra.k8s.features import Feature
     from composable_dra.process import logs
     from device_scaler.decide import ScalerSettings
     from device_scaler.leases import Together
@@ -82,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
     def make(kube: Any) -> Any:
         # Its quarantine writes DeviceTaintRules: say whether this server serves them.
         probes = Probes(args.driver_name, taint_rules=True)
-        check_at_start(kube, probes, [], logs.get("scaler"), "scaler")
+        found = check_at_start(kube, probes, [], logs.get("scaler"), "scaler")
         scaler = Scaler(
             kube,
             ScalerConfig(
                 settings,
                 resync=args.resync,
                 vendor_plugin_namespace=args.vendor_plugin_namespace or None,
+                taint_rules=Feature.DEVICE_TAINT_RULES in found.present,
             ),
         )
         if not args.lease_service_account:

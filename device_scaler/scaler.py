@@ -110,6 +110,10 @@ class ScalerConfig:
     debounce: float = 0.02
     # The only namespace whose pods vendor-driver mode may delete (None: any).
     vendor_plugin_namespace: str | None = None
+    # Whether the API server serves resource.k8s.io/v1 DeviceTaintRules (the start's probe):
+    # without them (v1.35, v1.36) nothing is quarantined, and nothing is watched that
+    # would only answer 404 (the first pass waits for every informer's first list).
+    taint_rules: bool = True
 
 
 def standby_held(resources: list[JSON]) -> dict[str, int]:
@@ -219,7 +223,7 @@ class Scaler(InformerDriven):
             self.resources,
             self.slices,
             self.requests,
-            self.quarantines,
+            *([self.quarantines] if config.taint_rules else []),
             self.fabrics,
         ]
         self.synced = threading.Event()
@@ -555,21 +559,7 @@ class Scaler(InformerDriven):
             if action.reason == "Released":
                 self._resource_event(action.name, action.reason, action.message)
         elif isinstance(action, Quarantine):
-            ACTIONS.labels("quarantine").inc()
-            fabric = action.pool.split("/", 1)[0]
-            body = quarantine_body(action, self._pool_driver.get(fabric, self.settings.driver))
-            try:
-                self.kube.create(path(RESOURCE_API, "devicetaintrules"), body)
-            except Conflict:
-                self.kube.merge_patch(
-                    path(
-                        RESOURCE_API,
-                        "devicetaintrules",
-                        quarantine_rule_name(action.pool, action.device),
-                    ),
-                    {"metadata": {"annotations": body["metadata"]["annotations"]}},
-                )
-            log.info("device quarantined", pool=action.pool, device=action.device)
+            self._quarantine(action)
         elif isinstance(action, RestartVendorPlugin):
             self._restart_vendor_plugin(action)
         elif isinstance(action, Rescheduled):
@@ -584,6 +574,33 @@ class Scaler(InformerDriven):
         elif isinstance(action, Unquarantine):
             ACTIONS.labels("unquarantine").inc()
             self.kube.delete(path(RESOURCE_API, "devicetaintrules", action.rule))
+
+    def _quarantine(self, action: Quarantine) -> None:
+        """A NoSchedule DeviceTaintRule on a failed pool device, so the scheduler's retry
+        picks another block; nothing where the server serves no such rules."""
+        if not self.config.taint_rules:
+            log.warning(
+                "device not quarantined",
+                pool=action.pool,
+                device=action.device,
+                why="this API server serves no resource.k8s.io/v1 DeviceTaintRules",
+            )
+            return
+        ACTIONS.labels("quarantine").inc()
+        fabric = action.pool.split("/", 1)[0]
+        body = quarantine_body(action, self._pool_driver.get(fabric, self.settings.driver))
+        try:
+            self.kube.create(path(RESOURCE_API, "devicetaintrules"), body)
+        except Conflict:
+            self.kube.merge_patch(
+                path(
+                    RESOURCE_API,
+                    "devicetaintrules",
+                    quarantine_rule_name(action.pool, action.device),
+                ),
+                {"metadata": {"annotations": body["metadata"]["annotations"]}},
+            )
+        log.info("device quarantined", pool=action.pool, device=action.device)
 
     def _restart_vendor_plugin(self, action: RestartVendorPlugin) -> None:
         """Delete the vendor plugin's pods on the node: its DaemonSet starts them again,

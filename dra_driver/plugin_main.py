@@ -308,9 +308,9 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir / "checkpoint.json", read_boot_id(args.boot_id_file), durable=durable
     )
     lend = lend_policy(args, node)
-    _check_api(args, kube, lend is not None, log)
+    taints = _check_api(args, kube, lend is not None, log)
     publisher = SlicePublisher(
-        kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend
+        kube, args.node_name, node["metadata"]["uid"], args.driver_name, lend=lend, taints=taints
     )
     client = _lease_client(args)
     source = _make_source(args, node)
@@ -370,14 +370,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_api(args: argparse.Namespace, kube: Any, lending: bool, log: Any) -> None:
+def _check_api(args: argparse.Namespace, kube: Any, lending: bool, log: Any) -> bool:
     """What the API server serves of what this plugin writes (its slices' taints and, when
     lending, per-device slices with binding conditions): one log line and the metric;
-    SystemExit naming what is missing when lending is asked of a server without it."""
+    SystemExit naming what is missing when lending is asked of a server without it.
+    Whether the server keeps device taints."""
     from composable_dra.k8s.feature_probe import Probes, check_at_start
+    from composable_dra.k8s.features import Feature
 
     probes = Probes(args.driver_name, node=args.node_name, slices=True, partitions=lending)
-    check_at_start(kube, probes, ["lending (--lend)"] if lending else [], log, "plugin")
+    found = check_at_start(kube, probes, ["lending (--lend)"] if lending else [], log, "plugin")
+    return Feature.DEVICE_TAINTS in found.present
 
 
 def _device_side(

@@ -547,8 +547,12 @@ class SlicePublisher:
         driver: str,
         resync_seconds: float = 300.0,
         lend: LendPolicy | None = None,
+        taints: bool = True,
     ) -> None:
         self._kube = kube
+        # Whether the API server keeps device taints: without them (v1.35) a health taint
+        # would be dropped on every write and the slices rewritten on every pass.
+        self.taints = taints
         self.node_name, self.node_uid, self.driver = node_name, node_uid, driver
         self.lend = lend
         self._selector = f"spec.nodeName={node_name},spec.driver={driver}"
@@ -602,8 +606,9 @@ class SlicePublisher:
         self._wake.set()
 
     def set_health(self, states: Mapping[str, HealthReport]) -> None:
-        """The devices' health (their taints); republish on change."""
-        if dict(states) != self._health:
+        """The devices' health (their taints); republish on change. Not published where
+        the server keeps no device taints (docs/operations.md, Support matrix)."""
+        if self.taints and dict(states) != self._health:
             self._health = dict(states)
             self._wake.set()
 

@@ -45,17 +45,19 @@ def run(args: argparse.Namespace) -> int:
     from composable_dra.k8s.feature_probe import Probes, check_at_start
     from composable_dra.process import logs
     from pool_publisher.publish import PoolPublisher
+    from pool_publisher.served import Served
 
     def make(kube: Any) -> PoolPublisher:
         # Its pools carry binding conditions and health taints: say whether they survive.
         probes = Probes(args.driver_name, slices=True)
-        check_at_start(kube, probes, [], logs.get("pool-publisher"), "pool-publisher")
+        found = check_at_start(kube, probes, [], logs.get("pool-publisher"), "pool-publisher")
         return PoolPublisher(
             kube,
             Fabrics(kube),
             driver=args.driver_name,
             max_per_slice=min(SLICE_LIMIT, max(1, args.max_devices_per_slice)),
             max_free=args.max_free_devices_per_pool,
+            served=Served.of(found),
         )
 
     return run_controller(args, "pool-publisher", make)

@@ -36,6 +36,7 @@ from composable_dra.fabric.registry import (
 )
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
+from composable_dra.k8s import events
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import claim_binding_fields
 from composable_dra.k8s.kube import JSON, Kube, path
@@ -45,8 +46,9 @@ from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.model import fence, names
 from composable_dra.process import logs
 from pool_publisher.class_clash import ClassClashWatch
-from pool_publisher.pool_health import PoolHealth, fence_inventory, health_taints
-from pool_publisher.window import AUTO, WindowPolicy, pending_claims, window_size
+from pool_publisher.pool_health import COMPONENT, PoolHealth, fence_inventory, health_taints
+from pool_publisher.served import EVERYTHING, HELD_BACK_WHY, POOL_HELD_BACK, Served, as_served
+from pool_publisher.window import AUTO, WindowPolicy, waiting_claims, window_size
 from pool_publisher.zone_select import NodeLabel, node_selector, zone_carriers, zone_label
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -473,12 +475,14 @@ def plan_pools(
     last_generations: Mapping[str, int] | None = None,
     max_per_slice: int = MAX_DEVICES_PER_SLICE,
     in_place: Mapping[str, InPlace] | None = None,
+    served: Served = EVERYTHING,
 ) -> PoolPlan:
     """Slices to apply and delete so the observed pools become the desired ones.
 
     A changed pool is rewritten whole at a generation above any seen, so no consumer mixes
     two generations of it; an unchanged pool is left alone; a pool no longer desired has its
-    slices deleted. ``in_place``: the last plan's ``in_place``.
+    slices deleted. ``in_place``: the last plan's ``in_place``. ``served``: what the API
+    server keeps of them (pool_publisher/served.py).
     """
     last = dict(last_generations or {})
     known_in_place = in_place or {}
@@ -502,7 +506,9 @@ def plan_pools(
                 *((o["spec"].get("pool") or {}).get("generation", 0) for o in seen.values()),
             ]
         )
-        at_current = pool_slices(spec, current, driver, max_per_slice)
+        at_current = [
+            as_served(b, served) for b in pool_slices(spec, current, driver, max_per_slice)
+        ]
         wanted = {s["metadata"]["name"] for s in at_current}
         if (
             current > 0
@@ -513,7 +519,9 @@ def plan_pools(
             plan.in_place[pool] = InPlace(spec, current, versions)
             continue
         generation = current + 1
-        plan.apply.extend(pool_slices(spec, generation, driver, max_per_slice))
+        plan.apply.extend(
+            as_served(b, served) for b in pool_slices(spec, generation, driver, max_per_slice)
+        )
         plan.delete.extend(sorted(set(seen) - wanted))
         plan.generations[pool] = generation
     for pool, objs in sorted(by_pool.items()):
@@ -602,8 +610,11 @@ class PoolPublisher(InformerDriven):
         max_per_slice: int = MAX_DEVICES_PER_SLICE,
         debounce: float = 0.05,
         max_free: int = AUTO,
+        served: Served = EVERYTHING,
     ) -> None:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
+        self.served = served
+        self._told_held_back: set[str] = set()  # claims told why no pool serves them
         self.max_per_slice = max_per_slice
         # Free devices published per pool (0: all; AUTO: sized to the pending claims).
         self.window = WindowPolicy(max_free)
@@ -736,10 +747,35 @@ class PoolPublisher(InformerDriven):
         """This pass's window (pool_publisher/window.py), over the pools of the last plan:
         the pending claims counted are those whose classes select a pool's driver."""
         pools = len(self._generations)
-        pending = pending_claims(claims, self.class_clash.selecting(drivers))
+        waiting = waiting_claims(claims, self.class_clash.selecting(drivers))
+        if not self.served.binding_conditions:
+            self._tell_held_back(waiting)
+        pending = len(waiting)
         self._window_size = window_size(pending, pools, self._window_size, self.window)
         POOL_WINDOW.set(self._window_size)
         return self._window_size
+
+    def _tell_held_back(self, waiting: list[JSON]) -> None:
+        """A Warning Event, once, on each waiting claim: no pool GPU serves it on this
+        API server (pool_publisher/served.py)."""
+        uids = {str(c["metadata"].get("uid", "")): c for c in waiting}
+        self._told_held_back &= set(uids)
+        for uid, claim in uids.items():
+            if uid in self._told_held_back:
+                continue
+            self._told_held_back.add(uid)
+            meta = claim["metadata"]
+            namespace = str(meta.get("namespace", ""))
+            involved = {
+                "apiVersion": RESOURCE_API,
+                "kind": "ResourceClaim",
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": uid,
+            }
+            events.post(
+                self.kube, involved, namespace, "Warning", POOL_HELD_BACK, HELD_BACK_WHY, COMPONENT
+            )
 
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
@@ -793,6 +829,7 @@ class PoolPublisher(InformerDriven):
             self._generations,
             self.max_per_slice,
             self._in_place,
+            self.served,
         )
         write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
         self._generations, self._in_place = plan.generations, plan.in_place

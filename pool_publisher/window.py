@@ -40,17 +40,22 @@ class WindowPolicy:
         return self.fixed < 0
 
 
-def pending_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> int:
+def waiting_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> list[JSON]:
     """Claims without an allocation, not being deleted, that ask for one of ``classes``
-    (the DeviceClasses that select a pool's driver; None: any claim). Another driver's
-    waiting claims are no demand on the pool: counting them grew the window for nothing."""
-    return sum(
-        1
+    (the DeviceClasses that select a pool's driver; None: any claim)."""
+    return [
+        c
         for c in claims
         if not (c.get("status") or {}).get("allocation")
         and not (c.get("metadata") or {}).get("deletionTimestamp")
         and (classes is None or any(name in classes for name in request_classes(c)))
-    )
+    ]
+
+
+def pending_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> int:
+    """How many claims wait (``waiting_claims``). Another driver's waiting claims are no
+    demand on the pool: counting them grew the window for nothing."""
+    return len(waiting_claims(claims, classes))
 
 
 def window_size(pending: int, pools: int, last: int, policy: WindowPolicy) -> int:

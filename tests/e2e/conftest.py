@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from composable_dra.k8s.kube import Kube
-from testbed import ControlPlane
+from testbed import ControlPlane, versions
 from testbed.claims_seen import ClaimsSeen
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
@@ -23,6 +23,7 @@ from testbed.realnode import RealNode
 from testbed.realnodes import node_binaries
 
 pytestmark = pytest.mark.e2e
+_E2E = Path(__file__).resolve().parent
 _CONTROL_PLANE = pytest.StashKey[ControlPlane]()
 # make_suite(**SuiteOptions fields): a started suite, stopped after the test.
 MakeSuite = Callable[..., Suite]
@@ -204,3 +205,22 @@ def donor_of_four(
         yield setup
     finally:
         setup.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the end-to-end tests not meant for this run's release (testbed/versions.py):
+    a run on an older release runs its subset, never skips."""
+    release = versions.run_release()
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker(versions.MARKER)
+        runs = _E2E not in item.path.parents or versions.runs_on(
+            marker.args if marker else None,
+            bool(marker.kwargs.get("default", True)) if marker else True,
+            release,
+        )
+        (keep if runs else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -14,7 +14,7 @@ import pytest
 from composable_dra.k8s.feature_probe import Probes, detect
 from composable_dra.k8s.features import Feature
 from composable_dra.k8s.kube import Kube, path
-from testbed import ControlPlane
+from testbed import ControlPlane, versions
 from testbed.controlplane import RELEASES, find_binaries, free_port
 from testbed.nodes import create_node, delete_node
 from testbed.plugin_process import PluginProcess, write_static_devices
@@ -31,7 +31,13 @@ def probes_for(node: str) -> Probes:
 
 
 @pytest.fixture(scope="module")
-def v135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def v135(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """A v1.35 control plane: the session's on a v1.35 run (testbed/versions.py)."""
+    if versions.minor(versions.run_release()) == "1.35":
+        yield request.getfixturevalue("control_plane")
+        return
     with ControlPlane(find_binaries(version=RELEASES["1.35"]), tmp_path_factory.mktemp("cp")) as cp:
         yield cp
 
@@ -141,6 +147,7 @@ def test_the_controllers_report_what_they_write_and_start_anyway_on_v135(
     assert (old["uses"], old["missing"]) == ("resource-v1", v135_missing)
 
 
+@pytest.mark.versions("1.35")
 def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
     kube = kube_of(v135)
     node = f"probe-{unique}"
@@ -162,6 +169,7 @@ def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
     assert "404" in found.why[Feature.DEVICE_TAINT_RULES]
 
 
+@pytest.mark.versions("1.35")
 def test_v135_lending_plugin_refuses_naming_the_gate(
     v135: ControlPlane, short_tmp: Path, unique: str
 ) -> None:
@@ -186,4 +194,5 @@ def test_v135_lending_plugin_refuses_naming_the_gate(
     assert "lending (--lend) needs" in text, text
     assert "DRAPartitionableDevices" in text and "DRADeviceBindingConditions" in text, text
     # It wrote nothing before refusing.
-    assert not kube.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
+    slices = kube.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
+    assert not [s for s in slices if s["spec"]["pool"]["name"] == node]

@@ -128,6 +128,7 @@ def test_1_a_free_local_gpu_serves_a_pod_without_any_fabric_call(
     assert after["tasks"] == before["tasks"]  # no composition request at all
 
 
+@pytest.mark.versions("1.36")
 def test_2_a_pool_gpu_is_attached_to_the_chosen_node_in_one_scheduling_cycle(
     make_suite: MakeSuite, namespace: str
 ) -> None:

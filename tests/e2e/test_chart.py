@@ -153,6 +153,7 @@ def impersonating(cp: ControlPlane, user: str, node: str | None) -> Kube:
 # -- dry run --------------------------------------------------------------------------------
 
 
+@pytest.mark.versions("1.35", "1.36")
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_rendered_chart_passes_server_side_dry_run(
     value_set: str, kube_json: Kube, chart_crds: list[str], namespace: str, unique: str
@@ -675,6 +676,7 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(
 EXAMPLES = ["prefer-local-fallback-pool", "pool-only", "two-gpus", "shared-claim"]
 
 
+@pytest.mark.versions("1.35", "1.36")
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_passes_server_side_dry_run(example: str, kube_json: Kube, namespace: str) -> None:
     """Each example is valid for the API server (CEL selectors compile, firstAvailable and

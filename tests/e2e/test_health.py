@@ -285,6 +285,7 @@ def set_ecc(suite: Suite, host: str, uuid: str, errors: int) -> None:
 
 
 # Long because it is one scenario read top to bottom: each step starts from the last.
+@pytest.mark.versions("1.36")
 def test_an_nvml_ecc_fault_taints_the_node_gpu_shows_in_pod_status_and_clears(
     make_suite: MakeSuite, namespace: str
 ) -> None:

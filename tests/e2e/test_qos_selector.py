@@ -58,6 +58,7 @@ def qos_request(device_class: str, profile: qos.QosProfile, domain: str) -> dict
     return {"deviceClassName": device_class, "selectors": [{"cel": {"expression": selector}}]}
 
 
+@pytest.mark.versions("1.35", "1.36")
 def test_a_mistyped_driver_name_matches_no_device(
     kube_json: Kube, namespace: str, device_class: str, loaded_node: str
 ) -> None:

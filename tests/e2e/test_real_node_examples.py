@@ -71,6 +71,7 @@ def claim_of(kube: Kube, pod: JSON) -> JSON:
     return kube.get(path(RESOURCE, "resourceclaims", name, namespace=pod["metadata"]["namespace"]))
 
 
+@pytest.mark.versions("1.35", "1.36")
 def test_prefer_local_on_a_real_node(real_node: RealNode, kube_json: Kube, namespace: str) -> None:
     (gpu,) = with_gpus(real_node, 1)
     (pod_name,) = apply_on(kube_json, real_node, "prefer-local-fallback-pool", namespace)
@@ -84,6 +85,7 @@ def test_prefer_local_on_a_real_node(real_node: RealNode, kube_json: Kube, names
     assert (real_node.cdi_dir / spec_file_name(claim["metadata"]["uid"])).exists()
 
 
+@pytest.mark.versions("1.35", "1.36")
 def test_shared_claim_on_a_real_node(real_node: RealNode, kube_json: Kube, namespace: str) -> None:
     gpus = with_gpus(real_node, 2)
     pods = apply_on(kube_json, real_node, "shared-claim", namespace)

@@ -162,6 +162,7 @@ def assert_clash_event(suite: Suite, ours: str, theirs: str) -> None:
 
 
 # Long because it reads top to bottom: pool attach, release, reuse on the node, detach.
+@pytest.mark.versions("1.36")
 def test_an_extended_resource_pod_gets_a_pool_gpu_then_the_released_one(
     make_suite: MakeSuite, namespace: str, extended_class: JSON, unique: str
 ) -> None:

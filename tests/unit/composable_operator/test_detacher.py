@@ -14,7 +14,7 @@ import pytest
 from api.v1alpha1 import FabricSpec
 from composable_dra.fabric.backend import BusyError, Device, Host, Operation
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError
-from composable_dra.k8s.kube import JSON
+from composable_dra.k8s.kube import JSON, NotFound
 from composable_dra.model import names
 from composable_operator.actions import EventType
 from composable_operator.controller import Controller, ControllerSettings
@@ -212,3 +212,36 @@ def test_force_detach_skips_the_release_with_a_warning() -> None:
     events = detach(releasing(kube, fabric), body)
     assert fabric.detaches == [("gpu-1", "h1")]
     assert (EventType.WARNING, "ForcedDetach") in {(k, r) for k, r, _ in events}
+
+
+class NoRulesKube(Kube):
+    """An API server that serves no resource.k8s.io/v1 DeviceTaintRules (v1.35, v1.36)."""
+
+    def get(self, path: str, **query: Any) -> JSON:
+        if path.endswith("/devicetaintrules"):
+            raise NotFound(404, "NotFound", "the server could not find the requested resource")
+        return super().get(path, **query)
+
+    def create(self, path: str, body: JSON) -> JSON:
+        if path.endswith("/devicetaintrules"):
+            raise NotFound(404, "NotFound", "the server could not find the requested resource")
+        return super().create(path, body)
+
+
+def test_without_device_taint_rules_a_detach_rechecks_claims_and_detaches() -> None:
+    kube, fabric = NoRulesKube(), Fabric()
+    ctl = controller(kube, fabric)
+    events = detach(ctl, Body())
+    assert fabric.detaches == [("gpu-1", "h1")]
+    assert [reason for _, reason, _ in events][-1] == "Detached"
+    assert ctl.taints.served is False
+    # The re-check of allocations still holds a claim's device.
+    result = {"driver": names.DRIVER, "pool": names.pool_name("fab", "z1"), "device": "gpu-1"}
+    claim = {
+        "metadata": {"name": "c1", "namespace": "ns"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    held = Fabric()
+    with pytest.raises(RetryLater) as raised:
+        detach(controller(NoRulesKube([claim]), held), Body())
+    assert "ns/c1" in str(raised.value) and held.detaches == []

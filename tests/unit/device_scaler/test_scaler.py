@@ -475,3 +475,39 @@ def test_the_idle_rule_counts_a_claim_the_scheduler_made_for_an_extended_resourc
     [p] = run(snap([user], [cr], local=local), CFG)
     assert isinstance(p, action.PatchResource) and p.reason == "InUse"
     assert p.patch["metadata"]["annotations"] == {ANN_IN_USE_BY: "c9"}
+
+
+class RecordingKube(SlicesKube):
+    """Records every write the scaler sends."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.writes: list[tuple[str, str]] = []
+
+    def create(self, url: str, body: JSON) -> JSON:
+        self.writes.append(("create", url))
+        return body
+
+
+def test_without_device_taint_rules_nothing_is_watched_or_written_for_quarantines():
+    from device_scaler.scaler import Scaler, ScalerConfig
+
+    # v1.35 and v1.36 serve no resource.k8s.io/v1 DeviceTaintRules: a watch of them would
+    # only answer 404, and the first pass waits for every informer's first list.
+    kube = RecordingKube()
+    scaler = Scaler(kube, ScalerConfig(CFG, taint_rules=False))  # type: ignore[arg-type]
+    try:
+        assert scaler.quarantines not in scaler.informers
+        scaler._do(action.Quarantine(POOL, "gpu-1", 0.0))
+        assert kube.writes == []
+    finally:
+        scaler.stop()
+    served = Scaler(RecordingKube(), ScalerConfig(CFG))  # type: ignore[arg-type]
+    try:
+        assert served.quarantines in served.informers
+        served._do(action.Quarantine(POOL, "gpu-1", 0.0))
+        assert served.kube.writes == [  # type: ignore[attr-defined]
+            ("create", "/apis/resource.k8s.io/v1/devicetaintrules")
+        ]
+    finally:
+        served.stop()

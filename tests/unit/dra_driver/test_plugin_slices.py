@@ -396,3 +396,17 @@ def test_only_a_lending_plugin_watches_claims_and_it_touches_its_first_slice_onc
     assert kube.patches == [
         f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(NODE, DRIVER, 0)}"
     ]
+
+
+def test_without_device_taints_health_is_not_published_as_taints() -> None:
+    from composable_dra.model.health import Health, HealthReport, Reason
+
+    # v1.35 keeps no device taints: a taint written would be dropped, the slices never
+    # read back as written, and the publisher would write them again on every pass.
+    bad = {"gpu-0": HealthReport("gpu-0", Health.UNHEALTHY, Reason.FABRIC_CRITICAL, source="x")}
+    served = SlicePublisher(PatchRecorder(), NODE, "uid", DRIVER)  # type: ignore[arg-type]
+    served.set_health(bad)
+    assert served._health == bad
+    old = SlicePublisher(PatchRecorder(), NODE, "uid", DRIVER, taints=False)  # type: ignore[arg-type]
+    old.set_health(bad)
+    assert old._health == {} and not old._wake.is_set()

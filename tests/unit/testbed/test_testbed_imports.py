@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # Spelled in two parts so that the import rewrite (testbed's move) leaves it alone.
 OLD = "hack" + ".localcluster"
 # hack's scripts whose parts the tests exercise; anything else under hack/ is not a library.
-HACK_SCRIPTS = ("hack.bench", "hack.sim")
+HACK_SCRIPTS = ("hack.bench", "hack.sim", "hack.support_matrix")
 
 
 def imported(source: str) -> Iterator[str]:
