@@ -58,7 +58,7 @@ test: lint
 	bash hack/promtool.sh >/dev/null; \
 	rm -rf $(JUNIT_DIR); \
 	release=$$($(PY) -c 'from testbed.versions import run_release; print(run_release())'); \
-	KUBE_BIN_DIR=$$dir $(PY) -m pytest $(PYTEST_ARGS) --junitxml=$(JUNIT_DIR)/$$release.xml; \
+	KUBE_BIN_DIR=$$dir $(PY) -m pytest --durations=25 $(PYTEST_ARGS) --junitxml=$(JUNIT_DIR)/$$release.xml; \
 	PY=$(PY) JUNIT_DIR=$(JUNIT_DIR) bash hack/versions-test.sh; \
 	$(PY) -m hack.support_matrix $(JUNIT_DIR) docs/operations.md
 
