@@ -149,12 +149,18 @@ def suite_pod(
     name: str,
     node: str | None = None,
     run_seconds: float | None = None,
+    claim: JSON | None = None,
 ) -> JSON:
-    """``Suite.create_pod`` (its own claim for a GPU, local ones first), made to run on real
-    nodes where the suite has any, wherever the scheduler puts the pod (``create_pod``
-    makes it real only on a real node it names): ``scenario_pod``'s real container, which
-    exits after ``run_seconds`` as the emulator's run annotation does."""
-    suite.create_claim(namespace, name)
+    """``Suite.create_pod`` (its own claim: ``claim``'s body, named like the pod, or one for
+    a GPU, local ones first), made to run on real nodes where the suite has any, wherever
+    the scheduler puts the pod (``create_pod`` makes it real only on a real node it names):
+    ``scenario_pod``'s real container, which exits after ``run_seconds`` as the emulator's
+    run annotation does."""
+    if claim is None:
+        suite.create_claim(namespace, name)
+    else:
+        body = {**claim, "metadata": {"name": name}}
+        suite.kube.create(path(RESOURCE, "resourceclaims", namespace=namespace), body)
     real = next(iter(suite.real_nodes.values()), None)  # the nodes share the test image
     image = real.image if real is not None else None
     pod = scenario_pod(name, name, node=node, run_seconds=run_seconds, real_image=image)
