@@ -116,7 +116,7 @@ def test_fabric_nodes_read_the_fabric_while_the_lenders_read_their_own_gpus() ->
 
 
 def test_lending_nodes_and_a_node_affinity_of_the_plugin_are_refused_together() -> None:
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+    affinity: Obj = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
     with pytest.raises(chart.HelmError, match=r"plugin\.affinity\.nodeAffinity"):
         render(lending(affinity=affinity))
     with pytest.raises(chart.HelmError, match="deviceSource"):
