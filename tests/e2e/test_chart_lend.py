@@ -115,31 +115,6 @@ def wait_remote_device(kube: Kube, donor: RealNode, nodes: list[RealNode]) -> No
     wait_for(published, 180, f"{donor.name}'s remote device", 0.5, lambda: cc.describe(kube, nodes))
 
 
-def run_matmul(kube: Kube, consumer: RealNode, image: str, nodes: list[RealNode]) -> JSON:
-    """The matmul workload in a pod on ``consumer`` with a claim for a remote GPU; its
-    last line once it ended."""
-    command = ["python3", "-m", "remote_gpu.workloads.matmul", "--size", "256", "--calls", "4"]
-    claim, pod = matmul_claim_and_pod("matmul", consumer.name, [], CLASS)
-    pod["spec"]["containers"][0]["command"] = command
-    pod = for_real_node(pod, consumer.name, image)
-    # The lease's token file is the plugin's (root, 0400).
-    pod["spec"]["securityContext"] = {"runAsUser": 0}
-    kube.create(path("resource.k8s.io/v1", "resourceclaims", namespace=WORKLOADS), claim)
-    kube.create(path("v1", "pods", namespace=WORKLOADS), pod)
-    pod_path = path("v1", "pods", "matmul", namespace=WORKLOADS)
-    wait_for(
-        lambda: kube.get(pod_path)["status"].get("phase") in ("Succeeded", "Failed"),
-        120,
-        "the matmul pod to finish",
-        interval=0.5,
-        describe=lambda: cc.describe(kube, nodes),
-    )
-    log = cc.pod_log(kube, WORKLOADS, "matmul", "main")
-    assert kube.get(pod_path)["status"]["phase"] == "Succeeded", log
-    out: JSON = json.loads(log.strip().splitlines()[-1])
-    return out
-
-
 def test_a_consumer_pod_computes_on_a_gpu_the_chart_installed_donor_lends(
     lend_nodes: tuple[RealNode, RealNode],
     sa_control_plane: ControlPlane,
@@ -183,3 +158,28 @@ def test_a_consumer_pod_computes_on_a_gpu_the_chart_installed_donor_lends(
     donor_metrics = cc.metrics_of(donor_pod, port=9470)
     assert cc.total(donor_metrics, "remote_gpu_leases_opened_total") >= 1
     assert "lease" in cc.pod_log(kube, cc.NAMESPACE, donor_pod["metadata"]["name"], "donor")
+
+
+def run_matmul(kube: Kube, consumer: RealNode, image: str, nodes: list[RealNode]) -> JSON:
+    """The matmul workload in a pod on ``consumer`` with a claim for a remote GPU; its
+    last line once it ended."""
+    command = ["python3", "-m", "remote_gpu.workloads.matmul", "--size", "256", "--calls", "4"]
+    claim, pod = matmul_claim_and_pod("matmul", consumer.name, [], CLASS)
+    pod["spec"]["containers"][0]["command"] = command
+    pod = for_real_node(pod, consumer.name, image)
+    # The lease's token file is the plugin's (root, 0400).
+    pod["spec"]["securityContext"] = {"runAsUser": 0}
+    kube.create(path("resource.k8s.io/v1", "resourceclaims", namespace=WORKLOADS), claim)
+    kube.create(path("v1", "pods", namespace=WORKLOADS), pod)
+    pod_path = path("v1", "pods", "matmul", namespace=WORKLOADS)
+    wait_for(
+        lambda: kube.get(pod_path)["status"].get("phase") in ("Succeeded", "Failed"),
+        120,
+        "the matmul pod to finish",
+        interval=0.5,
+        describe=lambda: cc.describe(kube, nodes),
+    )
+    log = cc.pod_log(kube, WORKLOADS, "matmul", "main")
+    assert kube.get(pod_path)["status"]["phase"] == "Succeeded", log
+    out: JSON = json.loads(log.strip().splitlines()[-1])
+    return out
