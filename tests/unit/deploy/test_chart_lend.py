@@ -13,7 +13,7 @@ import yaml
 
 from testbed import chart
 from testbed import chart_cluster as cc
-from tests.e2e.test_chart_lend import LEND_VALUES
+from testbed.chart_lend import LEND_VALUES
 from tests.unit.deploy.test_chart import Obj, by_kind, container, one
 
 LENDERS = {"composable.dra.io/lend": "true"}
