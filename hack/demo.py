@@ -18,9 +18,7 @@ products were right.
 With --chart (root, real nodes only) the product is installed by its Helm chart instead
 (testbed/chart_cluster.py): every component and the fabric emulator are the chart's pods on three
 real nodes, and the same steps run on it; the JSON's ``installed_by`` says which
-(``"helm"``, else ``"process"``). Its remote lease too goes through the chart
-(testbed/chart_lend.py): a fourth real node lends its GPU (the chart's plugin-lend and
-donor pods) and node-3's pod runs matmul on it.
+(``"helm"``, else ``"process"``).
 
 The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
 at once with --teardown.
@@ -47,8 +45,8 @@ from typing import Any, Protocol
 from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending.remote_leases import REMOTE_READY
 from composable_dra.process import logs
-from testbed import ControlPlane, chart_lend, examples
-from testbed.chart_cluster import ChartSuite, demo_suite, workload_namespace
+from testbed import ControlPlane, examples
+from testbed.chart_cluster import demo_suite, workload_namespace
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
 from testbed.lending import Lab
@@ -288,39 +286,14 @@ def remote_lease(stop_scaler: Callable[[], None], lab: Lab, out: Progress) -> di
         f"(donor {data.get('donor')}, lease {data.get('lease')})"
     )
     out.line(f"the pod's own process printed: {printed[-1] if printed else '(nothing)'}")
-    return remote_summary(phase() == "Succeeded", data, result, took)
-
-
-def remote_summary(succeeded: bool, data: JSON, result: JSON, took: float) -> dict[str, Any]:
-    """The JSON's ``remote``: the lease (``data``, the claim's device status at
-    RemoteGPUReady), what the workload printed last (``result``) and its pod's time."""
     return {
-        "ok": succeeded and bool(result.get("ok")) and bool(data.get("donor")),
+        "ok": phase() == "Succeeded" and bool(result.get("ok")) and bool(data.get("donor")),
         "donor": data.get("donor"),
         "lease": data.get("lease"),
         "transport": result.get("transport"),
         "calls": result.get("calls"),
         "pod_done_s": round(took, 2),
     }
-
-
-def chart_remote_lease(suite: ChartSuite, out: Progress) -> dict[str, Any]:
-    """One remote lease through the chart: node-3 borrows the GPU the donor node lends
-    (the chart's plugin-lend and donor pods), and the pod's process runs matmul on it."""
-    kube, donor, consumer = suite.kube, suite.nodes[-1], suite.real_nodes["node-3"]
-    chart_lend.wait_remote_device(kube, suite.nodes)
-    workload_namespace(kube, REMOTE_NAMESPACE)
-    api = f"https://{chart_lend.address(donor)}:{chart_lend.API_PORT}"
-    out.line(f"donor {donor.name} lends 1 GPU (lease API {api}); {consumer.name} borrows it")
-    created = time.monotonic()
-    run = chart_lend.run_matmul(kube, REMOTE_NAMESPACE, consumer, suite.image, ["--calls", "8"])
-    out.line(
-        f"claim matmul: {REMOTE_READY} on {run.ready.get('device')} "
-        f"(donor {run.data.get('donor')}, lease {run.data.get('lease')})"
-    )
-    out.line(f"the pod's own process printed: {json.dumps(run.out)}")
-    took = time.monotonic() - created
-    return remote_summary(run.phase == "Succeeded", run.data, run.out, took)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -459,23 +432,13 @@ def cluster(
         if args.chart:
             assert node_bin_dir is not None
             with out.stage(
-                "the product installed by its Helm chart on 4 real nodes (kubelet v1.37.1 + "
-                "containerd + runc): the plugin DaemonSets (one lending, on the donor node), "
-                "the donor DaemonSet, the operator, pool publisher and scaler Deployments "
-                "and the fabric emulator, all the chart's pods"
+                "the product installed by its Helm chart on 3 real nodes (kubelet v1.37.1 + "
+                "containerd + runc): the plugin DaemonSet, the operator, pool publisher and "
+                "scaler Deployments and the fabric emulator, all the chart's pods"
             ):
-                # A fourth node lends its GPU (the chart's plugin-lend and donor pods) to node-3.
-                lending = chart_lend.before_install(cp.kube(), workdir, ["node-3-demo"])
                 chart = stack.enter_context(
                     demo_suite(
-                        cp,
-                        cp.kube(),
-                        node_bin_dir,
-                        workdir / "nodes",
-                        args.idle_seconds,
-                        out.line,
-                        ["lend-donor-demo"],
-                        lending,
+                        cp, cp.kube(), node_bin_dir, workdir / "nodes", args.idle_seconds, out.line
                     )
                 )
                 for line in pool_summary(chart):
@@ -531,13 +494,6 @@ def demo_steps(
         summary["attaches"] = len(watcher.attached)
         summary["detaches"] = len(watcher.detached)
         watcher.stop()
-        if isinstance(suite, ChartSuite):
-            with out.stage(
-                "the software fallback through the chart: node-3 borrows the donor node's "
-                "GPU over the network (the chart's donor pod, the scaler's lease controller)"
-            ):
-                summary["remote"] = chart_remote_lease(suite, out)
-            return finish(args, cp, workdir, summary, len(pods))
         with out.stage(
             "the software fallback: a node no fabric reaches borrows another node's GPU "
             "over the network (donor and borrower: kubelet emulators; the scaler now also "
@@ -547,25 +503,17 @@ def demo_steps(
                 cp.kube(), cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-"
             )
             summary["remote"] = remote_lease(stop_scaler, lab, out)
-        return finish(args, cp, workdir, summary, len(pods))
+        if not args.teardown:
+            say_it_stays_up(cp, workdir)
+        print(json.dumps(summary), flush=True)
+        if not args.teardown:
+            wait_for_signal()
+        remote_ok = bool((summary.get("remote") or {}).get("ok"))
+        return 0 if summary["pods_running"] == len(pods) and remote_ok else 1
     finally:
         watcher.stop()
         if lab is not None:
             lab.stop()
-
-
-def finish(
-    args: argparse.Namespace, cp: ControlPlane, workdir: Path, summary: dict[str, Any], pods: int
-) -> int:
-    """The summary printed (the cluster kept up until a signal unless --teardown); the
-    exit code: 0 when the ``pods`` examples' pods ran and the remote lease computed."""
-    if not args.teardown:
-        say_it_stays_up(cp, workdir)
-    print(json.dumps(summary), flush=True)
-    if not args.teardown:
-        wait_for_signal()
-    remote_ok = bool((summary.get("remote") or {}).get("ok"))
-    return 0 if summary["pods_running"] == pods and remote_ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,6 @@ does for the components as processes.
 from __future__ import annotations
 
 import contextlib
-import json
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -218,11 +217,6 @@ class ChartSuite:
         wait_for(lambda: not component_pods(self.kube, "scaler"), 60, "the scaler pod to go")
 
 
-# Before `helm install`, given the started nodes: more values files and helm flags (the
-# demo's lending: testbed.chart_lend).
-BeforeInstall = Callable[[list[RealNode]], tuple[list[Path], list[str]]]
-
-
 @contextlib.contextmanager
 def demo_suite(
     cp: ControlPlane,
@@ -231,27 +225,21 @@ def demo_suite(
     workdir: Path,
     idle_seconds: float,
     line: Callable[[str], None],
-    more_nodes: Sequence[str] = (),
-    before_install: BeforeInstall | None = None,
 ) -> Iterator[ChartSuite]:
     """The demo's cluster (`make demo DEMO_ARGS=--chart`): three real nodes carrying the
-    emulator's three hosts' systemUUIDs and ``more_nodes`` (no fabric host's), the chart
-    installed on them (the scaler's idle window ``idle_seconds``; ``before_install``'s
-    values and flags), its pools published; all stopped at the end (the nodes take the
-    chart's pods with them)."""
+    emulator's three hosts' systemUUIDs, the chart installed on them (the scaler's idle
+    window ``idle_seconds``), its pools published; all stopped at the end (the nodes take
+    the chart's pods with them)."""
     image = find_product_image()
     line(f"image {image.ref} ({image.archive})")
-    names_ = [*(f"{h}-demo" for h in DEMO_HOSTS), *more_nodes]
+    names_ = [f"{h}-demo" for h in DEMO_HOSTS]
     uuids = host_uuids(DEMO_HOSTS)
     with started_nodes(cp, bin_dir, workdir, names_, [image.archive], uuids) as nodes:
-        values, flags = before_install(nodes) if before_install else ([], [])
-        # The lease controller reads the donors' leases each second (default 5 s).
-        scaler_args = [f"--no-removal-duration={idle_seconds:g}", "--lease-resync=1"]
-        flags += ["--set-json", f"scaler.extraArgs={json.dumps(scaler_args)}"]
-        helm_install(cp, image.tag, [VALUES, POOL_VALUES, *values], flags)
+        idle = f'scaler.extraArgs=["--no-removal-duration={idle_seconds:g}"]'
+        helm_install(cp, image.tag, [VALUES, POOL_VALUES], ["--set-json", idle])
         line(f"helm install {RELEASE} deploy/helm/composable-dra -n {NAMESPACE}")
         route = route_fabric(kube, nodes)
         line(f"the chart's fabric emulator at http://{route.cluster_ip}:{route.port}")
         wait_pools(kube, nodes)
-        hosts = dict(zip(DEMO_HOSTS, nodes, strict=False))
-        yield ChartSuite(kube, nodes, image.ref, hosts)
+        suite = ChartSuite(kube, nodes, image.ref, dict(zip(DEMO_HOSTS, nodes, strict=True)))
+        yield suite

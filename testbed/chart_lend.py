@@ -1,5 +1,5 @@
-"""A remote GPU lease through the installed chart, on real nodes: what
-tests/e2e/test_chart_lend.py and `make demo DEMO_ARGS=--chart` share.
+"""A remote GPU lease through the installed chart, on real nodes
+(tests/e2e/test_chart_lend.py).
 
 The donor node is labelled to lend (:data:`LEND_LABEL`) and put in one network domain
 with its borrowers; the donor's lease API certificate (for its node's address, node names
@@ -76,19 +76,6 @@ def donor_api_flags(donor: RealNode) -> list[str]:
     return ["--set-json", f"remoteGPU.donorApis={api}"]
 
 
-def before_install(kube: Kube, workdir: Path, borrowers: Sequence[str]) -> cc.BeforeInstall:
-    """For testbed.chart_cluster.demo_suite: the last node lends, the nodes named
-    ``borrowers`` borrow; the donor's certificate and CA created; the lending values."""
-
-    def prepare(nodes: list[RealNode]) -> tuple[list[Path], list[str]]:
-        donor = nodes[-1]
-        label_nodes(kube, donor, [n for n in nodes if n.name in borrowers])
-        donor_pki(kube, donor, workdir)
-        return [LEND_VALUES], donor_api_flags(donor)
-
-    return prepare
-
-
 def remote_devices(kube: Kube) -> list[str]:
     """The names of the remote-lease devices published (the lenders' plugins')."""
     slices = kube.get(path(RESOURCE, "resourceslices"))["items"]
@@ -134,11 +121,17 @@ def remote_ready(claim: JSON | None) -> JSON | None:
 
 
 def run_matmul(
-    kube: Kube, namespace: str, consumer: RealNode, image: str, args: Sequence[str]
+    kube: Kube,
+    namespace: str,
+    consumer: RealNode,
+    image: str,
+    args: Sequence[str],
+    nodes: Sequence[RealNode] = (),
 ) -> RemoteRun:
     """A pod ``matmul`` on ``consumer`` running the matmul workload with ``args`` in
-    ``image`` with a claim for a remote GPU, until it ends; its claim's device status is
-    kept from while it held the lease (it goes with the allocation once the pod is done)."""
+    ``image`` with a claim for a remote GPU, until it ends (``nodes`` described if it does
+    not); its claim's device status is kept from while it held the lease (it goes with the
+    allocation once the pod is done)."""
     command = ["python3", "-m", "remote_gpu.workloads.matmul", *args]
     claim, pod = matmul_claim_and_pod("matmul", consumer.name, [], CLASS)
     pod["spec"]["containers"][0]["command"] = command
@@ -155,7 +148,15 @@ def run_matmul(
         ready.update(remote_ready(kube.get_or_none(claim_path)) or {})
         return kube.get(pod_path)["status"].get("phase") in ("Succeeded", "Failed")
 
-    wait_for(ended, 120, "the matmul pod to finish", interval=0.2)
+    def describe() -> str:
+        slices = kube.get(path(RESOURCE, "resourceslices"))["items"]
+        node = kube.get(path("v1", "nodes", consumer.name))["metadata"]["labels"]
+        return (
+            f"claim: {kube.get_or_none(claim_path)}\n{consumer.name}: {node}\n"
+            f"slices: {[s['spec'] for s in slices]}\n{cc.describe(kube, nodes)}"
+        )
+
+    wait_for(ended, 120, "the matmul pod to finish", 0.2, describe)
     log = cc.pod_log(kube, namespace, "matmul", "main").strip().splitlines()
     out: JSON = json.loads(log[-1]) if log else {}
     return RemoteRun(kube.get(pod_path)["status"]["phase"], out, ready)

@@ -97,7 +97,7 @@ def test_a_consumer_pod_computes_on_a_gpu_the_chart_installed_donor_lends(
     cc.workload_namespace(kube, WORKLOADS)
     seen: ClaimsSeen = claims_seen(kube, WORKLOADS)
     run = lend.run_matmul(
-        kube, WORKLOADS, consumer, product_image.ref, ["--size", "256", "--calls", "4"]
+        kube, WORKLOADS, consumer, product_image.ref, ["--size", "256", "--calls", "4"], nodes
     )
     print(f"helm install -> matmul done on the donor's GPU: {time.monotonic() - t0:.1f}s")
     out = run.out

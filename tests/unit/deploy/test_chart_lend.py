@@ -196,6 +196,10 @@ def test_the_local_cluster_lend_values_render() -> None:
     """testbed's values for a remote lease on real nodes (test_chart_lend): the lenders'
     plugin and the donor on labelled nodes, the CA from the ConfigMap the test creates."""
     objs = chart.render(values_files=[cc.VALUES, LEND_VALUES])
+    # The demo's: the fabric nodes read the fabric, the donor its own GPU.
+    demo = chart.render(values_files=[cc.VALUES, cc.POOL_VALUES, LEND_VALUES])
+    assert "--device-source=redfish" in container(one(demo, "DaemonSet", "-plugin"))["args"]
+    assert "--device-source=static" in container(one(demo, "DaemonSet", "-plugin-lend"))["args"]
     lender = one(objs, "DaemonSet", "-plugin-lend")
     donor = one(objs, "DaemonSet", "-remote-gpu-donor")
     assert pod_spec(lender)["nodeSelector"] == pod_spec(donor)["nodeSelector"] == LENDERS
