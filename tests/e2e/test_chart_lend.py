@@ -41,6 +41,19 @@ WORKLOADS = "lend-demo"
 __all__ = ["product_image", "sa_control_plane"]
 
 
+def one_pod_on(kube: Kube, component: str, node: RealNode) -> JSON:
+    """The release's running pod of ``component`` on ``node``, once it runs."""
+    return wait_for(
+        lambda: next(
+            (p for p in cc.component_pods(kube, component) if p["spec"]["nodeName"] == node.name),
+            None,
+        ),
+        180,
+        f"the chart's {component} pod on {node.name}",
+        interval=0.5,
+    )
+
+
 @pytest.fixture
 def lend_nodes(
     sa_control_plane: ControlPlane,
@@ -56,19 +69,6 @@ def lend_nodes(
         donor, consumer = made
         lend.label_nodes(sa_control_plane.kube(), donor, [consumer])
         yield donor, consumer
-
-
-def one_pod_on(kube: Kube, component: str, node: RealNode) -> JSON:
-    """The release's running pod of ``component`` on ``node``, once it runs."""
-    return wait_for(
-        lambda: next(
-            (p for p in cc.component_pods(kube, component) if p["spec"]["nodeName"] == node.name),
-            None,
-        ),
-        180,
-        f"the chart's {component} pod on {node.name}",
-        interval=0.5,
-    )
 
 
 def test_a_consumer_pod_computes_on_a_gpu_the_chart_installed_donor_lends(
