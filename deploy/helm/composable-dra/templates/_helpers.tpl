@@ -21,8 +21,48 @@
 - --lease-service-account={{ .root.Release.Namespace }}/{{ include "cdra.name" . }}
 {{- end }}
 - {{ printf "--donor-api-template=%s" $r.donorApiTemplate | quote }}
-{{- if $r.donorCAFile }}
-- --donor-ca-file={{ $r.donorCAFile }}
+{{- range $node, $url := $r.donorApis }}
+- {{ printf "--donor-api=%s=%s" $node $url | quote }}
+{{- end }}
+{{- with include "cdra.donorCAFile" .root }}
+- --donor-ca-file={{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The donors' CA bundle inside the plugin and scaler containers: the mounted
+     remoteGPU.donorCA (a Secret's or a ConfigMap's key), else remoteGPU.donorCAFile. */}}
+{{- define "cdra.donorCAFile" -}}
+{{- $r := .Values.remoteGPU -}}
+{{- if and $r.donorCA.secret $r.donorCA.configMap -}}
+{{- fail "remoteGPU.donorCA: set secret or configMap, not both" -}}
+{{- end -}}
+{{- if or $r.donorCA.secret $r.donorCA.configMap -}}
+{{- if $r.donorCAFile -}}
+{{- fail "remoteGPU.donorCA mounts the CA bundle: leave remoteGPU.donorCAFile empty" -}}
+{{- end -}}
+{{- printf "/var/run/composable-dra/donor-ca/%s" $r.donorCA.key -}}
+{{- else -}}
+{{- $r.donorCAFile -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The volume (cdra.donorCAVolume) and mount (cdra.donorCAMount) of remoteGPU.donorCA,
+     when remote GPUs are on and it names a Secret or a ConfigMap; empty otherwise. */}}
+{{- define "cdra.donorCAVolume" -}}
+{{- $ca := .Values.remoteGPU.donorCA -}}
+{{- if and .Values.remoteGPU.enabled $ca.secret }}
+- name: donor-ca
+  secret: {secretName: {{ $ca.secret }}, items: [{key: {{ $ca.key }}, path: {{ $ca.key }}}]}
+{{- else if and .Values.remoteGPU.enabled $ca.configMap }}
+- name: donor-ca
+  configMap: {name: {{ $ca.configMap }}, items: [{key: {{ $ca.key }}, path: {{ $ca.key }}}]}
+{{- end }}
+{{- end -}}
+
+{{- define "cdra.donorCAMount" -}}
+{{- $ca := .Values.remoteGPU.donorCA -}}
+{{- if and .Values.remoteGPU.enabled (or $ca.secret $ca.configMap) }}
+- {name: donor-ca, mountPath: /var/run/composable-dra/donor-ca, readOnly: true}
 {{- end }}
 {{- end -}}
 
