@@ -3,7 +3,7 @@
 A claim allocated a donor's ``<gpu>-remote`` device carries, once the lease controller
 opened the lease, ``RemoteGPUReady`` with ``data`` = {donor, endpoint, lease} on that
 device. Prepare asks the donor's lease API for the lease's token (proving this node with
-its pod's projected service-account token, bound to the pod) and writes it (0400) with
+its pod's projected service-account token, bound to the pod) and writes it with
 the lease's endpoint into the device's directory under the plugin's state directory,
 ``<claim uid>/<pool>/<device>/`` (``remote_key``: two donors lend the same device names);
 the CDI spec mounts that directory read-only and gives the container ``REMOTE_GPU_DIR``,
@@ -115,6 +115,12 @@ def stale_leases(
     return out
 
 
+def _below(top: Path, directory: Path) -> list[Path]:
+    """The directories from just below ``top`` down to ``directory``."""
+    parts = directory.relative_to(top).parts
+    return [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]
+
+
 def container_lease_dir(key: RemoteKey) -> str:
     """Where the device's lease directory is mounted in the container (per claim and
     pool: two claims, or two donors of one claim, may each have a ``gpu-0-remote``)."""
@@ -142,9 +148,14 @@ class RemoteLeases:
         return self.lease_dir(key) / remote_env.TOKEN
 
     def fetch(self, key: RemoteKey, planned: RemotePlanned) -> Path:
-        """Collect the lease's token from its donor and write it (0400) and the lease's
-        endpoint into the device's directory, each replaced by a rename inside it (the
-        token first: a reader pairs them by lease, see ``remote_env``)."""
+        """Collect the lease's token from its donor and write it and the lease's endpoint
+        into the device's directory, each replaced by a rename inside it (the token first:
+        a reader pairs them by lease, see ``remote_env``).
+
+        The files are for the container's user, whoever that is (the product image runs as
+        10001, a pod chooses its own): readable by all (0444, as a projected
+        service-account token is 0644), in a directory all may enter. The host is kept out
+        by ``token_dir``, root's alone (0700); a container sees only its own directories."""
         directory = self.lease_dir(key)
         try:
             token = self.client.credentials(planned.donor, planned.lease)
@@ -155,9 +166,12 @@ class RemoteLeases:
         if token.get("lease") != planned.lease:
             raise RemoteClaimError(f"donor {planned.donor} sent another lease's credentials")
         self.token_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.token_dir, 0o700)  # also where an older plugin made it otherwise
+        directory.mkdir(parents=True, exist_ok=True)
+        for part in _below(self.token_dir, directory):  # whatever the umask
+            os.chmod(part, 0o755)  # noqa: S103 - for any container user; token_dir keeps the host out
         body = json.dumps(token).encode()
-        atomic_write(directory / remote_env.TOKEN, body, mode=0o400, durable=self.durable)
+        atomic_write(directory / remote_env.TOKEN, body, mode=0o444, durable=self.durable)
         endpoint = remote_env.endpoint_file(planned.endpoint, planned.lease)
         atomic_write(directory / remote_env.ENDPOINT, endpoint, mode=0o444, durable=self.durable)
         return directory

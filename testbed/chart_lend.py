@@ -136,8 +136,8 @@ def run_matmul(
     claim, pod = matmul_claim_and_pod("matmul", consumer.name, [], CLASS)
     pod["spec"]["containers"][0]["command"] = command
     pod = for_real_node(pod, consumer.name, image)
-    # The lease's token file is the plugin's (root, 0400).
-    pod["spec"]["securityContext"] = {"runAsUser": 0}
+    # Not root: the product image's own user (10001) reads the lease's token.
+    pod["spec"]["securityContext"] = {"runAsUser": 10001, "runAsNonRoot": True}
     kube.create(path(RESOURCE, "resourceclaims", namespace=namespace), claim)
     kube.create(path("v1", "pods", namespace=namespace), pod)
     pod_path = path("v1", "pods", "matmul", namespace=namespace)

@@ -120,7 +120,11 @@ def test_prepare_writes_the_lease_directory_and_the_env_from_env_reads(env: Env)
     directory = Path(mount["hostPath"])
     assert directory == env.tmp / "state" / "remote-gpu" / "u-1" / DONOR / "gpu-0-remote"
     host = directory / "token"
-    assert stat.S_IMODE(host.stat().st_mode) == 0o400
+    assert stat.S_IMODE(host.stat().st_mode) == 0o444  # the container's user, whoever it is
+    token_dir = env.tmp / "state" / "remote-gpu"
+    assert stat.S_IMODE(token_dir.stat().st_mode) == 0o700  # the host's users: kept out
+    for below in (token_dir / "u-1", token_dir / "u-1" / DONOR, directory):
+        assert stat.S_IMODE(below.stat().st_mode) == 0o755, below
     assert json.loads(host.read_text())["lease"] == 17
     assert json.loads((directory / "endpoint").read_text()) == {
         "endpoint": "10.0.0.4:7470",
