@@ -52,8 +52,7 @@ class ClaimsSeen:
         with self._lock:
             self._events += 1
             self._last_event = time.monotonic()
-        if kind in ("ADDED", "MODIFIED"):
-            with self._lock:
+            if kind in ("ADDED", "MODIFIED"):
                 self._versions.setdefault(obj["metadata"]["name"], []).append(obj)
 
     def _record(self, obj: JSON) -> None:

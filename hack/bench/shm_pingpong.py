@@ -8,6 +8,10 @@ What is left out is everything the transport adds: frames, MACs, futures, doorbe
 Requests and answers are two counters in the arena's control block (x86-64 orders plain
 stores, as ``remote_gpu.ring`` relies on too); both sides poll them, yielding the CPU
 between looks, so that on a busy machine neither starves the other.
+
+A library of ``hack/bench/remote_gpu.py``, not a benchmark of its own: that bench compares
+the transport with this ceiling (``shm_vs_pingpong_1mib``), prints the goals, ends with its
+JSON and exits non-zero when a goal is missed.
 """
 
 from __future__ import annotations
