@@ -24,7 +24,7 @@ from typing import TypeVar
 from prometheus_client import Counter, Gauge, Histogram
 
 from composable_dra.k8s import retry
-from composable_dra.k8s.events import event_body
+from composable_dra.k8s.events import claim_object, event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kube import JSON, Kube, KubeError, NotFound, path
 from composable_dra.lending.remote_leases import (
@@ -40,6 +40,7 @@ from composable_dra.lending.remote_leases import (
 )
 from composable_dra.process import logs
 from composable_dra.process.component import Controller
+from device_scaler.claim_status import apply_devices
 
 RESOURCE_API = "resource.k8s.io/v1"
 FIELD_MANAGER = "composable-dra-lease-controller"
@@ -337,13 +338,7 @@ class LeaseController(InformerDriven):
 
     def _event(self, a: RemoteAlloc, kind: str, reason: str, message: str) -> None:
         """An Event on the claim, posted off the path that opens leases."""
-        involved = {
-            "kind": "ResourceClaim",
-            "apiVersion": RESOURCE_API,
-            "name": a.name,
-            "namespace": a.namespace,
-            "uid": a.uid,
-        }
+        involved = claim_object(a.name, a.namespace, a.uid)
         body = event_body(involved, a.namespace, kind, reason, message, COMPONENT)
 
         def post() -> None:
@@ -499,23 +494,10 @@ class LeaseController(InformerDriven):
         (apply drops what a manager stops sending)."""
         claim = self.claims.get(f"{a.namespace}/{a.name}") or {}
         current = (claim.get("status") or {}).get("devices") or []
-        body = {
-            "apiVersion": RESOURCE_API,
-            "kind": "ResourceClaim",
-            "metadata": {"name": a.name, "namespace": a.namespace, "uid": a.uid},
-            "status": {"devices": merged_status(current, self.settings.driver, entries)},
-        }
+        devices = merged_status(current, self.settings.driver, entries)
         try:
-            self.kube.apply(
-                path(
-                    RESOURCE_API,
-                    "resourceclaims",
-                    a.name,
-                    namespace=a.namespace,
-                    subresource="status",
-                ),
-                body,
-                FIELD_MANAGER,
+            apply_devices(
+                self.kube, devices, FIELD_MANAGER, namespace=a.namespace, name=a.name, uid=a.uid
             )
         except NotFound:
             return False

@@ -23,7 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra.k8s import kube_json
-from composable_dra.k8s.events import event_body
+from composable_dra.k8s.events import claim_object, event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import node_labels, own_slice_fields
 from composable_dra.k8s.kube import JSON, Conflict, Kube, KubeError, NotFound, path
@@ -38,6 +38,7 @@ from composable_dra.model.names import (
 from composable_dra.process import logs
 from device_scaler import pool_gauges
 from device_scaler import standby as sb
+from device_scaler.claim_status import apply_devices
 from device_scaler.decide import (
     CreateResource,
     DeleteResource,
@@ -620,23 +621,14 @@ class Scaler(InformerDriven):
 
     def _set_status(self, action: SetDeviceStatus) -> None:
         c = action.claim
-        body = {
-            "apiVersion": RESOURCE_API,
-            "kind": "ResourceClaim",
-            "metadata": {"name": c.name, "namespace": c.namespace, "uid": c.uid},
-            "status": {"devices": action.entries},
-        }
         try:
-            self.kube.apply(
-                path(
-                    RESOURCE_API,
-                    "resourceclaims",
-                    c.name,
-                    namespace=c.namespace,
-                    subresource="status",
-                ),
-                body,
+            apply_devices(
+                self.kube,
+                action.entries,
                 FIELD_MANAGER,
+                namespace=c.namespace,
+                name=c.name,
+                uid=c.uid,
             )
         except NotFound:
             return
@@ -690,19 +682,8 @@ class Scaler(InformerDriven):
             self._events_sent.add(key)
             if len(self._events_sent) > 10000:
                 self._events_sent.clear()
-        self._event(
-            {
-                "kind": "ResourceClaim",
-                "apiVersion": RESOURCE_API,
-                "name": claim.name,
-                "namespace": claim.namespace,
-                "uid": claim.uid,
-            },
-            claim.namespace,
-            kind,
-            reason,
-            message,
-        )
+        involved = claim_object(claim.name, claim.namespace, claim.uid)
+        self._event(involved, claim.namespace, kind, reason, message)
 
     def _resource_event(self, name: str, reason: str, message: str) -> None:
         cr = self.resources.get(name)

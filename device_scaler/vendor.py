@@ -225,9 +225,9 @@ def restarts(s: ScalerSnapshot, mode: VendorMode) -> list[VendorAction]:
         out.append(
             PatchResource(
                 str(meta["name"]),
-                {"metadata": {"annotations": {ANN_RESTARTED: format_time(s.now)}}},
                 "VendorPluginRestarted",
                 f"{mode.driver} does not list {uuid} on {node} yet; its plugin was restarted",
+                patch={"metadata": {"annotations": {ANN_RESTARTED: format_time(s.now)}}},
             )
         )
     return out

@@ -766,13 +766,7 @@ class PoolPublisher(InformerDriven):
             self._told_held_back.add(uid)
             meta = claim["metadata"]
             namespace = str(meta.get("namespace", ""))
-            involved = {
-                "apiVersion": RESOURCE_API,
-                "kind": "ResourceClaim",
-                "name": meta["name"],
-                "namespace": namespace,
-                "uid": uid,
-            }
+            involved = events.claim_object(meta["name"], namespace, uid)
             events.post(
                 self.kube, involved, namespace, "Warning", POOL_HELD_BACK, HELD_BACK_WHY, COMPONENT
             )

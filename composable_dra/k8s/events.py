@@ -8,8 +8,20 @@ import uuid
 from typing import Any
 
 from composable_dra.k8s.kube import KubeError, path
+from composable_dra.k8s.resource_slices import RESOURCE_API
 
 JSON = dict[str, Any]
+
+
+def claim_object(name: str, namespace: str, uid: str) -> JSON:
+    """The ``involvedObject`` of an Event about a ResourceClaim."""
+    return {
+        "kind": "ResourceClaim",
+        "apiVersion": RESOURCE_API,
+        "name": name,
+        "namespace": namespace,
+        "uid": uid,
+    }
 
 
 def event_body(

@@ -25,20 +25,25 @@ class SetDeviceStatus:
 
 
 @dataclass(frozen=True)
-class DeleteResource:
+class ResourceChange:
+    """A change to a ComposableResource the scaler owns, and why: ``reason`` (one word)
+    and ``message`` (for people), which the scaler logs with it."""
+
     name: str
     reason: str
     message: str = ""
 
 
 @dataclass(frozen=True)
-class PatchResource:
-    """A metadata/spec merge patch of a resource the scaler owns."""
+class DeleteResource(ResourceChange):
+    """Delete the resource: the operator detaches its GPU."""
 
-    name: str
-    patch: JSON
-    reason: str
-    message: str = ""
+
+@dataclass(frozen=True)
+class PatchResource(ResourceChange):
+    """A metadata/spec merge patch of the resource."""
+
+    patch: JSON = field(kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -50,16 +50,16 @@ def idle_bookkeeping(
             return None
         return PatchResource(
             meta["name"],
-            {"metadata": {"annotations": {ANN_IN_USE_BY: user}}},
             "InUse",
             f"allocated as local device {local}",
+            patch={"metadata": {"annotations": {ANN_IN_USE_BY: user}}},
         )
     if ann.get(ANN_IN_USE_BY):
         stamp = {ANN_IN_USE_BY: None, ANN_LAST_USED: format_time(view.s.now)}
         return PatchResource(
             meta["name"],
-            {"metadata": {"annotations": stamp}},
             "Idle",
             "no allocation uses the GPU any more",
+            patch={"metadata": {"annotations": stamp}},
         )
     return IdleGPU(last_used(cr, view.s.now), cr, spec)

@@ -40,15 +40,15 @@ def allocation_ended(
         return None  # the pool publisher drops it first: published exactly once
     return PatchResource(
         meta["name"],
-        {
+        "Released",
+        f"claim {ref.namespace}/{ref.name} released the GPU; it stays attached as an idle "
+        "local device",
+        patch={
             "metadata": {
                 "annotations": {ANN_LAST_USED: format_time(view.s.now), ANN_IN_USE_BY: None}
             },
             "spec": {"claimRef": None},
         },
-        "Released",
-        f"claim {ref.namespace}/{ref.name} released the GPU; it stays attached as an idle "
-        "local device",
     )
 
 

@@ -114,7 +114,7 @@ def standby_step(
         # rule): the label counts only the idle GPUs the standby holds.
         message = "serves a claim; no longer a standby GPU"
         patch = {"metadata": {"labels": {sb.STANDBY_LABEL: None}}}
-        return Used(PatchResource(name, patch, "StandbyUsed", message))
+        return Used(PatchResource(name, "StandbyUsed", message, patch=patch))
     created = parse_time(meta_of(cr).get("creationTimestamp")) or s.now
     trouble = fabric_failure(cr) or (
         f"not online after {view.cfg.attach_timeout:.0f}s"
