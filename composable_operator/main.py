@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import threading
+from typing import Any
 
 from composable_dra.process.component import add_common_arguments
 
@@ -51,8 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     import kopf
@@ -106,9 +107,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("operator starting")
 
     async def operate() -> None:
-        # kopf waits on a threading.Event in an executor thread that would outlive a
-        # SIGTERM; an asyncio.Event, set from a daemon thread, does not.
-        stop = asyncio.Event()
+        stop = _stop_flag(registry, lost)
         loop = asyncio.get_running_loop()
         cache.slice_changes.bind(loop)
         # Every resource's daemon makes blocking fabric and API calls through
@@ -117,9 +116,6 @@ def run(args: argparse.Namespace) -> int:
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=args.io_threads, thread_name_prefix="operator-io")
         )
-        threading.Thread(
-            target=lambda: (lost.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
-        ).start()
         await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop)
 
     asyncio.run(operate())
@@ -130,3 +126,26 @@ def run(args: argparse.Namespace) -> int:
         return 1
     leader.release(held)  # the work has stopped: a follower may start at once
     return 0
+
+
+def _stop_flag(registry: Any, lost: threading.Event) -> asyncio.Event:
+    """kopf's stop flag (made in the running loop), raised when leadership is lost and as
+    kopf cleans up.
+
+    kopf waits on a threading.Event in an executor thread that would outlive a SIGTERM;
+    an asyncio.Event, set from a daemon thread, does not. On a signal kopf leaves its
+    waiter on the flag pending and gives such a task 5 s before cancelling it: raised on
+    cleanup, the flag lets the process exit at once."""
+    import kopf
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    threading.Thread(
+        target=lambda: (lost.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
+    ).start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def release_stop_flag(**_: object) -> None:
+        stop.set()
+
+    return stop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any, Protocol
 
@@ -27,3 +28,15 @@ def env_flag(
     the flag's own value, so a bad variable fails like a bad flag."""
     name = env or flag.removeprefix("--").replace("-", "_").upper()
     parser.add_argument(flag, default=os.environ.get(name) or default, **kwargs)
+
+
+def positive_seconds(value: str) -> float:
+    """A flag's number of seconds, finite and greater than 0 (argparse names the flag on
+    error)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds greater than 0")
+    return seconds

@@ -195,6 +195,7 @@ class PluginServer:
         health_port: int = 0,
         rolling_update_uid: str = "",
         health_feed: HealthFeed | None = None,
+        health_resend: float = health_stream.RESEND,
     ) -> None:
         self.registration_path = registration_socket(
             plugins_registry_dir, driver, rolling_update_uid
@@ -209,7 +210,7 @@ class PluginServer:
         v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1beta1), self._service)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._service)
         if health_feed is not None:
-            health_stream.add_to_server(health_feed, self._service)
+            health_stream.add_to_server(health_feed, self._service, health_resend)
         self._registrar = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         reg_grpc.add_RegistrationServicer_to_server(self.registration, self._registrar)
         # The liveness probe may use TCP; that server carries health only, never DRA.

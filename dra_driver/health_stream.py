@@ -5,11 +5,13 @@ A local device is named in the node's pool; a pool GPU attached here keeps the i
 its claim was allocated with (the fabric pool and the pool device), so the kubelet finds
 it in the claim's allocation and shows it in the pod's ``allocatedResourcesStatus``. The
 kubelet calls a device Unknown after its timeout without an update: every stream sends
-the whole picture at once, on each change, and again every ``RESEND`` seconds.
+the whole picture at once, on each change, and again every ``resend`` seconds (the
+plugin's ``--health-resend``), with a timeout of three resends.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -28,8 +30,7 @@ from composable_dra.process import logs
 from dra_driver.checkpoint import PreparedDevice
 
 SERVICES = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
-RESEND = 10.0  # seconds; the kubelet's timeout below is three of them
-TIMEOUT = 30
+RESEND = 10.0  # seconds, by default; the timeout sent is three of them
 MAX_STREAMS = 2  # the kubelet opens one; a rolling update's reconnect may overlap it
 _MESSAGE = 1024
 
@@ -68,7 +69,13 @@ def entries(
     return [out[k] for k in sorted(out)]
 
 
-def response(api: ModuleType, found: Iterable[Entry], now: float) -> Any:
+def timeout_for(resend: float) -> int:
+    """The kubelet's timeout for a stream resent every ``resend`` seconds: three resends,
+    so one late or lost resend never reads Unknown."""
+    return max(1, math.ceil(3 * resend))
+
+
+def response(api: ModuleType, found: Iterable[Entry], now: float, timeout: int) -> Any:
     """A NodeWatchResourcesResponse in ``api``'s messages (v1 or v1alpha1)."""
     resp = api.NodeWatchResourcesResponse()
     for e in found:
@@ -79,7 +86,7 @@ def response(api: ModuleType, found: Iterable[Entry], now: float) -> Any:
             device=api.DeviceIdentifier(pool_name=e.pool, device_name=e.device),
             health=getattr(api, e.report.health.name),
             last_updated_time=int(now),
-            health_check_timeout_seconds=TIMEOUT,
+            health_check_timeout_seconds=timeout,
             message=message[:_MESSAGE],
         )
     return resp
@@ -146,6 +153,7 @@ class HealthStreamServicer(
 
     def __init__(self, feed: HealthFeed, api: ModuleType, resend: float = RESEND) -> None:
         self._feed, self._api, self._resend = feed, api, resend
+        self._timeout = timeout_for(resend)
         self._log = logs.get(__name__)
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
@@ -155,7 +163,7 @@ class HealthStreamServicer(
         try:
             cursor = Cursor(self._feed)
             while context.is_active() and not self._feed.stopped:
-                yield response(self._api, self._feed.snapshot(), time.time())
+                yield response(self._api, self._feed.snapshot(), time.time(), self._timeout)
                 cursor.next(self._resend)
         finally:
             self._feed.close_stream()

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from composable_dra.lending.remote_leases import add_client_arguments
 from composable_dra.model import names
-from dra_driver.flags import Flags, env_flag
+from dra_driver.flags import Flags, env_flag, positive_seconds
 
 DRIVER = names.DRIVER
 
@@ -81,6 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "2",
         type=float,
         help="seconds between reads of the devices' health sources (env HEALTH_INTERVAL)",
+    )
+    env_flag(
+        p,
+        "--health-resend",
+        "10",
+        type=positive_seconds,
+        help="seconds between resends of an unchanged health stream to the kubelet, which "
+        "calls a device Unknown after three without one (env HEALTH_RESEND)",
     )
     env_flag(
         p,
@@ -339,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         health_port=args.health_port,
         rolling_update_uid=rolling_update_uid,
         health_feed=feed,
+        health_resend=args.health_resend,
     )
 
     stop = _stop_on_signal(log)

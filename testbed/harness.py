@@ -84,6 +84,8 @@ class Suite(Workload):
             self.opts.fake_nvml_hosts,
             self.opts.skip_release_hosts,
             self.opts.nvml_health_hosts,
+            tuple(self.opts.plugin_args),
+            tuple(self.opts.kubelet_config.items()),
         )
         hosts = SuiteNodes(settings, emulator)
         super().__init__(kube, f"fab-{self.suffix}", emulator, hosts, lambda: self.components)
@@ -96,8 +98,10 @@ class Suite(Workload):
         """Start everything and wait until it is ready; on failure stop what started."""
         try:
             self._start_fabric()
-            self._start_nodes()
+            # The components first: their start-up (a process, imports, leader election,
+            # the first reads) overlaps the nodes', which each wait for their kubelet.
             self._start_components()
+            self._start_nodes()
             self._wait_ready()
             return self
         except BaseException:

@@ -139,10 +139,16 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
 
 
 def kubelet_config(
-    workdir: Path, ca_file: Path, port: int, healthz_port: int, address: str = "127.0.0.1"
+    workdir: Path,
+    ca_file: Path,
+    port: int,
+    healthz_port: int,
+    address: str = "127.0.0.1",
+    feature_gates: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for a machine with cgroup v1 and no CAP_SYS_RESOURCE;
-    ``address``: where it serves (the node's address, for the API server's logs and exec)."""
+    ``address``: where it serves (the node's address, for the API server's logs and exec);
+    ``feature_gates``: the control plane's, which a cluster's kubelets share."""
     socket = f"unix://{workdir / 'containerd' / 'containerd.sock'}"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -176,6 +182,7 @@ def kubelet_config(
         "imageGCLowThresholdPercent": 99,
         "nodeStatusUpdateFrequency": "2s",
         "serializeImagePulls": False,
+        **({"featureGates": dict(feature_gates)} if feature_gates else {}),
     }
 
 
@@ -301,6 +308,8 @@ class RealNode:
     system_uuid: str | None = None
     # More image archives to import into the node's containerd (the product's image).
     images: list[Path] = field(default_factory=list)
+    # KubeletConfiguration fields that replace kubelet_config's (e.g. syncFrequency).
+    kubelet_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -405,9 +414,14 @@ class RealNode:
         )
         kubelet_yaml = self.workdir / "kubelet.yaml"
         body = kubelet_config(
-            self.workdir, cp.ca.cert_path, free_port(), free_port(), self.network.node_ip
+            self.workdir,
+            cp.ca.cert_path,
+            free_port(),
+            free_port(),
+            self.network.node_ip,
+            cp.feature_gates,
         )
-        kubelet_yaml.write_text(yaml.safe_dump(body))
+        kubelet_yaml.write_text(yaml.safe_dump(overridden(body, self.kubelet_overrides)))
         # Through the kubernetes Service's address, as a node's pods reach it too.
         server = f"https://{node_network.API_SERVICE_IP}:{node_network.API_SERVICE_PORT}"
         kubeconfig = node_kubeconfig(
@@ -725,3 +739,9 @@ class RealNode:
 def _ready(node: client.V1Node) -> bool:
     conditions = (node.status and node.status.conditions) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def overridden(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the fields of ``overrides`` in place of its own (a suite's
+    ``kubelet_config``, e.g. a short syncFrequency)."""
+    return config | overrides

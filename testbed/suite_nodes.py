@@ -11,6 +11,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -50,6 +51,8 @@ class NodeSettings:
     fake_nvml_hosts: tuple[str, ...] = ()  # SuiteOptions'
     skip_release_hosts: tuple[str, ...] = ()
     nvml_health_hosts: tuple[str, ...] = ()
+    extra_plugin_args: tuple[str, ...] = ()  # SuiteOptions.plugin_args: every plugin's
+    kubelet_config: tuple[tuple[str, Any], ...] = ()  # SuiteOptions': the real kubelets'
 
 
 class SuiteNodes:
@@ -91,6 +94,7 @@ class SuiteNodes:
             plugin_args=args,
             plugin_env=env,
             system_uuid=host_uuid(host),
+            kubelet_overrides=dict(s.kubelet_config),
         )
         self.real[host] = node
         node.start()
@@ -102,6 +106,11 @@ class SuiteNodes:
         ``fake_nvml_hosts``, else the redfish source; either way the host's release
         command on the emulator's host state (but for ``skip_release_hosts``), so that
         every detach of the suite is released first or shows as a surprise removal."""
+        args, env = self.source_setup(host, root)
+        return [*args, *self.settings.extra_plugin_args], env
+
+    def source_setup(self, host: str, root: Path) -> tuple[list[str], dict[str, str]]:
+        """The flags and environment of ``host``'s device source and release command."""
         state = self.emulator.host_state_dir
         if state is None:
             raise ValueError("the suite's emulator needs its host state directory")

@@ -27,10 +27,13 @@ class SuiteOptions:
     operator_args: list[str] = field(default_factory=list)
     scaler_args: list[str] = field(default_factory=list)
     publisher_args: list[str] = field(default_factory=list)
+    plugin_args: list[str] = field(default_factory=list)  # every node's plugin, last
     # Hosts (of ``hosts``) that run as real nodes; they need Suite(control_plane=...)
     # and the node binaries (testbed.realnode.find_node_binaries).
     real_hosts: tuple[str, ...] = ()
     node_bin_dir: Path | None = None
+    # KubeletConfiguration fields of the real nodes (testbed/realnode.py kubelet_config).
+    kubelet_config: dict[str, Any] = field(default_factory=dict)
     # Seconds to wait for the first pools, the scaler's lease and the Fabric's first sync
     # (a large fabric's first inventory read takes longer).
     start_timeout: float = 60.0

@@ -39,7 +39,8 @@ def control_plane(
     # or not), so an end-to-end test never silently passes without a control plane.
     bin_dir = find_binaries()
     workdir = Path(os.environ.get("CONTROL_PLANE_DIR") or tmp_path_factory.mktemp("cp"))
-    with ControlPlane(bin_dir, workdir=workdir) as cp:
+    # A gated run's gates (testbed/versions.py), on the nodes' kubelets too (RealNode).
+    with ControlPlane(bin_dir, workdir=workdir, feature_gates=versions.run_gates()) as cp:
         request.session.stash[_CONTROL_PLANE] = cp
         yield cp
         del request.session.stash[_CONTROL_PLANE]
@@ -210,7 +211,7 @@ def donor_of_four(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the end-to-end tests not meant for this run's release (testbed/versions.py):
     a run on an older release runs its subset, never skips."""
-    release = versions.run_release()
+    release = versions.run_label()
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
@@ -219,6 +220,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marker.args if marker else None,
             bool(marker.kwargs.get("default", True)) if marker else True,
             release,
+            tuple(marker.kwargs.get("gated", ())) if marker else (),
         )
         (keep if runs else drop).append(item)
     if drop:

@@ -3,7 +3,9 @@ tainted in its pool within 10 s, the pod using it shows the health in its status
 (``allocatedResourcesStatus``, fed by the plugin's NodeWatchResources stream), a new pod
 gets a healthy GPU; a fatal fault evicts the pod (NoExecute) and its claim is served by
 another GPU; the faulty GPU is detached and stays out of use until the fault clears,
-after which it comes back; a healthy GPU stays Healthy in pod status for over 60 s. A GPU
+after which it comes back; a healthy GPU stays Healthy in pod status for over twice the
+kubelet's timeout (the plugins resend every 2 s: a 6 s timeout, not the default 30 s;
+the kubelets resync every 2 s, not every minute). A GPU
 fenced by hand (``composable.dra.io/fence``) is quarantined, and a diagnostic pod that
 tolerates the quarantine still gets it."""
 
@@ -20,6 +22,7 @@ from composable_dra.k8s.kube import JSON, NotFound, path
 from composable_dra.model import names
 from composable_dra.model.health_rules import TAINT_KEY
 from composable_dra.model.names import ANN_FENCE, normalize_uuid
+from dra_driver.health_stream import timeout_for
 from fabric_emulator import host_bus
 from testbed.harness import Suite, SuiteOptions
 from testbed.objects import create_claim, pod_body
@@ -31,6 +34,7 @@ from tests.e2e.conftest import MakeSuite
 pytestmark = pytest.mark.e2e
 
 HOSTS = SuiteOptions().hosts
+RESEND = 2  # the plugins' --health-resend: the kubelet's timeout is 6 s, not 30 s
 
 
 def block_of(suite: Suite, ns: str, pod: str) -> tuple[str, str]:
@@ -100,7 +104,15 @@ def tainted_then_shown(
 def test_a_fabric_fault_taints_shows_evicts_and_recovers(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite(real_hosts=HOSTS, poll_interval_seconds=5, no_removal=4)
+    suite = make_suite(
+        real_hosts=HOSTS,
+        poll_interval_seconds=5,
+        no_removal=4,
+        plugin_args=[f"--health-resend={RESEND}"],
+        # The kubelet judges a device's staleness when it writes the pod's status: at
+        # each resync (syncFrequency, 1 min by default), so the hold below sees one.
+        kubelet_config={"syncFrequency": "2s"},
+    )
     suite_pod(suite, namespace, "p1")
     wait_running(suite, namespace, "p1")
     pool, block = block_of(suite, namespace, "p1")
@@ -161,12 +173,12 @@ def test_a_fabric_fault_taints_shows_evicts_and_recovers(
         f"{block} back in its pool, untainted",
     )
 
-    # A healthy GPU stays Healthy in pod status for over a minute: no Unknown from a
-    # starved stream (the kubelet's timeout is 30 s).
+    # A healthy GPU stays Healthy in pod status for over twice the kubelet's timeout: no
+    # Unknown from a starved stream (the timeout the plugins send: three resends).
     wait_for(lambda: pod_health(suite, namespace, "p2") == {"Healthy"}, 30, "p2 Healthy")
     holds_for(
         lambda: pod_health(suite, namespace, "p2") == {"Healthy"},
-        65,
+        2 * timeout_for(RESEND) + 1,
         "p2 Healthy",
         describe=lambda: str(suite.pod(namespace, "p2")["status"]),
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import composable_dra_cli as cli
-from dra_driver.flags import env_flag
+from dra_driver.flags import env_flag, positive_seconds
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,3 +80,16 @@ def test_env_flag_bad_variable_fails_like_a_bad_flag(
         _env_flag_parser().parse_args([])
     assert exc.value.code == 2
     assert "--link-gbps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon", ""])
+def test_positive_seconds_refuses_what_is_no_period(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--health-resend", type=positive_seconds)
+    with pytest.raises(SystemExit) as exc:
+        p.parse_args([f"--health-resend={bad}"])
+    assert exc.value.code == 2
+    assert "--health-resend" in capsys.readouterr().err
+    assert p.parse_args(["--health-resend=0.5"]).health_resend == 0.5

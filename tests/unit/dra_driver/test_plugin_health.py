@@ -108,7 +108,7 @@ def test_entries_name_pool_gpus_by_their_allocated_identity() -> None:
         (NODE, "gpu-a", Health.UNHEALTHY),
         (NODE, "gpu-b", Health.HEALTHY),
     ]
-    resp = health_stream.response(hv1, got, 1000.0)
+    resp = health_stream.response(hv1, got, 1000.0, 30)
     first = resp.devices[0]
     assert (first.device.pool_name, first.health, first.last_updated_time) == (
         "fab/zone-1",
@@ -116,7 +116,32 @@ def test_entries_name_pool_gpus_by_their_allocated_identity() -> None:
         1000,
     )
     assert first.message.startswith("FabricCritical")
-    assert first.health_check_timeout_seconds == health_stream.TIMEOUT
+    assert first.health_check_timeout_seconds == 30
+
+
+def test_the_plugin_resends_every_10_s_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from dra_driver.plugin_main import add_arguments
+
+    def parse(*argv: str) -> float:
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        resend: float = p.parse_args(["--node-name=node-a", *argv]).health_resend
+        return resend
+
+    monkeypatch.delenv("HEALTH_RESEND", raising=False)
+    assert parse() == health_stream.RESEND == 10
+    assert parse("--health-resend=2") == 2
+    monkeypatch.setenv("HEALTH_RESEND", "0.5")
+    assert parse() == 0.5
+
+
+def test_the_timeout_sent_is_three_resends_in_whole_seconds() -> None:
+    assert health_stream.timeout_for(health_stream.RESEND) == 30  # the kubelet's default
+    assert health_stream.timeout_for(2) == 6
+    assert health_stream.timeout_for(0.5) == 2  # rounded up: never shorter than 3 resends
+    assert health_stream.timeout_for(0.01) == 1  # 0 would mean the kubelet's 30 s
 
 
 @pytest.fixture
@@ -143,7 +168,12 @@ def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path
     feed = health_stream.HealthFeed(lambda: health_stream.entries(NODE, ["gpu-a"], states, []))
     preparer = empty_preparer(short_tmp)
     server = PluginServer(
-        preparer, DRIVER, short_tmp / "reg", short_tmp / "plugins", health_feed=feed
+        preparer,
+        DRIVER,
+        short_tmp / "reg",
+        short_tmp / "plugins",
+        health_feed=feed,
+        health_resend=2,
     )
     server.start()
     channels = []
@@ -164,7 +194,9 @@ def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path
         stream: Any = hv1_grpc.DRAResourceHealthStub(svc).NodeWatchResources(
             hv1.NodeWatchResourcesRequest(), timeout=30
         )
-        assert [d.health for d in next(stream).devices] == [hv1.HEALTHY]
+        first = next(stream).devices
+        assert [d.health for d in first] == [hv1.HEALTHY]
+        assert [d.health_check_timeout_seconds for d in first] == [6]  # three resends
         states["gpu-a"] = bad("gpu-a")
         threading.Timer(0.2, feed.changed).start()
         assert [d.health for d in next(stream).devices] == [hv1.UNHEALTHY]  # on the change
@@ -176,7 +208,7 @@ def test_the_stream_sends_at_once_on_change_and_again_unprompted(short_tmp: Path
 
 
 def test_a_quiet_feed_is_resent_every_resend_seconds() -> None:
-    feed = health_stream.HealthFeed(lambda: [])
+    feed = health_stream.HealthFeed(lambda: health_stream.entries(NODE, ["gpu-a"], {}, []))
     servicer = health_stream.HealthStreamServicer(feed, hv1, resend=0.05)
 
     class Context:
@@ -187,8 +219,10 @@ def test_a_quiet_feed_is_resent_every_resend_seconds() -> None:
             return self.sent < 3
 
     ctx = Context()
-    for _ in servicer.NodeWatchResources(hv1.NodeWatchResourcesRequest(), ctx):
+    for resp in servicer.NodeWatchResources(hv1.NodeWatchResourcesRequest(), ctx):
         ctx.sent += 1  # no change at all: three responses all the same
+        # with the timeout of that resend period, not the default's
+        assert [d.health_check_timeout_seconds for d in resp.devices] == [1]
     assert ctx.sent == 3
 
 

@@ -62,10 +62,6 @@ def _listening(log: Path, event: str) -> tuple[str, int] | None:
     return None
 
 
-def _lower_descriptors() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, DESCRIPTORS))
-
-
 @pytest.fixture(scope="module")
 def donor_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DonorProcess]:
     tmp = tmp_path_factory.mktemp("donor-limits")
@@ -84,11 +80,22 @@ def donor_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DonorPro
         *("--kubeconfig", str(tmp / "kubeconfig"), "--backend", "numpy"),
         *("--handshake-timeout", str(HEADER_TIMEOUT)),
     ]
+    # util-linux's prlimit sets the limit and execs the donor: a preexec_fn would run
+    # Python in a fork of this multi-threaded process (gRPC's threads from other tests),
+    # where a child once hung before its exec.
+    limit = ("prlimit", f"--nofile={DESCRIPTORS}:{DESCRIPTORS}", "--")
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=out, preexec_fn=_lower_descriptors)
+        proc = subprocess.Popen([*limit, *command], stdout=out, stderr=out)
     try:
-        api = wait_for(lambda: _listening(log, "lease API listening"), 60, "the lease API")
+        api = wait_for(
+            lambda: _listening(log, "lease API listening"),
+            60,
+            "the lease API",
+            describe=log.read_text,
+        )
         data = wait_for(lambda: _listening(log, "donor listening"), 10, "the data plane")
+        # prlimit exec'd the donor in its own process: the limit is the donor's.
+        assert resource.prlimit(proc.pid, resource.RLIMIT_NOFILE) == (DESCRIPTORS, DESCRIPTORS)
         yield DonorProcess(proc, log, api, data, str(ca.cert_path))
     finally:
         proc.terminate()

@@ -45,3 +45,10 @@ def test_skipping_hosts_fake_nvml_hosts_and_nvml_health_hosts(tmp_path: Path) ->
     assert "--device-source=redfish" in health and "--nvml-health" in health
     assert any(a.startswith("--host-release-command") for a in health)
     assert env["PYTHONPATH"].startswith(fake_nvml.PYTHONPATH)
+
+
+def test_a_suites_plugin_args_come_last_on_every_host(tmp_path: Path) -> None:
+    suite = nodes(tmp_path, fake_nvml_hosts=("node-2",), extra_plugin_args=("--health-resend=2",))
+    for host in ("node-1", "node-2"):
+        args, _ = suite.plugin_setup(host, tmp_path / host)
+        assert args[-1] == "--health-resend=2"  # last: it wins over any earlier one
