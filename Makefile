@@ -51,7 +51,8 @@ demo: install
 ## then each older Kubernetes release's subset, then the support matrix against the results
 # promtool is built (or found cached) before the tests: a cold build takes longer than
 # one test may (the dashboard and alert tests would build it themselves otherwise).
-# Each run writes JUnit XML to $(JUNIT_DIR)/<release>.xml; hack/support_matrix.py checks
+# Each run writes JUnit XML to $(JUNIT_DIR)/<release>.xml (a gated run <release>+gates.xml:
+# hack/versions-test.sh); hack/support_matrix.py checks
 # docs/operations.md's support matrix against them (docs/operations.md, Support matrix).
 test: lint
 	@dir=$$(bash hack/control-plane/build.sh | tail -n1); \

@@ -3,9 +3,12 @@
 ``make test`` runs the default release's tests and each older release's subset
 (hack/versions-test.sh), each writing a JUnit XML file ``<release>.xml`` in one directory.
 Each cell of the matrix names, in backticks, the tests that show it (``test_file.py::name``;
-a parametrized test's every case). This check fails when a cell's test did not pass on
-that column's release (not run, failed, or skipped), when a ✓ cell names no test, or when
-any run skipped anything.
+a parametrized test's every case). A cell of an older release may go on with what its
+gates give: ``✗ off by default: `test_x.py::a`; ✓ with `--feature-gates=G=true`:
+`test_y.py::b```: the tests after ``✓ with`` are checked against that release's gated run
+(``<release>+gates.xml``, testbed/versions.py). This check fails when a cell's test did
+not pass on that column's release (not run, failed, or skipped), when a ✓ names no test,
+or when any run skipped anything.
 
     python -m hack.support_matrix build/junit docs/operations.md
 
@@ -23,8 +26,11 @@ from pathlib import Path
 
 from junitparser import JUnitXml
 
+from testbed.versions import GATED_SUFFIX
+
 HEADING = "### Support matrix"
 YES = "✓"
+GATED = "✓ with "  # what follows in a cell holds on the release with its gates on
 _TEST = re.compile(r"`(test_\w+\.py)::(\w+)`")
 _RELEASE = re.compile(r"v1\.\d+\.\d+")
 
@@ -56,9 +62,24 @@ def parse_matrix(doc: str) -> list[Cell]:
     cells = []
     for row in rows[2:]:  # after the header and its |---| line
         for release, text in zip(releases, row[1:], strict=True):
-            tests = tuple(f"{f}::{n}" for f, n in _TEST.findall(text))
-            cells.append(Cell(row[0], release, text.startswith(YES), tests))
+            cells.extend(_cells(row[0], release, text))
     return cells
+
+
+def _cells(feature: str, release: str, text: str) -> list[Cell]:
+    """One cell's text: its release's cell, and its gated run's when it says ``✓ with``."""
+    plain, gated = text, None
+    at = text.find(GATED, 1)  # a cell that starts with it is the release's own ✓
+    if at > 0:
+        plain, gated = text[:at], text[at:]
+    out = [Cell(feature, release, plain.startswith(YES), _tests(plain))]
+    if gated is not None:
+        out.append(Cell(feature, release + GATED_SUFFIX, True, _tests(gated)))
+    return out
+
+
+def _tests(text: str) -> tuple[str, ...]:
+    return tuple(f"{f}::{n}" for f, n in _TEST.findall(text))
 
 
 def parse_junit(text: str) -> dict[str, list[str]]:

@@ -1,7 +1,8 @@
 """What the components find the API server serves, on the default release (v1.37.1, every
 feature on) and on v1.35 (built by hack/control-plane/build.sh with KUBE_VERSION when not
 cached, as any missing binaries are): the probes are real dry-run creates, and a plugin
-asked to lend on v1.35 refuses at start naming the feature gate it lacks."""
+asked to lend on v1.35 refuses at start naming the feature gate it lacks; in v1.35's
+gated run (its alpha gates on), the probes find what the gates turned on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from composable_dra.k8s.feature_probe import Probes, detect
-from composable_dra.k8s.features import Feature
+from composable_dra.k8s.features import ApiFeatures, Feature
 from composable_dra.k8s.kube import Kube, path
 from testbed import ControlPlane, versions
 from testbed.controlplane import RELEASES, find_binaries, free_port
@@ -75,6 +76,16 @@ def reported(cp: ControlPlane, component: str, root: Path) -> dict[str, object]:
 
 def kube_of(cp: ControlPlane) -> Kube:
     return Kube.from_config(str(cp.kubeconfig))
+
+
+def probed(kube: Kube, unique: str) -> ApiFeatures:
+    """What every probe finds, for a node made for it (and deleted)."""
+    node = f"probe-{unique}"
+    create_node(kube.api, node)
+    try:
+        return detect(kube, probes_for(node))
+    finally:
+        delete_node(kube.api, node)
 
 
 def test_v137_serves_every_feature_and_stores_nothing(
@@ -150,12 +161,7 @@ def test_the_controllers_report_what_they_write_and_start_anyway_on_v135(
 @pytest.mark.versions("1.35")
 def test_v135_lacks_the_gated_features(v135: ControlPlane, unique: str) -> None:
     kube = kube_of(v135)
-    node = f"probe-{unique}"
-    create_node(kube.api, node)
-    try:
-        found = detect(kube, probes_for(node))
-    finally:
-        delete_node(kube.api, node)
+    found = probed(kube, unique)
     version = kube.get("/version")["gitVersion"]
     assert version == RELEASES["1.35"]
     assert found.present == {Feature.RESOURCE_V1}, found.why
@@ -196,3 +202,17 @@ def test_v135_lending_plugin_refuses_naming_the_gate(
     # It wrote nothing before refusing.
     slices = kube.get(path("resource.k8s.io/v1", "resourceslices"))["items"]
     assert not [s for s in slices if s["spec"]["pool"]["name"] == node]
+
+
+# Only in v1.35's gated run (testbed/versions.py GATED): the session's control plane and
+# kubelets have DRADeviceBindingConditions and DRAPartitionableDevices on.
+@pytest.mark.versions(default=False, gated=("1.35",))
+def test_v135_with_its_gates_on_the_components_find_the_features(
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
+) -> None:
+    assert kube_json.get("/version")["gitVersion"] == RELEASES["1.35"]
+    found = probed(kube_json, unique)
+    assert found.missing(Feature) == [Feature.DEVICE_TAINTS, Feature.DEVICE_TAINT_RULES]
+    # The pool publisher, started with no flag for it, uses binding conditions.
+    line = reported(control_plane, "pool-publisher", short_tmp)
+    assert (line["uses"], line["missing"]) == ("resource-v1,binding-conditions", "device-taints")

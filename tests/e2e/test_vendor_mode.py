@@ -146,6 +146,7 @@ def binary() -> Path:
 
 
 # Long because it is one scenario read top to bottom; its steps share what it built.
+@pytest.mark.versions("1.36")
 def test_vendor_mode_reschedules_onto_the_vendors_local_device_on_a_real_node(
     make_suite: MakeSuite, namespace: str, short_tmp: Path, binary: Path
 ) -> None:

@@ -46,3 +46,42 @@ def test_runs_on(
     marked: tuple[str, ...] | None, on_default: bool, release: str, runs: bool
 ) -> None:
     assert versions.runs_on(marked, on_default, release) is runs
+
+
+@pytest.mark.parametrize(
+    ("marked", "gated", "release", "runs"),
+    [
+        (("1.36",), ("1.35",), "v1.35.8+gates", True),
+        (("1.36",), ("1.35",), "v1.35.8", False),  # without its gates: not in 1.35's run
+        (("1.36",), ("1.35",), "v1.36.5", True),
+        (("1.36",), ("1.35",), "v1.37.1", True),
+        (("1.35", "1.36"), (), "v1.35.8+gates", False),  # a gated run: only gated= tests
+        (None, (), "v1.35.8+gates", False),
+    ],
+)
+def test_a_gated_run_runs_the_tests_marked_for_it_only(
+    marked: tuple[str, ...] | None, gated: tuple[str, ...], release: str, runs: bool
+) -> None:
+    assert versions.runs_on(marked, True, release, gated) is runs
+
+
+def test_a_gated_run_turns_on_its_releases_gates_and_is_labelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBE_VERSION", "v1.35.8")
+    monkeypatch.delenv("KUBE_GATES", raising=False)
+    assert (versions.run_label(), versions.run_gates()) == ("v1.35.8", {})
+    monkeypatch.setenv("KUBE_GATES", "on")
+    assert versions.run_label() == "v1.35.8+gates"
+    assert versions.run_gates() == {
+        "DRADeviceBindingConditions": True,
+        "DRAPartitionableDevices": True,
+    }
+    monkeypatch.setenv("KUBE_VERSION", "v1.36.5")
+    with pytest.raises(ValueError, match=r"no gates to turn on for v1\.36\.5"):
+        versions.run_gates()
+
+
+def test_every_gated_minor_is_a_supported_older_release() -> None:
+    assert set(versions.GATED) <= set(RELEASES)
+    assert all(versions.GATED.values())
