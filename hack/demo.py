@@ -15,9 +15,13 @@ process runs matmul on the donor and checks the products. It prints a JSON summa
 its last line, with ``remote``: the donor, the lease, the transport and whether the
 products were right.
 
-With --chart (root, real nodes only) the product is installed by its Helm chart instead
-(testbed/chart_cluster.py): every component and the fabric emulator are the chart's pods on three
-real nodes, and the same steps run on it; the JSON's ``installed_by`` says which
+With --chart (root, real nodes only) the product is installed by its Helm chart instead,
+once, with lending on (testbed/chart_demo.py): every component and the fabric emulator are
+the chart's pods on three real nodes the fabric reaches, and a fourth node lends its GPU
+through the chart's plugin-lend and donor DaemonSets. The same steps run on it; in the
+remote one a fabric node joins the donor's network domain and its pod (the product's
+image) runs matmul on the donor's GPU, the chart's scaler running the lease controller: no
+component runs as a process of the demo. The JSON's ``installed_by`` says which
 (``"helm"``, else ``"process"``).
 
 The cluster stays up afterwards (kubeconfig printed; Ctrl-C stops it), or is torn down
@@ -39,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,7 +51,9 @@ from composable_dra.k8s.kube import JSON, Kube, path
 from composable_dra.lending.remote_leases import REMOTE_READY
 from composable_dra.process import logs
 from testbed import ControlPlane, examples
-from testbed.chart_cluster import demo_suite, workload_namespace
+from testbed import chart_lend as lend
+from testbed.chart_cluster import workload_namespace
+from testbed.chart_demo import DemoLending, demo_suite
 from testbed.controlplane import find_binaries
 from testbed.harness import Suite, SuiteOptions
 from testbed.lending import Lab
@@ -279,21 +286,43 @@ def remote_lease(stop_scaler: Callable[[], None], lab: Lab, out: Progress) -> di
         "uid"
     ]
     printed = consumer.kubelet.container_log(uid, "main").strip().splitlines()
-    result: dict[str, Any] = json.loads(printed[-1]) if printed else {}
+    result: JSON = json.loads(printed[-1]) if printed else {}
+    return remote_summary(out, phase(), result, ready, took)
+
+
+def remote_summary(
+    out: Progress, phase: str, result: JSON, ready: JSON, took: float
+) -> dict[str, Any]:
+    """The remote step's JSON block, from the pod's phase, the workload's last line
+    (``result``) and the claim's device status at RemoteGPUReady (``ready``)."""
     data = ready.get("data") or {}
     out.line(
-        f"claim remote-matmul: {REMOTE_READY} on {ready.get('device')} "
+        f"claim: {REMOTE_READY} on {ready.get('device')} "
         f"(donor {data.get('donor')}, lease {data.get('lease')})"
     )
-    out.line(f"the pod's own process printed: {printed[-1] if printed else '(nothing)'}")
+    out.line(f"the pod's own process printed: {json.dumps(result) if result else '(nothing)'}")
     return {
-        "ok": phase() == "Succeeded" and bool(result.get("ok")) and bool(data.get("donor")),
+        "ok": phase == "Succeeded" and bool(result.get("ok")) and bool(data.get("donor")),
         "donor": data.get("donor"),
         "lease": data.get("lease"),
         "transport": result.get("transport"),
         "calls": result.get("calls"),
         "pod_done_s": round(took, 2),
     }
+
+
+def chart_remote_lease(lending: DemoLending, out: Progress) -> dict[str, Any]:
+    """The same lease through the chart: the borrower's pod runs matmul on the GPU the
+    donor node's chart pods lend; the chart's scaler opens the lease."""
+    donor, borrower = lending.donor, lending.borrower
+    workload_namespace(lending.kube, REMOTE_NAMESPACE)
+    out.line(
+        f"donor {donor.name} lends 1 GPU (lease API https://{lend.address(donor)}:"
+        f"{lend.API_PORT}); {borrower.name} joins its network domain and borrows it"
+    )
+    created = time.monotonic()
+    run = lending.lease(REMOTE_NAMESPACE, ["--calls", "8"])
+    return remote_summary(out, run.phase, run.out, run.ready, time.monotonic() - created)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -418,6 +447,27 @@ def wait_for_signal() -> None:
     stop.wait()
 
 
+@dataclass(frozen=True)
+class RemoteStep:
+    """The demo's last step: what runs it (the stage's title), and the step."""
+
+    title: str
+    run: Callable[[Progress], dict[str, Any]]
+
+
+PROCESS_REMOTE = (
+    "the software fallback: a node no fabric reaches borrows another node's GPU over the "
+    "network (donor and borrower: kubelet emulators; the scaler now also runs the lease "
+    "controller)"
+)
+CHART_REMOTE = (
+    "the software fallback: a node borrows another node's GPU over the network, all "
+    "through the chart: the donor node's plugin-lend and donor DaemonSet pods lend it, the "
+    "chart's scaler pod runs the lease controller, the borrower's pod runs matmul on it (no "
+    "process started by the demo)"
+)
+
+
 @contextmanager
 def cluster(
     args: argparse.Namespace,
@@ -425,25 +475,26 @@ def cluster(
     cp: ControlPlane,
     workdir: Path,
     real: tuple[Path | None, str],
-) -> Iterator[tuple[Cluster, Callable[[], None]]]:
-    """The cluster the demo runs on, started, and how to stop its scaler; stopped at the end."""
+) -> Iterator[tuple[Cluster, RemoteStep]]:
+    """The cluster the demo runs on, started, and its remote step; stopped at the end."""
     node_bin_dir, why = real
     with contextlib.ExitStack() as stack:
         if args.chart:
             assert node_bin_dir is not None
             with out.stage(
-                "the product installed by its Helm chart on 3 real nodes (kubelet v1.37.1 + "
+                "the product installed by its Helm chart on 4 real nodes (kubelet v1.37.1 + "
                 "containerd + runc): the plugin DaemonSet, the operator, pool publisher and "
-                "scaler Deployments and the fabric emulator, all the chart's pods"
+                "scaler Deployments and the fabric emulator, all the chart's pods; lending on "
+                "(the plugin-lend and donor DaemonSets on the donor node)"
             ):
-                chart = stack.enter_context(
+                chart, lending = stack.enter_context(
                     demo_suite(
                         cp, cp.kube(), node_bin_dir, workdir / "nodes", args.idle_seconds, out.line
                     )
                 )
                 for line in pool_summary(chart):
                     out.line(line)
-            yield chart, chart.stop_scaler
+            yield chart, RemoteStep(CHART_REMOTE, lambda o: chart_remote_lease(lending, o))
             return
         suite = Suite(
             cp.kube(),
@@ -459,12 +510,14 @@ def cluster(
         )
         stack.callback(suite.stop)
         start_suite(out, suite, args.nodes, node_bin_dir is not None, why)
+        lab = Lab(cp.kube(), cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-")
+        stack.callback(lab.stop)
 
         def stop_scaler() -> None:
             if suite.scaler is not None:
                 suite.scaler.stop()
 
-        yield suite, stop_scaler
+        yield suite, RemoteStep(PROCESS_REMOTE, lambda o: remote_lease(stop_scaler, lab, o))
 
 
 def demo_steps(
@@ -473,13 +526,12 @@ def demo_steps(
     cp: ControlPlane,
     workdir: Path,
     suite: Cluster,
-    stop_scaler: Callable[[], None],
+    remote: RemoteStep,
     summary: dict[str, Any],
 ) -> int:
     """The examples, the release, the remote lease; the summary printed; the exit code."""
     real = summary["kubelet"] != "emulator"
     watcher = Watcher(suite, out)
-    lab: Lab | None = None
     try:
         workload_namespace(suite.kube, NAMESPACE)
         watcher.start()
@@ -494,15 +546,8 @@ def demo_steps(
         summary["attaches"] = len(watcher.attached)
         summary["detaches"] = len(watcher.detached)
         watcher.stop()
-        with out.stage(
-            "the software fallback: a node no fabric reaches borrows another node's GPU "
-            "over the network (donor and borrower: kubelet emulators; the scaler now also "
-            "runs the lease controller)"
-        ):
-            lab = Lab(
-                cp.kube(), cp, workdir / "lending", namespace=REMOTE_NAMESPACE, prefix="lend-"
-            )
-            summary["remote"] = remote_lease(stop_scaler, lab, out)
+        with out.stage(remote.title):
+            summary["remote"] = remote.run(out)
         if not args.teardown:
             say_it_stays_up(cp, workdir)
         print(json.dumps(summary), flush=True)
@@ -512,8 +557,6 @@ def demo_steps(
         return 0 if summary["pods_running"] == len(pods) and remote_ok else 1
     finally:
         watcher.stop()
-        if lab is not None:
-            lab.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -537,8 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     cp, _ = start_control_plane(out, workdir, args.chart)
     try:
-        with cluster(args, out, cp, workdir, real) as (suite, stop_scaler):
-            return demo_steps(args, out, cp, workdir, suite, stop_scaler, summary)
+        with cluster(args, out, cp, workdir, real) as (suite, remote):
+            return demo_steps(args, out, cp, workdir, suite, remote, summary)
     finally:
         cp.stop()
         if args.workdir is None:

@@ -1,5 +1,6 @@
 """The product installed by its Helm chart on real nodes, with the chart's fabric emulator:
-what tests/e2e/test_chart_pool.py and `make demo DEMO_ARGS=--chart` share.
+what tests/e2e/test_chart_pool.py and `make demo DEMO_ARGS=--chart` (testbed.chart_demo)
+share.
 
 `helm install` with testbed/chart-values.yaml and chart-pool-values.yaml; the emulator's
 Service routed on each node (testbed.service_routes, as kube-proxy would); the nodes
@@ -12,9 +13,8 @@ does for the components as processes.
 
 from __future__ import annotations
 
-import contextlib
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +28,7 @@ from fabric_emulator.topology import default as default_topology
 from testbed import chart
 from testbed.cluster_view import CR_API
 from testbed.controlplane import ControlPlane
-from testbed.product_image import find_product_image
 from testbed.realnode import RealNode
-from testbed.realnodes import started_nodes
 from testbed.service_routes import ServiceRoute, route_service
 from testbed.wait import wait_for
 
@@ -180,9 +178,6 @@ def workload_namespace(kube: Kube, name: str) -> None:
     wait_for(lambda: kube.get_or_none(sa), 60, f"the default ServiceAccount of {name}")
 
 
-DEMO_HOSTS = ("node-1", "node-2", "node-3")  # the emulator's built-in topology: all three
-
-
 @dataclass
 class ChartSuite:
     """The chart-installed cluster, read as the demo reads testbed.harness.Suite."""
@@ -208,38 +203,3 @@ class ChartSuite:
 
     def describe(self) -> str:
         return describe(self.kube, self.nodes)
-
-    def stop_scaler(self) -> None:
-        """The chart's scaler scaled to none (the lending lab runs a scaler of its own)."""
-        name = f"{RELEASE}-composable-dra-scaler"
-        scaler = path("apps/v1", "deployments", name, namespace=NAMESPACE)
-        self.kube.merge_patch(scaler, {"spec": {"replicas": 0}})
-        wait_for(lambda: not component_pods(self.kube, "scaler"), 60, "the scaler pod to go")
-
-
-@contextlib.contextmanager
-def demo_suite(
-    cp: ControlPlane,
-    kube: Kube,
-    bin_dir: Path,
-    workdir: Path,
-    idle_seconds: float,
-    line: Callable[[str], None],
-) -> Iterator[ChartSuite]:
-    """The demo's cluster (`make demo DEMO_ARGS=--chart`): three real nodes carrying the
-    emulator's three hosts' systemUUIDs, the chart installed on them (the scaler's idle
-    window ``idle_seconds``), its pools published; all stopped at the end (the nodes take
-    the chart's pods with them)."""
-    image = find_product_image()
-    line(f"image {image.ref} ({image.archive})")
-    names_ = [f"{h}-demo" for h in DEMO_HOSTS]
-    uuids = host_uuids(DEMO_HOSTS)
-    with started_nodes(cp, bin_dir, workdir, names_, [image.archive], uuids) as nodes:
-        idle = f'scaler.extraArgs=["--no-removal-duration={idle_seconds:g}"]'
-        helm_install(cp, image.tag, [VALUES, POOL_VALUES], ["--set-json", idle])
-        line(f"helm install {RELEASE} deploy/helm/composable-dra -n {NAMESPACE}")
-        route = route_fabric(kube, nodes)
-        line(f"the chart's fabric emulator at http://{route.cluster_ip}:{route.port}")
-        wait_pools(kube, nodes)
-        suite = ChartSuite(kube, nodes, image.ref, dict(zip(DEMO_HOSTS, nodes, strict=True)))
-        yield suite

@@ -46,12 +46,21 @@ def label_nodes(kube: Kube, donor: RealNode, borrowers: Sequence[RealNode]) -> N
     plugin and donor pods tolerate it: chart-lend-values.yaml), so that no other pod
     lands there and takes its GPU as a local one; it and the borrowers in one network
     domain."""
+    kube.merge_patch(
+        path("v1", "nodes", donor.name), {"metadata": {"labels": {LEND_LABEL: "true"}}}
+    )
     for node in (donor, *borrowers):
-        labels = {NETWORK_DOMAIN_LABEL: DOMAIN} | ({LEND_LABEL: "true"} if node is donor else {})
-        kube.merge_patch(path("v1", "nodes", node.name), {"metadata": {"labels": labels}})
+        join_domain(kube, node)
     taints = kube.get(path("v1", "nodes", donor.name))["spec"].get("taints") or []
     taint = {"key": LEND_LABEL, "value": "true", "effect": "NoSchedule"}
     kube.merge_patch(path("v1", "nodes", donor.name), {"spec": {"taints": [*taints, taint]}})
+
+
+def join_domain(kube: Kube, node: RealNode) -> None:
+    """``node`` in the lending network domain: a remote device's node selector admits it
+    from then on."""
+    labels = {NETWORK_DOMAIN_LABEL: DOMAIN}
+    kube.merge_patch(path("v1", "nodes", node.name), {"metadata": {"labels": labels}})
 
 
 def donor_pki(kube: Kube, donor: RealNode, workdir: Path) -> None:

@@ -19,8 +19,13 @@ def any_gpu_selector(driver: str = names.DRIVER) -> str:
 
 
 def local_gpu_selector(driver: str = names.DRIVER) -> str:
-    """The driver's devices that are not a fabric pool's (those carry ``blockID``)."""
-    return f'{any_gpu_selector(driver)} && !("blockID" in device.attributes["{driver}"])'
+    """The driver's devices in the node: not a fabric pool's (those carry ``blockID``) and
+    not a lent GPU's remote twin (``attachment`` "remote", which every device of the
+    driver states). The pool's test comes first: a pool device costs one check."""
+    attrs = f'device.attributes["{driver}"]'
+    return (
+        f'{any_gpu_selector(driver)} && !("blockID" in {attrs}) && {attrs}.attachment != "remote"'
+    )
 
 
 def device_class(name: str, expression: str) -> JSON:

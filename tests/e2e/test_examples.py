@@ -90,7 +90,7 @@ def test_prefer_local_fallback_pool(make_suite: MakeSuite, namespace: str) -> No
     assert result["request"] == "gpu/pool"
 
 
-@pytest.mark.versions("1.36")
+@pytest.mark.versions("1.36", gated=("1.35",))
 def test_pool_only(make_suite: MakeSuite, namespace: str) -> None:
     suite, pods = run_example(make_suite, "pool-only", namespace)
     pod = pods["gpu-from-pool"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.model import names
 from dra_driver.slices import NETWORK_DOMAIN_LABEL
 from testbed import ControlPlane
 from testbed.kubelet_emulator import KubeletEmulator
@@ -200,7 +201,7 @@ def delete_pod_and_claim(kube: Kube, ns: str, name: str) -> None:
     wait_for(lambda: get_claim(kube, ns, name) is None, 60, f"claim {name} to go")
 
 
-@pytest.mark.versions("1.36")
+@pytest.mark.versions("1.36", gated=("1.35",))
 def test_donor_publishes_remote_devices_with_counters(
     kube_json: Kube, cluster: Cluster, device_class: str
 ) -> None:
@@ -250,7 +251,7 @@ def test_donor_publishes_remote_devices_with_counters(
     assert len(published()) == 2, published()
 
 
-@pytest.mark.versions("1.36")
+@pytest.mark.versions("1.36", gated=("1.35",))
 def test_one_gpu_is_never_local_and_remote_at_once(
     kube_json: Kube, cluster: Cluster, device_class: str, namespace: str
 ) -> None:
@@ -278,6 +279,19 @@ def test_one_gpu_is_never_local_and_remote_at_once(
         60,
         "the local pod to run",
     )
+
+
+def test_the_local_class_never_selects_a_lent_gpu(
+    kube_json: Kube, cluster: Cluster, device_class: str, namespace: str
+) -> None:
+    """composable-gpu-local is a node's own GPUs: a borrower's claim of it is refused
+    although the donor lends a free GPU, which a remote claim on that node then gets."""
+    donor = cluster.donor(gpus=1, max_leases=2)
+    borrower = cluster.node("borrower")
+    local = {"deviceClassName": names.LOCAL_DEVICE_CLASS}
+    create_claim_pod(kube_json, namespace, "local", node=borrower, exactly=local)
+    wait_unschedulable(kube_json, namespace, "local")
+    assert lend_and_bind(kube_json, namespace, "lent", borrower) == (donor, "gpu-0-remote")
 
 
 def test_link_counter_caps_concurrent_leases(
