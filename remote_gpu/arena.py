@@ -177,7 +177,8 @@ class Arena:
         return memoryview(self._mmap)[offset : offset + length]
 
     def array(self, offset: int, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
-        return np.frombuffer(self.buf, numpy_dtype(dtype), math.prod(shape), offset).reshape(shape)
+        a = np.frombuffer(self.buf, numpy_dtype(dtype), math.prod(shape), offset)
+        return a if len(shape) == 1 else a.reshape(shape)  # frombuffer's are 1-D already
 
     def contains(self, array: np.ndarray, start: int, end: int) -> int | None:
         """Offset of ``array`` if it is a contiguous view inside [start, end), else None."""

@@ -180,7 +180,13 @@ class _Call(Future[tuple[np.ndarray, ...]]):
         self._over = False
 
     def _finished(self) -> bool:
-        return self._over or super().done()
+        return self._over  # a waiter asks often: Future.done would take its lock each time
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self._over = True
+        return cancelled
 
     def set_result(self, result: tuple[np.ndarray, ...]) -> None:
         super().set_result(result)

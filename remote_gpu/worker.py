@@ -59,6 +59,7 @@ from remote_gpu.protocol import (
     Op,
     dtype_code,
     message_frames,
+    numpy_dtype,
     pack_message,
     place_array,
     seq_after,
@@ -116,22 +117,23 @@ def resolve(path: str) -> Callable[..., Any]:
 def _run_one(
     arena: Arena, fn: Callable[..., Any], slot: int, specs: Sequence[ArraySpec]
 ) -> list[ArraySpec]:
-    base = arena.slot_base(slot)
-    end = base + arena.slot_size
     args = [arena.array(off, dtype, shape) for dtype, shape, off, _ in specs]  # type: ignore[arg-type]
-    dtypes = [a.dtype for a in args]
     out = fn(*args)
-    results = out if isinstance(out, tuple | list) else (out,)
-    free = align(max((off + n for _, _, off, n in specs), default=base))
+    results = out if isinstance(out, (tuple, list)) else (out,)
     replies: list[ArraySpec] = []
+    free = -1  # where copied results go, after the inputs: worked out only when needed
     for r in results:
-        for a, spec, dt in zip(args, specs, dtypes, strict=True):
-            # An argument returned as it is (echo) lies where it was: nothing to check.
-            if r is a and a.shape == spec[1] and a.dtype == dt:
+        for a, spec in zip(args, specs, strict=True):
+            # An argument returned as it is (echo) lies where it was: nothing to check,
+            # unless the function changed its shape or type in place.
+            if r is a and a.shape == spec[1] and a.dtype == numpy_dtype(spec[0]):
                 replies.append(spec)
                 break
         else:
-            free = _place(arena, r, base, end, free, replies)
+            base = arena.slot_base(slot)
+            if free < 0:
+                free = align(max((off + n for _, _, off, n in specs), default=base))
+            free = _place(arena, r, base, base + arena.slot_size, free, replies)
     return replies
 
 
@@ -430,15 +432,14 @@ def _serve_direct(worker: _Worker, session: Session) -> bool:
     last = time.monotonic()
     try:
         while True:
-            try:
-                at_hand = reader.fill_nowait()
-            except OSError:  # the peer went away
-                break
-            if at_hand:
+            if reader.buffered():
                 events = [(sock_fd, select.POLLIN)]  # the next request is here already
             else:
+                # Straight to poll, which returns at once if bytes wait in the socket: a
+                # read tried first fails (EAGAIN, an exception) on nearly every sequential
+                # call, since the client has only just got its reply.
                 events = poller.poll(int(STATS_INTERVAL * 1000))
-            if any(fd != sock_fd for fd, _ in events) and _stop_asked(conn):
+            if (len(events) > 1 or events and events[0][0] != sock_fd) and _stop_asked(conn):
                 stop = True
                 break
             if events:
