@@ -773,19 +773,28 @@ class RemoteGPU:
             self._read_reply(self._tr)
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
+        # The control channel (heartbeats, refusals) is read when its bytes are buffered
+        # already or a wait woke for them: looked at before every wait, it cost a failed
+        # read and a poll, two system calls, per call. One without a descriptor is
+        # looked at every time (its wait_readable says True).
+        control = self._tr.fileno()
+        others = () if control is None else (control,)
+        look = control is None
         while True:
             if ring.ready():
                 self._read_ring_entry(ring.take())
                 return True
-            if self._tr.wait_readable(0):  # the control channel: heartbeats, refusals
+            if (look or self._tr.buffered()) and self._tr.wait_readable(0):
                 self._read_reply(self._tr)
                 return True
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                if self._tr.wait_readable(0):  # a last look before giving up
+                    self._read_reply(self._tr)
+                    return True
                 return False
-            control = self._tr.fileno()
             spin = self.spin if left is None else min(self.spin, left)
-            ring.wait(left, *([] if control is None else [control]), spin=spin)
+            look = bool(ring.wait(left, *others, spin=spin)) or control is None
 
     def _read_reply(self, src: _Source) -> None:
         head = unpack(src.recv_header(), self._key, MAX_META)

@@ -63,6 +63,11 @@ class ClientTransport(ABC):
         """A descriptor that polls readable when a frame arrives, if there is one."""
         return None
 
+    def buffered(self) -> bool:
+        """Whether bytes already read from the connection wait here (``fileno`` would not
+        poll readable for them)."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 

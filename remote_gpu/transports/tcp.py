@@ -185,6 +185,9 @@ class TcpClientTransport(ClientTransport):
     def fileno(self) -> int | None:
         return self.sock.fileno()
 
+    def buffered(self) -> bool:
+        return self._reader.buffered() > 0
+
     def wait_readable(self, timeout: float | None) -> bool:
         if self._reader.fill_nowait():
             return True
