@@ -390,3 +390,26 @@ def test_a_caller_that_spins_takes_its_reply_without_a_doorbell(donor: Running) 
         for i in range(20):
             assert gpu.invoke("echo", np.array([i]))[0][0] == i
         assert asleep and all(asleep)
+
+
+def test_a_ring_caller_reads_the_control_channel_only_when_a_wait_wakes_for_it(
+    donor: Running,
+) -> None:
+    """Replies that come through the ring cost no look at the control channel (a look was
+    a failed read and a poll, per call); its frames are still read once a wait wakes for
+    them, here a heartbeat's reply to a caller that sleeps at once."""
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=10.0) as gpu:
+        looks: list[float | None] = []
+        wait_readable = gpu._tr.wait_readable
+
+        def counted(timeout: float | None) -> bool:
+            looks.append(timeout)
+            return wait_readable(timeout)
+
+        gpu._tr.wait_readable = counted  # type: ignore[method-assign]
+        for i in range(50):
+            assert gpu.invoke("echo", np.array([i]))[0][0] == i
+        assert looks == []
+    with RemoteGPU(donor.endpoint, donor.token(), transport="shm", spin=0.0) as gpu:
+        assert gpu.invoke("echo", np.array([1]))[0][0] == 1
+        assert gpu.heartbeat() < 5
