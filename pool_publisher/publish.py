@@ -624,6 +624,17 @@ def fabric_view(
     )
 
 
+@dataclass(frozen=True)
+class FabricRead:
+    """A Fabric read in this pass: its metadata, spec, inventory and ``host_nodes``."""
+
+    name: str
+    meta: JSON
+    spec: FabricSpec
+    inv: Inventory
+    hosts: dict[str, list[str]]
+
+
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
     counts: dict[tuple[str, str, str], int] = {}
     for p in pools:
@@ -823,6 +834,43 @@ class PoolPublisher(InformerDriven):
                 self.kube, involved, namespace, "Warning", POOL_HELD_BACK, HELD_BACK_WHY, COMPONENT
             )
 
+    def _read_fabrics(
+        self,
+        nodes: Sequence[JSON],
+        resources: Sequence[JSON],
+        live: set[tuple[str, str]],
+        force: bool,
+    ) -> tuple[list[FabricRead], bool]:
+        """Each live Fabric as this pass publishes it, and whether one was skipped (not
+        read, or not publishable: its zones, so its node labels, are unknown)."""
+        fenced = fence.fenced(resources)
+        read: list[FabricRead] = []
+        skipped = False
+        for fabric in self.fabric_informer.items():
+            meta = fabric["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            name = meta["name"]
+            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
+            try:
+                spec, inv = self._inventory(name, interval, force)
+            except (FabricError, FabricConfigError) as exc:
+                log.warning("fabric skipped", fabric=name, error=str(exc))
+                skipped = True
+                continue
+            inv = fence_inventory(inv, fenced)
+            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
+                mine = {d for p, d in live if p.startswith(f"{name}/")}
+                inv = with_slots(inv, slot_holds(resources, name), mine)
+            if (why := vendor_config_error(spec.vendor_driver)) is not None:
+                PUBLISH_ERRORS.labels("config").inc()
+                log.warning("fabric skipped", fabric=name, error=why)
+                skipped = True
+                continue
+            hosts = host_nodes(nodes, spec.node_mapping, inv)
+            read.append(FabricRead(str(name), meta, spec, inv, hosts))
+        return read, skipped
+
     def _write_labels(
         self, nodes: list[JSON], wanted: Mapping[str, Mapping[str, str]], keep: bool
     ) -> list[JSON]:
@@ -885,41 +933,13 @@ class PoolPublisher(InformerDriven):
         window = self._window(claims, drivers)
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
-        fenced = fence.fenced(resources)
-        read: list[tuple[JSON, FabricSpec, Inventory, dict[str, list[str]]]] = []
-        skipped = False  # a Fabric not read: its zones, so its node labels, are unknown
-        for fabric in self.fabric_informer.items():
-            meta = fabric["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            name = meta["name"]
-            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
-            try:
-                spec, inv = self._inventory(name, interval, force)
-            except (FabricError, FabricConfigError) as exc:
-                log.warning("fabric skipped", fabric=name, error=str(exc))
-                skipped = True
-                continue
-            inv = fence_inventory(inv, fenced)
-            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
-                mine = {d for p, d in live if p.startswith(f"{name}/")}
-                inv = with_slots(inv, slot_holds(resources, name), mine)
-            if (why := vendor_config_error(spec.vendor_driver)) is not None:
-                PUBLISH_ERRORS.labels("config").inc()
-                log.warning("fabric skipped", fabric=name, error=why)
-                skipped = True
-                continue
-            read.append((meta, spec, inv, host_nodes(nodes, spec.node_mapping, inv)))
+        read, skipped = self._read_fabrics(nodes, resources, live, force)
         if self.label_nodes:
             # Before the pools: they select by the labels this pass has just written.
-            zones = [
-                z
-                for meta, spec, inv, hosts in read
-                for z in own_zone_labels(str(meta["name"]), spec, inv, hosts)
-            ]
+            zones = [z for f in read for z in own_zone_labels(f.name, f.spec, f.inv, f.hosts)]
             nodes = self._write_labels(nodes, wanted_labels(zones), keep=skipped)
-        for meta, spec, inv, hosts in read:
-            view = fabric_view(meta, spec, inv, nodes, resources, hosts, self.label_nodes)
+        for f in read:
+            view = fabric_view(f.meta, f.spec, f.inv, nodes, resources, f.hosts, self.label_nodes)
             desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,
