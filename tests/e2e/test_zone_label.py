@@ -15,7 +15,9 @@ from api.v1alpha1 import API_VERSION
 from composable_dra.k8s.kube import path
 from pool_publisher.node_labels import own_label
 from pool_publisher.zone_select import HOSTNAME_LABEL
+from testbed.controlplane import free_port
 from testbed.harness import Suite
+from testbed.monitoring import scrape, total
 from testbed.wait import wait_for
 from tests.e2e.conftest import MakeSuite
 
@@ -132,7 +134,13 @@ def by_own_labels(suite: Suite) -> bool:
 def test_by_default_the_publisher_labels_each_zones_nodes_and_its_pools_select_by_them(
     make_suite: MakeSuite, namespace: str
 ) -> None:
-    suite = make_suite(hosts=HOSTS, topology=topology(), attach_latency=0)
+    port = free_port()
+    suite = make_suite(
+        hosts=HOSTS,
+        topology=topology(),
+        attach_latency=0,
+        publisher_args=[f"--metrics-port={port}"],
+    )
     k1, k2 = own_key(suite, "zone-1"), own_key(suite, "zone-2")
     node = suite.node_of
     wait_for(
@@ -176,6 +184,11 @@ def test_by_default_the_publisher_labels_each_zones_nodes_and_its_pools_select_b
     assert carriers(suite, k1) == {node("node-1"), node("node-2")}
     label(suite, "node-2", None, k1)
     wait_for(lambda: by_own_labels(suite), 30, "zone-1 by its label again")
+    # No write loop: one write per node at first, node-1's relabelling, node-2's removal.
+    # (A write may repeat once where another update of the node lands before its event.)
+    writes = total(scrape(port), "composable_dra_pool_publisher_node_label_writes_total")
+    print(f"node label writes: {writes:.0f}")
+    assert 5 <= writes <= 7, writes
 
     # A pool claim's pod runs, its pool selecting by the publisher's label.
     suite.create_pod(namespace, "p", local_first=False)
