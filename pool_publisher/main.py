@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from composable_dra.process.component import add_common_arguments, run_controller
@@ -38,6 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the pending claims' share of each pool plus a margin, at least 8), "
         "0 (every free device) or a fixed number; the scheduler's time per pod grows with it",
     )
+    p.add_argument(
+        "--label-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("LABEL_NODES", "true").lower() not in {"0", "false", "no"},
+        help="label each zone's Nodes <fabric>.zone.composable.dra.io/<zone>=true (needs "
+        "patch on nodes), so that a pool selects its zone by that one label, not a list of "
+        "hostnames that kube-scheduler parses for every node. Default on; "
+        "--no-label-nodes (env LABEL_NODES=false): hostnames, or the Fabric's zoneNodeLabels",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             max_per_slice=min(SLICE_LIMIT, max(1, args.max_devices_per_slice)),
             max_free=args.max_free_devices_per_pool,
             served=Served.of(found),
+            label_nodes=args.label_nodes,
         )
 
     return run_controller(args, "pool-publisher", make)

@@ -36,16 +36,25 @@ from composable_dra.fabric.registry import (
 )
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
-from composable_dra.k8s import events
+from composable_dra.k8s import events, retry
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import claim_binding_fields
-from composable_dra.k8s.kube import JSON, Kube, path
+from composable_dra.k8s.kube import JSON, Kube, KubeError, path
 from composable_dra.k8s.quantity import format_bytes, parse_bytes
 from composable_dra.k8s.resource_slices import common_fields, touch_slice, write_slices
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.model import fence, names
 from composable_dra.process import logs
 from pool_publisher.class_clash import ClassClashWatch
+from pool_publisher.node_labels import (
+    Written,
+    apply_body,
+    label_writes,
+    overlay,
+    own_label,
+    wanted_labels,
+    zone_labels,
+)
 from pool_publisher.pool_health import COMPONENT, PoolHealth, fence_inventory, health_taints
 from pool_publisher.served import EVERYTHING, HELD_BACK_WHY, POOL_HELD_BACK, Served, as_served
 from pool_publisher.window import AUTO, WindowPolicy, waiting_claims, window_size
@@ -82,6 +91,11 @@ PUBLISH_ERRORS = Counter(
     "Failed passes of the pool publisher, by stage",
     ["stage"],
 )
+NODE_LABEL_WRITES = Counter(
+    "composable_dra_pool_publisher_node_label_writes_total",
+    "Writes of the publisher's own zone labels to Nodes (node_labels.py)",
+)
+NODE_LABEL_RETRY_CAP = 60.0  # seconds: the longest wait before a failed node write again
 
 log = logs.get(__name__)
 
@@ -149,6 +163,11 @@ class PoolSpec:
     @property
     def name(self) -> str:
         return names.pool_name(self.fabric, self.zone)
+
+
+def zone_nodes(hosts: Iterable[str], host_nodes: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The names of the nodes on a zone's fabric hosts, sorted."""
+    return tuple(sorted({n for h in hosts for n in host_nodes.get(h, ())}))
 
 
 def live_allocations(claims: Iterable[JSON], driver: str) -> set[tuple[str, str]]:
@@ -244,7 +263,7 @@ def desired_pools(
     pools: dict[str, PoolSpec] = {}
     inv = view.inventory
     for zone in sorted(inv.zones.values(), key=lambda z: z.id):
-        nodes = tuple(sorted({n for h in zone.hosts for n in view.host_nodes.get(h, ())}))
+        nodes = zone_nodes(zone.hosts, view.host_nodes)
         if not nodes:
             continue
         pool = names.pool_name(view.name, zone.id)
@@ -561,22 +580,59 @@ def fabric_version(fabric: JSON) -> tuple[str, bool]:
     return spec_version(fabric), bool((fabric.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def named_labels(spec: FabricSpec) -> dict[str, NodeLabel]:
+    """zone id -> the node label the Fabric names for it (``spec.zoneNodeLabels``)."""
+    return {z: NodeLabel(lb.key, lb.value) for z, lb in spec.zone_node_labels.items()}
+
+
+def own_zone_labels(
+    fabric: str, spec: FabricSpec, inv: Inventory, hosts: Mapping[str, Sequence[str]]
+) -> list[tuple[NodeLabel, tuple[str, ...]]]:
+    """(the publisher's label, the zone's nodes) of each zone of the Fabric that reaches a
+    node and has no label the Fabric names: the zones whose Nodes the publisher labels."""
+    named = spec.zone_node_labels
+    out = []
+    for zone in sorted(inv.zones.values(), key=lambda z: z.id):
+        nodes = zone_nodes(zone.hosts, hosts)
+        if nodes and zone.id not in named:
+            out.append((own_label(fabric, zone.id), nodes))
+    return out
+
+
 def fabric_view(
-    meta: JSON, spec: FabricSpec, inv: Inventory, nodes: Sequence[JSON], resources: Sequence[JSON]
+    meta: JSON,
+    spec: FabricSpec,
+    inv: Inventory,
+    nodes: Sequence[JSON],
+    resources: Sequence[JSON],
+    hosts: Mapping[str, Sequence[str]] | None = None,
+    own_labels: bool = False,
 ) -> FabricView:
-    """What the decisions need of one Fabric (its metadata, spec and inventory)."""
+    """What the decisions need of one Fabric (its metadata, spec and inventory).
+    ``hosts``: ``host_nodes`` of the nodes, when already known; ``own_labels``: a zone the
+    Fabric names no label for selects by the publisher's own (node_labels.py)."""
     name = str(meta["name"])
+    wanted = zone_labels(name, named_labels(spec), inv.zones, own_labels)
     return FabricView(
         name=name,
         uid=meta["uid"],
         inventory=inv,
-        host_nodes=host_nodes(nodes, spec.node_mapping, inv),
+        host_nodes=host_nodes(nodes, spec.node_mapping, inv) if hosts is None else hosts,
         held=held_blocks(resources, name),
         vendor=spec.vendor_driver,
-        zone_labels=zone_carriers(
-            nodes, {z: NodeLabel(lb.key, lb.value) for z, lb in spec.zone_node_labels.items()}
-        ),
+        zone_labels=zone_carriers(nodes, wanted),
     )
+
+
+@dataclass(frozen=True)
+class FabricRead:
+    """A Fabric read in this pass: its metadata, spec, inventory and ``host_nodes``."""
+
+    name: str
+    meta: JSON
+    spec: FabricSpec
+    inv: Inventory
+    hosts: dict[str, list[str]]
 
 
 def free_by_model(pools: Iterable[PoolSpec]) -> dict[tuple[str, str, str], int]:
@@ -611,9 +667,14 @@ class PoolPublisher(InformerDriven):
         debounce: float = 0.05,
         max_free: int = AUTO,
         served: Served = EVERYTHING,
+        label_nodes: bool = True,
     ) -> None:
         self.kube, self.fabrics, self.driver = kube, fabrics, driver
         self.served = served
+        # Label each zone's Nodes with the publisher's own label (node_labels.py).
+        self.label_nodes = label_nodes
+        self._written: dict[str, Written] = {}  # node -> our last label write to it
+        self._label_failures: dict[str, tuple[int, float]] = {}  # node -> (failures, retry at)
         self._told_held_back: set[str] = set()  # claims told why no pool serves them
         self.max_per_slice = max_per_slice
         # Free devices published per pool (0: all; AUTO: sized to the pending claims).
@@ -696,6 +757,8 @@ class PoolPublisher(InformerDriven):
             fetched = self._inventories.get(name, (None, 0.0))[1]
             waits.append(max(0.0, fetched + interval - now))
         touch = self._waker.next_in(now)
+        if self._label_failures:
+            waits.append(max(0.0, min(at for _, at in self._label_failures.values()) - now))
         return min(waits if touch is None else [*waits, touch])
 
     def _loop(self) -> None:
@@ -771,6 +834,82 @@ class PoolPublisher(InformerDriven):
                 self.kube, involved, namespace, "Warning", POOL_HELD_BACK, HELD_BACK_WHY, COMPONENT
             )
 
+    def _read_fabrics(
+        self,
+        nodes: Sequence[JSON],
+        resources: Sequence[JSON],
+        live: set[tuple[str, str]],
+        force: bool,
+    ) -> tuple[list[FabricRead], bool]:
+        """Each live Fabric as this pass publishes it, and whether one was skipped (not
+        read, or not publishable: its zones, so its node labels, are unknown)."""
+        fenced = fence.fenced(resources)
+        read: list[FabricRead] = []
+        skipped = False
+        for fabric in self.fabric_informer.items():
+            meta = fabric["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            name = meta["name"]
+            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
+            try:
+                spec, inv = self._inventory(name, interval, force)
+            except (FabricError, FabricConfigError) as exc:
+                log.warning("fabric skipped", fabric=name, error=str(exc))
+                skipped = True
+                continue
+            inv = fence_inventory(inv, fenced)
+            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
+                mine = {d for p, d in live if p.startswith(f"{name}/")}
+                inv = with_slots(inv, slot_holds(resources, name), mine)
+            if (why := vendor_config_error(spec.vendor_driver)) is not None:
+                PUBLISH_ERRORS.labels("config").inc()
+                log.warning("fabric skipped", fabric=name, error=why)
+                skipped = True
+                continue
+            hosts = host_nodes(nodes, spec.node_mapping, inv)
+            read.append(FabricRead(str(name), meta, spec, inv, hosts))
+        return read, skipped
+
+    def _write_labels(
+        self, nodes: list[JSON], wanted: Mapping[str, Mapping[str, str]], keep: bool
+    ) -> list[JSON]:
+        """Apply the labels of ours that differ (node_labels.label_writes); returns the
+        nodes as this pass should see them (``overlay``). A failed write does not fail the
+        pass (the pools fall back to hostnames meanwhile): that node is tried again after
+        the retry policy's wait, alone."""
+        by_name = {str(n["metadata"]["name"]): n for n in nodes}
+        self._written = {k: w for k, w in self._written.items() if k in by_name}
+        self._label_failures = {k: f for k, f in self._label_failures.items() if k in by_name}
+        now = time.monotonic()
+        failed: list[str] = []
+        error = ""
+        for name, labels in sorted(label_writes(nodes, wanted, self._written, keep).items()):
+            failures, retry_at = self._label_failures.get(name, (0, 0.0))
+            if retry_at > now:
+                continue
+            node = by_name[name]
+            try:
+                answer = self.kube.apply(
+                    path("v1", "nodes", name), apply_body(node, labels), FIELD_MANAGER
+                )
+            except KubeError as exc:
+                PUBLISH_ERRORS.labels("node-label").inc()
+                wait = retry.delay(failures + 1, cap=NODE_LABEL_RETRY_CAP, first=1.0)
+                self._label_failures[name] = (failures + 1, now + wait)
+                failed.append(name)
+                error = str(exc)
+                continue
+            NODE_LABEL_WRITES.inc()
+            self._label_failures.pop(name, None)
+            rv = str(node["metadata"].get("resourceVersion") or "")
+            self._written[name] = Written(rv, labels, node_mapping_fields(answer))
+        if failed:
+            log.warning(
+                "node labels not written", nodes=failed[:10], failed=len(failed), error=error
+            )
+        return overlay(nodes, self._written)
+
     def reconcile(self) -> PoolPlan:
         """One pass: read what is needed, decide, write the difference."""
         self.class_clash.check()
@@ -794,27 +933,13 @@ class PoolPublisher(InformerDriven):
         window = self._window(claims, drivers)
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
-        fenced = fence.fenced(resources)
-        for fabric in self.fabric_informer.items():
-            meta = fabric["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            name = meta["name"]
-            interval = float((fabric.get("spec") or {}).get("pollIntervalSeconds") or 30)
-            try:
-                spec, inv = self._inventory(name, interval, force)
-            except (FabricError, FabricConfigError) as exc:
-                log.warning("fabric skipped", fabric=name, error=str(exc))
-                continue
-            inv = fence_inventory(inv, fenced)
-            if inv.free_counts:  # a fabric that picks the GPU: free counts become slots
-                mine = {d for p, d in live if p.startswith(f"{name}/")}
-                inv = with_slots(inv, slot_holds(resources, name), mine)
-            if (why := vendor_config_error(spec.vendor_driver)) is not None:
-                PUBLISH_ERRORS.labels("config").inc()
-                log.warning("fabric skipped", fabric=name, error=why)
-                continue
-            view = fabric_view(meta, spec, inv, nodes, resources)
+        read, skipped = self._read_fabrics(nodes, resources, live, force)
+        if self.label_nodes:
+            # Before the pools: they select by the labels this pass has just written.
+            zones = [z for f in read for z in own_zone_labels(f.name, f.spec, f.inv, f.hosts)]
+            nodes = self._write_labels(nodes, wanted_labels(zones), keep=skipped)
+        for f in read:
+            view = fabric_view(f.meta, f.spec, f.inv, nodes, resources, f.hosts, self.label_nodes)
             desired.update(desired_pools(view, live, window, published))
         plan = plan_pools(
             desired,

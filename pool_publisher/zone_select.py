@@ -2,11 +2,12 @@
 
 A slice's ``nodeSelector`` is parsed again by kube-scheduler for every node it filters;
 a ``kubernetes.io/hostname In [62 hostnames]`` term was most of its CPU at 1,000 nodes
-(docs/attach-flow.md, Scale). When the Fabric names a label per zone
-(``spec.zoneNodeLabels``) and exactly the zone's nodes carry it, the selector is that one
-label; otherwise (unset, a node not yet labelled, a node labelled that the zone does not
-reach) it stays the hostname list, so a pod never sees a pool its node cannot attach from.
-The publisher only reads the label: the admin writes it (no node write permission).
+(docs/attach-flow.md, Scale). A zone's label is the one the Fabric names
+(``spec.zoneNodeLabels``, the admin writes it), else the publisher's own, which it writes
+itself (node_labels.py; off with ``--no-label-nodes``). While exactly the zone's nodes carry
+it, the selector is that one label; otherwise (no label, a node not yet labelled, a node
+labelled that the zone does not reach) it stays the hostname list, so a pod never sees a
+pool its node cannot attach from.
 """
 
 from __future__ import annotations

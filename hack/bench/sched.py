@@ -71,6 +71,7 @@ from hack.bench.scale import (
     populate,
 )
 from hack.bench.stats import percentile
+from pool_publisher.node_labels import own_label
 from pool_publisher.publish import (
     FIELD_MANAGER,
     FabricView,
@@ -125,8 +126,9 @@ def inventory(nodes: int, zones: int, pool_gpus: int) -> Inventory:
 
 
 def zone_node_label(zone: str) -> NodeLabel:
-    """The label the bench puts on a zone's Nodes, as an admin would for zoneNodeLabels."""
-    return NodeLabel(f"fabric.bench.composable.dra.io/{zone}", "true")
+    """The label the bench puts on a zone's Nodes: the publisher's own, which it puts there
+    by default (pool_publisher/node_labels.py)."""
+    return own_label(FABRIC, zone)
 
 
 def fabric_view(
@@ -465,8 +467,9 @@ def arguments() -> argparse.ArgumentParser:
         "--zone-selector",
         choices=("label", "hostname"),
         default="label",
-        help="how pool slices select their zone's nodes: one label per zone (the Fabric's "
-        "zoneNodeLabels, the bench labels the Nodes) or the fallback hostname list",
+        help="how pool slices select their zone's nodes: one label per zone (the publisher's "
+        "default: the bench puts the publisher's labels on the Nodes) or the hostname list "
+        "(the publisher's --no-label-nodes)",
     )
     return p
 

@@ -280,10 +280,16 @@ EXPECTED: dict[str, tuple[list[Access], list[Access]]] = {
             Access("delete", "resourceslices", R),
             Access("list", "fabrics", G),
             Access("watch", "nodes"),
+            Access("patch", "nodes"),  # its own zone labels (poolPublisher.labelNodes)
             Access("get", "secrets", namespace="@"),
             Access("update", "leases", "coordination.k8s.io", namespace="@"),
         ],
         [
+            # An apply to a Node that is gone must not make one.
+            Access("create", "nodes"),
+            Access("update", "nodes"),
+            Access("delete", "nodes"),
+            Access("patch", "nodes", subresource="status"),
             Access("update", "fabrics", G, "status"),
             Access("create", "composableresources", G),
             Access("patch", "resourceclaims", R, "status", namespace="team-a"),
@@ -449,6 +455,25 @@ def test_the_pool_publisher_touches_only_our_extended_resource_class(
                 Access("create", "deviceclasses", R),
                 Access("delete", "deviceclasses", R, name="composable-gpu-extended"),
             ],
+        )
+    }
+    wrong = wrong_access(kube_json, namespace, rel, expected)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_without_label_nodes_the_pool_publisher_writes_no_node(
+    kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    """poolPublisher.labelNodes false: no write to Nodes at all (it only reads them)."""
+    rel = f"r{unique}"
+    values = {"poolPublisher": {"labelNodes": False}}
+    for obj in chart.render(release=rel, namespace=namespace, values=values):
+        if obj["kind"] in RBAC_KINDS:
+            release.create(obj)
+    expected = {
+        "pool-publisher": (
+            [Access("watch", "nodes"), Access("create", "resourceslices", R)],
+            [Access("patch", "nodes"), Access("update", "nodes"), Access("create", "nodes")],
         )
     }
     wrong = wrong_access(kube_json, namespace, rel, expected)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from composable_dra.k8s.kube import JSON, Kube, path
+from pool_publisher.node_labels import own_label
 from testbed import chart_cluster as cc
 from testbed import examples
 from testbed.cluster_view import CR_API
@@ -58,6 +59,16 @@ def fabric_nodes(
     uuids = cc.host_uuids(HOSTS)
     with started_nodes(sa_control_plane, node_bin_dir, short_tmp, names_, archive, uuids) as made:
         yield made
+
+
+def zone_1_selectors(kube: Kube) -> list[list[JSON]]:
+    """The match expressions of each term of zone-1's pool slices."""
+    return [
+        term["matchExpressions"]
+        for s in cc.pool_slices(kube)
+        if s["spec"]["pool"]["name"] == f"{cc.FABRIC}/zone-1"
+        for term in s["spec"]["nodeSelector"]["nodeSelectorTerms"]
+    ]
 
 
 def controller(kube: Kube, component: str) -> JSON:
@@ -107,6 +118,15 @@ def test_a_pool_gpu_is_attached_to_a_chart_installed_node_and_its_pod_runs(
     cp, nodes = sa_control_plane, fabric_nodes
     kube = Kube.from_config(str(cp.kubeconfig), user_agent="composable-dra/test-chart-pool")
     t0 = install(cp, kube, nodes, product_image)
+    # With the chart's RBAC the publisher labels the zone's nodes, and its pool selects by
+    # that one label (poolPublisher.labelNodes, the default).
+    want = [{"key": own_label(cc.FABRIC, "zone-1").key, "operator": "In", "values": ["true"]}]
+    wait_for(
+        lambda: (sel := zone_1_selectors(kube)) != [] and all(t == want for t in sel),
+        60,
+        "zone-1's pool selecting by the publisher's label",
+        describe=lambda: str(zone_1_selectors(kube)),
+    )
 
     # A GPU of the pool, attached through the fabric to whichever node the scheduler picks.
     examples.apply(kube, "pool-only", WORKLOADS, pod=lambda p: for_real_node(p, None, IMAGE))

@@ -24,6 +24,7 @@ from composable_dra.model import names
 from composable_dra.model.names import normalize_uuid
 from device_scaler.standby import STANDBY_LABEL
 from hack.bench.standby import Held
+from pool_publisher.node_labels import own_label
 from testbed import examples
 from testbed.crds import install_crds
 from testbed.realnode_pods import for_real_node
@@ -91,15 +92,9 @@ def free_standby(suite: Any, namespace: str) -> set[str]:
 
 
 def select_zone_by_label(suite: Any, pool: str) -> None:
-    """Label the zone's nodes, name the label on the Fabric, and wait for the pool to select
-    by it: the scaler then finds the zone's nodes through their labels."""
-    key = "fabric.e2e.example.com/zone-1"
-    for host in HOSTS:
-        node = path("v1", "nodes", suite.node_of(host))
-        suite.kube.merge_patch(node, {"metadata": {"labels": {key: "true"}}})
-    labels = {"zone-1": {"key": key}}
-    fabric = path(API_VERSION, "fabrics", suite.fabric)
-    suite.kube.merge_patch(fabric, {"spec": {"zoneNodeLabels": labels}})
+    """Wait for the pool to select its zone by the label the publisher puts on the zone's
+    nodes (its default): the scaler then finds the zone's nodes through their labels."""
+    key = own_label(suite.fabric, "zone-1").key
     want = [{"key": key, "operator": "In", "values": ["true"]}]
     wait_for(
         lambda: (
@@ -120,7 +115,14 @@ def select_zone_by_label(suite: Any, pool: str) -> None:
 def test_standby_gpus_serve_claims_locally_and_go_back_when_demand_falls(
     make_suite: MakeSuite, namespace: str, by_label: bool
 ) -> None:
-    suite = make_suite(hosts=HOSTS, real_hosts=HOSTS, topology=TOPOLOGY, no_removal=5.0)
+    # Hostnames: the publisher labels no node (the Fabric names no label either).
+    suite = make_suite(
+        hosts=HOSTS,
+        real_hosts=HOSTS,
+        topology=TOPOLOGY,
+        no_removal=5.0,
+        publisher_args=[] if by_label else ["--no-label-nodes"],
+    )
     policy = dict(example("Fabric")["spec"]["standby"])
     policy["windowSeconds"] = 90  # the demand falls within the test
     max_per_zone = int(policy["maxPerZone"])

@@ -395,6 +395,32 @@ def test_extra_args_follow_the_subcommand() -> None:
     assert args.index("--no-removal-duration=60") > args.index("scaler")
 
 
+def node_writers(objs: list[Obj]) -> dict[str, list[str]]:
+    """ClusterRole name -> the verbs beyond reading that it has on Nodes."""
+    out: dict[str, list[str]] = {}
+    for role in by_kind(objs, "ClusterRole"):
+        for rule in role.get("rules") or []:
+            if "" in rule.get("apiGroups", []) and "nodes" in rule.get("resources", []):
+                verbs = [v for v in rule["verbs"] if v not in ("get", "list", "watch")]
+                if verbs:
+                    out.setdefault(role["metadata"]["name"], []).extend(verbs)
+    return out
+
+
+def test_the_pool_publisher_labels_nodes_by_default_and_may_patch_them_only_then(
+    default: list[Obj],
+) -> None:
+    """poolPublisher.labelNodes: the flag, and patch on Nodes (no create: an apply to a
+    Node that is gone must not make one), for the publisher alone."""
+    args = container(one(default, "Deployment", "-pool-publisher"))["args"]
+    assert "--label-nodes" in args
+    writers = node_writers(default)
+    assert [(n.endswith("-pool-publisher"), v) for n, v in writers.items()] == [(True, ["patch"])]
+    off = chart.render(values={"poolPublisher": {"labelNodes": False}})
+    assert "--no-label-nodes" in container(one(off, "Deployment", "-pool-publisher"))["args"]
+    assert node_writers(off) == {}
+
+
 def test_admission_policy_names_the_plugin(default: list[Obj]) -> None:
     vap = one(default, "ValidatingAdmissionPolicy")
     sa = one(default, "ServiceAccount", "-plugin")["metadata"]["name"]
