@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any
 
-from composable_dra.process.component import add_common_arguments
+from composable_dra.process.component import add_common_arguments, env_switch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--await-host-release",
         action=argparse.BooleanOptionalAction,
-        default=env("AWAIT_HOST_RELEASE", "true").lower() not in {"0", "false", "no"},
+        default=env_switch("AWAIT_HOST_RELEASE"),
         help="before a detach, wait for the node's plugin to release the device on its "
         "host (HostReleased; docs/attach-flow.md). Default on; --no-await-host-release "
         "(env AWAIT_HOST_RELEASE=false) for plugins older than the release step, which "

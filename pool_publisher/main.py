@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from composable_dra.process.component import add_common_arguments, run_controller
+from composable_dra.process.component import add_common_arguments, env_switch, run_controller
 from pool_publisher.window import AUTO
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
@@ -42,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label-nodes",
         action=argparse.BooleanOptionalAction,
-        default=os.environ.get("LABEL_NODES", "true").lower() not in {"0", "false", "no"},
+        default=env_switch("LABEL_NODES"),
         help="label each zone's Nodes <fabric>.zone.composable.dra.io/<zone>=true (needs "
         "patch on nodes), so that a pool selects its zone by that one label, not a list of "
         "hostnames that kube-scheduler parses for every node. Default on; "

@@ -439,7 +439,7 @@ def _serve_direct(worker: _Worker, session: Session) -> bool:
                 # read tried first fails (EAGAIN, an exception) on nearly every sequential
                 # call, since the client has only just got its reply.
                 events = poller.poll(int(STATS_INTERVAL * 1000))
-            if events and (len(events) > 1 or events[0][0] != sock_fd) and _stop_asked(conn):
+            if any(fd != sock_fd for fd, _ in events) and _stop_asked(conn):
                 stop = True
                 break
             if events:

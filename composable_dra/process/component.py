@@ -27,6 +27,13 @@ class Controller(Protocol):
     def stop(self) -> None: ...
 
 
+def env_switch(name: str, default: bool = True) -> bool:
+    """A switch flag's default from the environment variable ``name``: off for 0, false
+    or no (any case), else on; unset, ``default``."""
+    value = os.environ.get(name)
+    return default if value is None else value.lower() not in {"0", "false", "no"}
+
+
 def add_common_arguments(p: argparse.ArgumentParser, lease: str, metrics_port: int = 0) -> None:
     """The flags of a leader-elected cluster controller: API access, the driver's name,
     leader election, metrics (on ``metrics_port`` unless METRICS_PORT names one)."""
