@@ -2,8 +2,9 @@
 
 Two unix sockets, as the kubelet expects: ``<plugins_registry_dir>/<driver>-reg.sock``
 (Registration) and ``<plugins_dir>/<driver>/dra.sock`` (DRAPlugin v1 and v1beta1, plus
-grpc.health.v1 for the liveness probe). Stale socket files are replaced on start and both
-are removed on stop.
+grpc.health.v1). Stale socket files are replaced on start and both are removed on stop.
+The probes' health on TCP says SERVING only once the kubelet has registered the plugin:
+a rolling update then removes the old instance only after the kubelet can call the new.
 
 For a rolling update both names carry the plugin pod's UID, as the upstream helper's
 ``RollingUpdate`` option names them (``<driver>-<uid>-reg.sock``, ``dra-<uid>.sock``): the
@@ -38,6 +39,8 @@ from dra_driver.prepare import Preparer, PrepareResult
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 PLUGIN_TYPE = "DRAPlugin"
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # A pod UID as the API server generates it; anything else would reach a file name.
@@ -68,8 +71,14 @@ def service_socket(plugins_dir: Path, driver: str, uid: str = "") -> Path:
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: Path, services: Sequence[str] = ()) -> None:
-        self.driver, self.endpoint = driver, endpoint
+    def __init__(
+        self,
+        driver: str,
+        endpoint: Path,
+        services: Sequence[str] = (),
+        probe: health.HealthServicer | None = None,
+    ) -> None:
+        self.driver, self.endpoint, self._probe = driver, endpoint, probe
         # The kubelet opens the health stream only for a service listed here.
         self.versions = [*SUPPORTED_VERSIONS, *services]
         self.registered: bool | None = None
@@ -87,6 +96,8 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self, request: reg.RegistrationStatus, context: Any
     ) -> reg.RegistrationStatusResponse:
         self.registered = request.plugin_registered
+        if self._probe is not None:
+            self._probe.set("", _SERVING if request.plugin_registered else _NOT_SERVING)
         if request.plugin_registered:
             self._log.info("registered with the kubelet", driver=self.driver)
         else:
@@ -202,9 +213,12 @@ class PluginServer:
         )
         self.service_path = service_socket(plugins_dir, driver, rolling_update_uid)
         services = health_stream.SERVICES if health_feed is not None else []
-        self.registration = RegistrationServicer(driver, self.service_path, services)
-        self._feed = health_feed
         self.health = health.HealthServicer()
+        # What the kubelet's probes read (on TCP): not serving until registered.
+        self.probe = health.HealthServicer()
+        self.probe.set("", _NOT_SERVING)
+        self.registration = RegistrationServicer(driver, self.service_path, services, self.probe)
+        self._feed = health_feed
         self._service = grpc.server(futures.ThreadPoolExecutor(max_workers=_SERVICE_WORKERS))
         v1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1), self._service)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DRAServicer(preparer, v1beta1), self._service)
@@ -224,13 +238,13 @@ class PluginServer:
         self._service.start()
         if self._health_port:
             self._health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            health_pb2_grpc.add_HealthServicer_to_server(self.probe, self._health_server)
             self.bound_health_port = self._health_server.add_insecure_port(
                 f"0.0.0.0:{self._health_port}"
             )
             self._health_server.start()
         for name in ("", "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(name, _SERVING)
         # Register last: the kubelet connects to the service as soon as it sees us.
         _bind_unix(self._registrar, self.registration_path)
         self._registrar.start()
@@ -242,6 +256,7 @@ class PluginServer:
 
     def stop(self, grace: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
+        self.probe.enter_graceful_shutdown()
         if self._feed is not None:
             self._feed.stop()  # the kubelet's stream ends now, not at its next resend
         self._registrar.stop(grace).wait()

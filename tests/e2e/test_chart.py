@@ -696,6 +696,82 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(
     assert rbac.value.status == 403 and "may write only" not in rbac.value.message
 
 
+def test_admission_policy_keeps_the_pool_publisher_to_its_zone_labels(
+    control_plane: ControlPlane, kube_json: Kube, release: Release, namespace: str, unique: str
+) -> None:
+    """RBAC lets the publisher patch any field of any Node; the policy leaves it its own
+    zone labels (pool_publisher/node_labels.py) and nothing else."""
+    rel = f"r{unique}"
+    objs = chart.render(release=rel, namespace=namespace)
+    publisher_sa = f"{rel}-composable-dra-pool-publisher"
+    for obj in objs:
+        if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == publisher_sa:
+            release.create(obj)
+    for obj in objs:
+        if obj["kind"].startswith("ValidatingAdmissionPolicy") and "zone-labels" in str(
+            obj["metadata"]["name"]
+        ):
+            release.create(obj)
+    node = f"zl-{unique}"
+    node_path = path("v1", "nodes", node)
+    kube_json.create(path("v1", "nodes"), {"metadata": {"name": node, "labels": {"site": "lab"}}})
+    release.created.insert(0, node_path)  # deleted last: after the policy
+    publisher = impersonating(
+        control_plane, f"system:serviceaccount:{namespace}:{publisher_sa}", None
+    )
+    message = "the pool publisher may change only its zone labels"
+
+    def other_label_refused() -> bool:
+        try:
+            publisher.merge_patch(node_path, {"metadata": {"labels": {"site": "moved"}}})
+        except KubeError as exc:
+            if exc.status == 403 and message in exc.message:
+                return True
+            raise
+        kube_json.merge_patch(node_path, {"metadata": {"labels": {"site": "lab"}}})
+        return False
+
+    # The policy takes effect a moment after it is created.
+    policy = path(
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        f"{rel}-composable-dra-pool-publisher-zone-labels",
+    )
+    wait_for(
+        other_label_refused,
+        30,
+        "the admission policy to refuse another label",
+        describe=lambda: str(kube_json.get(policy).get("status")),
+    )
+
+    # Its own zone labels: added, changed and removed, by server-side apply as it writes.
+    own = "f1.zone.composable.dra.io/z1"
+    publisher.apply(
+        node_path,
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {own: "true"}}},
+        "composable-dra-pool-publisher",
+    )
+    assert kube_json.get(node_path)["metadata"]["labels"] == {"site": "lab", own: "true"}
+    publisher.merge_patch(node_path, {"metadata": {"labels": {own: None}}})
+    assert kube_json.get(node_path)["metadata"]["labels"] == {"site": "lab"}
+
+    # Anything else: another label added or removed, the spec, an annotation, a new Node,
+    # a deletion.
+    refused(lambda: publisher.merge_patch(node_path, {"metadata": {"labels": {"x": "y"}}}), message)
+    refused(
+        lambda: publisher.merge_patch(node_path, {"metadata": {"labels": {"site": None}}}), message
+    )
+    refused(lambda: publisher.merge_patch(node_path, {"spec": {"unschedulable": True}}), message)
+    refused(
+        lambda: publisher.merge_patch(node_path, {"metadata": {"annotations": {"a": "b"}}}), message
+    )
+    refused(lambda: publisher.delete(node_path), "")
+    got = kube_json.get(node_path)
+    assert got["metadata"]["labels"] == {"site": "lab"}
+    assert not got["spec"].get("unschedulable")
+    assert "a" not in got["metadata"].get("annotations", {})
+
+
 # -- examples ---------------------------------------------------------------------------------
 
 EXAMPLES = ["prefer-local-fallback-pool", "pool-only", "two-gpus", "shared-claim"]

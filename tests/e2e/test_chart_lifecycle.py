@@ -112,6 +112,14 @@ def wait_installed(kube: Kube, node: RealNode) -> dict[str, str]:
     return held
 
 
+@pytest.fixture(autouse=True)
+def no_release_left(sa_control_plane: ControlPlane) -> Iterator[None]:
+    """Each test installs afresh: one that failed midway leaves no release behind it (its
+    own uninstall, the scenario's end, makes this a no-op otherwise)."""
+    yield
+    helm(sa_control_plane, "uninstall", "--ignore-not-found", "--no-hooks")
+
+
 @pytest.fixture
 def work(sa_control_plane: ControlPlane) -> Iterator[str]:
     """A namespace for the test's pods, deleted afterwards."""
@@ -337,6 +345,19 @@ def test_helm_upgrade_rolls_the_plugin_seamlessly_and_hands_leadership_over(
     print("\n".join(registrations[-6:]))
     assert any(old_uid in line for line in registrations)
     assert any(new_uid in line for line in registrations)
+    # The old pod went only after the kubelet had registered the new one (the probes'
+    # health says serving once registered): no prepare found the old socket gone.
+    new_registered = next(
+        i
+        for i, line in enumerate(registrations)
+        if "RegisterPlugin started" in line and new_uid in line
+    )
+    old_removed = next(
+        i
+        for i, line in enumerate(registrations)
+        if "Removing socket path" in line and old_uid in line
+    )
+    assert new_registered < old_removed, "\n".join(registrations)
     new_log = node.container_log(NAMESPACE, new_plugin["metadata"]["name"], "plugin")
     assert "registered with the kubelet" in new_log
     assert f'"claim": "{work}/after"' in new_log or f'"claim":"{work}/after"' in new_log, new_log[

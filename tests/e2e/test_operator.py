@@ -411,12 +411,17 @@ def test_fabric_status_and_orphan_detach(bed: Bed) -> None:
 
 
 def test_the_operator_exits_at_once_on_sigterm(
-    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path
+    kube_json: Kube, control_plane: ControlPlane, short_tmp: Path, unique: str
 ) -> None:
     # kopf gives a task still pending at its exit 5 s before cancelling it; the waiter on
     # the operator's stop flag was one until the flag was raised on cleanup. A rolling
-    # update or a suite's teardown waited those 5 s at every stop.
+    # update or a suite's teardown waited those 5 s at every stop. The signal comes once
+    # the operator is past its startup (a resource it watches carries its finalizer): a
+    # signal during startup's API discovery still waits kopf's 5 s for the discovery's
+    # retries, which only cancellation ends.
     install_crds(kube_json)
+    name = f"sigterm-{unique}"
+    create_resource(kube_json, name, "no-such-fabric", "block-0", "no-such-node")
     operator = ComponentProcess(
         "operator",
         [f"--kubeconfig={control_plane.kubeconfig}", "--no-leader-elect", "--metrics-port=0"],
@@ -424,12 +429,14 @@ def test_the_operator_exits_at_once_on_sigterm(
     ).start()
     try:
         wait_for(
-            lambda: any(
-                "configure" in str(e.get("event")) and "succeeded" in str(e.get("event"))
-                for e in operator.log_events()
+            lambda: (
+                names.FINALIZER
+                in kube_json.get(path(API_VERSION, "composableresources", name))["metadata"].get(
+                    "finalizers", []
+                )
             ),
             60,
-            "the operator's startup",
+            "the operator's finalizer on a resource it watches",
             describe=operator.log_tail,
         )
         assert operator.proc is not None
@@ -439,5 +446,10 @@ def test_the_operator_exits_at_once_on_sigterm(
         took = time.monotonic() - start
     finally:
         operator.stop()
+        # The operator is gone: its finalizer goes by hand, or the resource stays.
+        kube_json.merge_patch(
+            path(API_VERSION, "composableresources", name), {"metadata": {"finalizers": None}}
+        )
+        kube_json.delete(path(API_VERSION, "composableresources", name))
     assert took < 5, f"{took:.1f} s from SIGTERM to exit\n{operator.log_tail()}"
     assert any("SIGTERM" in str(e.get("event")) for e in operator.log_events())

@@ -421,18 +421,30 @@ def test_the_pool_publisher_labels_nodes_by_default_and_may_patch_them_only_then
     assert node_writers(off) == {}
 
 
-def test_admission_policy_names_the_plugin(default: list[Obj]) -> None:
-    vap = one(default, "ValidatingAdmissionPolicy")
-    sa = one(default, "ServiceAccount", "-plugin")["metadata"]["name"]
+@pytest.mark.parametrize(
+    ("component", "policy"), [("plugin", "-own-node"), ("pool-publisher", "-zone-labels")]
+)
+def test_admission_policy_names_its_component(
+    default: list[Obj], component: str, policy: str
+) -> None:
+    vap = one(default, "ValidatingAdmissionPolicy", policy)
+    sa = one(default, "ServiceAccount", f"-{component}")["metadata"]["name"]
     (cond,) = vap["spec"]["matchConditions"]
-    assert f"system:serviceaccount:composable-dra:{sa}" in cond["expression"]
-    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    assert f'"system:serviceaccount:composable-dra:{sa}"' in cond["expression"]
+    binding = one(default, "ValidatingAdmissionPolicyBinding", policy)
     assert binding["spec"] == {
         "policyName": vap["metadata"]["name"],
         "validationActions": ["Deny"],
     }
     off = chart.render(values={"admissionPolicy": {"enabled": False}})
     assert not by_kind(off, "ValidatingAdmissionPolicy")
+
+
+def test_the_zone_label_policy_comes_and_goes_with_label_nodes() -> None:
+    off = chart.render(values={"poolPublisher": {"labelNodes": False}})
+    assert [p["metadata"]["name"] for p in by_kind(off, "ValidatingAdmissionPolicy")] == [
+        "cdra-composable-dra-plugin-own-node"
+    ]
 
 
 def test_kind_values_render() -> None:

@@ -161,7 +161,7 @@ def test_health(plugin: Plugin) -> None:
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_health_on_tcp_carries_no_dra(short_tmp: Path) -> None:
+def test_health_on_tcp_serves_once_registered_and_carries_no_dra(short_tmp: Path) -> None:
     p = Plugin(short_tmp)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -174,8 +174,22 @@ def test_health_on_tcp_carries_no_dra(short_tmp: Path) -> None:
     ch = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
         assert server.bound_health_port == port
-        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        probe = health_pb2_grpc.HealthStub(ch)
+        # The probes see the plugin serving only once the kubelet has registered it: a
+        # rolling update's old instance goes only when the kubelet can call the new one.
+        resp = probe.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        registrar = reg_grpc.RegistrationStub(p.channel(server.registration_path))
+        registrar.NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+        resp = probe.Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        registrar.NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="refused"), timeout=5
+        )
+        resp = probe.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as err:
             v1_grpc.DRAPluginStub(ch).NodePrepareResources(
                 v1.NodePrepareResourcesRequest(), timeout=5
