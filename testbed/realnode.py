@@ -662,9 +662,14 @@ class RealNode:
             "/var/lib/kubelet": f"'{self.kubelet_root}'",
             "/var/run/cdi": f"'{self.cdi_dir}'",
         }
+        # The kubelet's root a shared mount already: else the kubelet bind-mounts it over
+        # itself at start, while another of its goroutines renames its pods-API socket
+        # there (v1.37), and a rename across the two mounts fails (EXDEV), leaving the node
+        # unregistered.
         script = (
             f"set -e; mkdir -p {' '.join(binds)}; "
             + "".join(f"mount --bind {src} {target}; " for target, src in binds.items())
+            + "mount --make-rshared /var/lib/kubelet; "
             + f'{machine_id}touch "$2"; exec sleep infinity'
         )
         log = self.logs_dir / "namespace.log"
