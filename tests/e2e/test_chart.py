@@ -562,6 +562,20 @@ def _slice(name: str, pool: str, where: JSON, devices: list[JSON]) -> JSON:
     }
 
 
+def create_policy(release: Release, rel: str, component: str, policy: str) -> str:
+    """The chart's (release ``rel``) ServiceAccount and RBAC of ``component`` and its
+    admission policy named ``*policy``, created; the ServiceAccount's user name."""
+    objs = chart.render(release=rel, namespace=release.namespace)
+    account = f"{rel}-composable-dra-{component}"
+    for obj in objs:
+        name = str(obj["metadata"]["name"])
+        if (obj["kind"] in RBAC_KINDS and name == account) or (
+            obj["kind"].startswith("ValidatingAdmissionPolicy") and name.endswith(policy)
+        ):
+            release.create(obj)
+    return f"system:serviceaccount:{release.namespace}:{account}"
+
+
 def refused(action: Callable[[], object], message: str) -> KubeError:
     with pytest.raises(KubeError) as err:
         action()
@@ -580,16 +594,7 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node(
     unique: str,
 ) -> None:
     rel = f"r{unique}"
-    objs = chart.render(release=rel, namespace=namespace)
-    plugin_sa = f"{rel}-composable-dra-plugin"
-    for obj in objs:
-        if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == plugin_sa:
-            release.create(obj)
-    for obj in objs:
-        if obj["kind"].startswith("ValidatingAdmissionPolicy"):
-            release.create(obj)
-
-    user = f"system:serviceaccount:{namespace}:{plugin_sa}"
+    user = create_policy(release, rel, "plugin", "-own-node")
     node_a, node_b = f"node-a-{unique}", f"node-b-{unique}"
     plugin_a = impersonating(control_plane, user, node_a)
     slices = path("resource.k8s.io/v1", "resourceslices")
@@ -702,23 +707,12 @@ def test_admission_policy_keeps_the_pool_publisher_to_its_zone_labels(
     """RBAC lets the publisher patch any field of any Node; the policy leaves it its own
     zone labels (pool_publisher/node_labels.py) and nothing else."""
     rel = f"r{unique}"
-    objs = chart.render(release=rel, namespace=namespace)
-    publisher_sa = f"{rel}-composable-dra-pool-publisher"
-    for obj in objs:
-        if obj["kind"] in RBAC_KINDS and obj["metadata"]["name"] == publisher_sa:
-            release.create(obj)
-    for obj in objs:
-        if obj["kind"].startswith("ValidatingAdmissionPolicy") and "zone-labels" in str(
-            obj["metadata"]["name"]
-        ):
-            release.create(obj)
+    user = create_policy(release, rel, "pool-publisher", "-zone-labels")
     node = f"zl-{unique}"
     node_path = path("v1", "nodes", node)
     kube_json.create(path("v1", "nodes"), {"metadata": {"name": node, "labels": {"site": "lab"}}})
     release.created.insert(0, node_path)  # deleted last: after the policy
-    publisher = impersonating(
-        control_plane, f"system:serviceaccount:{namespace}:{publisher_sa}", None
-    )
+    publisher = impersonating(control_plane, user, None)
     message = "the pool publisher may change only its zone labels"
 
     def other_label_refused() -> bool:
