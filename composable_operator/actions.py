@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api.v1alpha1 import ComposableResourceSpec
-from composable_dra.fabric.backend import FabricError
+from composable_dra.fabric.errors import FabricError
 from composable_dra.k8s.conditions import find
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names

@@ -15,14 +15,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from composable_dra.fabric.backend import (
-    FabricBackend,
-    FabricError,
-    Operation,
-    OperationFailedError,
-    TransientError,
-)
-from composable_dra.fabric.backend import NotFoundError as FabricNotFoundError
+from composable_dra.fabric.backend import FabricBackend, Operation
+from composable_dra.fabric.errors import FabricError, OperationFailedError, TransientError
+from composable_dra.fabric.errors import NotFoundError as FabricNotFoundError
 from composable_dra.k8s.kube import JSON, NotFound
 from composable_dra.process import logs
 from composable_operator.reconcile import AttachRecord, CallState

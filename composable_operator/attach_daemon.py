@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra.fabric.backend import Device, FabricBackend, FabricError, Operation
+from composable_dra.fabric.backend import Device, FabricBackend, Operation
+from composable_dra.fabric.errors import FabricError
 from composable_dra.fabric.registry import FabricConfigError, condition_status
 from composable_dra.k8s.kube import NotFound
 from composable_dra.model import names

@@ -23,7 +23,8 @@ from api.v1alpha1 import (
     ComposabilityRequestSpec,
     ComposableResourceSpec,
 )
-from composable_dra.fabric.backend import FabricError, Inventory
+from composable_dra.fabric.backend import Inventory
+from composable_dra.fabric.errors import FabricError
 from composable_dra.fabric.registry import FabricConfigError, Fabrics
 from composable_dra.k8s.kube import JSON, Conflict, Kube, path
 from composable_dra.model import names

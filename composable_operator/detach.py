@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import ComposableResourceSpec, FabricSpec
-from composable_dra.fabric.backend import FabricBackend, FabricError, OperationFailedError
+from composable_dra.fabric.backend import FabricBackend
+from composable_dra.fabric.errors import FabricError, OperationFailedError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError, Fabrics
 from composable_dra.k8s.conditions import find
 from composable_dra.k8s.kube import JSON

@@ -28,7 +28,8 @@ from typing import Any
 import kopf
 
 from api.v1alpha1 import API_VERSION, GROUP, VERSION, FabricSpec
-from composable_dra.fabric.backend import FabricError, Inventory
+from composable_dra.fabric.backend import Inventory
+from composable_dra.fabric.errors import FabricError
 from composable_dra.fabric.registry import FabricConfigError, Fabrics
 from composable_dra.k8s.kube import JSON, Conflict, Kube, path
 from composable_dra.k8s.timestamps import now_rfc3339

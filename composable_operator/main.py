@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any
 
-from composable_dra.process.component import add_common_arguments, env_switch
+from composable_dra.process.component import add_common_arguments, add_switch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,10 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a detach waits for the node's plugin to drop the detached device "
         "from its slice before it untaints it anyway (a Warning event, StillListed)",
     )
-    p.add_argument(
+    add_switch(
+        p,
         "--await-host-release",
-        action=argparse.BooleanOptionalAction,
-        default=env_switch("AWAIT_HOST_RELEASE"),
+        "AWAIT_HOST_RELEASE",
         help="before a detach, wait for the node's plugin to release the device on its "
         "host (HostReleased; docs/attach-flow.md). Default on; --no-await-host-release "
         "(env AWAIT_HOST_RELEASE=false) for plugins older than the release step, which "

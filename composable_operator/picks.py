@@ -25,15 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.v1alpha1 import API_VERSION, ComposableResourceSpec
-from composable_dra.fabric.backend import (
-    Device,
-    DevicePicker,
-    FabricBackend,
-    FabricError,
-    Operation,
-    TransientError,
-    picker,
-)
+from composable_dra.fabric.backend import Device, DevicePicker, FabricBackend, Operation, picker
+from composable_dra.fabric.errors import FabricError, TransientError
 from composable_dra.fabric.slots import is_slot, recover_pick
 from composable_dra.k8s.kube import Kube, path
 from composable_dra.process import logs

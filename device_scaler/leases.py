@@ -165,12 +165,16 @@ def lending_donors(slices: Iterable[JSON], driver: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Open:
+    """Open a lease at the allocation's donor (the donor's lease API) for its claim."""
+
     alloc: RemoteAlloc
     reopen: bool = False  # the donor restarted and lost the ready lease: open it again
 
 
 @dataclass(frozen=True)
 class Fail:
+    """Mark the allocation's device RemoteGPUFailed on its claim, with ``reason``."""
+
     alloc: RemoteAlloc
     reason: str
     message: str
@@ -178,6 +182,8 @@ class Fail:
 
 @dataclass(frozen=True)
 class Close:
+    """Close ``lease`` at ``donor``, for the reason ``why`` (logged)."""
+
     donor: str
     lease: int
     why: str

@@ -237,19 +237,27 @@ class Emulator:
         app = web.Application(middlewares=[self._middleware], client_max_size=limits.MAX_BODY)
         app.router.add_route("*", "/redfish", self._redfish)
         app.router.add_route("*", "/redfish/{tail:.*}", self._redfish)
-        app.router.add_get("/admin/faults", self._admin_faults_get)
-        app.router.add_post("/admin/faults", self._admin_faults_post)
-        app.router.add_put("/admin/faults", self._admin_faults_put)
-        app.router.add_delete("/admin/faults", self._admin_faults_clear)
-        app.router.add_delete("/admin/faults/{id}", self._admin_faults_delete)
-        app.router.add_get("/admin/config", self._admin_config_get)
-        app.router.add_route("PATCH", "/admin/config", self._admin_config_patch)
-        app.router.add_put("/admin/config", self._admin_config_patch)
-        app.router.add_get("/admin/state", self._admin_state)
-        app.router.add_post("/admin/reset", self._admin_reset)
-        app.router.add_get("/admin/healthz", self._admin_healthz)
-        app.router.add_put("/admin/blocks/{id}/status", self._admin_block_status)
-        app.router.add_delete("/admin/blocks/{id}/status", self._admin_block_status)
+        # The test-only admin API behind the admin token: each resource and its verbs.
+        admin: dict[str, dict[str, Handler]] = {
+            "faults": {
+                "GET": self._admin_faults_get,
+                "POST": self._admin_faults_post,
+                "PUT": self._admin_faults_put,
+                "DELETE": self._admin_faults_clear,
+            },
+            "faults/{id}": {"DELETE": self._admin_faults_delete},
+            "config": {
+                "GET": self._admin_config_get,
+                **dict.fromkeys(("PATCH", "PUT"), self._admin_config_patch),
+            },
+            "state": {"GET": self._admin_state},
+            "reset": {"POST": self._admin_reset},
+            "healthz": {"GET": self._admin_healthz},
+            "blocks/{id}/status": dict.fromkeys(("PUT", "DELETE"), self._admin_block_status),
+        }
+        for tail, verbs in admin.items():
+            for method, handler in verbs.items():
+                app.router.add_route(method, f"/admin/{tail}", handler)
         return app
 
     @web.middleware

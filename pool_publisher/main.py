@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from composable_dra.process.component import add_common_arguments, env_switch, run_controller
+from composable_dra.process.component import add_common_arguments, add_switch, run_controller
 from pool_publisher.window import AUTO
 
 SLICE_LIMIT = 128  # devices in one ResourceSlice (resource.k8s.io/v1)
@@ -38,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the pending claims' share of each pool plus a margin, at least 8), "
         "0 (every free device) or a fixed number; the scheduler's time per pod grows with it",
     )
-    p.add_argument(
+    add_switch(
+        p,
         "--label-nodes",
-        action=argparse.BooleanOptionalAction,
-        default=env_switch("LABEL_NODES"),
+        "LABEL_NODES",
         help="label each zone's Nodes <fabric>.zone.composable.dra.io/<zone>=true (needs "
         "patch on nodes), so that a pool selects its zone by that one label, not a list of "
         "hostnames that kube-scheduler parses for every node. Default on; "

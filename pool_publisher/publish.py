@@ -27,7 +27,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.v1alpha1 import API_VERSION, FabricSpec, NodeMapping, VendorDriver
-from composable_dra.fabric.backend import Device, FabricError, Inventory
+from composable_dra.fabric.backend import Device, Inventory
+from composable_dra.fabric.errors import FabricError
 from composable_dra.fabric.registry import (
     FabricConfigError,
     Fabrics,

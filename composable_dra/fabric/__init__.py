@@ -1,8 +1,9 @@
 """Fabric managers behind one seam, for the operator, the pool publisher, the scaler's
 pool slots and the plugin's Redfish device source.
 
-- ``backend``: the seam (the ``FabricBackend`` protocol, typed errors, inventory records);
-  ``registry`` turns the cluster's Fabric resources into backends;
+- ``backend``: the seam (the ``FabricBackend`` protocol, inventory records); ``errors``:
+  the typed errors a backend raises; ``registry`` turns the cluster's Fabric resources
+  into backends;
 - ``redfish`` and ``redfish_zones``: the Redfish implementations; ``members`` reads a
   (paged) Redfish collection;
 - ``fsas`` and ``fsas_answers``: the Fsas fabric manager's backend and its answers;

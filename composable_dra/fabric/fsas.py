@@ -39,25 +39,21 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
-from composable_dra.fabric.backend import (
+from composable_dra.fabric.backend import Device, Host, Inventory, Operation, OperationStatus
+from composable_dra.fabric.connection import DEFAULT, Connection
+from composable_dra.fabric.errors import (
     AuthError,
     BadAnswerError,
-    Device,
     FabricError,
-    Host,
-    Inventory,
     NotFoundError,
-    Operation,
     OperationFailedError,
-    OperationStatus,
     TransientError,
 )
-from composable_dra.fabric.connection import DEFAULT, Connection
 from composable_dra.fabric.fsas_answers import (
     GPU,
     device_of,
@@ -95,15 +91,13 @@ def segment(value: str, what: str) -> str:
 
 @dataclass(frozen=True)
 class FsasCredentials:
-    """The Fabric's credentials Secret: the ID manager's client and its user."""
+    """The Fabric's credentials Secret: the ID manager's client and its user. The two
+    secrets stay out of its repr, so a traceback's locals never print them."""
 
     client_id: str
-    client_secret: str
+    client_secret: str = field(repr=False)
     username: str = ""
-    password: str = ""
-
-    def __repr__(self) -> str:  # never print a secret, even in a traceback's locals
-        return f"FsasCredentials(client_id={self.client_id!r}, ...)"
+    password: str = field(default="", repr=False)
 
     def form(self) -> dict[str, str]:
         """The token request: the password grant when a user is given (as the FM's

@@ -17,16 +17,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from api.v1alpha1 import DEVICE_ID
-from composable_dra.fabric.backend import (
+from composable_dra.fabric.backend import Device, Zone
+from composable_dra.fabric.errors import (
     AuthError,
     BadAnswerError,
-    Device,
     FabricError,
     InsufficientError,
     InUseError,
     NotFoundError,
     OperationFailedError,
-    Zone,
 )
 from composable_dra.fabric.health import fsas_fault
 from composable_dra.fabric.http_answer import parse_json

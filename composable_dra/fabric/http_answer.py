@@ -19,7 +19,7 @@ import requests
 import urllib3
 
 from composable_dra.fabric import bounded_json
-from composable_dra.fabric.backend import BadAnswerError, TransientError
+from composable_dra.fabric.errors import BadAnswerError, TransientError
 
 MAX_ANSWER = 16 << 20  # bytes; an FM's machine list of thousands of GPUs is a few MiB
 MAX_DEPTH = 64  # the deepest answer a fabric API gives is under 10 levels

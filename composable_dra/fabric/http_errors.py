@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from composable_dra.fabric.backend import (
+from composable_dra.fabric.errors import (
     AuthError,
     BusyError,
     FabricError,

@@ -32,23 +32,25 @@ from requests.adapters import HTTPAdapter
 from api.v1alpha1 import DEVICE_ID
 from composable_dra.fabric import members
 from composable_dra.fabric.backend import (
-    AuthError,
-    BusyError,
     Device,
     DeviceState,
-    FabricError,
     Host,
-    InsufficientError,
-    InUseError,
     Inventory,
-    NotFoundError,
     Operation,
-    OperationFailedError,
     OperationStatus,
-    TransientError,
     Zone,
 )
 from composable_dra.fabric.connection import DEFAULT, Connection
+from composable_dra.fabric.errors import (
+    AuthError,
+    BusyError,
+    FabricError,
+    InsufficientError,
+    InUseError,
+    NotFoundError,
+    OperationFailedError,
+    TransientError,
+)
 from composable_dra.fabric.health import redfish_fault
 from composable_dra.fabric.http_errors import Codes, answer_error
 from composable_dra.fabric.relogin import once_more_after_401

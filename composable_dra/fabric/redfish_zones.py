@@ -13,7 +13,8 @@ re-reads and decides again.
 
 from __future__ import annotations
 
-from composable_dra.fabric.backend import BusyError, Operation, OperationFailedError
+from composable_dra.fabric.backend import Operation
+from composable_dra.fabric.errors import BusyError, OperationFailedError
 from composable_dra.fabric.redfish import (
     ROOT,
     RedfishCompositionBackend,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from composable_dra.fabric.backend import AuthError
+from composable_dra.fabric.errors import AuthError
 
 A = TypeVar("A")  # what a request answers
 C = TypeVar("C")  # the credential it went with

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
-from composable_dra.fabric.backend import BadAnswerError
+from composable_dra.fabric.errors import BadAnswerError
 from composable_dra.k8s.retry import MAX_OWN_WAIT
 
 ABSURD = 86_400.0  # seconds; no fabric manager is busy for longer than a day

@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -44,17 +45,28 @@ def lead(
     ``release`` at a clean stop (None without election)."""
     held = None
     if args.leader_elect:
-        held = acquire(
-            args.leader_elect_lease,
-            args.leader_elect_namespace,
-            lost,
-            lease_duration=args.leader_elect_lease_duration,
-            renew_deadline=args.leader_elect_renew_deadline,
-            retry_period=args.leader_elect_retry_period,
-            api=api,
-        )
+        timings = Timings.from_args(args)
+        held = acquire(args.leader_elect_lease, args.leader_elect_namespace, lost, timings, api=api)
     mark(args.leader_elect_lease, not lost.is_set())
     return held
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The elector's seconds (client-go's LeaseDuration, RenewDeadline, RetryPeriod)."""
+
+    lease_duration: int = 15
+    renew_deadline: int = 10
+    retry_period: int = 2
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Timings:
+        """From the ``--leader-elect-*`` flags (``process.component.add_common_arguments``)."""
+        return cls(
+            args.leader_elect_lease_duration,
+            args.leader_elect_renew_deadline,
+            args.leader_elect_retry_period,
+        )
 
 
 def default_identity() -> str:
@@ -136,10 +148,8 @@ def acquire(
     lease: str,
     namespace: str,
     lost: threading.Event,
+    timings: Timings = Timings(),
     identity: str | None = None,
-    lease_duration: int = 15,
-    renew_deadline: int = 10,
-    retry_period: int = 2,
     api: client.ApiClient | None = None,
 ) -> Releasable:
     """Block until this process leads; set ``lost`` if it stops leading later. Returns
@@ -167,9 +177,9 @@ def acquire(
     lock = Releasable(lease_lock(lease, namespace, me, api))
     config = electionconfig.Config(
         lock,
-        lease_duration=lease_duration,
-        renew_deadline=renew_deadline,
-        retry_period=retry_period,
+        lease_duration=timings.lease_duration,
+        renew_deadline=timings.renew_deadline,
+        retry_period=timings.retry_period,
         onstarted_leading=started,
         onstopped_leading=stopped,
     )

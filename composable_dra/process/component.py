@@ -34,6 +34,12 @@ def env_switch(name: str, default: bool = True) -> bool:
     return default if value is None else value.lower() not in {"0", "false", "no"}
 
 
+def add_switch(p: argparse.ArgumentParser, flag: str, env: str, help: str) -> None:
+    """A ``--flag``/``--no-flag`` switch, on unless the chart's environment variable
+    ``env`` turns it off (``env_switch``)."""
+    p.add_argument(flag, action=argparse.BooleanOptionalAction, default=env_switch(env), help=help)
+
+
 def add_common_arguments(p: argparse.ArgumentParser, lease: str, metrics_port: int = 0) -> None:
     """The flags of a leader-elected cluster controller: API access, the driver's name,
     leader election, metrics (on ``metrics_port`` unless METRICS_PORT names one)."""

@@ -10,6 +10,8 @@ from composable_dra.k8s.kube import JSON
 
 @dataclass(frozen=True)
 class CreateResource:
+    """Create a ComposableResource: the operator attaches ``device`` for ``claim``."""
+
     name: str
     body: JSON
     claim: ClaimRef | None  # None: a warm standby GPU
@@ -18,6 +20,8 @@ class CreateResource:
 
 @dataclass(frozen=True)
 class SetDeviceStatus:
+    """Write the claim's ``status.devices`` entries: its pool devices' conditions."""
+
     claim: ClaimRef
     entries: list[JSON]
     ready: list[tuple[str, float | None]] = field(default_factory=list)  # device, since alloc
@@ -48,6 +52,8 @@ class PatchResource(ResourceChange):
 
 @dataclass(frozen=True)
 class Quarantine:
+    """Taint a pool device whose attach failed NoSchedule (a DeviceTaintRule) ``until``."""
+
     pool: str
     device: str
     until: float
@@ -55,6 +61,8 @@ class Quarantine:
 
 @dataclass(frozen=True)
 class Unquarantine:
+    """Delete the quarantine DeviceTaintRule ``rule``: its time is up."""
+
     rule: str
 
 

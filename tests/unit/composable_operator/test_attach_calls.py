@@ -11,13 +11,8 @@ from typing import Any
 
 import pytest
 
-from composable_dra.fabric.backend import (
-    InUseError,
-    NotFoundError,
-    Operation,
-    OperationFailedError,
-    OperationStatus,
-)
+from composable_dra.fabric.backend import Operation, OperationStatus
+from composable_dra.fabric.errors import InUseError, NotFoundError, OperationFailedError
 from composable_dra.k8s.kube import JSON
 from composable_operator import attach_calls
 from composable_operator.attach_calls import AttachCall

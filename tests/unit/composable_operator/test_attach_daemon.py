@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import FabricSpec
-from composable_dra.fabric.backend import (
-    BusyError,
-    Device,
-    Host,
-    Inventory,
-    Operation,
-    OperationStatus,
-)
+from composable_dra.fabric.backend import Device, Host, Inventory, Operation, OperationStatus
+from composable_dra.fabric.errors import BusyError
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from composable_operator.actions import EventType

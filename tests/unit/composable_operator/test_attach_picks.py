@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from api.v1alpha1 import FabricSpec
-from composable_dra.fabric.backend import Device, Host, TransientError, picker
+from composable_dra.fabric.backend import Device, Host, picker
+from composable_dra.fabric.errors import TransientError
 from composable_dra.fabric.slots import slot_name
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from api.v1alpha1 import FabricSpec
-from composable_dra.fabric.backend import BusyError, Device, Host, Operation
+from composable_dra.fabric.backend import Device, Host, Operation
+from composable_dra.fabric.errors import BusyError
 from composable_dra.fabric.registry import FabricConfigError, FabricGoneError
 from composable_dra.k8s.kube import JSON, NotFound
 from composable_dra.model import names

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from api.v1alpha1 import FabricSpec, NodeMapping
-from composable_dra.fabric.backend import Device, FabricError, Host, Inventory
+from composable_dra.fabric.backend import Device, Host, Inventory
+from composable_dra.fabric.errors import FabricError
 from composable_dra.fabric.registry import host_nodes
 from composable_dra.k8s.kube import JSON
 from composable_operator.cluster_cache import Nodes, slim_node

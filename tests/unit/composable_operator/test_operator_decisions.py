@@ -9,6 +9,7 @@ import pytest
 
 from api.v1alpha1 import ComposabilityRequestSpec
 from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.redfish import error_for
 from composable_dra.fabric.retry_after import retry_after_seconds
 from composable_dra.model.sizing import desired_size
@@ -218,16 +219,16 @@ class TestRedfishErrors:
     @pytest.mark.parametrize(
         ("status", "message_id", "kind"),
         [
-            (409, "Composition.1.1.ResourceBlockInUse", b.InUseError),
-            (400, "Base.1.19.ResourceNotFound", b.NotFoundError),
-            (503, "Base.1.19.ServiceTemporarilyUnavailable", b.BusyError),
-            (500, "Base.1.19.InternalError", b.TransientError),
-            (401, "Base.1.19.NoValidSession", b.AuthError),
-            (400, "Base.1.19.PropertyValueNotInList", b.OperationFailedError),
+            (409, "Composition.1.1.ResourceBlockInUse", fe.InUseError),
+            (400, "Base.1.19.ResourceNotFound", fe.NotFoundError),
+            (503, "Base.1.19.ServiceTemporarilyUnavailable", fe.BusyError),
+            (500, "Base.1.19.InternalError", fe.TransientError),
+            (401, "Base.1.19.NoValidSession", fe.AuthError),
+            (400, "Base.1.19.PropertyValueNotInList", fe.OperationFailedError),
         ],
     )
     def test_status_and_message_ids_map_to_typed_errors(
-        self, status: int, message_id: str, kind: type[b.FabricError]
+        self, status: int, message_id: str, kind: type[fe.FabricError]
     ) -> None:
         assert type(error_for(status, self.body(message_id), {}, "op")) is kind
 
@@ -236,7 +237,7 @@ class TestRedfishErrors:
         assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
         assert retry_after_seconds(None, default=2.0) == 2.0
         err = error_for(503, {}, {"retry-after": "3"}, "op")
-        assert isinstance(err, b.BusyError) and err.retry_after == 3.0
+        assert isinstance(err, fe.BusyError) and err.retry_after == 3.0
 
     def test_uuids_compare_across_sources(self) -> None:
         assert b.normalize_uuid("GPU-ABC") == b.normalize_uuid("abc")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric import members
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from dra_driver.sources.redfish import RedfishCredentials, RedfishSource
@@ -243,7 +243,7 @@ def test_a_paging_defect_is_a_fabric_error(
 
     monkeypatch.setattr(backend, "_get", hostile)
     try:
-        with pytest.raises(b.FabricError, match="another service"):
+        with pytest.raises(fe.FabricError, match="another service"):
             backend.hosts()
     finally:
         backend.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from composable_dra.fabric.backend import AuthError
+from composable_dra.fabric.errors import AuthError
 from composable_dra.fabric.relogin import once_more_after_401
 
 

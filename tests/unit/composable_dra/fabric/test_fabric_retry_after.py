@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric import fsas_answers, redfish
 from composable_dra.fabric.retry_after import (
     ABSURD,
@@ -52,7 +52,7 @@ def test_waits_are_read_and_capped(value: str | None, wait: float) -> None:
     ["999999999", "9" * 400, "86401", "Fri, 01 Jan 9999 00:00:00 GMT"],
 )
 def test_a_wait_of_more_than_a_day_is_a_bad_answer(value: str) -> None:
-    with pytest.raises(b.BadAnswerError, match="more than a day"):
+    with pytest.raises(fe.BadAnswerError, match="more than a day"):
         retry_after_seconds(value, now=at_now)
 
 
@@ -67,11 +67,11 @@ def test_leading_zeros_do_not_make_a_short_wait_absurd() -> None:
 def test_every_backend_refuses_an_absurd_busy_answer(status: int, error_for: object) -> None:
     """Obeyed, ``Retry-After: 999999999`` had the operator wait 31 years."""
     build = error_for  # a Redfish or an Fsas answer: the same rule
-    with pytest.raises(b.BadAnswerError) as caught:
+    with pytest.raises(fe.BadAnswerError) as caught:
         build(status, {}, {"retry-after": "999999999"}, "attach gpu-1")  # type: ignore[operator]
     assert "attach gpu-1" in str(caught.value)
     busy = build(status, {}, {"retry-after": "3"}, "op")  # type: ignore[operator]
-    assert isinstance(busy, b.BusyError) and busy.retry_after == 3.0
+    assert isinstance(busy, fe.BusyError) and busy.retry_after == 3.0
 
 
 def test_only_busy_answers_ask_for_a_wait() -> None:
@@ -92,6 +92,6 @@ def test_a_task_monitors_absurd_hint_is_ignored_not_a_failure() -> None:
 def test_any_header_is_a_bounded_wait_or_a_bad_answer(value: str | None) -> None:
     try:
         wait = retry_after_seconds(value, now=at_now)
-    except b.BadAnswerError:
+    except fe.BadAnswerError:
         return
     assert 0.0 <= wait <= MAX_OWN_WAIT <= ABSURD

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric import fsas_answers as answers
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import parse_json
@@ -113,7 +114,7 @@ def _dumpable(value: Any) -> bool:
 
 def typed(fn: Any, *args: Any) -> None:
     """``fn(*args)``: a result or a typed fabric error, nothing else."""
-    with contextlib.suppress(b.FabricError):
+    with contextlib.suppress(fe.FabricError):
         fn(*args)
 
 
@@ -122,7 +123,7 @@ def typed(fn: Any, *args: Any) -> None:
 def test_token_answers_give_a_token_or_an_auth_error(answer: Any, now: float) -> None:
     try:
         token, lifetime = answers.token_of(answer, now, "fm")
-    except b.AuthError:
+    except fe.AuthError:
         return
     assert token and "\n" not in token and lifetime <= answers.MAX_TOKEN_LIFETIME
 
@@ -135,7 +136,7 @@ def test_token_lifetimes_and_jwt_claims_give_a_time_or_an_auth_error(
     answer = {"access_token": token, "expires_in": expires_in}
     try:
         expiry = answers.token_expiry(answer, 1000.0)
-    except b.AuthError:
+    except fe.AuthError:
         return
     assert expiry == expiry and abs(expiry) != float("inf")  # a finite time
 
@@ -143,7 +144,7 @@ def test_token_lifetimes_and_jwt_claims_give_a_time_or_an_auth_error(
 def test_a_jwt_exp_is_read_when_no_lifetime_is_given() -> None:
     assert answers.token_expiry({"access_token": jwt({"exp": 4242})}, 0.0) == 4242.0
     for exp in (True, "4242", 10**400, None, [1]):
-        with pytest.raises(b.AuthError):
+        with pytest.raises(fe.AuthError):
             answers.token_expiry({"access_token": jwt({"exp": exp})}, 0.0)
 
 
@@ -157,7 +158,7 @@ def test_a_claimed_lifetime_is_kept_at_most_a_day() -> None:
 def test_lists_are_read_or_refused(body: Any, key: str) -> None:
     try:
         found = answers.listed(body, key, "GET x")
-    except b.BadAnswerError:
+    except fe.BadAnswerError:
         return
     assert all(isinstance(item, dict) for item in found)
 
@@ -205,9 +206,9 @@ def test_a_zone_may_have_only_machines_or_only_gpus() -> None:
 def test_failures_are_typed_errors(status: int, body: Any, retry_after: str) -> None:
     try:
         err = answers.error_for(status, body, {"retry-after": retry_after}, "op")
-    except b.BadAnswerError:
+    except fe.BadAnswerError:
         return  # a wait of more than a day
-    assert isinstance(err, b.FabricError) and len(str(err)) < 1000
+    assert isinstance(err, fe.FabricError) and len(str(err)) < 1000
 
 
 @FUZZ
@@ -215,7 +216,7 @@ def test_failures_are_typed_errors(status: int, body: Any, retry_after: str) -> 
 def test_free_counts_are_counts_or_refused(body: Any) -> None:
     try:
         count = answers.free_count(body, "free")
-    except b.BadAnswerError:
+    except fe.BadAnswerError:
         return
     assert isinstance(count, int) and count >= 0
 
@@ -228,7 +229,7 @@ def test_answer_bytes_parse_or_are_a_bad_answer(raw: bytes) -> None:
 
 def test_deep_and_non_finite_json_are_bad_answers() -> None:
     for raw in (b"[" * 100_000, b"[" * 65 + b"]" * 65, b"NaN", b"-Infinity", b"1e999"):
-        with pytest.raises(b.BadAnswerError):
+        with pytest.raises(fe.BadAnswerError):
             parse_json(raw, "GET x")
     assert parse_json(b"[" * 64 + b"]" * 64, "GET x") is not None
 

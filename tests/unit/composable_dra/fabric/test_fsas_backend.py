@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from api.v1alpha1 import FabricSpec
-from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.fsas import TOKEN_LEEWAY_S, FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.fsas_answers import token_expiry
 from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
@@ -75,7 +75,7 @@ def test_inventory_attach_detach(fabric: FsasFabricManagerBackend, emu: Emulator
         "state": "Composed",
     }
     assert emu.state()["blocks"]["gpu-1"]["system"] == "node-1"
-    with pytest.raises(b.InUseError):
+    with pytest.raises(fe.InUseError):
         fabric.attach("gpu-1", N2)
     assert fabric.detach("gpu-1", N1) is None
     gone = fabric.device("gpu-1")
@@ -85,38 +85,38 @@ def test_inventory_attach_detach(fabric: FsasFabricManagerBackend, emu: Emulator
 
 def test_unknown_and_bad_ids(fabric: FsasFabricManagerBackend) -> None:
     assert fabric.device("gpu-99") is None
-    with pytest.raises(b.NotFoundError):
+    with pytest.raises(fe.NotFoundError):
         fabric.attach("gpu-99", N1)
     for bad in ("../machines", "a/b", "gpu-1?x=1", ".."):
-        with pytest.raises(b.FabricError):
+        with pytest.raises(fe.FabricError):
             fabric.device(bad)
-        with pytest.raises(b.FabricError):
+        with pytest.raises(fe.FabricError):
             fabric.detach("gpu-1", bad)
 
 
 def test_unreachable_and_not_attached(fabric: FsasFabricManagerBackend) -> None:
-    with pytest.raises(b.OperationFailedError, match="E_INCOMPATIBLE"):
+    with pytest.raises(fe.OperationFailedError, match="E_INCOMPATIBLE"):
         fabric.attach("gpu-6", N1)  # zone-2 does not reach node-1
-    with pytest.raises(b.NotFoundError):
+    with pytest.raises(fe.NotFoundError):
         fabric.detach("gpu-2", N1)  # not attached anywhere
 
 
 @pytest.mark.parametrize(
     ("kind", "error", "applied"),
     [
-        ("status503", b.BusyError, False),
-        ("status500", b.TransientError, False),
-        ("conflict409", b.InUseError, False),
-        ("drop_before", b.TransientError, False),
-        ("drop_after", b.TransientError, True),
-        ("task_failure", b.OperationFailedError, False),
+        ("status503", fe.BusyError, False),
+        ("status500", fe.TransientError, False),
+        ("conflict409", fe.InUseError, False),
+        ("drop_before", fe.TransientError, False),
+        ("drop_after", fe.TransientError, True),
+        ("task_failure", fe.OperationFailedError, False),
     ],
 )
 def test_faults_on_attach(
     fabric: FsasFabricManagerBackend,
     emu: EmulatorProcess,
     kind: str,
-    error: type[b.FabricError],
+    error: type[fe.FabricError],
     applied: bool,
 ) -> None:
     emu.add_fault({"kind": kind, "path": "/update$", "method": "PATCH", "count": 1})
@@ -155,16 +155,18 @@ def test_refused_token_is_renewed_once(
 def test_bad_client_secret_is_an_auth_error_without_the_secret(emu: EmulatorProcess) -> None:
     wrong = FsasCredentials("cdra", "not-the-secret-42", "admin", "admin")
     backend = FsasFabricManagerBackend(emu.url, wrong, tenant_uuid=CONFIG.tenant, realm="lab")
-    with pytest.raises(b.AuthError) as refused:
+    with pytest.raises(fe.AuthError) as refused:
         backend.hosts()
     assert "not-the-secret-42" not in str(refused.value)
+    shown = repr(FsasCredentials("cdra", "client-secret-7", "admin", "password-7"))
+    assert "cdra" in shown and "secret-7" not in shown and "password-7" not in shown
     assert "not-the-secret-42" not in repr(wrong)
     assert not refused.value.retryable
 
 
 def test_other_tenant_is_refused(emu: EmulatorProcess) -> None:
     backend = FsasFabricManagerBackend(emu.url, CREDS, tenant_uuid="someone-else", realm="lab")
-    with pytest.raises(b.AuthError):
+    with pytest.raises(fe.AuthError):
         backend.hosts()
 
 
@@ -173,7 +175,7 @@ def test_token_expiry_from_expires_in_or_the_jwt() -> None:
     claims = json.dumps({"exp": 4242}).encode()
     payload = base64.urlsafe_b64encode(claims).decode().rstrip("=")
     assert token_expiry({"access_token": f"h.{payload}.s"}, 0.0) == 4242.0
-    with pytest.raises(b.AuthError):
+    with pytest.raises(fe.AuthError):
         token_expiry({"access_token": "opaque"}, 0.0)
 
 
@@ -296,7 +298,7 @@ def test_an_fm_that_attaches_another_gpu_gets_it_back_and_the_attach_fails() -> 
         realm="r",
         session=fm,  # type: ignore[arg-type]
     )
-    with pytest.raises(b.OperationFailedError, match="gpu-9"):
+    with pytest.raises(fe.OperationFailedError, match="gpu-9"):
         backend.attach("gpu-1", "m-1")
     deletes = [c for c in fm.calls if c[0] == "DELETE"]
     assert len(deletes) == 1 and deletes[0][1] == "machines/m-1/update"
@@ -321,7 +323,7 @@ def test_an_fm_that_picks_by_model_as_cohdis_mock_does_attaches_only_its_own_pic
         )
         try:
             # node-1's free H100s are gpu-1..gpu-4; the FM picks gpu-1.
-            with pytest.raises(b.OperationFailedError, match="gpu-1"):
+            with pytest.raises(fe.OperationFailedError, match="gpu-1"):
                 backend.attach("gpu-2", N1)
             blocks = emu.state()["blocks"]
             assert not [bid for bid, blk in blocks.items() if blk.get("system")]
@@ -346,7 +348,7 @@ def test_an_fm_without_a_resource_list_fails_the_inventory_saying_so(tmp_path: P
         )
         try:
             assert set(backend.hosts()) == {N1, N2, N3}  # machines are served
-            with pytest.raises(b.FabricError, match="does not list its GPUs by identity") as err:
+            with pytest.raises(fe.FabricError, match="does not list its GPUs by identity") as err:
                 backend.inventory()
             assert CREDS.client_secret not in str(err.value)
         finally:

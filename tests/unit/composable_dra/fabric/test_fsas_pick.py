@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from api.v1alpha1 import FabricSpec
 from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.fsas import FsasFabricManagerBackend
 from composable_dra.fabric.registry import FACTORIES, FabricConfigError, SecretKeys
 from composable_dra.fabric.slots import (
@@ -83,7 +84,7 @@ def test_picking_fm_inventory_is_counts_and_attached_gpus(
     assert [d.id for d in fm.host_devices(N1)] == [picked.id]
     assert fm.device(picked.id) == picked
 
-    with pytest.raises(b.FabricError, match="picks the GPU"):
+    with pytest.raises(fe.FabricError, match="picks the GPU"):
         fm.attach("gpu-2", N1)  # by id: not what this FM does
     assert fm.detach(picked.id, N1) is None
     assert fm.device(picked.id) is None  # on no machine: unknown to a counting FM
@@ -93,7 +94,7 @@ def test_picking_fm_inventory_is_counts_and_attached_gpus(
 def test_picking_fm_out_of_gpus_is_insufficient(fm: FsasFabricManagerBackend) -> None:
     assert fm.attach_model(L40S, N3).host == N3
     assert fm.attach_model(L40S, N3).host == N3
-    with pytest.raises(b.InsufficientError):
+    with pytest.raises(fe.InsufficientError):
         fm.attach_model(L40S, N3)
     assert len(fm.host_devices(N3)) == 2
 

@@ -16,7 +16,7 @@ from typing import Any
 import certifi
 import pytest
 
-from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.connection import Connection
 from composable_dra.fabric.fsas import FsasCredentials, FsasFabricManagerBackend
 from composable_dra.fabric.http_answer import MAX_ANSWER
@@ -119,7 +119,7 @@ def test_a_redirected_token_request_is_refused_and_the_secret_goes_nowhere(
     https or not."""
     with Wire() as elsewhere:
         wire.answers[TOKEN_PATH] = answer(status, b"", Location=f"{elsewhere.url}/steal")
-        with pytest.raises(b.AuthError, match="redirect") as refused:
+        with pytest.raises(fe.AuthError, match="redirect") as refused:
             fm(wire.url).hosts()
         assert elsewhere.seen == []
     secret_free(str(refused.value))
@@ -130,7 +130,7 @@ def test_a_redirected_call_is_a_fabric_error_and_is_not_followed(wire: Wire) -> 
     with Wire() as elsewhere:
         elsewhere.answers[MACHINES_PATH] = answer(200, NO_MACHINES)
         wire.answers[MACHINES_PATH] = answer(307, b"", Location=f"{elsewhere.url}{MACHINES_PATH}")
-        with pytest.raises(b.BadAnswerError, match="redirect"):
+        with pytest.raises(fe.BadAnswerError, match="redirect"):
             fm(wire.url).hosts()
         assert elsewhere.seen == []
 
@@ -166,7 +166,7 @@ def test_a_trickled_answer_ends_at_the_calls_deadline(wire: Wire, headers_too: b
     wire.answers[MACHINES_PATH] = trickle(NO_MACHINES.ljust(60), 0.1, headers_too)
     backend = fm(wire.url, connection=Connection(timeout=1.0))
     started = time.monotonic()
-    with pytest.raises(b.TransientError, match="time limit"):
+    with pytest.raises(fe.TransientError, match="time limit"):
         backend.hosts()
     assert time.monotonic() - started < 2.5
 
@@ -185,7 +185,7 @@ def test_a_silent_answer_ends_at_the_calls_deadline(wire: Wire) -> None:
     wire.answers[MACHINES_PATH] = silent
     backend = fm(wire.url, connection=Connection(timeout=1.0))
     started = time.monotonic()
-    with pytest.raises(b.TransientError):
+    with pytest.raises(fe.TransientError):
         backend.hosts()
     assert time.monotonic() - started < 2.5
 
@@ -193,7 +193,7 @@ def test_a_silent_answer_ends_at_the_calls_deadline(wire: Wire) -> None:
 def test_an_answer_over_the_cap_is_a_bad_answer(wire: Wire) -> None:
     huge = b'{"data": {"machines": [' + b" " * MAX_ANSWER + b"]}}"
     wire.answers[MACHINES_PATH] = answer(200, huge)
-    with pytest.raises(b.BadAnswerError, match="more than"):
+    with pytest.raises(fe.BadAnswerError, match="more than"):
         fm(wire.url).hosts()
 
 
@@ -244,9 +244,9 @@ GARBAGE_TOKENS = {
 @pytest.mark.parametrize("body", GARBAGE_TOKENS.values(), ids=GARBAGE_TOKENS.keys())
 def test_a_garbage_token_answer_is_a_fabric_error(wire: Wire, body: bytes) -> None:
     wire.answers[TOKEN_PATH] = answer(200, body)
-    with pytest.raises(b.FabricError) as caught:
+    with pytest.raises(fe.FabricError) as caught:
         fm(wire.url).hosts()
-    assert isinstance(caught.value, b.AuthError | b.BadAnswerError)
+    assert isinstance(caught.value, fe.AuthError | fe.BadAnswerError)
 
 
 GARBAGE_MACHINES = {
@@ -262,23 +262,23 @@ GARBAGE_MACHINES = {
 @pytest.mark.parametrize("body", GARBAGE_MACHINES.values(), ids=GARBAGE_MACHINES.keys())
 def test_a_garbage_answer_is_a_bad_answer(wire: Wire, body: bytes) -> None:
     wire.answers[MACHINES_PATH] = answer(200, body)
-    with pytest.raises(b.BadAnswerError):
+    with pytest.raises(fe.BadAnswerError):
         fm(wire.url).hosts()
 
 
 def test_a_failure_whose_body_is_not_json_keeps_its_status(wire: Wire) -> None:
     wire.answers[MACHINES_PATH] = answer(502, b"<html>bad gateway</html>")
-    with pytest.raises(b.TransientError, match="HTTP 502"):
+    with pytest.raises(fe.TransientError, match="HTTP 502"):
         fm(wire.url).hosts()
 
 
 def test_an_absurd_retry_after_is_a_bad_answer_not_decades_of_waiting(wire: Wire) -> None:
     body = b'{"status": 503, "detail": {"code": "E_BUSY", "message": "later"}}'
     wire.answers[MACHINES_PATH] = answer(503, body, Retry_After="999999999")
-    with pytest.raises(b.BadAnswerError, match="more than a day"):
+    with pytest.raises(fe.BadAnswerError, match="more than a day"):
         fm(wire.url).hosts()
     wire.answers[MACHINES_PATH] = answer(503, body, Retry_After="4")
-    with pytest.raises(b.BusyError) as busy:
+    with pytest.raises(fe.BusyError) as busy:
         fm(wire.url).hosts()
     assert busy.value.retry_after == 4.0
 
@@ -306,5 +306,5 @@ def test_the_fabrics_ca_wins_over_requests_ca_bundle(
     with Wire(tls) as fabric:
         fabric.answers[MACHINES_PATH] = answer(200, NO_MACHINES)
         assert fm(fabric.url, connection=Connection(ca_file=str(ca))).hosts() == {}
-        with pytest.raises(b.TransientError):  # and without it, the FM is not trusted
+        with pytest.raises(fe.TransientError):  # and without it, the FM is not trusted
             fm(fabric.url).hosts()

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.connection import Connection
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.model.health import Reason
@@ -46,7 +47,7 @@ def test_inventory_attach_detach(fabric: RedfishCompositionBackend) -> None:
     assert finish(fabric, fabric.attach("gpu-1", "node-1")).state == "done"
     after = fabric.inventory()  # started after the attach finished: it must show it
     assert (after.devices["gpu-1"].state, after.devices["gpu-1"].host) == ("attached", "node-1")
-    with pytest.raises(b.InUseError):
+    with pytest.raises(fe.InUseError):
         fabric.attach("gpu-1", "node-2")
     assert finish(fabric, fabric.detach("gpu-1", "node-1")).state == "done"
     assert fabric.inventory().devices["gpu-1"].state == "free"
@@ -83,11 +84,11 @@ def test_faults_become_typed_errors(
     fabric: RedfishCompositionBackend, emu: EmulatorProcess
 ) -> None:
     emu.add_fault({"kind": "status503", "path": "AddResourceBlock", "count": 1, "retry_after": 2})
-    with pytest.raises(b.BusyError) as busy:
+    with pytest.raises(fe.BusyError) as busy:
         fabric.attach("gpu-3", "node-1")
     assert busy.value.retry_after == 2.0
     emu.add_fault({"kind": "drop_before", "path": "AddResourceBlock", "count": 1})
-    with pytest.raises(b.TransientError):
+    with pytest.raises(fe.TransientError):
         fabric.attach("gpu-3", "node-1")
     assert fabric.inventory().devices["gpu-3"].state == "free"  # nothing was applied
 
@@ -128,7 +129,7 @@ def test_a_device_id_cannot_name_another_resource(
         lambda: fabric.attach(device_id, "node-1"),
         lambda: fabric.detach(device_id, "node-1"),
     ):
-        with pytest.raises(b.FabricError, match="invalid device id"):
+        with pytest.raises(fe.FabricError, match="invalid device id"):
             call()
     assert all(blk["system"] is None for blk in emu.state()["blocks"].values())
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from composable_dra.fabric import backend as b
+from composable_dra.fabric import errors as fe
 from composable_dra.fabric.redfish import RedfishCompositionBackend
 from composable_dra.fabric.redfish_zones import RedfishZonesBackend, new_block_list
 from fabric_emulator.testing import EmulatorProcess
@@ -43,7 +44,7 @@ def test_attach_and_detach_by_patch(zones: RedfishZonesBackend) -> None:
     device = zones.device("gpu-1")
     assert device is not None and (device.state, device.host) == ("attached", "node-1")
     assert zones.attach("gpu-1", "node-1") is None  # already attached: nothing to change
-    with pytest.raises(b.InUseError):
+    with pytest.raises(fe.InUseError):
         zones.attach("gpu-1", "node-2")
     finish(zones, zones.detach("gpu-1", "node-1"))
     assert zones.inventory().devices["gpu-1"].state == "free"
@@ -64,7 +65,7 @@ def test_a_change_in_between_is_refused_not_overwritten(
         return real(method, uri, *args)
 
     monkeypatch.setattr(zones, "_call", racing)
-    with pytest.raises(b.BusyError):
+    with pytest.raises(fe.BusyError):
         zones.attach("gpu-1", "node-1")
     inv = zones.inventory()
     assert inv.devices["gpu-1"].state == "free"  # ours was not applied
@@ -79,8 +80,8 @@ def test_a_device_id_cannot_name_another_resource(
     zones: RedfishZonesBackend, emu: EmulatorProcess
 ) -> None:
     for device_id in ("../../../Systems/node-1", "gpu-1?x", ".."):
-        with pytest.raises(b.FabricError, match="invalid device id"):
+        with pytest.raises(fe.FabricError, match="invalid device id"):
             zones.attach(device_id, "node-1")
-        with pytest.raises(b.FabricError, match="invalid device id"):
+        with pytest.raises(fe.FabricError, match="invalid device id"):
             new_block_list([], device_id, add=True)
     assert emu.state()["systems"]["node-1"]["blocks"] == []
