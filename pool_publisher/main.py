@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=window_arg,
         default=AUTO,
         help="free devices a pool offers at once, refilled as they are allocated: auto "
-        "(default: the pending claims' share of each pool plus a margin, at least 8), "
-        "0 (every free device) or a fixed number; the scheduler's time per pod grows with it",
+        "(default: the pending claims' share of each pool plus a margin, at least 8, within "
+        "a cap that shrinks as the cluster grows: 4 at 1,000 nodes), 0 (every free device) "
+        "or a fixed number; the scheduler's time per pod grows with it",
     )
     add_switch(
         p,

@@ -807,15 +807,16 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
-    def _window(self, claims: list[JSON], drivers: set[str]) -> int:
-        """This pass's window (pool_publisher/window.py), over the pools of the last plan:
-        the pending claims counted are those whose classes select a pool's driver."""
+    def _window(self, claims: list[JSON], drivers: set[str], nodes: int) -> int:
+        """This pass's window (pool_publisher/window.py), over the pools of the last plan
+        and the cluster's ``nodes``: the pending claims counted are those whose classes
+        select a pool's driver."""
         pools = len(self._generations)
         waiting = waiting_claims(claims, self.class_clash.selecting(drivers))
         if not self.served.binding_conditions:
             self._tell_held_back(waiting)
         pending = len(waiting)
-        self._window_size = window_size(pending, pools, self._window_size, self.window)
+        self._window_size = window_size(pending, pools, self._window_size, self.window, nodes=nodes)
         POOL_WINDOW.set(self._window_size)
         return self._window_size
 
@@ -931,7 +932,7 @@ class PoolPublisher(InformerDriven):
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
-        window = self._window(claims, drivers)
+        window = self._window(claims, drivers, len(nodes))
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
         read, skipped = self._read_fabrics(nodes, resources, live, force)

@@ -224,7 +224,8 @@ class Republisher:
             view = dataclasses.replace(self.view, held=frozenset(d for _, d in live))
             observed = list(self.observed.values())
             pools = len(self.view.inventory.zones)
-            self.size = window_size(self.pending, pools, self.size, self.window)
+            nodes = len({n for ns in self.view.host_nodes.values() for n in ns})
+            self.size = window_size(self.pending, pools, self.size, self.window, nodes=nodes)
             desired = desired_pools(view, live, self.size, published_devices(observed))
             plan = plan_pools(desired, observed, names.DRIVER, self.generations)
             for obj in plan.apply:

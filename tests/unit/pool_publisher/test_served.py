@@ -118,8 +118,8 @@ def test_each_waiting_claim_is_told_once_why_no_pool_serves_it(
     mine["metadata"].update(uid="u1", namespace="ns")
     other["metadata"].update(uid="u2", namespace="ns")
     drivers = {DRIVER}
-    pub._window([mine, other], drivers)
-    pub._window([mine, other], drivers)
+    pub._window([mine, other], drivers, 4)
+    pub._window([mine, other], drivers, 4)
     [event] = kube.events
     assert event["involvedObject"]["kind"] == "ResourceClaim"
     assert (event["involvedObject"]["uid"], event["type"]) == ("u1", "Warning")
@@ -130,5 +130,5 @@ def test_each_waiting_claim_is_told_once_why_no_pool_serves_it(
     quiet = EventRecorder()
     served = publish.PoolPublisher(quiet, None)  # type: ignore[arg-type]  # not started
     monkeypatch.setattr(served.class_clash, "selecting", lambda drivers: {"composable-gpu"})
-    served._window([mine], drivers)
+    served._window([mine], drivers, 4)
     assert quiet.events == []
