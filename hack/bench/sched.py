@@ -182,6 +182,8 @@ class Republisher:
 
     def __init__(self, kube: Kube, view: FabricView) -> None:
         self.kube, self.view, self.window = kube, view, WindowPolicy()
+        # The cluster's nodes, for the window's cap (the publisher counts its Node cache).
+        self.nodes = len({n for ns in view.host_nodes.values() for n in ns})
         self.observed: dict[str, JSON] = {}
         self.generations: dict[str, int] = {}
         self.live: set[tuple[str, str]] = set()
@@ -224,8 +226,7 @@ class Republisher:
             view = dataclasses.replace(self.view, held=frozenset(d for _, d in live))
             observed = list(self.observed.values())
             pools = len(self.view.inventory.zones)
-            nodes = len({n for ns in self.view.host_nodes.values() for n in ns})
-            self.size = window_size(self.pending, pools, self.size, self.window, nodes=nodes)
+            self.size = window_size(self.pending, pools, self.size, self.window, nodes=self.nodes)
             desired = desired_pools(view, live, self.size, published_devices(observed))
             plan = plan_pools(desired, observed, names.DRIVER, self.generations)
             for obj in plan.apply:
