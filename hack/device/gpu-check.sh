@@ -81,7 +81,12 @@ if [[ -n $wheelhouse && ! -d $wheelhouse ]]; then
   exit "$USAGE"
 fi
 
-"$python" -m venv --system-site-packages "$venv"
+# Ubuntu's python3 has no ensurepip without python3-venv (the GPU image's may not): the
+# environment is then made without pip, and the pip of $python's packages (the .pth
+# below) installs into it.
+venv_args=(--system-site-packages)
+"$python" -c 'import ensurepip' 2>/dev/null || venv_args+=(--without-pip)
+"$python" -m venv "${venv_args[@]}" "$venv"
 # Where $python is itself a virtual environment's (the GPU image's python3 is), the new
 # one sees only its base's packages: a .pth adds $python's own, after the new ones.
 purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'

@@ -11,7 +11,8 @@ and, against it over TCP:
   ``speedup_remote_4096`` (numpy's time over the call's, copies and network included) and
   ``remote_bytes_per_s_4096`` (the call's payload both ways over its time);
 - in this process, the backend itself: ``speedup_backend_4096`` (numpy over the GPU
-  kernel with its copies to and from the device) and ``h2d_bytes_per_s`` (a 256 MiB
+  kernel with its copies to and from the device), ``speedup_resident_4096`` (over the
+  kernel alone, its operands already on the device) and ``h2d_bytes_per_s`` (a 256 MiB
   host array copied to the device, synchronised).
 
 Each time is the median of ``--reps`` after one warm-up. Exit 0 when every backend ran and
@@ -157,11 +158,16 @@ def backend_figures(name: str, n: int, reps: int, numpy_s: float) -> dict[str, A
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     kernel_s = median_time(lambda: matmul(a, b), reps, sync)
+    # The kernel alone, its operands already on the device: what the copies cost above.
+    da, db = backend.to_device(a), backend.to_device(b)
+    resident_s = median_time(lambda: lib.matmul(da, db), reps, sync)
     host = np.ones(H2D_BYTES // 4, dtype=np.float32)
     h2d_s = median_time(lambda: backend.to_device(host), reps, sync)
     return {
         f"backend_call_s_{n}": round(kernel_s, 6),
         f"speedup_backend_{n}": round(numpy_s / kernel_s, 3),
+        f"resident_kernel_s_{n}": round(resident_s, 6),
+        f"speedup_resident_{n}": round(numpy_s / resident_s, 3),
         "h2d_bytes_per_s": round(H2D_BYTES / h2d_s),
     }
 

@@ -150,3 +150,30 @@ def test_where_nvidia_smi_lists_a_gpu_it_installs_from_the_wheelhouse_and_runs(
     assert (tmp_path / "venv" / "gpu-check-requirements.txt").read_text().split()[-1] == (
         "numpy>=1.26"
     )
+
+
+def test_a_python_without_ensurepip_still_gets_an_environment_with_pip(tmp_path: Path) -> None:
+    """Ubuntu's python3 lacks ensurepip unless python3-venv is installed: the environment
+    is made without pip, and the outer environment's pip installs into it."""
+    fake = tmp_path / "no-ensurepip"
+    fake.mkdir()
+    (fake / "ensurepip.py").write_text("raise ImportError('no ensurepip here')\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: Stand-in (UUID: GPU-0)'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    done = subprocess.run(
+        ["/bin/bash", str(SCRIPT), "--wheelhouse", str(wheelhouse), "--backends", "numpy",
+         "--", "--size", "64", "--reps", "1"],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(wrapper),
+             "GPU_CHECK_VENV": str(tmp_path / "venv"), "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list((tmp_path / "venv").glob("lib/python*/site-packages/pip"))
+    assert json.loads(done.stdout.strip().splitlines()[-1])["ok"] is True
