@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Gauge
 
+from composable_dra.k8s.informer import object_key
 from composable_dra.k8s.kube import JSON
 from composable_dra.k8s.timestamps import parse_time
 
@@ -78,11 +79,25 @@ def quarantined_by_pool(rules: Iterable[JSON]) -> dict[str, int]:
     return out
 
 
-def pending_claims(claims: Iterable[JSON]) -> int:
-    return sum(1 for c in claims if not (c.get("status") or {}).get("allocation"))
+class PendingClaims:
+    """The claims with no allocation, kept from the claims informer's events (its
+    ``on_event``): the gauge without a scan of 9,000 claims on every pass."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+
+    def event(self, kind: str, claim: JSON) -> None:
+        key = object_key(claim)
+        if kind != "DELETED" and not (claim.get("status") or {}).get("allocation"):
+            self._keys.add(key)
+        else:
+            self._keys.discard(key)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
-def publish(resources: list[JSON], rules: list[JSON], claims: list[JSON], now: float) -> None:
+def publish(resources: list[JSON], rules: list[JSON], pending: int, now: float) -> None:
     for phase, n in phase_counts(resources).items():
         RESOURCES.labels(phase).set(n)
     for phase, age in oldest_transient(resources, now).items():
@@ -90,4 +105,4 @@ def publish(resources: list[JSON], rules: list[JSON], claims: list[JSON], now: f
     QUARANTINED.clear()
     for pool, n in quarantined_by_pool(rules).items():
         QUARANTINED.labels(pool).set(n)
-    CLAIMS_PENDING.set(pending_claims(claims))
+    CLAIMS_PENDING.set(pending)

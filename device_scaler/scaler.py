@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from api.v1alpha1 import API_VERSION, ClaimRef, ComposableResourceSpec
 from composable_dra.k8s import kube_json
+from composable_dra.k8s.derived import Derived
 from composable_dra.k8s.events import claim_object, event_body
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import node_labels, own_slice_fields
@@ -42,6 +43,7 @@ from device_scaler.claim_status import apply_devices
 from device_scaler.decide import (
     CreateResource,
     DeleteResource,
+    Memo,
     PatchResource,
     Quarantine,
     ScalerSettings,
@@ -134,13 +136,15 @@ def standby_held(resources: list[JSON]) -> dict[str, int]:
     return out
 
 
-# The longest rest after a pass (rest_after).
+# A pass rests PASS_REST_FACTOR times as long as it took, at most PASS_REST_CAP seconds.
+PASS_REST_FACTOR = 4.0
 PASS_REST_CAP = 1.0
 
 
 def rest_after(took: float) -> float:
-    """Seconds to rest after a pass that took ``took``: as long, up to PASS_REST_CAP."""
-    return max(0.0, min(took, PASS_REST_CAP))
+    """Seconds to rest after a pass that took ``took`` (wall time, so a busy machine
+    makes it rest longer)."""
+    return max(0.0, min(PASS_REST_FACTOR * took, PASS_REST_CAP))
 
 
 def _pipelined(action: Any) -> bool:
@@ -157,6 +161,35 @@ def _pipelined(action: Any) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class SliceDevices:
+    """What a pass reads of one ResourceSlice."""
+
+    pool: dict[tuple[str, str], JSON]  # (pool, device) -> a fabric pool's device
+    local: dict[tuple[str, str], str]  # (node, normalized uuid) -> a node's own device
+
+
+def slice_devices(sl: JSON) -> SliceDevices:
+    out = SliceDevices({}, {})
+    spec = sl.get("spec") or {}
+    pool = str((spec.get("pool") or {}).get("name", ""))
+    node = spec.get("nodeName")
+    per_device = bool(spec.get("perDeviceNodeSelection"))
+    for dev in spec.get("devices") or []:
+        uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
+        if per_device:
+            # A lending node's pool: its GPUs carry their node; a remote-lease device (a
+            # nodeSelector) is no fabric pool's and not a local GPU.
+            if dev.get("nodeName") and uuid_attr:
+                out.local[(str(dev["nodeName"]), normalize_uuid(uuid_attr))] = dev["name"]
+        elif node:
+            if uuid_attr:
+                out.local[(node, normalize_uuid(uuid_attr))] = dev["name"]
+        else:
+            out.pool[(pool, dev["name"])] = dev
+    return out
+
+
 def _version(obj: JSON | None) -> str | None:
     return None if obj is None else str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -170,15 +203,6 @@ def _claim_of(resources: list[JSON]) -> Callable[[str], str | None]:
         return ref.get("uid")
 
     return claim_of
-
-
-def _claim_versions(claims: list[JSON], actions: list[Any]) -> dict[int, str]:
-    """id(status write) -> the resourceVersion of the claim it was decided on."""
-    statuses = [a for a in actions if isinstance(a, SetDeviceStatus)]
-    if not statuses:
-        return {}
-    by_uid = {(c.get("metadata") or {}).get("uid"): c for c in claims}
-    return {id(a): _version(by_uid.get(a.claim.uid)) or "" for a in statuses}
 
 
 class Scaler(InformerDriven):
@@ -235,6 +259,10 @@ class Scaler(InformerDriven):
         self._unseen = Unseen(time.monotonic)
         self._sending: set[Future[None]] = set()  # pipelined writes on their way
         self._events = self._executor(1, "scaler-events")
+        # Each driver's claims as the decision reads them, kept between passes.
+        self._memos: dict[str, Memo] = {}
+        self._pending = pool_gauges.PendingClaims()  # before the claims informer starts
+        self._slice_devices: dict[str, Derived[SliceDevices]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -252,10 +280,12 @@ class Scaler(InformerDriven):
         if not self.synced.is_set():
             log.info("first pass done")  # caches synced: claims are seen from now on
         self.synced.set()
-        # A pass costs O(cluster) (150 ms at a thousand nodes) and sends its attach writes
-        # without waiting for them: back to back on every event, passes alone would keep
-        # a core busy during a burst. Rest as long as the pass took, so passes take at
-        # most half the time; a small cluster's pass takes milliseconds.
+        # A pass costs O(cluster) (10-30 ms of CPU at a thousand nodes, 2-3 times that in
+        # wall time on a busy machine) and sends its attach writes without waiting for
+        # them: during a burst events come faster than passes, so the rest sets the pass
+        # rate, and so the scaler's CPU. Resting 4 times as long keeps passes to a fifth of
+        # the time (they had half: 45 s of CPU in a 1,000-claim burst at 1,000 nodes, now
+        # about half of that); a small cluster's pass takes milliseconds.
         self._stop.wait(rest_after(time.monotonic() - started))
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
@@ -264,28 +294,14 @@ class Scaler(InformerDriven):
 
     # -- one pass ---------------------------------------------------------------------
 
-    def snapshot(self, slices: list[JSON] | None = None) -> ScalerSnapshot:
+    def snapshot(self, slices: list[JSON] | None = None, driver: str = "") -> ScalerSnapshot:
+        """``slices``: a vendor ``driver``'s (vendor.py); by default our driver's."""
+        read = self._slice_devices.setdefault(driver, Derived(slice_devices))
         pool_devices: dict[tuple[str, str], JSON] = {}
         local: dict[tuple[str, str], str] = {}
-        for sl in self.slices.items() if slices is None else slices:
-            spec = sl.get("spec") or {}
-            pool = str((spec.get("pool") or {}).get("name", ""))
-            node = spec.get("nodeName")
-            per_device = bool(spec.get("perDeviceNodeSelection"))
-            for dev in spec.get("devices") or []:
-                if per_device:
-                    # A lending node's pool: its GPUs carry their node; a remote-lease
-                    # device (a nodeSelector) is no fabric pool's and not a local GPU.
-                    dev_node = dev.get("nodeName")
-                    uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
-                    if dev_node and uuid_attr:
-                        local[(str(dev_node), normalize_uuid(uuid_attr))] = dev["name"]
-                elif node:
-                    uuid_attr = ((dev.get("attributes") or {}).get("uuid") or {}).get("string")
-                    if uuid_attr:
-                        local[(node, normalize_uuid(uuid_attr))] = dev["name"]
-                else:
-                    pool_devices[(pool, dev["name"])] = dev
+        for devices in read.map(self.slices.items() if slices is None else slices):
+            pool_devices.update(devices.pool)
+            local.update(devices.local)
         return ScalerSnapshot(
             now=time.time(),
             claims=self.claims.items(),
@@ -295,6 +311,9 @@ class Scaler(InformerDriven):
             requests=self.requests.items(),
             quarantines=self.quarantines.items(),
         )
+
+    def _memo(self, driver: str) -> Memo:
+        return self._memos.setdefault(driver, Memo(driver))
 
     def reconcile(self) -> int:
         self._unseen.forget_seen(
@@ -311,33 +330,36 @@ class Scaler(InformerDriven):
             resources=[r for r in snap.resources if fabric_of(r) not in self._pool_driver],
             standby=self._standby_inputs(snap),
         )
-        actions: list[Any] = self._confirm_releases(decide(own, self.settings), own)
+        actions: list[Any] = self._confirm_releases(
+            decide(own, self.settings, self._memo(self.settings.driver)), own
+        )
         for mode in modes:
             vendor_slices = self._vendor_slice_items(mode.driver)
             if vendor_slices is None:
                 continue  # its informer has not listed yet; it wakes us when it has
             vsnap = replace(
-                self.snapshot(vendor_slices),
+                self.snapshot(vendor_slices, mode.driver),
                 resources=[r for r in snap.resources if fabric_of(r) in mode.fabrics],
             )
             settings = replace(self.settings, driver=mode.driver)
             actions += self._confirm_releases(
-                complete_vendor(decide(vsnap, settings), vsnap, mode), vsnap, mode.driver
+                complete_vendor(decide(vsnap, settings, self._memo(mode.driver)), vsnap, mode),
+                vsnap,
+                mode.driver,
             )
         actions = hold_back(actions, self._unseen, _claim_of(snap.resources))
-        versions = _claim_versions(snap.claims, actions)
         # A claim's resource and its FabricDeviceReady depend on nothing else this pass
         # does: they go out without the pass waiting for them, so the next claim's pass
         # runs meanwhile (``_unseen`` keeps a later pass from sending them again).
         for action in actions:
             if _pipelined(action):
-                self._unseen.sent(action, versions.get(id(action), ""))
+                self._unseen.sent(action)
                 sending = self._pool.submit(self._send, action)
                 self._sending.add(sending)
                 sending.add_done_callback(self._sending.discard)
         actions = [a for a in actions if not _pipelined(a)]
         for action in actions:
-            self._unseen.sent(action, versions.get(id(action), ""))
+            self._unseen.sent(action)
         # decide's order matters between kinds (a device is quarantined before its claim
         # is marked failed, and that before its resource is deleted), not within one: a
         # run of creates or of claim status writes, one per claim, goes out at once.
@@ -362,7 +384,7 @@ class Scaler(InformerDriven):
         for node, n in idle.items():
             IDLE_DEVICES.labels(node).set(n)
         self._standby_metrics(own)
-        pool_gauges.publish(snap.resources, snap.quarantines, snap.claims, snap.now)
+        pool_gauges.publish(snap.resources, snap.quarantines, len(self._pending), snap.now)
         return len(actions)
 
     def _standby_inputs(self, snap: ScalerSnapshot) -> sb.StandbyInputs:
@@ -655,8 +677,10 @@ class Scaler(InformerDriven):
     # -- events -------------------------------------------------------------------------
 
     def _claim_seen(self, kind: str, claim: JSON) -> None:
-        """A Warning Event, once, on a claim that arrived cut (composable_dra/k8s/kube_json.py):
-        the suite serves it without the cut parts, and refuses our driver's config there."""
+        """Counts the claims with no allocation; a Warning Event, once, on a claim that
+        arrived cut (composable_dra/k8s/kube_json.py): the suite serves it without the
+        cut parts, and refuses our driver's config there."""
+        self._pending.event(kind, claim)
         if kind == "DELETED":
             return
         cut = kube_json.cut_paths(claim, limit=3)

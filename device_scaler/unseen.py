@@ -72,15 +72,15 @@ class Unseen:
                 return status_key(action) in self.statuses
         return False
 
-    def sent(self, action: object, claim_version: str = "") -> None:
-        """Remember a write about to go out (``claim_version``: for a status, the
-        resourceVersion of the claim it was decided on)."""
+    def sent(self, action: object) -> None:
+        """Remember a write about to go out (a status with the resourceVersion of the
+        claim it was decided on)."""
         now = self.clock()
         with self._lock:
             if isinstance(action, CreateResource):
                 self.creates[action.name] = now
             elif isinstance(action, SetDeviceStatus):
-                self.statuses[status_key(action)] = (claim_version, now)
+                self.statuses[status_key(action)] = (action.version, now)
 
     def failed(self, action: object) -> None:
         """The write did not happen: decide it again."""

@@ -196,7 +196,7 @@ def _reschedule_status(
         changed = changed or _key(observed) != _key(e)
     if not changed:
         return None, []
-    return SetDeviceStatus(a.claim, entries, [], a.failed), done
+    return SetDeviceStatus(a.claim, entries, [], a.failed, a.version), done
 
 
 def restarts(s: ScalerSnapshot, mode: VendorMode) -> list[VendorAction]:

@@ -49,7 +49,7 @@ from device_scaler.decide.quarantines import expired_quarantines
 from device_scaler.decide.reading import allocation_node, managed
 from device_scaler.decide.release import ended_allocations
 from device_scaler.decide.scale_down import scale_down
-from device_scaler.decide.view import index, live_counts
+from device_scaler.decide.view import Memo, index, live_counts
 from device_scaler.decide.warm import returned, standby_phase
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "Action",
     "CreateResource",
     "DeleteResource",
+    "Memo",
     "PatchResource",
     "Quarantine",
     "ScalerSettings",
@@ -76,9 +77,10 @@ __all__ = [
 ]
 
 
-def decide(s: ScalerSnapshot, cfg: ScalerSettings) -> list[Action]:
-    """The phases in order; a later one sees the counts an earlier one changed."""
-    view = index(s, cfg)
+def decide(s: ScalerSnapshot, cfg: ScalerSettings, memo: Memo | None = None) -> list[Action]:
+    """The phases in order; a later one sees the counts an earlier one changed. ``memo``
+    keeps the claims' facts from one pass to the next (device_scaler/decide/claims.py)."""
+    view = index(s, cfg, memo)
     counts = live_counts(s.resources, view.specs)
     attach, counts = pending_allocations(view, counts)
     released, idle = ended_allocations(view)

@@ -26,6 +26,7 @@ class SetDeviceStatus:
     entries: list[JSON]
     ready: list[tuple[str, float | None]] = field(default_factory=list)  # device, since alloc
     failed: list[tuple[str, str, str]] = field(default_factory=list)  # device, reason, message
+    version: str = ""  # the resourceVersion of the claim it was decided on
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.v1alpha1 import ClaimRef
 from composable_dra.k8s.conditions import condition
 from composable_dra.k8s.kube import JSON
 from composable_dra.k8s.timestamps import parse_time
@@ -24,51 +23,15 @@ from device_scaler.decide.actions import (
     SetDeviceStatus,
 )
 from device_scaler.decide.builders import resource_body, resource_name
+from device_scaler.decide.claims import PendingClaim
 from device_scaler.decide.reading import (
-    allocation_node,
     fabric_failure,
     is_true,
     meta_of,
-    our_results,
     same_entry,
     status_entry,
 )
 from device_scaler.decide.view import Counts, DecisionView
-
-
-@dataclass(frozen=True)
-class PendingClaim:
-    """A claim with pool devices of ours waiting on FabricDeviceReady."""
-
-    claim: JSON
-    ref: ClaimRef
-    node: str | None  # the allocation's node
-    deleting: bool
-    allocated_at: float | None
-    results: list[JSON]  # our allocation results that wait on FabricDeviceReady
-
-
-def pending_claim(claim: JSON, driver: str) -> PendingClaim | None:
-    meta = meta_of(claim)
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
-        return None
-    # Fabric pool devices only: a remote-lease device (RemoteGPUReady) is a donor's.
-    ours = [
-        r
-        for r in our_results(claim, driver)
-        if names.FABRIC_DEVICE_READY in (r.get("bindingConditions") or [])
-    ]
-    if not ours:
-        return None
-    return PendingClaim(
-        claim,
-        ClaimRef(meta.get("namespace", ""), meta["name"], meta.get("uid", "")),
-        allocation_node(allocation),
-        bool(meta.get("deletionTimestamp")),
-        parse_time(allocation.get("allocationTimestamp")),
-        ours,
-    )
 
 
 @dataclass(frozen=True)
@@ -223,7 +186,8 @@ def claim_actions(
         observed = status_entry(pc.claim, view.cfg.driver, pool, device)
         changed = changed or not same_entry(observed, entry)
     if changed:
-        actions.append(SetDeviceStatus(pc.ref, entries, ready, failed))
+        version = str(meta_of(pc.claim).get("resourceVersion") or "")
+        actions.append(SetDeviceStatus(pc.ref, entries, ready, failed, version))
     for name, reason, message in doomed:
         if name in view.resources and not meta_of(view.resources[name]).get("deletionTimestamp"):
             actions.append(DeleteResource(name, reason, message))
@@ -232,9 +196,8 @@ def claim_actions(
 
 def pending_allocations(view: DecisionView, counts: Counts) -> tuple[list[Action], Counts]:
     actions: list[Action] = []
-    for claim in view.s.claims:
-        pc = pending_claim(claim, view.cfg.driver)
-        if pc is not None:
-            more, counts = claim_actions(view, counts, pc)
+    for facts in view.claims:
+        if facts.pending is not None:
+            more, counts = claim_actions(view, counts, facts.pending)
             actions.extend(more)
     return actions, counts

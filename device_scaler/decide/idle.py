@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from api.v1alpha1 import ComposableResourceSpec
@@ -11,7 +11,7 @@ from composable_dra.k8s.timestamps import format_time
 from composable_dra.model.names import ANN_IN_USE_BY, normalize_uuid
 from composable_dra.model.sizing import ANN_LAST_USED, last_used
 from device_scaler.decide.actions import Action, PatchResource
-from device_scaler.decide.reading import meta_of, our_results
+from device_scaler.decide.reading import meta_of
 from device_scaler.decide.view import DecisionView
 
 
@@ -20,17 +20,6 @@ class IdleGPU:
     last_used: float
     cr: JSON
     spec: ComposableResourceSpec
-
-
-def local_users(claims: Iterable[JSON], driver: str) -> dict[tuple[str, str], str]:
-    """(pool, device) -> the uid of the first claim whose allocation names it."""
-    users: dict[tuple[str, str], str] = {}
-    for claim in claims:
-        for r in our_results(claim, driver):
-            users.setdefault(
-                (str(r.get("pool")), str(r.get("device"))), str(meta_of(claim).get("uid") or "")
-            )
-    return users
 
 
 def idle_bookkeeping(

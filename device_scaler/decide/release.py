@@ -13,7 +13,7 @@ from composable_dra.k8s.timestamps import format_time
 from composable_dra.model.names import ANN_IN_USE_BY, ANN_POOL, ANN_POOL_DEVICE
 from composable_dra.model.sizing import ANN_LAST_USED
 from device_scaler.decide.actions import Action, DeleteResource, PatchResource
-from device_scaler.decide.idle import IdleGPU, idle_bookkeeping, local_users
+from device_scaler.decide.idle import IdleGPU, idle_bookkeeping
 from device_scaler.decide.reading import managed, meta_of, our_results
 from device_scaler.decide.view import DecisionView
 
@@ -53,8 +53,7 @@ def allocation_ended(
 
 
 def ended_allocations(view: DecisionView) -> tuple[list[Action], list[IdleGPU]]:
-    claims_by_uid = {str(meta_of(c).get("uid")): c for c in view.s.claims}
-    users = local_users(view.s.claims, view.cfg.driver)
+    claims_by_uid = {f.uid: f.claim for f in view.claims}
     actions: list[Action] = []
     idle: list[IdleGPU] = []
     for cr in view.s.resources:
@@ -68,7 +67,7 @@ def ended_allocations(view: DecisionView) -> tuple[list[Action], list[IdleGPU]]:
             continue
         if (cr.get("status") or {}).get("phase") != "Online":
             continue
-        step = idle_bookkeeping(view, cr, spec, users)
+        step = idle_bookkeeping(view, cr, spec, view.users)
         if isinstance(step, IdleGPU):
             idle.append(step)
         elif step is not None:

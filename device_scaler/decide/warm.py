@@ -6,7 +6,7 @@ plan then says which to return and which to create; the idle rule keeps the ones
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from api.v1alpha1 import ComposableResourceSpec
@@ -23,7 +23,7 @@ from device_scaler.decide.actions import (
     Quarantine,
 )
 from device_scaler.decide.builders import standby_body
-from device_scaler.decide.idle import IdleGPU, local_users
+from device_scaler.decide.idle import IdleGPU
 from device_scaler.decide.reading import fabric_failure, meta_of
 from device_scaler.decide.view import Counts, DecisionView, count_key
 
@@ -102,7 +102,7 @@ def standby_step(
     name: str,
     cr: JSON,
     spec: ComposableResourceSpec,
-    users: dict[tuple[str, str], str],
+    users: Mapping[tuple[str, str], str],
 ) -> Used | Gone | sb.Held | None:
     """One standby resource already there; None: Online and idle (phase 3 counts it)."""
     s, ann = view.s, meta_of(cr).get("annotations") or {}
@@ -165,7 +165,7 @@ def standby_phase(
         return [], frozenset(), counts
     actions: list[Action] = []
     held = held_idle(idle)
-    users = local_users(s.claims, view.cfg.driver)
+    users = view.users
     used = False  # a standby GPU serves a claim since the last pass
     for name, cr in view.resources.items():
         spec = view.specs.get(name)

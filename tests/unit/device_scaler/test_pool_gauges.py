@@ -42,8 +42,20 @@ def test_quarantines_are_counted_by_pool_and_pending_claims_have_no_allocation()
         {"spec": {}},
     ]
     assert pg.quarantined_by_pool(rules) == {"fab/z1": 2, "fab/z2": 1}
-    claims: list[JSON] = [{"status": {}}, {}, {"status": {"allocation": {"devices": {}}}}]
-    assert pg.pending_claims(claims) == 2
+    pending = pg.PendingClaims()
+
+    def claim(name: str, status: JSON | None) -> JSON:
+        return {"metadata": {"name": name, "namespace": "ns"}, "status": status}
+
+    allocated: JSON = {"allocation": {"devices": {}}}
+    for name, status in [("a", {}), ("b", None), ("c", allocated)]:
+        pending.event("ADDED", claim(name, status))
+    assert len(pending) == 2
+    pending.event("MODIFIED", claim("a", allocated))
+    pending.event("DELETED", claim("b", None))
+    assert len(pending) == 0
+    pending.event("MODIFIED", claim("c", None))  # its allocation went away
+    assert len(pending) == 1
 
 
 def test_publish_sets_the_gauges_and_drops_a_pool_whose_quarantine_ended() -> None:
@@ -51,12 +63,12 @@ def test_publish_sets_the_gauges_and_drops_a_pool_whose_quarantine_ended() -> No
         return REGISTRY.get_sample_value(name, labels)
 
     rule = {"spec": {"deviceSelector": {"pool": "fab/zq", "device": "a"}}}
-    pg.publish([cr("Attaching")], [rule], [{}], NOW)
+    pg.publish([cr("Attaching")], [rule], 1, NOW)
     assert sample("composable_dra_composable_resources", phase="Attaching") == 1
     assert sample("composable_dra_composable_resources", phase="Failed") == 0
     assert sample("composable_dra_composable_resource_oldest_seconds", phase="Attaching") == 60
     assert sample("composable_dra_scaler_quarantined_devices", pool="fab/zq") == 1
     assert sample("composable_dra_scaler_claims_pending") == 1
-    pg.publish([], [], [], NOW)
+    pg.publish([], [], 0, NOW)
     assert sample("composable_dra_scaler_quarantined_devices", pool="fab/zq") is None
     assert sample("composable_dra_composable_resources", phase="Attaching") == 0

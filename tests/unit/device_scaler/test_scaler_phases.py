@@ -17,6 +17,7 @@ from composable_dra.model.sizing import (
     limits,
     spec_of,
 )
+from device_scaler.decide import decide
 from device_scaler.decide.actions import DeleteResource, PatchResource, Unquarantine
 from device_scaler.decide.attach import (
     Create,
@@ -25,14 +26,21 @@ from device_scaler.decide.attach import (
     Settled,
     attach_progress,
     new_resource,
-    pending_claim,
     settled,
 )
-from device_scaler.decide.idle import IdleGPU, idle_bookkeeping, local_users
+from device_scaler.decide.claims import pending_claim
+from device_scaler.decide.idle import IdleGPU, idle_bookkeeping
 from device_scaler.decide.quarantines import expired_quarantines
 from device_scaler.decide.release import allocation_ended
 from device_scaler.decide.scale_down import scale_down
-from device_scaler.decide.view import Counts, block_holders, index, live_counts
+from device_scaler.decide.view import (
+    Counts,
+    Memo,
+    block_holders,
+    index,
+    live_counts,
+    local_users,
+)
 from tests.unit.device_scaler.test_scaler import CFG, NOW, POOL, claim, resource, snap
 
 JSON = dict[str, Any]
@@ -85,6 +93,23 @@ class TestPendingAllocations:
         assert [r["device"] for r in pc.results] == ["gpu-1"]
         assert pending_claim(claim(binding=False), names.DRIVER) is None
         assert pending_claim(claim(allocated=False), names.DRIVER) is None
+
+    def test_a_claim_whose_devices_all_say_ready_is_no_longer_pending(self) -> None:
+        ready = {
+            "driver": names.DRIVER,
+            "pool": POOL,
+            "device": "gpu-1",
+            "conditions": [{"type": names.FABRIC_DEVICE_READY, "status": "True"}],
+        }
+        waiting = {**ready, "conditions": [{"type": names.FABRIC_DEVICE_READY, "status": "False"}]}
+        memo = Memo(names.DRIVER)
+        done, still, fresh = claim(uid="a"), claim(uid="b"), claim(uid="c")
+        done["status"]["devices"] = [ready]
+        still["status"]["devices"] = [waiting]
+        facts = {f.uid: f for f in memo.claims([done, still, fresh])}
+        assert facts["a"].pending is None and facts["a"].results  # still its local user
+        assert facts["b"].pending is not None and facts["c"].pending is not None
+        assert decide(snap([done]), CFG) == []
 
     def test_a_failed_entry_is_kept_and_its_resource_doomed(self) -> None:
         entry = {
@@ -150,7 +175,7 @@ class TestEndedAllocations:
     def test_the_first_claim_naming_a_local_device_is_its_user(self) -> None:
         a = claim(uid="a", device="local-1", pool="node-a", binding=False)
         b = claim(uid="b", device="local-1", pool="node-a", binding=False)
-        assert local_users([a, b], names.DRIVER) == {("node-a", "local-1"): "a"}
+        assert local_users(Memo(names.DRIVER).claims([a, b])) == {("node-a", "local-1"): "a"}
 
     def test_idle_bookkeeping_marks_in_use_marks_idle_or_counts_idle(self) -> None:
         cr = resource(claim_uid=None, phase="Online", uuid="U-1")

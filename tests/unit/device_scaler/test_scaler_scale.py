@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from device_scaler import decide as decide_package
-from device_scaler.decide import PatchResource, ScalerSnapshot, decide, reading
+from device_scaler.decide import Memo, PatchResource, ScalerSnapshot, decide, reading
 from device_scaler.decide.release import ended_allocations
 from device_scaler.decide.view import index
 from tests.unit.device_scaler.test_scaler import CFG, claim, resource, snap
@@ -82,3 +83,26 @@ def test_a_whole_pass_grows_linearly_with_the_cluster(monkeypatch: pytest.Monkey
         reads.append(calls[0])
     assert reads[0] > 0  # the spy sees the phases' reads
     assert reads[1] == 4 * reads[0]
+
+
+def test_with_a_memo_a_pass_reads_only_the_claims_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scaler keeps a Memo between passes: the informer keeps an unchanged claim's
+    object, so a second pass over the same objects reads none of them again (only the
+    holders of live resources), and a replaced object is read afresh."""
+    s, claims, resources = cluster(10)
+    memo = Memo(CFG.driver)
+    calls = counted_reads(monkeypatch)
+    first = decide(s, CFG, memo)
+    assert calls[0] >= claims
+    calls[0] = 0
+    assert decide(s, CFG, memo) == first
+    assert calls[0] <= resources
+    changed = claim(uid="c0", device="gpu-0", allocated=False)  # its allocation ended
+    calls[0] = 0
+    kept = [c for c in s.claims if c["metadata"]["uid"] != "c0"]
+    again = decide(replace(s, claims=[*kept, changed]), CFG, memo)
+    assert 1 <= calls[0] <= resources + 1
+    released = [a for a in again if isinstance(a, PatchResource) and a.reason == "Released"]
+    assert len(released) == 11  # c0's resource too: the changed claim was read
