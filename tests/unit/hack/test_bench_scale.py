@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from composable_dra.k8s.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
 from hack.bench import scale
@@ -142,3 +144,22 @@ def test_shape_flags_are_one_set_with_each_bench_its_node_default() -> None:
     assert (args.timeout, args.workdir) == (900, Path("/tmp/w"))
     full = scale.parse_args([])
     assert (full.nodes, full.zones, full.pool_gpus, full.timeout) == (1000, 16, 4000, 900)
+
+
+def test_a_run_without_workdir_leaves_no_files_and_one_with_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its files are ~250 MB at 1,000 nodes: gone with the run unless asked for."""
+    used: list[Path] = []
+
+    def fake_run(args: argparse.Namespace, workdir: Path) -> int:
+        (workdir / "audit.log").write_text("x")
+        used.append(workdir)
+        return 0
+
+    monkeypatch.setattr(scale, "run", fake_run)
+    assert scale.main([]) == 0
+    assert not used[0].exists()
+    kept = tmp_path / "kept"
+    assert scale.main([f"--workdir={kept}"]) == 0
+    assert used[1] == kept and (kept / "audit.log").exists()
