@@ -79,7 +79,7 @@ __all__ = [
 
 def decide(s: ScalerSnapshot, cfg: ScalerSettings, memo: Memo | None = None) -> list[Action]:
     """The phases in order; a later one sees the counts an earlier one changed. ``memo``
-    keeps the claims' facts from one pass to the next (device_scaler/decide/claims.py)."""
+    keeps what a pass reads of each claim and resource for the next (view.Memo)."""
     view = index(s, cfg, memo)
     counts = live_counts(s.resources, view.specs)
     attach, counts = pending_allocations(view, counts)
