@@ -17,6 +17,13 @@ def echo(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 @idempotent
+def sink(*arrays: np.ndarray) -> np.ndarray:
+    """Take the arguments, return how many bytes they hold: a one-way transfer (eight
+    bytes come back), as an upload to the device is."""
+    return np.asarray([sum(a.nbytes for a in arrays)], dtype=np.int64)
+
+
+@idempotent
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out: np.ndarray = np.add(a, b)
     return out

@@ -99,8 +99,8 @@ Result = tuple[np.ndarray, ...]
 LARGE = 4 << 20
 _INVOKE, _RESULT = int(Op.INVOKE), int(Op.RESULT)  # ints: an enum member costs a lookup
 METRICS_INTERVAL = 0.25
-# On the rings, how long (seconds) a caller waiting for a reply watches the ring before
-# it sleeps on the doorbell (yielding its CPU between looks: ``Ring.wait``).
+# How long (seconds) a caller waiting for a reply watches the ring, or the TCP socket,
+# before it sleeps (yielding its CPU between looks: ``Ring.wait``, ``tcp.Reader.spin``).
 SPIN = 250e-6
 
 
@@ -768,7 +768,7 @@ class RemoteGPU:
         """Read one reply, waiting up to ``timeout``; False if none came."""
         ring = self._ring
         if ring is None:
-            if not self._tr.wait_readable(timeout):
+            if not self._tr.wait_readable(timeout, self.spin):
                 return False
             self._read_reply(self._tr)
             return True

@@ -88,11 +88,11 @@ class DonorConfig:
     # Hand authenticated TCP connections to the lease's worker (see ``worker``); when
     # False, or for channels that cannot be handed over (UCX), the donor relays requests.
     direct: bool = True
-    # Shared-memory rings: how long (seconds) a worker keeps watching its request ring
-    # after a request before it sleeps; trades a core's time for wake-ups under load.
-    # A worker that loses its CPU to another task while it spins stops spinning for a
-    # while (``ring.Ring.wait``).
-    ring_spin: float = 250e-6
+    # How long (seconds) a worker keeps watching for the next request after one (its
+    # ring, or its TCP connection) before it sleeps: a core's time traded for wake-ups,
+    # which between the vCPUs of a virtual machine cost tens of microseconds each. The
+    # spinner yields its CPU between looks (``ring.Ring.wait``, ``tcp.Reader.spin``).
+    spin: float = 250e-6
     # Unauthenticated connections: seconds to complete the HELLO, and how many TCP
     # connections (handshaking or serving a lease) one peer address may hold.
     handshake_timeout: float = 10.0
@@ -486,7 +486,7 @@ class Donor:
             rate_limit=self.config.rate_limit,
             rate_burst=self.config.rate_burst,
             ring=lease.ring,
-            spin=self.config.ring_spin,
+            spin=self.config.spin,
         )
 
     async def _end_lease(self, lease: Lease) -> None:

@@ -36,10 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headroom", type=float, default=0.9, help="usable share of the link")
     parser.add_argument("--transports", default="shm,tcp", help="offered transports")
     parser.add_argument(
+        "--spin-us",
         "--ring-spin-us",
+        dest="spin_us",
         type=float,
         default=250.0,
-        help="how long a shared-memory lease's worker watches its ring before sleeping",
+        help="how long a lease's worker watches for the next request (its ring, or its TCP "
+        "connection) before it sleeps",
     )
     parser.add_argument(
         "--handshake-timeout",
@@ -156,7 +159,7 @@ def donor_config(
         link_bandwidth=bandwidth,
         headroom=args.headroom,
         transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
-        ring_spin=args.ring_spin_us * 1e-6,
+        spin=args.spin_us * 1e-6,
         handshake_timeout=args.handshake_timeout,
         max_connections_per_peer=args.max_connections_per_peer,
         monitor=monitor,

@@ -432,12 +432,11 @@ def _serve_direct(worker: _Worker, session: Session) -> bool:
     last = time.monotonic()
     try:
         while True:
-            if reader.buffered():
-                events = [(sock_fd, select.POLLIN)]  # the next request is here already
+            if reader.spin(session.spin):
+                # Here already, or came while we watched: a sequential caller's next
+                # request usually does, and then costs neither side a wake-up.
+                events = [(sock_fd, select.POLLIN)]
             else:
-                # Straight to poll, which returns at once if bytes wait in the socket: a
-                # read tried first fails (EAGAIN, an exception) on nearly every sequential
-                # call, since the client has only just got its reply.
                 events = poller.poll(int(STATS_INTERVAL * 1000))
             if any(fd != sock_fd for fd, _ in events) and _stop_asked(conn):
                 stop = True

@@ -5,7 +5,12 @@
   --bidir``, single-threaded in bookworm's 3.12, was beaten 2.7-3.2 times by a bare
   Python socket echo on the development machine: no ceiling).
 - ``sockperf ping-pong --tcp``: round trips per second of a message of a given size, one
-  in flight (the server sends each message back), as sequential calls make them.
+  in flight (the server sends each message back), as sequential calls make them. Twice:
+  as it runs by default (it sleeps in ``epoll_wait`` between messages) and busy-polling
+  (``--nonblocked --timeout 0`` on both ends: it never sleeps), since the TCP transport
+  looks without sleeping for a while before it sleeps. Which of the two is faster depends
+  on where the scheduler puts the two ends (a wake-up between the vCPUs of a virtual
+  machine costs tens of microseconds); the ceiling is the better of the two.
 
 Both run as subprocesses against their own server on 127.0.0.1 (Debian bookworm packages
 ``iperf3`` and ``sockperf``). A missing tool is :class:`MissingTool`, raised before
@@ -22,10 +27,13 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hack.bench import placement
 from testbed.wait import wait_for
 
 TOOLS = ("iperf3", "sockperf")
 IPERF3_MAX_WRITE = 1 << 20  # iperf3 refuses larger blocks
+# sockperf busy-polling: non-blocking sockets, epoll_wait that never sleeps.
+BUSY_POLL = ("--nonblocked", "--timeout", "0")
 INSTALL = "apt-get install -y iperf3 sockperf"
 
 
@@ -127,7 +135,12 @@ class ToolServer:
     def __init__(self, argv: Sequence[str]) -> None:
         self.port = _free_port()
         cmd = [a.format(port=self.port) for a in argv]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=placement.server_preexec(),
+        )
         try:
             wait_for(
                 lambda: self.proc.poll() is not None or _accepts(self.port),
@@ -179,11 +192,23 @@ class Ceilings:
         cmd += ["-l", str(size), "-t", str(self.seconds), "-J"]
         return parse_iperf3(_run(cmd, self.seconds))
 
-    def round_trips_per_s(self, size: int) -> float:
-        """sockperf's TCP ping-pong rate of ``size``-byte messages over loopback."""
-        cmd = [self.tools["sockperf"].path, "ping-pong", "--tcp", "-i", "127.0.0.1"]
-        cmd += ["-p", str(self.sockperf.port), "-m", str(size), "-t", str(self.seconds)]
-        return parse_sockperf(_run(cmd, self.seconds))
+    def round_trips_per_s(self, size: int, busy: bool = False) -> float:
+        """sockperf's TCP ping-pong rate of ``size``-byte messages over loopback; ``busy``:
+        both ends busy-polling, against a server started for this measurement only (it
+        takes a CPU all the while)."""
+        path = self.tools["sockperf"].path
+        server = (
+            ToolServer([path, "server", "--tcp", "-i", "127.0.0.1", "-p", "{port}", *BUSY_POLL])
+            if busy
+            else self.sockperf
+        )
+        try:
+            cmd = [path, "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(server.port)]
+            cmd += ["-m", str(size), "-t", str(self.seconds), *(BUSY_POLL if busy else ())]
+            return parse_sockperf(_run(cmd, self.seconds))
+        finally:
+            if busy:
+                server.close()
 
     def close(self) -> None:
         self.iperf3.close()

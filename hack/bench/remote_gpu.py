@@ -18,8 +18,9 @@ starts anything) when ``iperf3`` or ``sockperf`` is missing (``hack/bench/ceilin
    interleaved in ``ROUNDS`` rounds (3), and each ratio is the median of the per-round
    ratios, so that the shared machine's drift hits both sides of a ratio alike.
 2. Calls per second of sequential 4 KiB echoes over TCP against ``sockperf ping-pong
-   --tcp`` with 4 KiB messages (``calls_vs_ceiling_4kib``) and a bare Python socket
-   ping-pong, interleaved likewise.
+   --tcp`` with 4 KiB messages, by default and busy-polling, the better of the two
+   (``calls_vs_ceiling_4kib``); beside them a bare Python socket ping-pong and the floor
+   of an authenticated protocol in CPython (``framed_pingpong.py``), interleaved likewise.
 3. Round-trip p50/p99 of small frames over TCP and shared memory (medians of 3 runs).
 4. Unless ``--data-plane``: the feature-extraction experiment: a 66 ms stage, 0.92 MB
    frames, N = 1..8 workers (one lease each): unshaped, then inside a private network
@@ -55,7 +56,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from hack.bench import placement  # noqa: E402
 from hack.bench.ceilings import IPERF3_MAX_WRITE, Ceilings, MissingTool, Tool, require  # noqa: E402
+from hack.bench.framed_pingpong import FramedPingPong  # noqa: E402
 from hack.bench.goals import finish, goal  # noqa: E402
 from hack.bench.shm_pingpong import PingPong  # noqa: E402
 from hack.bench.stats import percentile  # noqa: E402
@@ -102,9 +105,13 @@ class DonorProcess:
             "echo=remote_gpu.builtins:echo",
             "--allow",
             "fe=remote_gpu.builtins:feature_extract",
+            "--allow",
+            "sink=remote_gpu.builtins:sink",
             *extra,
         )
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, preexec_fn=placement.server_preexec()
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -142,9 +149,9 @@ def count_for(size: int) -> int:
     return max(8, min(400, int(0.25e9 / size)))
 
 
-def gpu_rate(gpu: RemoteGPU, a: np.ndarray) -> float:
+def gpu_rate(gpu: RemoteGPU, a: np.ndarray, function: str = "echo") -> float:
     n = count_for(a.nbytes)
-    return n * a.nbytes / pipelined(lambda: gpu.submit("echo", a), n, CREDITS)
+    return n * a.nbytes / pipelined(lambda: gpu.submit(function, a), n, CREDITS)
 
 
 def _raw_echo_server(listener: socket.socket, size: int) -> None:
@@ -175,6 +182,7 @@ class RawEcho:
         listener.listen(1)
         self.server = mp.get_context("fork").Process(target=_raw_echo_server, args=(listener, size))
         self.server.start()
+        placement.place_server(self.server.pid or 0)
         self.sock = socket.create_connection(listener.getsockname())
         listener.close()
         tune(self.sock)
@@ -253,7 +261,8 @@ def _measure(measure: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
 
 # The throughput ratios reported: name -> (measurement, the one it is divided by).
 RATIOS = {
-    "tcp_vs_ceiling": ("tcp", "iperf3"),
+    "tcp_vs_ceiling": ("tcp_one_way", "iperf3"),  # like with like: bytes go one way
+    "tcp_echo_vs_ceiling": ("tcp", "iperf3"),
     "python_socket_vs_ceiling": ("python_socket", "iperf3"),
     "tcp_vs_python_socket": ("tcp", "python_socket"),
     "shm_vs_tcp": ("shm", "tcp"),
@@ -278,6 +287,7 @@ def throughput(
         **({"iperf3": partial(ceilings.tcp_bytes_per_s, size)} if size <= IPERF3_MAX_WRITE else {}),
         "python_socket": raw.rate,
         **{name: partial(gpu_rate, gpu, a) for name, gpu in gpus.items()},
+        "tcp_one_way": partial(gpu_rate, gpus["tcp"], a, "sink"),
         "pingpong": lambda: pingpong.rate(a, n, CREDITS),
         "memcpy": lambda: memcpy_rate(size),
     }
@@ -300,11 +310,14 @@ def throughput(
 
 
 def calls(donor: DonorProcess, ceilings: Ceilings, seconds: float = 1.0) -> dict[str, float]:
-    """Sequential calls per second of ``SMALL`` echoes over TCP, against sockperf's TCP
-    ping-pong rate and a bare Python socket ping-pong, interleaved in rounds."""
+    """Sequential calls per second of ``SMALL`` echoes over TCP, interleaved in rounds
+    with: sockperf's TCP ping-pong, as it runs by default and busy-polling (the ceiling
+    of a round is the better of the two); a bare Python socket ping-pong; and the framed
+    floor (``framed_pingpong``: what any authenticated protocol in CPython must do)."""
     label, size = SMALL
     a = np.ones(size, dtype=np.uint8)
     raw = RawEcho(size)
+    framed = FramedPingPong(size)
     gpu = donor.client(transport="tcp")
 
     def tcp_rate() -> float:
@@ -319,21 +332,29 @@ def calls(donor: DonorProcess, ceilings: Ceilings, seconds: float = 1.0) -> dict
         for _ in range(200):
             gpu.invoke("echo", a)
         raw.ping_pong(200)
+        framed.round_trips_per_s(a, 200)
         runs = _measure(
             {
                 "sockperf": lambda: ceilings.round_trips_per_s(size),
+                "sockperf_busy_poll": lambda: ceilings.round_trips_per_s(size, busy=True),
                 "python_socket": lambda: raw.ping_pong(2000),
+                "python_framed": lambda: framed.round_trips_per_s(a, 4000),
                 "tcp": tcp_rate,
             }
         )
     finally:
         gpu.close()
         raw.close()
+        framed.close()
+    default, busy = runs["sockperf"], runs["sockperf_busy_poll"]
+    runs["ceiling"] = [max(p, q) for p, q in zip(default, busy, strict=True)]
     out: dict[str, float] = {
         f"{k}_calls_per_s_{label}": round(statistics.median(v)) for k, v in runs.items()
     }
-    out[f"calls_vs_ceiling_{label}"] = _median_ratio(runs, "tcp", "sockperf")
-    out[f"python_socket_vs_ceiling_{label}"] = _median_ratio(runs, "python_socket", "sockperf")
+    out[f"calls_vs_ceiling_{label}"] = _median_ratio(runs, "tcp", "ceiling")
+    out[f"python_socket_vs_ceiling_{label}"] = _median_ratio(runs, "python_socket", "ceiling")
+    out[f"python_framed_vs_ceiling_{label}"] = _median_ratio(runs, "python_framed", "ceiling")
+    out[f"tcp_vs_python_framed_{label}"] = _median_ratio(runs, "tcp", "python_framed")
     return out
 
 
@@ -536,13 +557,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"remote_gpu bench: {exc}", file=sys.stderr)
         print(json.dumps({"error": str(exc), "goals_met": False}), flush=True)
         return 2
-    donor = DonorProcess()
+    cpus = os.sched_getaffinity(0)
+    where = placement.split()  # clients on one CPU, servers on another (placement.py)
     try:
-        out = data_plane(donor, tools)
-        if not args.data_plane:
-            out.update(admission(donor))
+        donor = DonorProcess()
+        try:
+            out = data_plane(donor, tools)
+        finally:
+            donor.stop()
     finally:
-        donor.stop()
+        placement.release(cpus)
+    out["placement"] = (
+        {"clients_cpu": min(where[0]), "servers_cpu": min(where[1])} if where else "one CPU"
+    )
+    if not args.data_plane:
+        donor = DonorProcess()  # the admission sweeps run where the scheduler puts them
+        try:
+            out.update(admission(donor))
+        finally:
+            donor.stop()
     return finish(out, goals(out, with_admission=not args.data_plane))
 
 

@@ -7,7 +7,9 @@ in place, as ``echo`` does, and the result is copied out of the slot into a new 
 What is left out is everything the transport adds: frames, MACs, futures, doorbells.
 Requests and answers are two counters in the arena's control block (x86-64 orders plain
 stores, as ``remote_gpu.ring`` relies on too); both sides poll them, yielding the CPU
-between looks, so that on a busy machine neither starves the other.
+between looks, so that on a busy machine neither starves the other. The peer polls only
+while a measurement runs (``rate`` tells it how many requests to answer); between
+measurements it sleeps on its pipe.
 
 A library of ``hack/bench/remote_gpu.py``, not a benchmark of its own: that bench compares
 the transport with this ceiling (``shm_vs_pingpong_1mib``), prints the goals, ends with its
@@ -16,6 +18,7 @@ JSON and exits non-zero when a goal is missed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -23,30 +26,51 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from hack.bench import placement
 from remote_gpu.arena import PAGE, Arena
 
-_POSTED, _ANSWERED, _STOP = 0, 8, 16  # u64 indices, a cache line apart
+_POSTED, _ANSWERED = 0, 8  # u64 indices, a cache line apart
 
 
-def _peer(path: str, size: int, slots: int, slot_size: int, ready: Connection, parent: int) -> None:
+def _peer(
+    path: str,
+    size: int,
+    slots: int,
+    slot_size: int,
+    conn: Connection,
+    bench: Connection,
+    parent: int,
+) -> None:
+    bench.close()  # the bench's end, inherited by fork: held here, it would hide its death
     # ``parent``: the bench's pid, as it gave it. Read here with getppid, it would be init's
     # where the bench had already exited (it may, once ready), and the peer would spin on.
     arena = Arena.attach(path, size, slots, slot_size)
     counters = arena.view(arena.ctl_offset, 256).cast("Q")
-    ready.send(True)
+    conn.send(True)
     answered = idle = 0
-    while not counters[_STOP]:
-        posted = counters[_POSTED]
-        if posted == answered:
-            os.sched_yield()
-            idle += 1
-            if idle % 64 == 0 and os.getppid() != parent:
-                break  # the bench died without saying stop: spin no longer
-            continue
-        answered = posted  # echo: the arguments are the results, in place
-        counters[_ANSWERED] = answered
-    counters.release()
-    arena.close()
+    try:
+        while True:
+            # Between measurements the peer sleeps on the pipe: a spinner left running
+            # would take a CPU from everything else the bench measures.
+            try:
+                until = conn.recv()
+            except (EOFError, OSError):
+                break
+            if until is None:
+                break
+            while answered < until:
+                posted = counters[_POSTED]
+                if posted == answered:
+                    os.sched_yield()
+                    idle += 1
+                    if idle % 64 == 0 and os.getppid() != parent:
+                        return  # the bench died mid-measurement: spin no longer
+                    continue
+                answered = posted  # echo: the arguments are the results, in place
+                counters[_ANSWERED] = answered
+    finally:
+        counters.release()
+        arena.close()
 
 
 class PingPong:
@@ -60,10 +84,13 @@ class PingPong:
         mine, theirs = mp.Pipe()
         self._proc = mp.get_context("fork").Process(
             target=_peer,
-            args=(str(a.path), a.size, a.slots, a.slot_size, theirs, os.getpid()),
+            args=(str(a.path), a.size, a.slots, a.slot_size, theirs, mine, os.getpid()),
             daemon=True,
         )
         self._proc.start()
+        placement.place_server(self._proc.pid or 0)
+        theirs.close()
+        self._conn = mine
         if not mine.poll(30):
             self.close()
             raise RuntimeError("the ping-pong peer did not start")
@@ -84,6 +111,7 @@ class PingPong:
         src = data.reshape(-1).view(np.uint8)
         buf, slot_size, counters = self.arena.buf, self.arena.slot_size, self._counters
         taken = self._posted
+        self._conn.send(self._posted + n)  # the peer answers that many, then sleeps
         start = time.perf_counter()
         for i in range(n + depth):
             if self._posted - taken == depth or (i >= n and taken < self._posted):
@@ -101,7 +129,8 @@ class PingPong:
         return n * size / (time.perf_counter() - start)
 
     def close(self) -> None:
-        self._counters[_STOP] = 1
+        with contextlib.suppress(OSError):
+            self._conn.send(None)
         self._proc.join(10)
         self._counters.release()
         self.arena.close()

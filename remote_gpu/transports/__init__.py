@@ -53,8 +53,9 @@ class ClientTransport(ABC):
     def recv_payload_into(self, view: memoryview) -> None:
         self.recv_into(view)
 
-    def wait_readable(self, timeout: float | None) -> bool:
-        """Whether a frame can be read now or within ``timeout`` seconds (None: wait).
+    def wait_readable(self, timeout: float | None, spin: float = 0.0) -> bool:
+        """Whether a frame can be read now or within ``timeout`` seconds (None: wait),
+        looking without sleeping for the first ``spin`` seconds where the transport can.
 
         Transports that cannot tell say True: the read that follows then blocks."""
         return True

@@ -15,10 +15,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hack.bench.ceilings import MissingTool, parse_iperf3, parse_sockperf, parse_version, require
+from hack.bench import ceilings, placement
+from hack.bench.ceilings import (
+    BUSY_POLL,
+    Ceilings,
+    MissingTool,
+    Tool,
+    parse_iperf3,
+    parse_sockperf,
+    parse_version,
+    require,
+)
+from hack.bench.framed_pingpong import FramedPingPong
 from hack.bench.goals import all_met
 from hack.bench.remote_gpu import goals
 from hack.bench.shm_pingpong import PingPong
+from remote_gpu.builtins import sink
 from testbed.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -177,3 +189,84 @@ def test_the_pingpong_peer_stops_when_the_bench_dies_without_closing() -> None:
             os.kill(pid, signal.SIGKILL)  # leave no spinner behind, even on failure
         for path in (arena, *arena.parent.glob(arena.name + ".*")):
             path.unlink(missing_ok=True)
+
+
+def test_sockperf_busy_polls_at_both_ends_against_a_server_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    servers: list[list[str]] = []
+    closed: list[list[str]] = []
+
+    class Server:
+        port = 5001
+
+        def __init__(self, argv: list[str]) -> None:
+            self.argv = argv
+            servers.append(argv)
+
+        def close(self) -> None:
+            closed.append(self.argv)
+
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], _seconds: float) -> str:
+        ran.append(cmd)
+        return SOCKPERF
+
+    monkeypatch.setattr(ceilings, "ToolServer", Server)
+    monkeypatch.setattr(ceilings, "_run", run)
+    tools = {n: Tool(n, "1", f"/usr/bin/{n}") for n in ("iperf3", "sockperf")}
+    c = Ceilings(tools)
+    assert len(servers) == 2 and not any(set(BUSY_POLL) <= set(a) for a in servers)
+    assert c.round_trips_per_s(4096) == pytest.approx(46225 / 1.552)
+    assert not set(BUSY_POLL) & set(ran[-1][3:])  # by default, as it runs by default
+    c.round_trips_per_s(4096, busy=True)
+    busy_server = servers[-1]
+    assert len(servers) == 3 and "server" in busy_server and set(BUSY_POLL) <= set(busy_server)
+    assert set(BUSY_POLL) <= set(ran[-1]) and "ping-pong" in ran[-1]
+    assert closed == [busy_server]  # a spinning server does not outlive its measurement
+
+
+def test_the_framed_floor_checks_its_frames_and_moves_the_bytes() -> None:
+    floor = FramedPingPong(4096)
+    try:
+        data = np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8)
+        assert np.array_equal(floor.call(data), data)
+        assert floor.round_trips_per_s(data, 100) > 0
+    finally:
+        floor.close()
+    assert not floor._proc.is_alive()
+
+
+def test_sink_returns_the_bytes_it_took() -> None:
+    out = sink(np.ones(1000, np.uint8), np.ones(3, np.float64))
+    assert out.dtype == np.int64 and out.tolist() == [1024]
+
+
+def test_placement_puts_clients_and_servers_on_two_cpus() -> None:
+    cpus = os.sched_getaffinity(0)
+    where = placement.split()
+    try:
+        if len(cpus) < 2:
+            assert where is None and placement.server_preexec() is None
+            return
+        assert where is not None
+        client, server = where
+        assert client.isdisjoint(server) and os.sched_getaffinity(0) == client
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE,
+            preexec_fn=placement.server_preexec(),
+        )
+        try:
+            assert os.sched_getaffinity(proc.pid) == server
+        finally:
+            proc.communicate(b"")
+        pp = PingPong(1 << 20, 1)  # a forked peer moves to the servers' CPU too
+        try:
+            assert os.sched_getaffinity(pp._proc.pid or 0) == server
+        finally:
+            pp.close()
+    finally:
+        placement.release(cpus)
+    assert os.sched_getaffinity(0) == cpus and placement.server_preexec() is None

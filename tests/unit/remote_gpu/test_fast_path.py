@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from remote_gpu.errors import (
     RemoteGPUError,
 )
 from remote_gpu.protocol import DType, Flags, Header, Op
+from remote_gpu.transports.tcp import Reader, TcpClientTransport
 from testbed.wait import wait_for
 
 from .conftest import ALLOW, SECRET, Running, start_donor, stop_donor
@@ -338,19 +342,63 @@ def test_results_that_are_arguments_keep_their_own_shape(transport: str) -> None
         stop_donor(running, thread)
 
 
-def test_a_worker_that_never_spins_is_woken_for_every_request() -> None:
-    """With no spinning, the worker sleeps after each request: every one of them must
-    wake it through the doorbell."""
-    config = DonorConfig(name="sleepy", secret=SECRET, allow=ALLOW, ring_spin=0.0)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_worker_that_never_spins_is_woken_for_every_request(transport: str) -> None:
+    """With no spinning, the worker sleeps after each request (on its ring's doorbell, or
+    in poll on its TCP connection): every one of them must wake it."""
+    config = DonorConfig(name="sleepy", secret=SECRET, allow=ALLOW, spin=0.0)
     running, thread = start_donor(config)
     try:
-        with RemoteGPU(running.endpoint, running.token(), transport="shm", timeout=10) as gpu:
+        with RemoteGPU(running.endpoint, running.token(), transport=transport, timeout=10) as gpu:
             for i in range(300):
                 assert gpu.invoke("echo", np.array([i]))[0][0] == i
             futures = [gpu.submit("echo", np.array([i])) for i in range(40)]
             assert [f.result(10)[0][0] for f in futures] == list(range(40))
     finally:
         stop_donor(running, thread)
+
+
+def test_a_tcp_caller_that_spins_takes_its_reply_without_sleeping(donor: Running) -> None:
+    """A TCP caller watching its socket for longer than the reply takes never sleeps in
+    poll; one that does not spin sleeps there for every reply."""
+    for spin, sleeps in ((10.0, False), (0.0, True)):
+        with RemoteGPU(donor.endpoint, donor.token(), transport="tcp", spin=spin) as gpu:
+            tr = gpu._tr
+            assert isinstance(tr, TcpClientTransport)
+            polls: list[int | None] = []
+            poll = tr._poll.poll
+
+            def counted(ms: int | None = None, poll: Any = poll, polls: list[Any] = polls) -> Any:
+                polls.append(ms)
+                return poll(ms)
+
+            tr._poll = SimpleNamespace(poll=counted)  # type: ignore[assignment]
+            for i in range(50):
+                assert gpu.invoke("echo", np.array([i]))[0][0] == i
+            assert bool(polls) if sleeps else polls == []
+
+
+def test_tcp_reader_spin_sees_bytes_that_come_while_it_looks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        reader = Reader(a)
+        assert not reader.spin(0.0)  # nothing there, and no time to wait
+        looks = 0
+
+        def peer_writes_on_the_third_look() -> None:
+            nonlocal looks
+            looks += 1
+            if looks == 3:
+                b.send(b"hello")
+
+        monkeypatch.setattr(os, "sched_yield", peer_writes_on_the_third_look)
+        assert reader.spin(30.0)
+        assert looks == 3 and reader.read(5) == b"hello"
+        b.send(b"x")
+        assert reader.spin(0.0)  # there already: no look needed
+        assert looks == 3
 
 
 def test_close_unmaps_the_arena_unless_views_are_held(donor: Running) -> None:
@@ -402,9 +450,9 @@ def test_a_ring_caller_reads_the_control_channel_only_when_a_wait_wakes_for_it(
         looks: list[float | None] = []
         wait_readable = gpu._tr.wait_readable
 
-        def counted(timeout: float | None) -> bool:
+        def counted(timeout: float | None, spin: float = 0.0) -> bool:
             looks.append(timeout)
-            return wait_readable(timeout)
+            return wait_readable(timeout, spin)
 
         gpu._tr.wait_readable = counted  # type: ignore[method-assign]
         for i in range(50):
