@@ -432,9 +432,10 @@ def _serve_direct(worker: _Worker, session: Session) -> bool:
     last = time.monotonic()
     try:
         while True:
-            if reader.spin(session.spin):
-                # Here already, or came while we watched: a sequential caller's next
-                # request usually does, and then costs neither side a wake-up.
+            # Here already, or came while we watched: a sequential caller's next request
+            # usually does, and then costs neither side a wake-up. Without a spin, straight
+            # to poll: a read tried first fails (EAGAIN) on nearly every sequential call.
+            if reader.buffered() or (session.spin > 0 and reader.spin(session.spin)):
                 events = [(sock_fd, select.POLLIN)]
             else:
                 events = poller.poll(int(STATS_INTERVAL * 1000))

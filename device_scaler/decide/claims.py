@@ -70,7 +70,7 @@ class ClaimFacts:
     pending: PendingClaim | None  # None too once every device says FabricDeviceReady
 
 
-def said_ready(claim: JSON, driver: str, result: JSON) -> bool:
+def _said_ready(claim: JSON, driver: str, result: JSON) -> bool:
     """The claim's status says the result's device is FabricDeviceReady."""
     entry = status_entry(claim, driver, str(result.get("pool")), str(result.get("device")))
     return is_true((entry or {}).get("conditions") or [], names.FABRIC_DEVICE_READY)
@@ -83,6 +83,6 @@ def claim_facts(claim: JSON, driver: str) -> ClaimFacts | None:
         return None
     uid = str(meta_of(claim).get("uid") or "")
     pending = _pending(claim, results)
-    if pending is not None and all(said_ready(claim, driver, r) for r in pending.results):
+    if pending is not None and all(_said_ready(claim, driver, r) for r in pending.results):
         pending = None  # attached and said so: phase 1 has nothing more to do for it
     return ClaimFacts(claim, uid, results, pending)

@@ -15,6 +15,9 @@
 Both run as subprocesses against their own server on 127.0.0.1 (Debian bookworm packages
 ``iperf3`` and ``sockperf``). A missing tool is :class:`MissingTool`, raised before
 anything starts. The parsers read the tools' own output (not the network).
+
+A library of ``hack/bench/remote_gpu.py``, not a benchmark of its own: that bench prints
+the goals, ends with its JSON and exits non-zero when a goal is missed.
 """
 
 from __future__ import annotations
@@ -179,9 +182,7 @@ class Ceilings:
         self.seconds = seconds
         self.iperf3 = ToolServer([tools["iperf3"].path, "-s", "-B", "127.0.0.1", "-p", "{port}"])
         try:
-            self.sockperf = ToolServer(
-                [tools["sockperf"].path, "server", "--tcp", "-i", "127.0.0.1", "-p", "{port}"]
-            )
+            self.sockperf = self._sockperf_server()
         except BaseException:
             self.iperf3.close()
             raise
@@ -197,11 +198,7 @@ class Ceilings:
         both ends busy-polling, against a server started for this measurement only (it
         takes a CPU all the while)."""
         path = self.tools["sockperf"].path
-        server = (
-            ToolServer([path, "server", "--tcp", "-i", "127.0.0.1", "-p", "{port}", *BUSY_POLL])
-            if busy
-            else self.sockperf
-        )
+        server = self._sockperf_server(*BUSY_POLL) if busy else self.sockperf
         try:
             cmd = [path, "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(server.port)]
             cmd += ["-m", str(size), "-t", str(self.seconds), *(BUSY_POLL if busy else ())]
@@ -209,6 +206,10 @@ class Ceilings:
         finally:
             if busy:
                 server.close()
+
+    def _sockperf_server(self, *extra: str) -> ToolServer:
+        path = self.tools["sockperf"].path
+        return ToolServer([path, "server", "--tcp", "-i", "127.0.0.1", "-p", "{port}", *extra])
 
     def close(self) -> None:
         self.iperf3.close()

@@ -7,6 +7,9 @@ development machine (two vCPUs), depending on whether both ends happened to shar
 spinning end that shared its CPU with the other halved a transfer's rate. Pinned, each
 measurement and its ceiling run in the same placement, and rounds repeat. On a machine
 with one CPU nothing is pinned.
+
+A library of ``hack/bench/remote_gpu.py``, not a benchmark of its own: that bench prints
+the goals, ends with its JSON and exits non-zero when a goal is missed.
 """
 
 from __future__ import annotations

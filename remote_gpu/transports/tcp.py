@@ -81,8 +81,8 @@ class Reader:
         """Look for bytes for up to ``seconds`` without sleeping, yielding the CPU between
         looks (as ``Ring.wait`` does): a reply or request that comes meanwhile costs
         neither side a wake-up, which between the vCPUs of a virtual machine costs tens
-        of microseconds (a sequential 4 KiB echo went from ~7,000 to ~40,000 calls a
-        second on the development machine with both sides spinning)."""
+        of microseconds (sequential 4 KiB calls went from ~5,100 to ~8,300 a second on
+        the development machine with both sides spinning)."""
         if self.fill_nowait():
             return True
         until = time.perf_counter() + seconds
