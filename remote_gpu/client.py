@@ -89,6 +89,7 @@ from remote_gpu.protocol import (
     unpack_arrays,
 )
 from remote_gpu.ring import Ring, ctl_size
+from remote_gpu.spares import Spares
 from remote_gpu.tokens import Token, read
 from remote_gpu.transports import ClientTransport, Frame, host_id
 
@@ -309,6 +310,8 @@ class RemoteGPU:
         )
         self._viewed: list[int] = []
         self._pins: list[_Pin] = []
+        # Large results copied out go into buffers used again once the caller drops them.
+        self._spares = Spares(2 * self.credits)
         self._unpinned = 0
         self._mem = memoryview(b"")
         if self.arena is not None:
@@ -877,7 +880,7 @@ class RemoteGPU:
             mem = self._mem
             out: list[np.ndarray] = []
             for dtype, shape, at, n in specs:
-                a = np.empty(shape, numpy_dtype(dtype))
+                a = self._spares.empty(shape, numpy_dtype(dtype))
                 if n:
                     memoryview(a).cast("B")[:] = mem[at : at + n]  # type: ignore[arg-type]
                 out.append(a)
@@ -922,10 +925,12 @@ class RemoteGPU:
             if not (base <= h.offset and h.offset + h.length <= base + self.arena.slot_size):
                 raise FrameError("SHM result outside the request's slot")
             if pin is None:
-                return self.arena.array(h.offset, h.dtype, h.shape).copy()
+                copy = self._spares.empty(h.shape, numpy_dtype(h.dtype))
+                np.copyto(copy, self.arena.array(h.offset, h.dtype, h.shape), casting="no")
+                return copy
             raw = pin[h.offset - base : h.offset - base + h.length]
             return raw.view(numpy_dtype(h.dtype), np.ndarray).reshape(h.shape)
-        out = np.empty(h.shape, dtype=numpy_dtype(h.dtype))
+        out = self._spares.empty(h.shape, numpy_dtype(h.dtype))
         if h.length:
             src.recv_payload_into(_bytes_of(out))
         return out
@@ -994,6 +999,7 @@ class RemoteGPU:
             self._mem.release()
             self._pins = []
             self.arena.close()
+        self._spares.clear()
 
     def __enter__(self) -> RemoteGPU:
         return self
