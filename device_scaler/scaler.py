@@ -136,17 +136,6 @@ def standby_held(resources: list[JSON]) -> dict[str, int]:
     return out
 
 
-# A pass rests PASS_REST_FACTOR times as long as it took, at most PASS_REST_CAP seconds.
-PASS_REST_FACTOR = 4.0
-PASS_REST_CAP = 1.0
-
-
-def rest_after(took: float) -> float:
-    """Seconds to rest after a pass that took ``took`` (wall time, so a busy machine
-    makes it rest longer)."""
-    return max(0.0, min(PASS_REST_FACTOR * took, PASS_REST_CAP))
-
-
 def _pipelined(action: Any) -> bool:
     """A write on an attach's path that no other write of the pass must precede or
     follow: a claim's resource, or FabricDeviceReady alone on its status."""
@@ -272,21 +261,16 @@ class Scaler(InformerDriven):
             every=lambda: self.config.resync,
             debounce=self.config.debounce,
             on_error=self._failed,
+            # A pass costs O(cluster) (10-30 ms of CPU at a thousand nodes) and sends its
+            # attach writes without waiting for them: it rests after (informer.rest_after).
+            rest=True,
         )
 
     def _pass(self) -> None:
-        started = time.monotonic()
         self.reconcile()
         if not self.synced.is_set():
             log.info("first pass done")  # caches synced: claims are seen from now on
         self.synced.set()
-        # A pass costs O(cluster) (10-30 ms of CPU at a thousand nodes, 2-3 times that in
-        # wall time on a busy machine) and sends its attach writes without waiting for
-        # them: during a burst events come faster than passes, so the rest sets the pass
-        # rate, and so the scaler's CPU. Resting 4 times as long keeps passes to a fifth of
-        # the time (they had half: 45 s of CPU in a 1,000-claim burst at 1,000 nodes, now
-        # about half of that); a small cluster's pass takes milliseconds.
-        self._stop.wait(rest_after(time.monotonic() - started))
 
     def _failed(self, exc: BaseException, retry_in: float) -> None:
         RECONCILE_ERRORS.inc()

@@ -38,6 +38,7 @@ from composable_dra.fabric.registry import (
 from composable_dra.fabric.registry import host_nodes as nodes_by_host
 from composable_dra.fabric.slots import slot_holds, with_slots
 from composable_dra.k8s import events, retry
+from composable_dra.k8s.derived import Derived
 from composable_dra.k8s.informer import Informer, InformerDriven
 from composable_dra.k8s.kept import claim_binding_fields
 from composable_dra.k8s.kube import JSON, Kube, KubeError, path
@@ -46,6 +47,7 @@ from composable_dra.k8s.resource_slices import common_fields, touch_slice, write
 from composable_dra.k8s.wake import SLICE_WAKES, TOUCH_EVENT, Waker
 from composable_dra.model import fence, names
 from composable_dra.process import logs
+from pool_publisher.claim_use import ClaimUse, claim_use, held, waiting
 from pool_publisher.class_clash import ClassClashWatch
 from pool_publisher.node_labels import (
     Written,
@@ -58,7 +60,7 @@ from pool_publisher.node_labels import (
 )
 from pool_publisher.pool_health import COMPONENT, PoolHealth, fence_inventory, health_taints
 from pool_publisher.served import EVERYTHING, HELD_BACK_WHY, POOL_HELD_BACK, Served, as_served
-from pool_publisher.window import AUTO, WindowPolicy, waiting_claims, window_size
+from pool_publisher.window import AUTO, WindowPolicy, window_size
 from pool_publisher.zone_select import NodeLabel, node_selector, zone_carriers, zone_label
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -173,13 +175,7 @@ def zone_nodes(hosts: Iterable[str], host_nodes: Mapping[str, Sequence[str]]) ->
 
 def live_allocations(claims: Iterable[JSON], driver: str) -> set[tuple[str, str]]:
     """(pool, device) of every allocation result of ``driver`` in the claims."""
-    refs = set()
-    for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") == driver:
-                refs.add((str(r.get("pool", "")), str(r.get("device", ""))))
-    return refs
+    return held(map(claim_use, claims), {driver})
 
 
 def published_devices(slices: Iterable[JSON]) -> frozenset[tuple[str, str]]:
@@ -709,6 +705,8 @@ class PoolPublisher(InformerDriven):
         self.cr_informer = Informer(kube, path(API_VERSION, "composableresources"), wake)
         self._attachments: frozenset[tuple[str, str, bool]] | None = None
         self._live: set[tuple[str, str]] = set()
+        # Each claim's allocation or wait, read again only when the claim changed.
+        self._claim_uses = Derived(claim_use)
         self.slice_informer = Informer(
             kube,
             path(RESOURCE_API, "resourceslices"),
@@ -764,7 +762,14 @@ class PoolPublisher(InformerDriven):
 
     def _loop(self) -> None:
         self._debounced_passes(
-            self._pass, every=self._next_poll_in, debounce=self.debounce, on_error=self._failed
+            self._pass,
+            every=self._next_poll_in,
+            debounce=self.debounce,
+            on_error=self._failed,
+            # A pass costs O(cluster); during a burst of claims one ran on nearly every
+            # allocation (informer.rest_after). Resting, a pass sees several allocations
+            # and refills their pools in one write each.
+            rest=True,
         )
 
     def _pass(self) -> None:
@@ -807,15 +812,17 @@ class PoolPublisher(InformerDriven):
                 SLICE_WAKES.inc()
                 log.info(TOUCH_EVENT, pool=pool, slice=name)
 
-    def _window(self, claims: list[JSON], drivers: set[str], nodes: int) -> int:
+    def _window(
+        self, claims: list[JSON], uses: list[ClaimUse], drivers: set[str], nodes: int
+    ) -> int:
         """This pass's window (pool_publisher/window.py), over the pools of the last plan
         and the cluster's ``nodes``: the pending claims counted are those whose classes
         select a pool's driver."""
         pools = len(self._generations)
-        waiting = waiting_claims(claims, self.class_clash.selecting(drivers))
+        pending_claims = waiting(claims, uses, self.class_clash.selecting(drivers))
         if not self.served.binding_conditions:
-            self._tell_held_back(waiting)
-        pending = len(waiting)
+            self._tell_held_back(pending_claims)
+        pending = len(pending_claims)
         self._window_size = window_size(pending, pools, self._window_size, self.window, nodes=nodes)
         POOL_WINDOW.set(self._window_size)
         return self._window_size
@@ -928,11 +935,12 @@ class PoolPublisher(InformerDriven):
             for f in self.fabric_informer.items()
             if isinstance(v := (f.get("spec") or {}).get("vendorDriver"), dict) and v.get("name")
         }
-        live = {ref for d in sorted(drivers) for ref in live_allocations(claims, d)}
+        uses = self._claim_uses.map(claims)
+        live = held(uses, drivers)
         if read_again(self._attachments, attachments, self._live, live):
             force = True
         self._attachments, self._live = attachments, live
-        window = self._window(claims, drivers, len(nodes))
+        window = self._window(claims, uses, drivers, len(nodes))
         desired: dict[str, PoolSpec] = {}
         published = published_devices(self.slice_informer.items())
         read, skipped = self._read_fabrics(nodes, resources, live, force)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from composable_dra.k8s.kept import request_classes
 from composable_dra.k8s.kube import JSON
+from pool_publisher.claim_use import claim_use, waiting
 
 # Measured at 1,000 nodes (docs/attach-flow.md, The scheduler's pace): each free device on
 # show costs every pod one CEL evaluation per node filtered; 8 kept pool claims within 1.2x
@@ -59,13 +59,8 @@ class WindowPolicy:
 def waiting_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> list[JSON]:
     """Claims without an allocation, not being deleted, that ask for one of ``classes``
     (the DeviceClasses that select a pool's driver; None: any claim)."""
-    return [
-        c
-        for c in claims
-        if not (c.get("status") or {}).get("allocation")
-        and not (c.get("metadata") or {}).get("deletionTimestamp")
-        and (classes is None or any(name in classes for name in request_classes(c)))
-    ]
+    claims = list(claims)
+    return waiting(claims, [claim_use(c) for c in claims], classes)
 
 
 def pending_claims(claims: Iterable[JSON], classes: Collection[str] | None = None) -> int:

@@ -9,9 +9,11 @@ the emulator. The operator, pool publisher and scaler run as processes
 (testbed/harness.py); the bench stands in for the plugins' one write of the
 attach flow (``DeviceVisible``, once the operator has recorded the attached GPU's UUID).
 Then ``--first`` pods with pool claims are created at once, and when every claim is
-ready, ``--claims`` more. kube-scheduler and the pool publisher run with their defaults
-(issue 28); ``--percentage-of-nodes-to-score`` and ``--pool-window`` set the optional
-tuning of docs/operations.md.
+ready, ``--claims`` more. kube-scheduler, the pool publisher and the Fabric run with
+their defaults (issue 28); ``--percentage-of-nodes-to-score`` and ``--pool-window`` set the
+optional tuning of docs/operations.md, and ``--fabric-poll`` the Fabric's poll interval
+(its default 30 s; each poll reads the whole inventory, in the operator and in the
+publisher, and the emulator that answers shares the bench's two cores).
 
 Per burst: ``ready_p50_s``/``ready_p99_s`` (``FabricDeviceReady`` - pod created, no
 latency subtracted), the controllers' CPU seconds per claim (``utime + stime`` of each
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from api.v1alpha1 import API_VERSION
+from api.v1alpha1 import API_VERSION, FabricSpec
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, KubeError, path
 from composable_dra.k8s.timestamps import parse_time
@@ -80,6 +82,7 @@ from testbed.nodes import create_node
 from testbed.wait import wait_for
 
 RESOURCE = "resource.k8s.io/v1"
+FABRIC_POLL_DEFAULT_S = FabricSpec.model_fields["poll_interval_seconds"].default
 PLACEHOLDERS = "placeholders"
 RSS_CEILING_MB = 300.0
 READY_P99_CEILING_S = 150.0  # the second burst's, on the shared 2-core machine
@@ -590,6 +593,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the pending claims; 0: every free GPU; N: a fixed window)",
     )
     p.add_argument(
+        "--fabric-poll",
+        type=int,
+        default=FABRIC_POLL_DEFAULT_S,
+        help="the Fabric's spec.pollIntervalSeconds (%(default)s, its default; the suite's "
+        "tests use 5): how often the operator and the publisher read the whole inventory",
+    )
+    p.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
         default=0,
@@ -634,6 +644,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             attach_timeout=max(120.0, args.timeout),
             start_timeout=600.0,
             publisher_args=[f"--max-free-devices-per-pool={args.pool_window}"],
+            poll_interval_seconds=args.fabric_poll,
         )
         suite = Suite(kube, cp.kubeconfig, workdir / "suite", opts)
         t = time.monotonic()
@@ -671,6 +682,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     out["setup_s"] = round(setup_s, 1)
     out["percentage_of_nodes_to_score"] = args.percentage_of_nodes_to_score
     out["pool_window"] = args.pool_window
+    out["fabric_poll_s"] = args.fabric_poll
     out["nodes"], out["zones"], out["pool_gpus"] = args.nodes, args.zones, args.pool_gpus
     return finish(out, goals(out))
 

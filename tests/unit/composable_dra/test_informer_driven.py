@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from composable_dra.k8s.informer import InformerDriven
+from composable_dra.k8s.informer import PASS_REST_CAP, PASS_REST_FACTOR, InformerDriven, rest_after
 
 
 class _Passes(InformerDriven):
@@ -47,3 +48,48 @@ def test_debounced_passes_run_on_a_wake_and_retry_a_failed_pass() -> None:
     assert ctl._thread is not None and not ctl._thread.is_alive()
     with pytest.raises(RuntimeError):  # its thread pools stop with it
         writes.submit(print)
+
+
+class _SlowPasses(InformerDriven):
+    """No informers; every pass costs ``cost`` seconds of CPU and notes when it began."""
+
+    def __init__(self, cost: float, rest: bool) -> None:
+        super().__init__()
+        self.cost, self.rest = cost, rest
+        self.began: list[float] = []
+        self.took: list[float] = []
+        self.two = threading.Event()
+
+    def one_pass(self) -> None:
+        t0 = time.monotonic()
+        self.began.append(t0)
+        while time.monotonic() - t0 < self.cost:
+            pass
+        self.took.append(time.monotonic() - t0)
+        self._wake.set()  # events keep coming, as in a burst
+        if len(self.began) >= 2:
+            self.two.set()
+
+    def _loop(self) -> None:
+        self._debounced_passes(
+            self.one_pass, every=lambda: 60.0, debounce=0.0, on_error=print, rest=self.rest
+        )
+
+
+def test_rest_after_keeps_passes_to_a_fifth_of_the_time() -> None:
+    assert rest_after(0.002) == 0.008  # a small cluster: no wait worth the name
+    assert rest_after(0.15) == 0.6
+    assert rest_after(30) == PASS_REST_CAP
+    for rest in (True, False):
+        ctl = _SlowPasses(0.05, rest)
+        ctl.start()
+        try:
+            ctl._wake.set()
+            assert ctl.two.wait(10)
+        finally:
+            ctl.stop()
+        gap = ctl.began[1] - ctl.began[0]
+        if rest:  # the pass, then four times its time
+            assert gap >= (1 + PASS_REST_FACTOR) * ctl.took[0] - 0.01
+        else:  # with events coming, the next pass follows at once
+            assert gap < 2 * ctl.took[0] + 0.5

@@ -22,7 +22,7 @@ from pool_publisher.served import (
     as_served,
 )
 from tests.unit.pool_publisher.test_pool_publisher import inventory, view
-from tests.unit.pool_publisher.test_window import claim, exactly
+from tests.unit.pool_publisher.test_window import claim, exactly, with_uses
 
 DRIVER = names.DRIVER
 JSON = dict[str, Any]
@@ -118,8 +118,8 @@ def test_each_waiting_claim_is_told_once_why_no_pool_serves_it(
     mine["metadata"].update(uid="u1", namespace="ns")
     other["metadata"].update(uid="u2", namespace="ns")
     drivers = {DRIVER}
-    pub._window([mine, other], drivers, 4)
-    pub._window([mine, other], drivers, 4)
+    pub._window(*with_uses([mine, other]), drivers, 4)
+    pub._window(*with_uses([mine, other]), drivers, 4)
     [event] = kube.events
     assert event["involvedObject"]["kind"] == "ResourceClaim"
     assert (event["involvedObject"]["uid"], event["type"]) == ("u1", "Warning")
@@ -130,5 +130,5 @@ def test_each_waiting_claim_is_told_once_why_no_pool_serves_it(
     quiet = EventRecorder()
     served = publish.PoolPublisher(quiet, None)  # type: ignore[arg-type]  # not started
     monkeypatch.setattr(served.class_clash, "selecting", lambda drivers: {"composable-gpu"})
-    served._window([mine], drivers, 4)
+    served._window(*with_uses([mine]), drivers, 4)
     assert quiet.events == []

@@ -12,6 +12,7 @@ from composable_dra.k8s.kept import claim_binding_fields, request_classes
 from composable_dra.k8s.kube import JSON
 from composable_dra.model import names
 from pool_publisher import publish
+from pool_publisher.claim_use import ClaimUse, claim_use
 from pool_publisher.main import window_arg
 from pool_publisher.window import (
     AUTO,
@@ -168,6 +169,10 @@ def test_the_flag_takes_auto_zero_or_a_count() -> None:
         window_arg("many")
 
 
+def with_uses(claims: list[JSON]) -> tuple[list[JSON], list[ClaimUse]]:
+    return claims, [claim_use(c) for c in claims]
+
+
 def test_the_publisher_sizes_its_window_over_the_pools_of_its_last_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -176,14 +181,14 @@ def test_the_publisher_sizes_its_window_over_the_pools_of_its_last_plan(
     monkeypatch.setattr(pub.class_clash, "selecting", lambda drivers: {"composable-gpu"})
     mine, other = claim(requests=[exactly("composable-gpu")]), claim(requests=[exactly("x")])
     drivers = {names.DRIVER}
-    assert pub._window([], drivers, SMALL) == MIN_WINDOW
+    assert pub._window([], [], drivers, SMALL) == MIN_WINDOW
     # Before its first plan it knows no pool: every pending claim may go to one.
-    assert pub._window([mine] * 40 + [other] * 40, drivers, SMALL) == 40 + MARGIN
-    assert pub._window([], drivers, SMALL) == MIN_WINDOW
+    assert pub._window(*with_uses([mine] * 40 + [other] * 40), drivers, SMALL) == 40 + MARGIN
+    assert pub._window([], [], drivers, SMALL) == MIN_WINDOW
     pub._generations = {f"fab/zone-{i}": 1 for i in range(4)}
-    assert pub._window([mine] * 40, drivers, SMALL) == 10 + MARGIN
+    assert pub._window(*with_uses([mine] * 40), drivers, SMALL) == 10 + MARGIN
     assert publish.POOL_WINDOW._value.get() == 10 + MARGIN
     assert (
-        publish.PoolPublisher(None, None, max_free=0)._window([mine], drivers, SMALL)  # type: ignore[arg-type]
+        publish.PoolPublisher(None, None, max_free=0)._window(*with_uses([mine]), drivers, SMALL)  # type: ignore[arg-type]
         == 0
     )
