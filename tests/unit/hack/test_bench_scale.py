@@ -8,10 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from composable_dra.k8s.wake import TOUCH_EVENT
 from fabric_emulator.topology import parse
 from hack.bench import scale
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_topology_spreads_hosts_and_blocks_over_zones() -> None:
@@ -144,6 +147,15 @@ def test_shape_flags_are_one_set_with_each_bench_its_node_default() -> None:
     assert (args.timeout, args.workdir) == (900, Path("/tmp/w"))
     full = scale.parse_args([])
     assert (full.nodes, full.zones, full.pool_gpus, full.timeout) == (1000, 16, 4000, 900)
+
+
+def test_with_no_flags_the_fabric_polls_at_its_own_default() -> None:
+    # The defaults of issue 28 include the Fabric's: the tests' 5 s read the whole
+    # inventory six times as often as a user's Fabric does.
+    crd = yaml.safe_load((ROOT / "deploy/crds/composable.dra.io_fabrics.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert scale.parse_args([]).fabric_poll == spec["properties"]["pollIntervalSeconds"]["default"]
+    assert scale.parse_args(["--fabric-poll", "5"]).fabric_poll == 5
 
 
 def test_a_run_without_workdir_leaves_no_files_and_one_with_keeps_them(
