@@ -310,8 +310,7 @@ class RemoteGPU:
         )
         self._viewed: list[int] = []
         self._pins: list[_Pin] = []
-        # Large results copied out go into buffers used again once the caller drops them:
-        # one a credit, so a client keeps at most its lease's quota (remote_gpu/spares.py).
+        # Buffers for large copied results, reused once dropped: at most the lease's quota.
         self._spares = Spares(self.credits)
         self._unpinned = 0
         self._mem = memoryview(b"")
