@@ -15,6 +15,7 @@ At most ``keep`` buffers are kept; past that a result gets an array of its own.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -38,9 +39,7 @@ class Spares:
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self.smallest:
             return np.empty(shape, dtype)
         bufs = self._bufs
