@@ -149,12 +149,14 @@ class ClusterCache:
         # Of ~9,000 claims and ~1,000 node slices, only what claim_results and
         # local_refs read.
         self.claims = Informer(kube, path(RESOURCE, "resourceclaims"), keep=claim_fields)
+        # Nodes' own slices only (local_refs reads nothing else): a pool slice of 64
+        # devices, rewritten on most allocations of a burst, is not decoded here.
         self.slices = Informer(
             kube,
             path(RESOURCE, "resourceslices"),
             self.slice_changes.notify,
             keep=slice_uuid_fields,
-            fieldSelector=f"spec.driver={driver}",
+            fieldSelector=f"spec.driver={driver},spec.nodeName!=",
         )
 
     def start(self) -> ClusterCache:

@@ -241,19 +241,23 @@ class Informer:
             retry.forever(self._round, self._stop, cap=self._retry_cap, on_error=self._log_failure)
 
 
-# A controller whose pass costs O(cluster) rests after each pass PASS_REST_FACTOR times as
-# long as it took (wall time: a busy machine makes it rest longer), at most PASS_REST_CAP
+# A controller whose pass costs O(cluster) rests after each pass, longer the dearer the
+# pass: took / PASS_REST_UNIT times as long as it took, ``took`` being the pass's own CPU
+# time (its thread's; not the wall time of the writes it waits for), at most PASS_REST_CAP
 # seconds. During a burst events come faster than passes, so the rest sets the pass rate,
-# and so the controller's CPU: passes keep to a fifth of the time (the scaler's had half,
-# 45 s of CPU in a 1,000-claim burst at 1,000 nodes). A small cluster's pass takes
-# milliseconds, and so does its rest.
-PASS_REST_FACTOR = 4.0
+# and so the controller's CPU, where the scheduler, which sets a burst's pace, needs the
+# cores. At 1,000 nodes (passes of 13-27 ms of CPU) a pass rests 13-27 times as long: the
+# scaler had 45 s of CPU in a 1,000-claim burst passing back to back, 25 s resting 4 times
+# a pass. A small cluster's pass of a millisecond or two rests about as long again: each
+# hop of an attach waits on a pass (a fixed 16 times the wall time made the scaler's share
+# of time_to_gpu.py --claims 20 twice as long).
+PASS_REST_UNIT = 0.001
 PASS_REST_CAP = 1.0
 
 
 def rest_after(took: float) -> float:
     """Seconds to rest after a pass that took ``took``."""
-    return max(0.0, min(PASS_REST_FACTOR * took, PASS_REST_CAP))
+    return max(0.0, min(took * took / PASS_REST_UNIT, PASS_REST_CAP))
 
 
 class InformerDriven:
@@ -317,7 +321,7 @@ class InformerDriven:
         """A ``_loop``: once synced, ``one_pass`` on each wake, or ``every()`` seconds
         after the last; a burst of changes within ``debounce`` makes one pass, and a
         failed pass is retried (cap 10 s) until it succeeds or the controller stops.
-        With ``rest``, each pass is followed by ``rest_after`` its time."""
+        With ``rest``, each pass is followed by ``rest_after`` its CPU time."""
         if not self.wait_synced():
             return
         while not self._stop.is_set():
@@ -326,7 +330,7 @@ class InformerDriven:
                 return
             self._stop.wait(debounce)  # let a burst of events settle into one pass
             self._wake.clear()
-            started = time.monotonic()
+            started = time.thread_time()
             retry.forever(one_pass, self._stop, cap=10.0, first=0.5, on_error=on_error)
             if rest:
-                self._stop.wait(rest_after(time.monotonic() - started))
+                self._stop.wait(rest_after(time.thread_time() - started))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from composable_dra.k8s.informer import PASS_REST_CAP, PASS_REST_FACTOR, InformerDriven, rest_after
+from composable_dra.k8s.informer import PASS_REST_CAP, InformerDriven, rest_after
 
 
 class _Passes(InformerDriven):
@@ -51,21 +51,24 @@ def test_debounced_passes_run_on_a_wake_and_retry_a_failed_pass() -> None:
 
 
 class _SlowPasses(InformerDriven):
-    """No informers; every pass costs ``cost`` seconds of CPU and notes when it began."""
+    """No informers; every pass costs ``cost`` seconds of CPU (or, ``waits``, of waiting)
+    and notes when it began."""
 
-    def __init__(self, cost: float, rest: bool) -> None:
+    def __init__(self, cost: float, rest: bool, waits: bool = False) -> None:
         super().__init__()
-        self.cost, self.rest = cost, rest
+        self.cost, self.rest, self.waits = cost, rest, waits
         self.began: list[float] = []
         self.took: list[float] = []
         self.two = threading.Event()
 
     def one_pass(self) -> None:
-        t0 = time.monotonic()
-        self.began.append(t0)
-        while time.monotonic() - t0 < self.cost:
+        self.began.append(time.monotonic())
+        c0 = time.thread_time()
+        if self.waits:
+            time.sleep(self.cost)  # a pass that waits on its writes
+        while not self.waits and time.thread_time() - c0 < self.cost:
             pass
-        self.took.append(time.monotonic() - t0)
+        self.took.append(time.thread_time() - c0)
         self._wake.set()  # events keep coming, as in a burst
         if len(self.began) >= 2:
             self.two.set()
@@ -76,9 +79,10 @@ class _SlowPasses(InformerDriven):
         )
 
 
-def test_rest_after_keeps_passes_to_a_fifth_of_the_time() -> None:
-    assert rest_after(0.002) == 0.008  # a small cluster: no wait worth the name
-    assert rest_after(0.15) == 0.6
+def test_rest_after_grows_with_the_pass_s_cost() -> None:
+    assert rest_after(0.001) == pytest.approx(0.001)  # a small cluster: as long again
+    assert rest_after(0.005) == pytest.approx(0.025)  # five times
+    assert rest_after(0.02) == pytest.approx(0.4)  # twenty times: a thousand nodes
     assert rest_after(30) == PASS_REST_CAP
     for rest in (True, False):
         ctl = _SlowPasses(0.05, rest)
@@ -89,7 +93,19 @@ def test_rest_after_keeps_passes_to_a_fifth_of_the_time() -> None:
         finally:
             ctl.stop()
         gap = ctl.began[1] - ctl.began[0]
-        if rest:  # the pass, then four times its time
-            assert gap >= (1 + PASS_REST_FACTOR) * ctl.took[0] - 0.01
+        if rest:  # the pass, then its rest (the cap, 1 s, for 50 ms of CPU)
+            assert gap >= ctl.took[0] + rest_after(ctl.took[0]) - 0.01
         else:  # with events coming, the next pass follows at once
             assert gap < 2 * ctl.took[0] + 0.5
+
+
+def test_a_pass_rests_for_its_cpu_not_for_what_it_waited() -> None:
+    ctl = _SlowPasses(0.2, rest=True, waits=True)
+    ctl.start()
+    try:
+        ctl._wake.set()
+        assert ctl.two.wait(10)
+    finally:
+        ctl.stop()
+    # By wall time (0.2 s) it would rest the cap, 1 s; its CPU was next to nothing.
+    assert ctl.began[1] - ctl.began[0] < 0.2 + 0.5
