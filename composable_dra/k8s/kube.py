@@ -189,13 +189,8 @@ class Kube:
         except NotFound:
             return None
 
-    def create(self, url_path: str, body: JSON, field_manager: str | None = None) -> JSON:
-        query = {"fieldManager": field_manager} if field_manager else {}
-        return self.request("POST", url_path, body=body, query=query)
-
-    def replace(self, url_path: str, body: JSON, field_manager: str) -> JSON:
-        """PUT: the whole object as ``body`` (without a resourceVersion: unconditional)."""
-        return self.request("PUT", url_path, body=body, query={"fieldManager": field_manager})
+    def create(self, url_path: str, body: JSON) -> JSON:
+        return self.request("POST", url_path, body=body)
 
     def merge_patch(self, url_path: str, body: JSON) -> JSON:
         return self.request(

@@ -56,7 +56,6 @@ import yaml
 from composable_dra.fabric.backend import Device, Host, Inventory, Zone
 from composable_dra.k8s.informer import Informer
 from composable_dra.k8s.kube import JSON, Kube, path
-from composable_dra.k8s.resource_slices import put_slice
 from composable_dra.model import names
 from fabric_emulator.topology import host_uuid
 from hack.bench.goals import finish, goal
@@ -231,7 +230,11 @@ class Republisher:
             desired = desired_pools(view, live, self.size, published_devices(observed))
             plan = plan_pools(desired, observed, names.DRIVER, self.generations)
             for obj in plan.apply:
-                put_slice(self.kube, without_owner(obj), FIELD_MANAGER)
+                self.kube.apply(
+                    path(RESOURCE, "resourceslices", obj["metadata"]["name"]),
+                    without_owner(obj),
+                    FIELD_MANAGER,
+                )
                 self.observed[obj["metadata"]["name"]] = obj
                 self.writes += 1
             for name in plan.delete:

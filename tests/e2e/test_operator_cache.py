@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from composable_dra.k8s.kube import JSON, Kube, path
-from composable_dra.k8s.resource_slices import put_slice
+from composable_dra.k8s.resource_slices import write_slices
 from composable_dra.model import names
 from composable_operator.cluster_cache import ClusterCache
 from testbed.objects import RESOURCE
@@ -37,8 +37,12 @@ def slices(kube_json: Kube, unique: str) -> Iterator[tuple[str, str]]:
             {"matchExpressions": [{"key": "zone", "operator": "In", "values": [unique]}]}
         ]
     }
-    put_slice(kube_json, _slice(own, {"nodeName": own}), "test")
-    put_slice(kube_json, _slice(pool, {"nodeSelector": selector}), "test")
+    write_slices(
+        kube_json,
+        [_slice(own, {"nodeName": own}), _slice(pool, {"nodeSelector": selector})],
+        [],
+        "test",
+    )
     yield own, pool
     for name in (own, pool):
         kube_json.delete(path(RESOURCE, "resourceslices", name))

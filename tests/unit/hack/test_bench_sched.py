@@ -95,7 +95,7 @@ def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
     writes: list[str] = []
 
     class FakeKube:
-        def replace(self, url: str, obj: dict[str, object], manager: str) -> None:
+        def apply(self, url: str, obj: dict[str, object], manager: str) -> None:
             writes.append(url.rsplit("/", 1)[-1])
 
         def delete(self, url: str) -> None:
@@ -129,7 +129,7 @@ def test_the_republisher_writes_only_the_pool_an_allocation_changed() -> None:
 
 def test_the_republishers_window_follows_the_pending_claims() -> None:
     class FakeKube:
-        def replace(self, url: str, obj: dict[str, object], manager: str) -> None:
+        def apply(self, url: str, obj: dict[str, object], manager: str) -> None:
             pass
 
     view = fabric_view(inventory(nodes=8, zones=2, pool_gpus=400), lambda h: f"{h}-s")
