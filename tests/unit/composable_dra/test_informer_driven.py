@@ -79,19 +79,24 @@ class _SlowPasses(InformerDriven):
         )
 
 
+def _two_passes(ctl: _SlowPasses) -> _SlowPasses:
+    """``ctl`` started, woken, and stopped after its second pass."""
+    ctl.start()
+    try:
+        ctl._wake.set()
+        assert ctl.two.wait(10)
+    finally:
+        ctl.stop()
+    return ctl
+
+
 def test_rest_after_grows_with_the_pass_s_cost() -> None:
     assert rest_after(0.001) == pytest.approx(0.001)  # a small cluster: as long again
     assert rest_after(0.005) == pytest.approx(0.025)  # five times
     assert rest_after(0.02) == pytest.approx(0.4)  # twenty times: a thousand nodes
     assert rest_after(30) == PASS_REST_CAP
     for rest in (True, False):
-        ctl = _SlowPasses(0.05, rest)
-        ctl.start()
-        try:
-            ctl._wake.set()
-            assert ctl.two.wait(10)
-        finally:
-            ctl.stop()
+        ctl = _two_passes(_SlowPasses(0.05, rest))
         gap = ctl.began[1] - ctl.began[0]
         if rest:  # the pass, then its rest (the cap, 1 s, for 50 ms of CPU)
             assert gap >= ctl.took[0] + rest_after(ctl.took[0]) - 0.01
@@ -100,12 +105,6 @@ def test_rest_after_grows_with_the_pass_s_cost() -> None:
 
 
 def test_a_pass_rests_for_its_cpu_not_for_what_it_waited() -> None:
-    ctl = _SlowPasses(0.2, rest=True, waits=True)
-    ctl.start()
-    try:
-        ctl._wake.set()
-        assert ctl.two.wait(10)
-    finally:
-        ctl.stop()
+    ctl = _two_passes(_SlowPasses(0.2, rest=True, waits=True))
     # By wall time (0.2 s) it would rest the cap, 1 s; its CPU was next to nothing.
     assert ctl.began[1] - ctl.began[0] < 0.2 + 0.5
