@@ -78,9 +78,11 @@ class AttachDaemon:
     started: float = field(default_factory=time.monotonic)
     failures: int = 0  # failures in a row since the last attach
     # The node's host as the last pass found it, when the next pass may keep it: right
-    # after our own operation ended or the node reported the device. The device itself
-    # is always read again before a decision.
+    # after our own operation ended. The device itself is read again before a decision,
+    # but right after the node's plugin reported it: then ``seen`` is the read that
+    # showed it attached, and the plugin has since seen its UUID on the node.
     reuse: Reading | None = None
+    seen: Reading | None = None
     # The last read of the fabric, and when the device was last seen in place (a read
     # of ours or a Fabric pass's inventory; monotonic).
     last: Reading | None = None
@@ -136,6 +138,9 @@ class AttachDaemon:
 
     async def read(self, spec: ComposableResourceSpec) -> Reading:
         self.confirmed_at = time.monotonic()
+        if self.seen is not None:
+            self.last, self.seen = self.seen, None
+            return self.last
         if self.reuse is not None:
             kept, self.reuse = self.reuse, None
             status = dict(self.body.status)
@@ -268,7 +273,7 @@ class AttachDaemon:
                 # watching the live object rather than reading the fabric again.
                 uuid = action.device_uuid or ""
                 if await self.wait_until(lambda b: visible(b.status, uuid), 5.0):
-                    self.reuse = r
+                    self.seen = r  # the next pass goes Online without reading again
                 return 0.0
             case ActionKind.ONLINE:
                 await rec.execute(action, seen)

@@ -951,16 +951,18 @@ class PoolPublisher(InformerDriven):
         for f in read:
             view = fabric_view(f.meta, f.spec, f.inv, nodes, resources, f.hosts, self.label_nodes)
             desired.update(desired_pools(view, live, window, published))
+        observed = self.slice_informer.items()
         plan = plan_pools(
             desired,
-            self.slice_informer.items(),
+            observed,
             self.driver,
             self._generations,
             self.max_per_slice,
             self._in_place,
             self.served,
         )
-        write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER)
+        seen = {o["metadata"]["name"]: o for o in observed} if plan.apply else {}
+        write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER, seen)
         self._generations, self._in_place = plan.generations, plan.in_place
         self._wake_pods(plan)
         POOL_FREE_DEVICES.clear()

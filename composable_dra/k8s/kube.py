@@ -192,6 +192,11 @@ class Kube:
     def create(self, url_path: str, body: JSON) -> JSON:
         return self.request("POST", url_path, body=body)
 
+    def replace(self, url_path: str, body: JSON, field_manager: str) -> JSON:
+        """PUT: the whole object as ``body``; with ``metadata.resourceVersion`` set, a
+        Conflict if the object changed since."""
+        return self.request("PUT", url_path, body=body, query={"fieldManager": field_manager})
+
     def merge_patch(self, url_path: str, body: JSON) -> JSON:
         return self.request(
             "PATCH", url_path, body=body, content_type="application/merge-patch+json"

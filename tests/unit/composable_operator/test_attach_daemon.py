@@ -388,3 +388,22 @@ def test_an_online_resource_reads_the_fabric_itself_when_no_pass_comes() -> None
     d.stopped = Stopped(limit=1)
     asyncio.run(d.run())
     assert fabric.device_reads == reads + 1
+
+
+def test_the_plugins_report_spares_a_read_before_online() -> None:
+    # The read after the attach shows the device attached but not yet seen by the node;
+    # the plugin reports its UUID meanwhile: the daemon goes Online from that read.
+    class ReportedWhileReading(Fabric):
+        def device(self, _id: str) -> Device:
+            dev = super().device(_id)
+            if self.attaches:
+                self.body.status["conditions"] = [{"type": names.DEVICE_VISIBLE, "status": "True"}]
+            return dev
+
+    body = Body()
+    fabric = ReportedWhileReading(body, plugin_sees=False)
+    d, events = daemon(body, fabric, Stopped(limit=4))
+    asyncio.run(d.run())
+    assert body.status["phase"] == "Online"
+    assert [r for _, r, _ in events] == ["Attaching", "Attached", "Online"]
+    assert fabric.device_reads == 2  # before the attach, and once after it
