@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from api.v1alpha1 import API_VERSION
 from composable_dra.k8s.conditions import condition, find
@@ -28,6 +29,10 @@ from composable_dra.process import logs
 from dra_driver.device_source import DeviceInfo
 from dra_driver.host_release import HostReleaser
 from dra_driver.publish_once import PLURAL
+
+# DeviceVisible writes in flight at once: a fabric that attaches several GPUs to the node
+# together has each reported without waiting for the others' writes (docs/attach-flow.md).
+WRITERS = 8
 
 
 def visibility_updates(resources: Iterable[JSON], present: set[str]) -> dict[str, bool]:
@@ -85,6 +90,7 @@ class VisibilityReporter:
         self._stop = threading.Event()
         self._log = logs.get(__name__, node=node)
         self.manager = "composable-dra-plugin"
+        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="visibility-write")
 
     def start(self) -> None:
         self.resources.start()
@@ -94,6 +100,7 @@ class VisibilityReporter:
         self._stop.set()
         self._wake.set()
         self.resources.stop()
+        self._writers.shutdown(wait=False, cancel_futures=True)
 
     def _work_loop(self) -> None:
         while not self._stop.is_set():
@@ -127,8 +134,8 @@ class VisibilityReporter:
             self._run_host_step()
             self._refresh()
             present = self._present()
-        for name, visible in visibility_updates(resources, present).items():
-            self._write(name, visible)
+        updates = visibility_updates(resources, present)
+        list(self._writers.map(lambda update: self._write(*update), updates.items()))
         if self._releaser is not None:
             self._releaser.sync(resources)
 

@@ -237,3 +237,25 @@ def test_only_local_gpus_are_lent() -> None:
     assert "consumesCounters" not in plain["devices"][0]
     counter_sets = {c["name"] for s in layout for c in s.get("sharedCounters") or []}
     assert counter_sets == {"link", "gpu-l"}
+
+
+def test_devices_attached_together_are_reported_together() -> None:
+    # Three GPUs show on the node in one pass: their DeviceVisible writes are in flight at
+    # once (each write waits here until all three are), not one after another.
+    class TogetherKube(FreshKube):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.arrived = threading.Barrier(3, timeout=10)
+            self.written: list[str] = []
+
+        def apply(self, url: str, body: dict[str, Any], manager: str) -> dict[str, Any]:
+            self.arrived.wait()
+            self.written.append(body["metadata"]["name"])
+            return body
+
+    kube = TogetherKube()
+    devices = [gpu("aaa"), gpu("bbb"), gpu("ccc")]
+    watcher, _ = make_watcher(kube, devices)
+    watcher.seen(*(resource(n, n, "Attaching", claim=True) for n in ("aaa", "bbb", "ccc")))
+    watcher.reporter.sync()
+    assert sorted(kube.written) == ["aaa", "bbb", "ccc"]
