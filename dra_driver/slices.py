@@ -676,8 +676,7 @@ class SlicePublisher:
             state=self._state,
             health=self._health,
         )
-        seen = {o["metadata"]["name"]: o for o in observed}
-        write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER, seen)
+        write_slices(self._kube, plan.apply, plan.delete, FIELD_MANAGER, observed)
         self._generation = plan.generation
         if plan.apply:
             self._waker.written([self.node_name], time.monotonic())

@@ -961,8 +961,7 @@ class PoolPublisher(InformerDriven):
             self._in_place,
             self.served,
         )
-        seen = {o["metadata"]["name"]: o for o in observed} if plan.apply else {}
-        write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER, seen)
+        write_slices(self.kube, plan.apply, plan.delete, FIELD_MANAGER, observed)
         self._generations, self._in_place = plan.generations, plan.in_place
         self._wake_pods(plan)
         POOL_FREE_DEVICES.clear()

@@ -6,7 +6,7 @@ slices are written."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from composable_dra.k8s.kube import JSON, Conflict, Kube, NotFound, path
@@ -41,20 +41,21 @@ def write_slices(
     apply: Iterable[JSON],
     delete: Iterable[str],
     manager: str,
-    seen: Mapping[str, JSON] | None = None,
+    observed: Iterable[JSON] = (),
 ) -> None:
     """Write each of ``apply`` as field manager ``manager``, then delete ``delete``.
 
-    A slice in ``seen`` (the writer's last copy, by name) is updated from that copy: our
+    A slice among ``observed`` (the writer's last copies) is updated from that copy: our
     spec and owners, its labels and annotations with ours over them, its resourceVersion,
     so what others set stays and a write that crossed theirs is refused (Conflict), as
     upstream's ResourceSlice controller writes. A refused, missing or unseen slice is
     server-side applied. The update costs the API server about two thirds of an apply (for
     a 64-device slice 19-20 ms of CPU against 28-30 ms, docs/attach-flow.md)."""
-    known = seen or {}
+    apply = list(apply)
+    seen = {o["metadata"]["name"]: o for o in observed} if apply else {}
     for obj in apply:
         url = path(RESOURCE_API, "resourceslices", obj["metadata"]["name"])
-        old = known.get(obj["metadata"]["name"])
+        old = seen.get(obj["metadata"]["name"])
         if old is not None and old.get("metadata", {}).get("resourceVersion"):
             try:
                 kube.replace(url, over(old, obj), manager)

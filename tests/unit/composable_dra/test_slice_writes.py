@@ -54,7 +54,7 @@ SEEN: Any = freeze(
 
 def test_a_seen_slice_is_updated_from_its_copy_keeping_what_others_set() -> None:
     kube = RecordingKube()
-    write_slices(kube, [ours("s")], ["old"], "m", {"s": SEEN})  # type: ignore[arg-type]
+    write_slices(kube, [ours("s")], ["old"], "m", [SEEN])  # type: ignore[arg-type]
     (verb, name, body), deleted = kube.calls
     assert (verb, name, deleted[:2]) == ("replace", "s", ("delete", "old"))
     meta = body["metadata"]
@@ -68,13 +68,13 @@ def test_a_seen_slice_is_updated_from_its_copy_keeping_what_others_set() -> None
 def test_a_refused_or_vanished_update_becomes_an_apply() -> None:
     for refusal in (Conflict, NotFound):
         kube = RecordingKube(refuse=refusal)
-        write_slices(kube, [ours("s")], [], "m", {"s": SEEN})  # type: ignore[arg-type]
+        write_slices(kube, [ours("s")], [], "m", [SEEN])  # type: ignore[arg-type]
         assert [(v, n) for v, n, _ in kube.calls] == [("replace", "s"), ("apply", "s")]
         assert kube.calls[1][2] == ours("s")  # the apply sends only our fields
 
 
 def test_an_unseen_slice_is_applied() -> None:
     kube = RecordingKube()
-    write_slices(kube, [ours("new")], [], "m", {"s": SEEN})  # type: ignore[arg-type]
+    write_slices(kube, [ours("new")], [], "m", [SEEN])  # type: ignore[arg-type]
     write_slices(kube, [ours("s")], [], "m")  # type: ignore[arg-type]
     assert [(v, n) for v, n, _ in kube.calls] == [("apply", "new"), ("apply", "s")]
